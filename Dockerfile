@@ -1,0 +1,15 @@
+# Trainyard web / worker / beat image. Runs as an unprivileged user.
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TRAINYARD_VAR_DIR=/var/lib/trainyard
+RUN groupadd --system --gid 10001 trainyard && useradd --system --uid 10001 --gid trainyard --home /app trainyard
+WORKDIR /app
+COPY requirements.txt pyproject.toml ./
+RUN pip install --no-cache-dir -r requirements.txt
+COPY . .
+RUN pip install --no-cache-dir --no-deps -e . \
+    && mkdir -p /var/lib/trainyard && chown -R trainyard:trainyard /var/lib/trainyard \
+    && TRAINYARD_SECRET_KEY=build python manage.py collectstatic --noinput -v 0 \
+    && chown -R trainyard:trainyard /var/lib/trainyard
+USER 10001:10001
+EXPOSE 8000
+CMD ["python", "-m", "uvicorn", "trainyard.asgi:application", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,48 @@
+# Trainyard: `make run` starts the platform, `make test` runs the test suite.
+BIN := .venv/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-logs lock
+
+venv: .venv/.installed
+.venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
+	@scripts/bootstrap.sh
+
+run: venv
+	@$(BIN)/python -m trainyard.standalone
+
+test: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The embedded path on its own: no DATABASE_URL/REDIS_URL, servers started from the wheels in a scratch var/.
+smoke-embedded: venv
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && env -u DATABASE_URL -u REDIS_URL TRAINYARD_VAR_DIR=$$d \
+	  $(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_smoke_embedded.py
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+fmt: venv
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+migrations: venv
+	$(BIN)/python manage.py makemigrations
+
+web worker beat: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
+
+bench: bench-allocator bench-api bench-logs
+
+bench-allocator: venv
+	$(BIN)/python -m bench.allocator
+
+bench-api: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.api
+
+bench-logs: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.logs
+
+# Re-pin every dependency after editing requirements.in.
+lock:
+	@d=$$(mktemp -d) && python3.11 -m venv $$d && $$d/bin/pip install -q -r requirements.in && \
+	  $$d/bin/pip freeze --exclude-editable > requirements.txt && rm -rf $$d

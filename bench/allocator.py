@@ -1,0 +1,355 @@
+"""Allocator benchmark: replay the Alibaba GPU cluster trace 2023 ("openb") against every placement policy.
+
+Method (that of the FGD paper, Weng et al., USENIX ATC '23, on its default trace): the cluster is the trace's GPU
+node list; time is ignored; the pod list is inflated by resampling until its GPU requests exceed the cluster's
+GPU capacity, then shuffled (one shuffle per seed); pods arrive in that order and are never removed; a pod that
+fits nowhere fails. The figure is the share of the cluster's GPU capacity left unallocated at the moment the
+arrived GPU requests equal 100% of that capacity (interpolated within the pod that crosses the line), the median
+over the seeds. The ``fgd`` policy gets the trace's own pod mix as its target workload. The benchmark also
+times every placement decision.
+
+Run from the repository root::
+
+    python -m bench.allocator            # 10 seeds, all policies
+    python -m bench.allocator --quick    # a smoke run
+
+The trace is read from ``../shared/traces/alibaba-gpu-v2023/csv`` next to the repository, or from
+``$TRAINYARD_TRACE_DIR``. Results go to ``bench/results/allocator.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cluster.placement import FULL_MILLI, POLICIES, TIE_BREAKS, Allocator, Node, Request, Workload
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023" / "csv"
+RESULTS_PATH = REPO_ROOT / "bench" / "results" / "allocator.json"
+NODE_FILE = "openb_node_list_gpu_node.csv"
+POD_FILE = "openb_pod_list_default.csv"
+
+# Published medians of 10 seeds on the default trace (the paper's Figure for 100% arrived workload), in %.
+PUBLISHED_UNALLOCATED_PCT: dict[str, float] = {
+    "Random": 13.75,
+    "DotProd": 9.44,
+    "Clustering": 8.42,
+    "Packing": 8.19,
+    "BestFit": 7.09,
+    "FGD": 4.77,
+}
+# Which of our policies corresponds to which published one.
+PUBLISHED_NAME = {"random": "Random", "best_fit": "BestFit", "fgd": "FGD"}
+PLATFORM_POLICY = "fgd"
+TARGET_UNALLOCATED_PCT = PUBLISHED_UNALLOCATED_PCT["FGD"]
+TARGET_DECISIONS_PER_S = 2000.0
+CHECKPOINTS = (0.8, 0.9, 0.95, 1.0)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node as the trace describes it, before anything is allocated."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int | None
+    num_gpus: int
+    gpu_model: str = ""
+
+    def build(self) -> Node:
+        return Node.empty(self.name, self.num_gpus, self.cpu_milli, self.memory_mib, self.gpu_model)
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    seed: int
+    unallocated_pct: float
+    arrived_pods: int
+    failed_pods: int
+    failed_gpu_milli: int
+    decisions: int
+    seconds: float
+    unallocated_pct_at: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def decisions_per_s(self) -> float:
+        return self.decisions / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _int(value: str) -> int:
+    return int(float(value)) if value.strip() else 0
+
+
+def load_trace(trace_dir: Path) -> tuple[list[NodeSpec], list[Request]]:
+    """GPU nodes and pods of the openb trace, as node specs and placement requests."""
+    nodes: list[NodeSpec] = []
+    with open(trace_dir / NODE_FILE, newline="") as fh:
+        for row in csv.DictReader(fh):
+            nodes.append(NodeSpec(row["sn"], _int(row["cpu_milli"]), _int(row["memory_mib"]), _int(row["gpu"]),
+                                  row["model"].strip()))
+    pods: list[Request] = []
+    with open(trace_dir / POD_FILE, newline="") as fh:
+        for row in csv.DictReader(fh):
+            num_gpu = _int(row["num_gpu"])
+            model = row.get("gpu_spec", "").strip() or None
+            cpu, mem = _int(row["cpu_milli"]), _int(row["memory_mib"])
+            if num_gpu == 0:
+                pods.append(Request.cpu_only(cpu, mem))
+            else:
+                milli = _int(row["gpu_milli"]) if num_gpu == 1 else FULL_MILLI
+                pods.append(Request(num_gpu, milli or FULL_MILLI, cpu, mem, 0, model))
+    return nodes, pods
+
+
+def arrivals(pods: Sequence[Request], capacity_milli: int, rng: random.Random, headroom: float = 1.05) -> list[Request]:
+    """The trace's pods, inflated by resampling until their GPU requests reach ``headroom`` x capacity, shuffled."""
+    out = list(pods)
+    demand = sum(p.gpu_demand_milli for p in out)
+    if not any(p.gpu_demand_milli for p in pods):
+        raise ValueError("the pod list asks for no GPUs")
+    while demand < headroom * capacity_milli:
+        extra = rng.choice(pods)
+        out.append(extra)
+        demand += extra.gpu_demand_milli
+    rng.shuffle(out)
+    return out
+
+
+def replay(
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[Request],
+    policy: str,
+    seed: int,
+    *,
+    workload: Workload | None = None,
+    tie_break: str = "index",
+    checkpoints: Sequence[float] = CHECKPOINTS,
+) -> ReplayResult:
+    """One shuffled arrival sequence on a fresh cluster, up to 100% of its GPU capacity arrived."""
+    cluster = [spec.build() for spec in nodes]
+    capacity = FULL_MILLI * sum(spec.num_gpus for spec in nodes)
+    if capacity <= 0:
+        raise ValueError("the cluster has no GPUs")
+    rng = random.Random(seed)
+    sequence = arrivals(pods, capacity, rng)
+    # A fresh workload per replay keeps the timing honest: nothing is cached from an earlier run.
+    wl = Workload(workload.weights) if workload is not None else Workload.from_requests(pods)
+    alloc = Allocator(cluster, policy, wl, seed=seed, tie_break=tie_break)
+    marks = sorted(checkpoints)
+    at: dict[str, float] = {}
+    arrived = allocated = failed = failed_milli = decisions = 0
+    seconds = 0.0
+    clock = time.perf_counter
+    for req in sequence:
+        t0 = clock()
+        placed = alloc.place(req)
+        seconds += clock() - t0
+        decisions += 1
+        demand = req.gpu_demand_milli
+        if placed is None:
+            failed += 1
+            failed_milli += demand
+        # Record a checkpoint where the line is crossed, crediting only the part of this pod below the line.
+        while marks and arrived + demand >= marks[0] * capacity:
+            line = marks.pop(0) * capacity
+            got = allocated + ((line - arrived) if placed is not None else 0)
+            at[f"{marks_label(line / capacity)}"] = 100.0 * (line - got) / line
+        arrived += demand
+        if placed is not None:
+            allocated += demand
+        if not marks:
+            break
+    return ReplayResult(
+        policy=policy,
+        seed=seed,
+        unallocated_pct=at[marks_label(1.0)] if marks_label(1.0) in at else float("nan"),
+        arrived_pods=decisions,
+        failed_pods=failed,
+        failed_gpu_milli=failed_milli,
+        decisions=decisions,
+        seconds=seconds,
+        unallocated_pct_at=at,
+    )
+
+
+def marks_label(share: float) -> str:
+    return f"{round(100 * share)}%"
+
+
+def summarize(results: Sequence[ReplayResult]) -> dict[str, object]:
+    pct = [r.unallocated_pct for r in results]
+    rates = [r.decisions_per_s for r in results]
+    decisions = sum(r.decisions for r in results)
+    seconds = sum(r.seconds for r in results)
+    curve = {k: round(statistics.median(r.unallocated_pct_at[k] for r in results), 3)
+             for k in results[0].unallocated_pct_at}
+    return {
+        "unallocated_pct_median": round(statistics.median(pct), 3),
+        "unallocated_pct_by_seed": [round(p, 3) for p in pct],
+        "unallocated_pct_min": round(min(pct), 3),
+        "unallocated_pct_max": round(max(pct), 3),
+        "unallocated_pct_median_at_arrived": curve,
+        "failed_pods_median": statistics.median(r.failed_pods for r in results),
+        "decisions_per_s": round(decisions / seconds, 1) if seconds > 0 else None,
+        "decisions_per_s_by_seed": [round(r.decisions_per_s, 1) for r in results],
+        "decisions": decisions,
+        "published_unallocated_pct": PUBLISHED_UNALLOCATED_PCT.get(PUBLISHED_NAME.get(results[0].policy, ""), None),
+    }
+
+
+def run(
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[Request],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    tie_break: str = "index",
+    progress: bool = False,
+) -> dict[str, dict[str, object]]:
+    """Replay every policy on every seed; per policy a summary."""
+    workload = Workload.from_requests(pods)
+    out: dict[str, dict[str, object]] = {}
+    for policy in policies:
+        results = []
+        for seed in seeds:
+            res = replay(nodes, pods, policy, seed, workload=workload, tie_break=tie_break)
+            results.append(res)
+            if progress:
+                print(f"  {policy:<10} seed {seed:>2}: unallocated {res.unallocated_pct:6.2f}%  "
+                      f"failed {res.failed_pods:>4}  {res.decisions_per_s:>9.0f} decisions/s", file=sys.stderr)
+        out[policy] = summarize(results)
+    return out
+
+
+def format_table(summary: dict[str, dict[str, object]]) -> str:
+    lines = [
+        f"{'policy':<10} {'unallocated @100% (median)':>27} {'min..max':>15} {'paper':>7} {'decisions/s':>12}",
+        "-" * 75,
+    ]
+    for policy, s in summary.items():
+        paper = s["published_unallocated_pct"]
+        lines.append(
+            f"{policy:<10} {s['unallocated_pct_median']:>26.2f}% "
+            f"{s['unallocated_pct_min']:>6.2f}..{s['unallocated_pct_max']:<6.2f} "
+            f"{(f'{paper:.2f}%' if paper is not None else '-'):>7} {s['decisions_per_s']:>12,.0f}"
+        )
+    others = ", ".join(f"{k} {v:.2f}%" for k, v in PUBLISHED_UNALLOCATED_PCT.items())
+    lines.append(f"paper (median of 10 seeds): {others}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def trace_dir_from_env() -> Path:
+    env = os.environ.get("TRAINYARD_TRACE_DIR")
+    return Path(env) if env else DEFAULT_TRACE_DIR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.allocator", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10, 3 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 seeds")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, default all")
+    parser.add_argument("--tie-break", choices=TIE_BREAKS, default="index")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--quiet", action="store_true", help="no per-seed progress")
+    args = parser.parse_args(argv)
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown policies: {', '.join(unknown)}")
+    n_seeds = args.seeds if args.seeds is not None else (3 if args.quick else 10)
+    if n_seeds < 1:
+        parser.error("--seeds must be at least 1")
+
+    trace_dir = trace_dir_from_env()
+    missing = [f for f in (NODE_FILE, POD_FILE) if not (trace_dir / f).is_file()]
+    if missing:
+        print(f"allocator benchmark skipped: trace not found ({', '.join(missing)} missing in {trace_dir}). "
+              "Set TRAINYARD_TRACE_DIR to the folder holding the openb CSV files.")
+        return 0
+
+    nodes, pods = load_trace(trace_dir)
+    seeds = list(range(n_seeds))
+    capacity = FULL_MILLI * sum(n.num_gpus for n in nodes)
+    print(f"trace: {len(nodes)} GPU nodes, {capacity // FULL_MILLI} GPUs, {len(pods)} pods; "
+          f"seeds {seeds[0]}..{seeds[-1]}; policies {', '.join(policies)}")
+    t0 = time.perf_counter()
+    summary = run(nodes, pods, policies, seeds, tie_break=args.tie_break, progress=not args.quiet)
+    elapsed = time.perf_counter() - t0
+    print(format_table(summary))
+
+    ours = summary.get(PLATFORM_POLICY)
+    targets: dict[str, object] = {
+        "policy": PLATFORM_POLICY,
+        "unallocated_pct_max": TARGET_UNALLOCATED_PCT,
+        "decisions_per_s_min": TARGET_DECISIONS_PER_S,
+    }
+    if ours is not None:
+        slowest = min(float(s["decisions_per_s"] or 0.0) for s in summary.values())
+        targets["unallocated_met"] = float(ours["unallocated_pct_median"]) <= TARGET_UNALLOCATED_PCT  # type: ignore[arg-type]
+        targets["decisions_per_s_met"] = float(ours["decisions_per_s"] or 0.0) >= TARGET_DECISIONS_PER_S  # type: ignore[arg-type]
+        targets["slowest_policy_decisions_per_s"] = slowest
+        targets["met"] = bool(targets["unallocated_met"] and targets["decisions_per_s_met"])
+        print(f"target ({PLATFORM_POLICY}): unallocated <= {TARGET_UNALLOCATED_PCT}% -> "
+              f"{'met' if targets['unallocated_met'] else 'NOT met'}; "
+              f">= {TARGET_DECISIONS_PER_S:,.0f} decisions/s -> "
+              f"{'met' if targets['decisions_per_s_met'] else 'NOT met'}")
+
+    payload: dict[str, object] = {
+        "benchmark": "allocator",
+        "trace": {
+            "name": "alibaba-gpu-v2023 (openb), default pod list",
+            "files": [NODE_FILE, POD_FILE],
+            "nodes": len(nodes),
+            "gpus": capacity // FULL_MILLI,
+            "pods": len(pods),
+        },
+        "method": {
+            "arrival": "pods shuffled per seed, inflated by resampling past 100% of GPU capacity, never removed",
+            "metric": "unallocated share of GPU capacity when arrived GPU requests reach 100% of capacity",
+            "checkpoints_pct": [round(100 * c) for c in CHECKPOINTS],
+            "seeds": seeds,
+            "tie_break": args.tie_break,
+            "fgd_workload": "the pod list's request shapes weighted by frequency",
+        },
+        "policies": summary,
+        "published_unallocated_pct": PUBLISHED_UNALLOCATED_PCT,
+        "published_source": "Weng et al., Beware of Fragmentation, USENIX ATC '23 (median of 10 seeds)",
+        "targets": targets,
+        "environment": {
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "seconds": round(elapsed, 1),
+        },
+    }
+    write_json(args.output, payload)
+    out = args.output.resolve()
+    print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["NodeSpec", "ReplayResult", "arrivals", "load_trace", "main", "replay", "run", "summarize", "asdict"]

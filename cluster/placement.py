@@ -1,0 +1,666 @@
+"""GPU placement policies: which node, which GPUs (or which slice of which GPU) a request gets.
+
+Pure Python, standard library only, and free of Django, so that the pool service, the allocator benchmark in
+``bench/`` and the tests share one implementation.
+
+Data model
+    * :class:`Node`: free CPU (milli-cores), optionally free memory (MiB), a GPU model and a list of :class:`GPU`.
+    * :class:`GPU`: free compute in milli (0..1000), optionally free and total memory (MiB), and an ``eligible``
+      flag; an ineligible card (unhealthy, quarantined, excluded for a retry) is never chosen. A node with
+      ``eligible=False`` (cordoned, unhealthy) is never chosen at all.
+    * :class:`Request`: ``num_gpus`` whole GPUs (exclusive, only fully free cards), or a share
+      ``gpu_milli < 1000`` of exactly one GPU, or CPU only; plus CPU, memory and (for a share) GPU memory.
+    * :class:`Placement`: the answer: node, GPU indices, what is taken from each.
+
+Policies (:data:`POLICIES`)
+    ``random``, ``first_fit``, ``best_fit`` (least normalised CPU + GPU left on the node), ``worst_fit``, and
+    ``fgd``, the platform policy. ``fgd`` implements the idea of fragmentation gradient descent (Weng et al.,
+    "Beware of Fragmentation", USENIX ATC '23): a :class:`Workload` describes the request types the cluster
+    expects and how popular each is. For one type, a node's free GPU compute counts as fragmented when that type
+    could not use it: all of it when the type does not fit on the node at all (too little CPU or memory, wrong
+    model, no GPU that can take it), otherwise the free compute of the GPUs that cannot take the type. A node's
+    expected fragmentation is the popularity-weighted sum over the types, and a request goes to the node and GPU
+    where that expectation grows least.
+
+Entry points
+    :func:`choose` for a one-off decision over a list of nodes; :class:`Allocator` to place many requests against
+    the same pool. The allocator groups nodes whose free state is identical and caches, per request type, the
+    score of each group, so a decision is one pass over the distinct states plus the evaluation of the few
+    states that changed since the last decision of that type.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import mul
+from typing import Any
+
+FULL_MILLI = 1000
+POLICIES: tuple[str, ...] = ("random", "first_fit", "best_fit", "worst_fit", "fgd")
+TIE_BREAKS: tuple[str, ...] = ("index", "random")
+
+# Stands in for "not tracked" memory: larger than any request, so it never blocks a placement.
+_UNTRACKED = 1 << 62
+_EPS = 1e-9
+_MISS = object()
+# Caches are dropped and rebuilt past these sizes so that a long-lived process stays bounded.
+_MAX_STATES = 200_000
+_MAX_WORKLOAD_CACHE = 500_000
+
+# A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free).
+GpuState = tuple[int, int, bool]
+# A node's free state: (free CPU milli, free memory or _UNTRACKED, GPU model, sorted eligible GPU states).
+NodeState = tuple[int, int, str, tuple[GpuState, ...]]
+
+
+@dataclass
+class GPU:
+    """One physical card as the placement sees it."""
+
+    index: int
+    milli_free: int = FULL_MILLI
+    memory_free_mib: int | None = None
+    memory_total_mib: int | None = None
+    eligible: bool = True
+
+    @property
+    def fully_free(self) -> bool:
+        if self.milli_free < FULL_MILLI:
+            return False
+        if self.memory_total_mib is None or self.memory_free_mib is None:
+            return True
+        return self.memory_free_mib >= self.memory_total_mib
+
+    def state(self) -> GpuState:
+        mem = _UNTRACKED if self.memory_free_mib is None else self.memory_free_mib
+        return (self.milli_free, mem, self.fully_free)
+
+
+@dataclass
+class Node:
+    """A node's free resources. ``cpu_total_milli``/``memory_total_mib`` only feed best/worst-fit scoring;
+    when absent, the free amounts seen when an :class:`Allocator` is built stand in for the capacity."""
+
+    name: str
+    cpu_free_milli: int
+    gpus: list[GPU] = field(default_factory=list)
+    memory_free_mib: int | None = None
+    gpu_model: str = ""
+    eligible: bool = True
+    cpu_total_milli: int | None = None
+    memory_total_mib: int | None = None
+
+    @classmethod
+    def empty(
+        cls,
+        name: str,
+        num_gpus: int,
+        cpu_milli: int,
+        memory_mib: int | None = None,
+        gpu_model: str = "",
+        gpu_memory_mib: int | None = None,
+    ) -> Node:
+        """A node with nothing allocated yet."""
+        gpus = [GPU(i, FULL_MILLI, gpu_memory_mib, gpu_memory_mib) for i in range(num_gpus)]
+        return cls(name, cpu_milli, gpus, memory_mib, gpu_model, True, cpu_milli, memory_mib)
+
+    def state(self) -> NodeState:
+        mem = _UNTRACKED if self.memory_free_mib is None else self.memory_free_mib
+        gpus = tuple(sorted(g.state() for g in self.gpus if g.eligible))
+        return (self.cpu_free_milli, mem, self.gpu_model, gpus)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one placement asks for.
+
+    ``num_gpus == 0``: CPU only. ``num_gpus >= 1`` with ``gpu_milli == 1000``: that many whole GPUs, exclusively.
+    ``num_gpus == 1`` with ``gpu_milli < 1000``: a share of one GPU (``gpu_memory_mib`` of its memory, if the
+    pool tracks GPU memory). ``gpu_model`` restricts GPU requests to nodes of that model.
+    """
+
+    num_gpus: int = 0
+    gpu_milli: int = FULL_MILLI
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_memory_mib: int = 0
+    gpu_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
+            raise ValueError("request amounts must not be negative")
+        if self.num_gpus == 0:
+            # A CPU-only request carries no GPU share; normalise so equal requests hash equal.
+            object.__setattr__(self, "gpu_milli", 0)
+            object.__setattr__(self, "gpu_memory_mib", 0)
+            object.__setattr__(self, "gpu_model", None)
+            return
+        if not 0 < self.gpu_milli <= FULL_MILLI:
+            raise ValueError(f"gpu_milli must be in 1..{FULL_MILLI}, got {self.gpu_milli}")
+        if self.num_gpus > 1 and self.gpu_milli != FULL_MILLI:
+            raise ValueError("a share of a GPU (gpu_milli < 1000) is only possible with num_gpus == 1")
+        if self.gpu_milli == FULL_MILLI:
+            object.__setattr__(self, "gpu_memory_mib", 0)
+
+    @classmethod
+    def whole(
+        cls, num_gpus: int, *, cpu_milli: int = 0, memory_mib: int = 0, gpu_model: str | None = None
+    ) -> Request:
+        if num_gpus < 1:
+            raise ValueError("a whole-GPU request needs at least one GPU")
+        return cls(num_gpus, FULL_MILLI, cpu_milli, memory_mib, 0, gpu_model)
+
+    @classmethod
+    def fraction(
+        cls,
+        gpu_milli: int,
+        *,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+        gpu_memory_mib: int = 0,
+        gpu_model: str | None = None,
+    ) -> Request:
+        return cls(1, gpu_milli, cpu_milli, memory_mib, gpu_memory_mib, gpu_model)
+
+    @classmethod
+    def cpu_only(cls, cpu_milli: int, memory_mib: int = 0) -> Request:
+        return cls(0, 0, cpu_milli, memory_mib)
+
+    @property
+    def exclusive(self) -> bool:
+        return self.num_gpus >= 1 and self.gpu_milli == FULL_MILLI
+
+    @property
+    def fractional(self) -> bool:
+        return self.num_gpus == 1 and self.gpu_milli < FULL_MILLI
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        """GPU compute asked for in all, in milli-GPUs (2 whole GPUs = 2000)."""
+        return self.num_gpus * self.gpu_milli
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a request goes. ``gpu_indices`` are :attr:`GPU.index` values on ``node``; each of them gives
+    ``gpu_milli`` compute (1000 and the whole card when ``exclusive``) and ``gpu_memory_mib`` memory."""
+
+    node: str
+    node_index: int
+    gpu_indices: tuple[int, ...]
+    gpu_milli: int
+    gpu_memory_mib: int
+    cpu_milli: int
+    memory_mib: int
+    exclusive: bool
+    policy: str
+    score: float | None = None
+
+
+class Workload:
+    """The target workload: request types and their popularity, used by ``fgd`` and :func:`fragmentation`.
+
+    Only the shape of a request matters (GPU count and share, CPU, memory, model); weights are normalised to
+    sum to one. The object also holds caches of per-state computations, so reuse one instance.
+    """
+
+    def __init__(self, weights: Mapping[Request, float]) -> None:
+        total = float(sum(w for w in weights.values() if w > 0))
+        if total <= 0:
+            raise ValueError("a workload needs at least one request type with a positive weight")
+        classes: dict[tuple[int, int, int], int] = {}
+        types: list[tuple[int, int, str | None, int, float]] = []
+        for req, w in weights.items():
+            if w <= 0:
+                continue
+            key = (req.num_gpus, req.gpu_milli, req.gpu_memory_mib)
+            cls_idx = classes.setdefault(key, len(classes))
+            types.append((req.cpu_milli, req.memory_mib, req.gpu_model if req.num_gpus else None, cls_idx, w / total))
+        # GPU classes: (num_gpus, milli per GPU, GPU memory per GPU); index == position.
+        self._classes: tuple[tuple[int, int, int], ...] = tuple(classes)
+        self._types = tuple(types)
+        self.weights: dict[Request, float] = {r: w / total for r, w in weights.items() if w > 0}
+        self._host_cache: dict[tuple[int, int, str], tuple[float, tuple[float, ...]]] = {}
+        self._gpu_cache: dict[tuple[GpuState, ...], tuple[int, tuple[int, ...]]] = {}
+        self._frag_cache: dict[NodeState, float] = {}
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[Request]) -> Workload:
+        """Popularity = how often each request shape occurs in ``requests``."""
+        counts: dict[Request, float] = {}
+        for r in requests:
+            counts[r] = counts.get(r, 0.0) + 1.0
+        return cls(counts)
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def clear_cache(self) -> None:
+        self._host_cache.clear()
+        self._gpu_cache.clear()
+        self._frag_cache.clear()
+
+    def node_fragmentation(self, node: Node) -> float:
+        """Expected fragmented GPU compute of ``node`` (milli-GPUs) against this workload."""
+        if not node.eligible:
+            return 0.0
+        return self._state_frag(node.state())
+
+    # -- internals, all keyed by plain tuples so that equal states share work -----------------------------------
+
+    def _host_weights(self, cpu: int, mem: int, model: str) -> tuple[float, tuple[float, ...]]:
+        """Weight of the types whose CPU, memory and model fit, summed per GPU class; plus their total."""
+        key = (cpu, mem, model)
+        hit = self._host_cache.get(key)
+        if hit is not None:
+            return hit
+        acc = [0.0] * len(self._classes)
+        for t_cpu, t_mem, t_model, cls_idx, w in self._types:
+            if t_cpu <= cpu and t_mem <= mem and (t_model is None or t_model == model):
+                acc[cls_idx] += w
+        res = (math.fsum(acc), tuple(acc))
+        if len(self._host_cache) > _MAX_WORKLOAD_CACHE:
+            self._host_cache.clear()
+        self._host_cache[key] = res
+        return res
+
+    def _gpu_frag(self, gpus: tuple[GpuState, ...]) -> tuple[int, tuple[int, ...]]:
+        """Free compute of the node, and per GPU class the part of it that class could not use."""
+        hit = self._gpu_cache.get(gpus)
+        if hit is not None:
+            return hit
+        total = 0
+        full = 0
+        for milli, _mem, is_full in gpus:
+            total += milli
+            if is_full:
+                full += 1
+        out: list[int] = []
+        for num, milli_req, mem_req in self._classes:
+            if num == 0:
+                out.append(0)
+            elif milli_req == FULL_MILLI:
+                # Only fully free cards serve whole-GPU types; partly used ones are stranded for them.
+                out.append(total - FULL_MILLI * full if full >= num else total)
+            else:
+                usable = 0
+                fits = False
+                for milli, mem, _f in gpus:
+                    if milli >= milli_req and mem >= mem_req:
+                        usable += milli
+                        fits = True
+                out.append(total - usable if fits else total)
+        res = (total, tuple(out))
+        if len(self._gpu_cache) > _MAX_WORKLOAD_CACHE:
+            self._gpu_cache.clear()
+        self._gpu_cache[gpus] = res
+        return res
+
+    def _combine(self, host: tuple[float, tuple[float, ...]], gpus: tuple[GpuState, ...]) -> float:
+        ok, per_class = host
+        total, frag = self._gpu_frag(gpus)
+        # Types that cannot be hosted at all see every free GPU as a fragment.
+        return total * (1.0 - ok) + sum(map(mul, per_class, frag))
+
+    def _state_frag(self, state: NodeState) -> float:
+        hit = self._frag_cache.get(state)
+        if hit is not None:
+            return hit
+        cpu, mem, model, gpus = state
+        val = self._combine(self._host_weights(cpu, mem, model), gpus)
+        if len(self._frag_cache) > _MAX_WORKLOAD_CACHE:
+            self._frag_cache.clear()
+        self._frag_cache[state] = val
+        return val
+
+
+def fragmentation(nodes: Node | Iterable[Node], workload: Workload) -> float:
+    """Expected fragmented GPU compute (milli-GPUs) of one node or of a whole pool against ``workload``.
+
+    Divide by the pool's GPU capacity in milli to get a share.
+    """
+    if isinstance(nodes, Node):
+        return workload.node_fragmentation(nodes)
+    return math.fsum(workload.node_fragmentation(n) for n in nodes)
+
+
+# ---- feasibility and GPU choice on one node ----------------------------------------------------------------------
+
+
+def _node_admits(state: NodeState, req: Request) -> bool:
+    cpu, mem, model, _gpus = state
+    if cpu < req.cpu_milli or mem < req.memory_mib:
+        return False
+    return not (req.num_gpus and req.gpu_model is not None and req.gpu_model != model)
+
+
+def _gpu_fits(g: GpuState, req: Request) -> bool:
+    if req.gpu_milli == FULL_MILLI:
+        return g[2]
+    return g[0] >= req.gpu_milli and g[1] >= req.gpu_memory_mib
+
+
+def _feasible(state: NodeState, req: Request) -> bool:
+    if not _node_admits(state, req):
+        return False
+    if req.num_gpus == 0:
+        return True
+    gpus = state[3]
+    if req.exclusive:
+        return sum(1 for g in gpus if g[2]) >= req.num_gpus
+    return any(_gpu_fits(g, req) for g in gpus)
+
+
+def _after(state: NodeState, req: Request) -> list[tuple[GpuState | None, tuple[GpuState, ...]]]:
+    """The distinct GPU states a request could leave on a node: (GPU state used, resulting GPU tuple)."""
+    gpus = state[3]
+    if req.num_gpus == 0:
+        return [(None, gpus)]
+    if req.exclusive:
+        out = list(gpus)
+        taken = 0
+        for i, g in enumerate(out):
+            if g[2]:
+                out[i] = (0, g[1] if g[1] == _UNTRACKED else 0, False)
+                taken += 1
+                if taken == req.num_gpus:
+                    break
+        return [(None, tuple(sorted(out)))]
+    res: list[tuple[GpuState | None, tuple[GpuState, ...]]] = []
+    prev: GpuState | None = None
+    for i, g in enumerate(gpus):
+        if g == prev or not _gpu_fits(g, req):
+            continue
+        prev = g
+        mem = g[1] if g[1] == _UNTRACKED else g[1] - req.gpu_memory_mib
+        out = list(gpus)
+        out[i] = (g[0] - req.gpu_milli, mem, False)
+        res.append((g, tuple(sorted(out))))
+    return res
+
+
+def _pick_gpus(node: Node, req: Request, policy: str, want: GpuState | None, rng: random.Random) -> tuple[int, ...]:
+    """Concrete GPU indices on ``node`` for an already feasible request."""
+    if req.num_gpus == 0:
+        return ()
+    usable = [g for g in node.gpus if g.eligible]
+    if req.exclusive:
+        free = [g for g in usable if g.fully_free]
+        if policy == "random":
+            chosen = rng.sample(free, req.num_gpus)
+        else:
+            chosen = free[: req.num_gpus]
+        return tuple(sorted(g.index for g in chosen))
+    fits = [g for g in usable if _gpu_fits(g.state(), req)]
+    if want is not None:
+        for g in fits:
+            if g.state() == want:
+                return (g.index,)
+    if policy == "random":
+        return (rng.choice(fits).index,)
+    if policy == "worst_fit":
+        return (max(fits, key=lambda g: (g.milli_free, -g.index)).index,)
+    if policy in ("best_fit", "fgd"):
+        return (min(fits, key=lambda g: (g.milli_free, g.index)).index,)
+    return (fits[0].index,)
+
+
+def apply_placement(node: Node, placement: Placement) -> None:
+    """Take a placement's resources from ``node`` (raises ValueError rather than over-commit)."""
+    by_index = {g.index: g for g in node.gpus}
+    if node.cpu_free_milli < placement.cpu_milli:
+        raise ValueError(f"{node.name}: not enough CPU")
+    if node.memory_free_mib is not None and node.memory_free_mib < placement.memory_mib:
+        raise ValueError(f"{node.name}: not enough memory")
+    for idx in placement.gpu_indices:
+        g = by_index[idx]
+        if not g.eligible:
+            raise ValueError(f"{node.name}: GPU {idx} is not eligible")
+        if placement.exclusive and not g.fully_free:
+            raise ValueError(f"{node.name}: GPU {idx} is not fully free")
+        if g.milli_free < placement.gpu_milli:
+            raise ValueError(f"{node.name}: GPU {idx} lacks compute")
+        if g.memory_free_mib is not None and g.memory_free_mib < placement.gpu_memory_mib:
+            raise ValueError(f"{node.name}: GPU {idx} lacks memory")
+    node.cpu_free_milli -= placement.cpu_milli
+    if node.memory_free_mib is not None:
+        node.memory_free_mib -= placement.memory_mib
+    for idx in placement.gpu_indices:
+        g = by_index[idx]
+        g.milli_free -= placement.gpu_milli
+        if g.memory_free_mib is not None:
+            g.memory_free_mib = 0 if placement.exclusive else g.memory_free_mib - placement.gpu_memory_mib
+
+
+def release_placement(node: Node, placement: Placement) -> None:
+    """Give a placement's resources back to ``node``."""
+    by_index = {g.index: g for g in node.gpus}
+    node.cpu_free_milli += placement.cpu_milli
+    if node.memory_free_mib is not None:
+        node.memory_free_mib += placement.memory_mib
+    for idx in placement.gpu_indices:
+        g = by_index[idx]
+        g.milli_free = min(FULL_MILLI, g.milli_free + placement.gpu_milli)
+        if g.memory_free_mib is not None:
+            if placement.exclusive and g.memory_total_mib is not None:
+                g.memory_free_mib = g.memory_total_mib
+            else:
+                g.memory_free_mib += placement.gpu_memory_mib
+
+
+# ---- the allocator -----------------------------------------------------------------------------------------------
+
+
+class Allocator:
+    """Places requests one after another on a pool, keeping its own bookkeeping in step.
+
+    ``nodes`` are used in place: :meth:`commit` / :meth:`release` change them. After changing a node from the
+    outside, call :meth:`refresh` with its position. ``tie_break`` decides between equally good nodes:
+    ``"index"`` takes the first in ``nodes`` order, ``"random"`` a random one (seeded by ``seed``).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        policy: str = "fgd",
+        workload: Workload | None = None,
+        *,
+        seed: int | None = None,
+        tie_break: str = "index",
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+        if policy == "fgd" and workload is None:
+            raise ValueError("the fgd policy needs a target workload")
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"unknown tie_break {tie_break!r}; one of {', '.join(TIE_BREAKS)}")
+        self.nodes: list[Node] = list(nodes)
+        self.policy = policy
+        self.workload = workload
+        self.tie_break = tie_break
+        self._rng = random.Random(seed)
+        self._index_by_name = {n.name: i for i, n in enumerate(self.nodes)}
+        # Capacity per node, for best/worst-fit normalisation: (cpu, gpu milli).
+        self._capacity: list[tuple[int, int]] = []
+        for n in self.nodes:
+            cpu_cap = n.cpu_total_milli if n.cpu_total_milli else n.cpu_free_milli
+            gpu_cap = FULL_MILLI * sum(1 for g in n.gpus if g.eligible)
+            self._capacity.append((max(cpu_cap, 1), gpu_cap))
+        self._rebuild()
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        # A group is (capacity, state): the nodes in it are interchangeable for every policy.
+        self._group_ids: dict[tuple[tuple[int, int], NodeState], int] = {}
+        self._group_keys: list[tuple[tuple[int, int], NodeState]] = []
+        self._members: dict[int, set[int]] = {}
+        self._node_group: list[int | None] = [None] * len(self.nodes)
+        self._scores: dict[Request, dict[int, Any]] = {}
+        for i in range(len(self.nodes)):
+            self._enter(i)
+
+    def _enter(self, i: int) -> None:
+        node = self.nodes[i]
+        if not node.eligible:
+            self._node_group[i] = None
+            return
+        key = (self._capacity[i], node.state())
+        gid = self._group_ids.get(key)
+        if gid is None:
+            gid = len(self._group_keys)
+            self._group_ids[key] = gid
+            self._group_keys.append(key)
+        members = self._members.get(gid)
+        if members is None:
+            members = self._members[gid] = set()
+        members.add(i)
+        self._node_group[i] = gid
+
+    def _leave(self, i: int) -> None:
+        gid = self._node_group[i]
+        if gid is None:
+            return
+        members = self._members[gid]
+        members.discard(i)
+        if not members:
+            del self._members[gid]
+        self._node_group[i] = None
+
+    def refresh(self, node_index: int) -> None:
+        """Re-read one node after it was changed outside the allocator (health, external allocation)."""
+        self._leave(node_index)
+        self._enter(node_index)
+        if len(self._group_keys) > _MAX_STATES:
+            self._rebuild()
+
+    def index_of(self, node_name: str) -> int:
+        return self._index_by_name[node_name]
+
+    # -- scoring -----------------------------------------------------------------------------------------------
+
+    def _evaluate(self, gid: int, req: Request) -> tuple[float, GpuState | None] | None:
+        """Score of placing ``req`` on a node of group ``gid`` (lower is better), or None when it does not fit."""
+        capacity, state = self._group_keys[gid]
+        if not _feasible(state, req):
+            return None
+        policy = self.policy
+        if policy in ("first_fit", "random"):
+            return (0.0, None)
+        if policy == "fgd":
+            wl = self.workload
+            assert wl is not None
+            before = wl._state_frag(state)
+            cpu, mem, model, _gpus = state
+            host = wl._host_weights(cpu - req.cpu_milli, mem - req.memory_mib, model)
+            best = math.inf
+            best_gpu: GpuState | None = None
+            for used, gpus_after in _after(state, req):
+                val = wl._combine(host, gpus_after)
+                # Candidates come tightest card first; keep it unless a looser one is strictly better.
+                if val < best - _EPS:
+                    best, best_gpu = val, used
+            return (best - before, best_gpu)
+        cpu_cap, gpu_cap = capacity
+        cpu_left = (state[0] - req.cpu_milli) / cpu_cap
+        gpu_free = sum(g[0] for g in state[3])
+        gpu_left = (gpu_free - req.gpu_demand_milli) / gpu_cap if gpu_cap else 0.0
+        left = cpu_left + gpu_left
+        return (left if policy == "best_fit" else -left, None)
+
+    def choose(self, request: Request) -> Placement | None:
+        """The placement the policy picks for ``request``, without taking anything; None when nothing fits."""
+        cache = self._scores.get(request)
+        if cache is None:
+            cache = self._scores[request] = {}
+        best_score = math.inf
+        tied: list[int] = []
+        evaluate = self._evaluate
+        for gid in self._members:
+            res = cache.get(gid, _MISS)
+            if res is _MISS:
+                res = cache[gid] = evaluate(gid, request)
+            if res is None:
+                continue
+            score = res[0]
+            if score < best_score - _EPS:
+                best_score = score
+                tied = [gid]
+            elif score <= best_score + _EPS:
+                tied.append(gid)
+        if not tied:
+            return None
+        if self.policy == "random" or (self.tie_break == "random" and self.policy != "first_fit"):
+            weights = [len(self._members[g]) for g in tied]
+            gid = self._rng.choices(tied, weights)[0] if len(tied) > 1 else tied[0]
+            node_index = self._rng.choice(tuple(self._members[gid]))
+        else:
+            node_index = min(min(self._members[g]) for g in tied)
+            gid = self._node_group[node_index]
+            assert gid is not None
+        want = cache[gid][1]
+        node = self.nodes[node_index]
+        gpu_indices = _pick_gpus(node, request, self.policy, want, self._rng)
+        return Placement(
+            node=node.name,
+            node_index=node_index,
+            gpu_indices=gpu_indices,
+            gpu_milli=request.gpu_milli if request.num_gpus else 0,
+            gpu_memory_mib=request.gpu_memory_mib,
+            cpu_milli=request.cpu_milli,
+            memory_mib=request.memory_mib,
+            exclusive=request.exclusive,
+            policy=self.policy,
+            score=best_score,
+        )
+
+    def commit(self, placement: Placement) -> None:
+        """Take the placement's resources from its node."""
+        i = placement.node_index
+        self._leave(i)
+        try:
+            apply_placement(self.nodes[i], placement)
+        finally:
+            self._enter(i)
+        if len(self._group_keys) > _MAX_STATES:
+            self._rebuild()
+
+    def place(self, request: Request) -> Placement | None:
+        """Choose and commit in one step."""
+        placement = self.choose(request)
+        if placement is not None:
+            self.commit(placement)
+        return placement
+
+    def release(self, placement: Placement) -> None:
+        """Give a placement's resources back (the job ended)."""
+        i = placement.node_index
+        self._leave(i)
+        release_placement(self.nodes[i], placement)
+        self._enter(i)
+
+    def fragmentation(self, workload: Workload | None = None) -> float:
+        """Expected fragmented GPU compute of the pool (milli-GPUs)."""
+        wl = workload or self.workload
+        if wl is None:
+            raise ValueError("fragmentation needs a workload")
+        return math.fsum(wl._state_frag(self._group_keys[g][1]) * len(m) for g, m in self._members.items())
+
+
+def choose(
+    policy: str,
+    nodes: Sequence[Node],
+    request: Request,
+    workload: Workload | None = None,
+    *,
+    seed: int | None = None,
+    tie_break: str = "index",
+) -> Placement | None:
+    """One placement decision over ``nodes`` (left unchanged); None when the request fits nowhere.
+
+    Apply the answer with :func:`apply_placement` (or through the pool service's ledger).
+    """
+    return Allocator(nodes, policy, workload, seed=seed, tie_break=tie_break).choose(request)

@@ -1,0 +1,30 @@
+"""Test-wide fixtures: a real Celery worker on the real Redis broker, isolated per test session."""
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_broker_queue():
+    """Give this test session its own Celery queue, so a running platform on the same Redis is untouched."""
+    from trainyard.celery import app
+
+    name = f"trainyard-test-{uuid.uuid4().hex[:8]}"
+    app.conf.task_default_queue = name
+    yield name
+
+
+@pytest.fixture
+def celery_worker_thread(transactional_db, _isolated_broker_queue):
+    """A real Celery worker (solo pool, in a thread) consuming this session's queue."""
+    from celery.contrib.testing.worker import start_worker
+
+    from trainyard.celery import app
+
+    with start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING",
+                      queues=[_isolated_broker_queue], shutdown_timeout=10) as worker:
+        yield worker

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ImagesConfig(AppConfig):
+    name = "images"
+    verbose_name = "Images"

@@ -1,0 +1,92 @@
+"""Failure classification: exit code, signal, reason, log text and node health → class and reaction.
+
+The rules are rows of `FailureRule` (admin-editable); `DEFAULT_RULES` seeds them. The lowest `order` that
+matches wins; when none does, an unknown failure is retried up to the job's limit.
+"""
+
+import re
+from dataclasses import dataclass
+
+from jobs.models import FailureRule
+
+DEFAULT_RULES = [
+    dict(name="oom-killed", order=10, reason_pattern=r"^OOMKilled$", failure_class="user", reaction="no_retry",
+         suggestion="The container ran out of host memory: choose a spec with more memory per GPU."),
+    dict(name="cuda-out-of-memory", order=20, log_pattern=r"CUDA out of memory|CUDA error: out of memory",
+         failure_class="user", reaction="no_retry",
+         suggestion="The job ran out of GPU memory: use a larger spec (performance or guaranteed) "
+         "or a smaller batch size."),
+    dict(name="xid-gpu-lost", order=30, log_pattern=r"\bXid\b|GPU is lost|fallen off the bus",
+         failure_class="platform", reaction="retry_elsewhere",
+         suggestion="The GPU failed under the job; it is retried on another card."),
+    dict(name="nccl-timeout", order=40, log_pattern=r"NCCL.*(timeout|Timeout|timed out)|Watchdog caught collective",
+         failure_class="platform", reaction="retry_elsewhere",
+         suggestion="Collective communication timed out; retried with the workers placed elsewhere."),
+    dict(name="node-unhealthy", order=50, node_unhealthy=True, failure_class="platform",
+         reaction="retry_elsewhere", suggestion="The node or GPU turned unhealthy; retried elsewhere."),
+    dict(name="evicted-or-lost", order=60, reason_pattern=r"^(Evicted|NodeLost|Preempt\w*|NodeShutdown|Lost)$",
+         failure_class="platform", reaction="retry_elsewhere",
+         suggestion="The platform stopped the job (eviction, lost node or preemption); retried elsewhere."),
+    dict(name="image-pull", order=70, reason_pattern=r"ImagePullBackOff|ErrImagePull|ImagePullTimeout",
+         failure_class="platform", reaction="retry", suggestion="The image could not be pulled in time; retried."),
+    dict(name="killed-by-platform-signal", order=80, signals=[9], failure_class="platform",
+         reaction="retry_elsewhere", suggestion="The process was killed from outside; retried elsewhere."),
+    dict(name="user-exit-1-2", order=90, exit_codes=[1, 2], failure_class="user", reaction="no_retry",
+         suggestion="The command exited with an error: read the end of the log."),
+    dict(name="exit-137-oom", order=95, exit_codes=[137], failure_class="resource", reaction="no_retry",
+         suggestion="Killed with exit 137, usually the memory limit: choose a spec with more memory."),
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a backend saw when an attempt ended."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    log_tail: str = ""
+    node_unhealthy: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    failure_class: str
+    reaction: str
+    rule: str
+    suggestion: str
+
+
+UNKNOWN = Verdict("platform", "retry", "unknown", "The failure was not recognised; retried up to the job's limit.")
+
+
+def seed_default_rules() -> None:
+    for data in DEFAULT_RULES:
+        FailureRule.objects.get_or_create(name=data["name"], defaults=data)
+
+
+def _matches(rule: FailureRule, obs: Observation) -> bool:
+    checks = []
+    if rule.exit_codes:
+        checks.append(obs.exit_code in rule.exit_codes)
+    if rule.signals:
+        checks.append(obs.signal in rule.signals)
+    if rule.reason_pattern:
+        checks.append(bool(obs.reason) and re.search(rule.reason_pattern, obs.reason) is not None)
+    if rule.log_pattern:
+        checks.append(bool(obs.log_tail) and re.search(rule.log_pattern, obs.log_tail) is not None)
+    if rule.node_unhealthy:
+        checks.append(obs.node_unhealthy)
+    return bool(checks) and all(checks)
+
+
+def classify(obs: Observation, rules: list[FailureRule] | None = None) -> Verdict:
+    if rules is None:
+        rules = list(FailureRule.objects.filter(enabled=True).order_by("order", "name"))
+    for rule in rules:
+        try:
+            if _matches(rule, obs):
+                return Verdict(rule.failure_class, rule.reaction, rule.name, rule.suggestion)
+        except re.error:
+            continue  # a broken regex typed by an admin must not stop classification
+    return UNKNOWN

@@ -1,0 +1,199 @@
+"""Jobs, their attempts and events, and the editable failure-classification rules."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
+
+TERMINAL_VALUES = [s.value for s in TERMINAL]
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=120)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="jobs")
+    queue = models.ForeignKey("quotas.Queue", on_delete=models.PROTECT, related_name="jobs")
+    spec = models.ForeignKey("quotas.ResourceSpec", null=True, blank=True, on_delete=models.PROTECT)
+    # The request, per replica, resolved at submission (from the spec, or explicit where the queue allows).
+    gpu_count = models.PositiveSmallIntegerField(default=1)
+    gpu_milli = models.PositiveIntegerField(help_text="per card")
+    gpu_memory_mib = models.PositiveBigIntegerField(help_text="per card")
+    cpu_milli = models.PositiveIntegerField()
+    memory_mib = models.PositiveBigIntegerField()
+    exclusive = models.BooleanField(default=False)
+    replicas = models.PositiveSmallIntegerField(default=1)
+    image_reference = models.CharField(max_length=300)
+    image_digest = models.CharField(max_length=71, blank=True)
+    base_image = models.ForeignKey("images.BaseImage", null=True, blank=True, on_delete=models.SET_NULL)
+    project_image = models.ForeignKey("images.ProjectImage", null=True, blank=True, on_delete=models.SET_NULL)
+    min_driver_version = models.CharField(max_length=30, blank=True)
+    command = models.JSONField(help_text="argv list")
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    working_dir = models.CharField(max_length=500, blank=True)
+    priority = models.IntegerField(default=0)
+    timeout_s = models.PositiveIntegerField()
+    max_retries = models.PositiveSmallIntegerField(default=2)
+    tensorboard = models.BooleanField(default=False)
+    tensorboard_logdir = models.CharField(max_length=500, blank=True)
+    mounts = models.JSONField(default=list, blank=True, help_text="data and checkpoint mounts")
+    labels = models.JSONField(default=dict, blank=True)
+    ci = models.JSONField(default=dict, blank=True, help_text="whatever the CI passes: git commit, pipeline")
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+    reproduced_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
+    reason = models.CharField(max_length=60, blank=True)
+    message = models.TextField(blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    retries_used = models.PositiveSmallIntegerField(default=0)
+    excluded_gpus = models.JSONField(default=list, blank=True, help_text="GPU UUIDs to avoid on retry")
+    excluded_nodes = models.JSONField(default=list, blank=True)
+    reserved = models.BooleanField(default=False, help_text="quota is held by this job")
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_class = models.CharField(max_length=12, blank=True)
+    suggestion = models.CharField(max_length=300, blank=True)
+    reproduce = models.JSONField(default=dict, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state__in=TERMINAL_VALUES, finished_at__isnull=False)
+                | (~Q(state__in=TERMINAL_VALUES) & Q(finished_at__isnull=True)),
+                name="job_terminal_iff_finished",
+            ),
+            models.UniqueConstraint(
+                fields=["team", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_idempotency_key_unique_per_team",
+            ),
+            models.CheckConstraint(condition=Q(replicas__gte=1), name="job_replicas_positive"),
+            models.CheckConstraint(condition=Q(gpu_count__gte=1), name="job_gpu_count_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["queue", "state", "priority", "submitted_at"], name="job_dispatch_order"),
+            models.Index(fields=["team", "-submitted_at"], name="job_team_recent"),
+            models.Index(fields=["owner", "-submitted_at"], name="job_owner_recent"),
+            models.Index(fields=["state", "deadline"], name="job_state_deadline"),
+            models.Index(fields=["-submitted_at", "-id"], name="job_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def total_request(self) -> dict[str, int]:
+        """The whole job's resource vector: per-card request × cards × replicas."""
+        cards = self.gpu_count * self.replicas
+        return {
+            "gpu_milli": self.gpu_milli * cards,
+            "gpu_memory_mib": self.gpu_memory_mib * cards,
+            "cpu_milli": self.cpu_milli * self.replicas,
+            "memory_mib": self.memory_mib * self.replicas,
+        }
+
+
+class Attempt(models.Model):
+    class FailureClass(models.TextChoices):
+        USER = "user"
+        PLATFORM = "platform"
+        RESOURCE = "resource"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=10, choices=AttemptState.choices, default=AttemptState.PLACED)
+    backend = models.CharField(max_length=20)
+    backend_ref = models.CharField(max_length=300, blank=True)
+    node = models.ForeignKey("cluster.Node", null=True, blank=True, on_delete=models.SET_NULL)
+    placement = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    failure_class = models.CharField(max_length=10, choices=FailureClass.choices, blank=True)
+    reaction = models.CharField(max_length=20, blank=True)
+    reason = models.CharField(max_length=200, blank=True)
+    rule = models.CharField(max_length=100, blank=True, help_text="the classification rule that matched")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in ATTEMPT_FINISHED], ended_at__isnull=False)
+                | (~Q(state__in=[s.value for s in ATTEMPT_FINISHED]) & Q(ended_at__isnull=True)),
+                name="attempt_finished_iff_ended",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "backend"], name="attempt_live_by_backend")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.number}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in ATTEMPT_FINISHED
+
+
+class JobEvent(models.Model):
+    class Level(models.TextChoices):
+        INFO = "info"
+        WARNING = "warning"
+        ERROR = "error"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    from_state = models.CharField(max_length=12, blank=True)
+    to_state = models.CharField(max_length=12, blank=True)
+    level = models.CharField(max_length=8, choices=Level.choices, default=Level.INFO)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=150, help_text="user name, or the platform component")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="event_job_time")]
+
+
+class FailureRule(models.Model):
+    """One row of the failure-classification table; the lowest `order` that matches wins."""
+
+    class Reaction(models.TextChoices):
+        RETRY = "retry"
+        NO_RETRY = "no_retry"
+        RETRY_ELSEWHERE = "retry_elsewhere"
+
+    name = models.SlugField(max_length=100, unique=True)
+    order = models.PositiveIntegerField(default=100)
+    enabled = models.BooleanField(default=True)
+    exit_codes = models.JSONField(default=list, blank=True, help_text="match any of these exit codes")
+    signals = models.JSONField(default=list, blank=True, help_text="match any of these signals")
+    reason_pattern = models.CharField(max_length=200, blank=True, help_text="regex on the container/pod reason")
+    log_pattern = models.CharField(max_length=300, blank=True, help_text="regex on the attempt's log")
+    node_unhealthy = models.BooleanField(default=False, help_text="match when the node/GPU turned unhealthy")
+    failure_class = models.CharField(max_length=10, choices=Attempt.FailureClass.choices)
+    reaction = models.CharField(max_length=20, choices=Reaction.choices)
+    suggestion = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["order", "name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,189 @@
+"""Teams, memberships, queues, resource specs, API tokens and the quota audit trail."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ResourceVector(models.Model):
+    """The four quantities every quota, capability and request is measured in."""
+
+    gpu_milli = models.PositiveIntegerField(default=0, help_text="GPU compute, 1000 = one whole card")
+    gpu_memory_mib = models.PositiveBigIntegerField(default=0)
+    cpu_milli = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+    def vector(self) -> dict[str, int]:
+        return {
+            "gpu_milli": self.gpu_milli,
+            "gpu_memory_mib": self.gpu_memory_mib,
+            "cpu_milli": self.cpu_milli,
+            "memory_mib": self.memory_mib,
+        }
+
+
+class Team(ResourceVector):
+    """A team owns jobs; its quota is hard (the four resources plus job counts)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=50, unique=True)
+    namespace = models.CharField(max_length=63, unique=True, help_text="Kubernetes namespace of its jobs")
+    max_running_jobs = models.PositiveIntegerField(default=20)
+    max_jobs_per_user = models.PositiveIntegerField(default=10, help_text="running jobs per member")
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member"
+        MAINTAINER = "maintainer"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="membership_unique_team_user"),
+            models.CheckConstraint(condition=Q(role__in=["member", "maintainer"]), name="membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ResourceSpec(models.Model):
+    """What a job asks for per replica: whole cards, or a fixed share of one card."""
+
+    class Tier(models.TextChoices):
+        GUARANTEED = "guaranteed"
+        PERFORMANCE = "performance"
+        SHARED = "shared"
+
+    name = models.SlugField(max_length=50, unique=True)
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    gpu_count = models.PositiveSmallIntegerField(default=1, help_text="whole cards (guaranteed tier)")
+    gpu_milli = models.PositiveIntegerField(help_text="compute per card, 1000 = whole")
+    gpu_memory_eighths = models.PositiveSmallIntegerField(help_text="card memory share, 8 = whole card")
+    cpu_milli_per_gpu = models.PositiveIntegerField(default=4000)
+    memory_mib_per_gpu = models.PositiveBigIntegerField(default=32768)
+    default_timeout_s = models.PositiveIntegerField(default=24 * 3600)
+    description = models.TextField(blank=True)
+    expected_slowdown = models.CharField(max_length=100, blank=True)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-gpu_milli", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_milli__gte=1, gpu_milli__lte=1000), name="spec_gpu_milli_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_memory_eighths__gte=1, gpu_memory_eighths__lte=8), name="spec_memory_eighths_range"
+            ),
+            models.CheckConstraint(condition=Q(gpu_count__gte=1), name="spec_gpu_count_positive"),
+            models.CheckConstraint(
+                condition=~Q(tier="guaranteed") | Q(gpu_milli=1000, gpu_memory_eighths=8),
+                name="spec_guaranteed_is_whole",
+            ),
+            models.CheckConstraint(
+                condition=Q(tier="guaranteed") | Q(gpu_count=1), name="spec_shares_are_one_card"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def exclusive(self) -> bool:
+        return self.tier == self.Tier.GUARANTEED
+
+
+class Queue(ResourceVector):
+    """A platform queue: a hard capability (the ResourceVector fields), mapped to one Volcano Queue."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        CLOSED = "closed"
+
+    class Ordering(models.TextChoices):
+        FIFO = "fifo"
+        BACKFILL = "backfill"
+
+    name = models.SlugField(max_length=50, unique=True)
+    description = models.TextField(blank=True)
+    teams = models.ManyToManyField(Team, related_name="queues", blank=True)
+    specs = models.ManyToManyField(ResourceSpec, related_name="queues", blank=True)
+    priority = models.IntegerField(default=0, help_text="higher is dispatched first")
+    weight = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.OPEN)
+    ordering = models.CharField(max_length=10, choices=Ordering.choices, default=Ordering.FIFO)
+    max_timeout_s = models.PositiveIntegerField(default=7 * 24 * 3600)
+    default_timeout_s = models.PositiveIntegerField(default=24 * 3600)
+    gang = models.BooleanField(default=False, help_text="multi-replica jobs start all-or-nothing")
+    allow_explicit_request = models.BooleanField(
+        default=False, help_text="accept gpu_milli/gpu_memory_mib instead of a spec"
+    )
+    secondary_network = models.CharField(
+        max_length=200, blank=True, help_text="k8s.v1.cni.cncf.io/networks value for collective traffic"
+    )
+
+    class Meta:
+        ordering = ["-priority", "name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=["open", "closed"]), name="queue_state_valid"),
+            models.CheckConstraint(
+                condition=Q(default_timeout_s__lte=models.F("max_timeout_s")), name="queue_default_within_max"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def volcano_name(self) -> str:
+        return f"trainyard-{self.name}"
+
+
+class ApiToken(models.Model):
+    """A per-user token for CI; only its SHA-256 is stored, the secret is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, db_index=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class QuotaChange(models.Model):
+    """Audit row: who changed which quota or capability field, from what to what, and when."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="quota_changes")
+    queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.CASCADE, related_name="quota_changes")
+    field = models.CharField(max_length=50)
+    old_value = models.CharField(max_length=100)
+    new_value = models.CharField(max_length=100)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at"]

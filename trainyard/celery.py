@@ -1,0 +1,16 @@
+"""The Celery application: configuration comes from Django settings (`CELERY_*`)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
+
+app = Celery("trainyard")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.task(name="trainyard.ping")
+def ping() -> str:
+    return "pong"

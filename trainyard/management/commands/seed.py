@@ -1,0 +1,23 @@
+"""`manage.py seed`: create the platform's starting data (idempotent)."""
+
+import os
+
+from django.core.management.base import BaseCommand
+
+from trainyard.seed import seed
+
+
+class Command(BaseCommand):
+    help = "Create specs, queues, a demo team and users, base images (only what is missing)."
+
+    def handle(self, *args, **options):
+        report = seed(
+            admin_password=os.environ.get("TRAINYARD_ADMIN_PASSWORD") or None,
+            demo_password=os.environ.get("TRAINYARD_DEMO_PASSWORD") or None,
+        )
+        for item in report.created:
+            self.stdout.write(f"created {item}")
+        for user, password in report.passwords.items():
+            self.stdout.write(self.style.WARNING(f"login {user} / {password}   (shown once; keep it)"))
+        if not report.created:
+            self.stdout.write("seed data already present")

@@ -1,0 +1,3 @@
+"""WebSocket routes, collected from the apps that stream to the browser."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,119 @@
+"""Seed data for a new platform: specs, the three queues, a demo team and users, base images, registries.
+
+Idempotent: rows that exist are left as an admin may have edited them; only missing ones are created.
+"""
+
+import secrets
+from dataclasses import dataclass, field
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from images.models import BaseImage, Registry
+from quotas.models import Membership, Queue, ResourceSpec, Team
+
+GIB = 1024
+
+SPECS = [
+    dict(name="guaranteed", tier="guaranteed", gpu_count=1, gpu_milli=1000, gpu_memory_eighths=8,
+         cpu_milli_per_gpu=8000, memory_mib_per_gpu=64 * GIB, default_timeout_s=24 * 3600,
+         description="Whole GPUs, exclusive: no other job shares the card.", expected_slowdown="none"),
+    dict(name="performance", tier="performance", gpu_count=1, gpu_milli=750, gpu_memory_eighths=6,
+         cpu_milli_per_gpu=6000, memory_mib_per_gpu=48 * GIB, default_timeout_s=12 * 3600,
+         description="3/4 of one card's compute and 6/8 of its memory.",
+         expected_slowdown="about 1.3x vs a whole card"),
+    dict(name="shared", tier="shared", gpu_count=1, gpu_milli=250, gpu_memory_eighths=2,
+         cpu_milli_per_gpu=2000, memory_mib_per_gpu=16 * GIB, default_timeout_s=2 * 3600,
+         description="1/4 of one card's compute and 2/8 of its memory, for debugging and small models.",
+         expected_slowdown="about 4x vs a whole card; neighbours may add jitter"),
+]
+
+QUEUES = [
+    dict(name="debug", description="Quick interactive runs on a quarter card.", priority=20, ordering="backfill",
+         max_timeout_s=4 * 3600, default_timeout_s=3600, gang=False, specs=["shared"],
+         gpu_milli=2000, gpu_memory_mib=48 * GIB, cpu_milli=32000, memory_mib=128 * GIB),
+    dict(name="train", description="Single-node training on any tier.", priority=10, ordering="fifo",
+         max_timeout_s=7 * 24 * 3600, default_timeout_s=24 * 3600, gang=False,
+         specs=["guaranteed", "performance", "shared"],
+         gpu_milli=4000, gpu_memory_mib=96 * GIB, cpu_milli=64000, memory_mib=256 * GIB),
+    dict(name="distributed", description="Multi-replica jobs on whole cards, gang-scheduled.", priority=5,
+         ordering="fifo", max_timeout_s=7 * 24 * 3600, default_timeout_s=48 * 3600, gang=True,
+         specs=["guaranteed"], gpu_milli=4000, gpu_memory_mib=96 * GIB, cpu_milli=64000, memory_mib=256 * GIB),
+]
+
+BASE_IMAGES = [
+    dict(name="pytorch-2.5-cuda12.4", reference="nvcr.io/nvidia/pytorch:24.10-py3",
+         digest="sha256:" + "1" * 64, cuda_version="12.4", framework="pytorch", framework_version="2.5",
+         min_driver_version="550.54", maintainer="platform-team", scan_status="passed"),
+    dict(name="pytorch-2.1-cuda11.8", reference="docker.io/pytorch/pytorch:2.1.0-cuda11.8-cudnn8-runtime",
+         digest="sha256:" + "2" * 64, cuda_version="11.8", framework="pytorch", framework_version="2.1",
+         min_driver_version="520.61", maintainer="platform-team", scan_status="passed"),
+    dict(name="tensorflow-2.16-cuda12.3", reference="nvcr.io/nvidia/tensorflow:24.03-tf2-py3",
+         digest="sha256:" + "3" * 64, cuda_version="12.3", framework="tensorflow", framework_version="2.16",
+         min_driver_version="545.23", maintainer="platform-team", scan_status="passed"),
+    dict(name="python-3.11", reference="docker.io/library/python:3.11-slim",
+         digest="sha256:" + "4" * 64, cuda_version="", framework="none", framework_version="",
+         min_driver_version="", maintainer="platform-team", scan_status="passed"),
+]
+
+REGISTRIES = ["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
+
+
+@dataclass
+class SeedReport:
+    created: list[str] = field(default_factory=list)
+    passwords: dict[str, str] = field(default_factory=dict)
+
+
+def _user(username: str, *, staff: bool, password: str | None, report: SeedReport):
+    User = get_user_model()
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        chosen = password or secrets.token_urlsafe(12)
+        user = User.objects.create_user(username=username, password=chosen, is_staff=staff, is_superuser=staff)
+        report.created.append(f"user {username}")
+        if not password:
+            report.passwords[username] = chosen
+    elif password and not user.check_password(password):
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    return user
+
+
+def seed(*, admin_password: str | None = None, demo_password: str | None = None) -> SeedReport:
+    report = SeedReport()
+    with transaction.atomic():
+        specs = {}
+        for data in SPECS:
+            spec, created = ResourceSpec.objects.get_or_create(name=data["name"], defaults=data)
+            specs[spec.name] = spec
+            if created:
+                report.created.append(f"spec {spec.name}")
+        team, created = Team.objects.get_or_create(
+            slug="demo",
+            defaults=dict(name="Demo team", namespace="trainyard-demo", gpu_milli=4000, gpu_memory_mib=96 * GIB,
+                          cpu_milli=64000, memory_mib=256 * GIB, max_running_jobs=20, max_jobs_per_user=10),
+        )
+        if created:
+            report.created.append("team demo")
+        for data in QUEUES:
+            data = dict(data)
+            spec_names = data.pop("specs")
+            queue, created = Queue.objects.get_or_create(name=data["name"], defaults=data)
+            if created:
+                queue.specs.set([specs[n] for n in spec_names])
+                queue.teams.add(team)
+                report.created.append(f"queue {queue.name}")
+        for host in REGISTRIES:
+            Registry.objects.get_or_create(host=host)
+        for data in BASE_IMAGES:
+            _, created = BaseImage.objects.get_or_create(name=data["name"], defaults=data)
+            if created:
+                report.created.append(f"image {data['name']}")
+        _user("admin", staff=True, password=admin_password, report=report)
+        demo = _user("demo", staff=False, password=demo_password, report=report)
+        Membership.objects.get_or_create(team=team, user=demo, defaults={"role": Membership.Role.MAINTAINER})
+        from jobs.classifier import seed_default_rules
+
+        seed_default_rules()
+    return report

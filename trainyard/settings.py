@@ -1,0 +1,169 @@
+"""Django settings, read from the environment (see `.env.example`) with safe local defaults."""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+from trainyard import logsetup
+from trainyard.paths import BASE_DIR, VAR_DIR
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+
+def _local_secret_key() -> str:
+    """A per-checkout key generated once into var/, so no secret is ever committed."""
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env.bool("TRAINYARD_DEBUG", default=False)
+SECRET_KEY = env.str("TRAINYARD_SECRET_KEY", default="") or _local_secret_key()
+ALLOWED_HOSTS = env.list("TRAINYARD_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("TRAINYARD_CSRF_TRUSTED_ORIGINS", default=[])
+PLATFORM_VERSION = "0.1.0"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "trainyard",
+    "quotas",
+    "cluster",
+    "images",
+    "jobs",
+    "monitoring",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "trainyard.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.i18n",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "trainyard.wsgi.application"
+ASGI_APPLICATION = "trainyard.asgi.application"
+
+DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/trainyard")
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 5
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("TRAINYARD_DB_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.str("TRAINYARD_CACHE_PREFIX", default="trainyard"),
+    }
+}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("TRAINYARD_CHANNEL_PREFIX", default="trainyard")},
+    }
+}
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard")
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE: dict = {}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+# One-machine mode serves its own static files; behind a real web server, turn this off.
+TRAINYARD_SERVE_STATIC = env.bool("TRAINYARD_SERVE_STATIC", default=True)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "EXCEPTION_HANDLER": "trainyard.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Trainyard API",
+    "DESCRIPTION": "Submit, follow and govern GPU training jobs.",
+    "VERSION": PLATFORM_VERSION,
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# Platform behaviour
+TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")
+TRAINYARD_LOCAL_GPUS = env.str("TRAINYARD_LOCAL_GPUS", default="4x24GiB")
+TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
+TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)
+TRAINYARD_REGISTRY_ALLOWLIST = env.list(
+    "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
+)
+TRAINYARD_RECONCILE_INTERVAL = timedelta(minutes=10)
+
+LOG_LEVEL = env.str("TRAINYARD_LOG_LEVEL", default="INFO")
+LOG_FORMAT = env.str("TRAINYARD_LOG_FORMAT", default="console")  # console | json
+LOGGING_CONFIG = None
+logsetup.configure(level=LOG_LEVEL, fmt=LOG_FORMAT)

@@ -1,0 +1,141 @@
+"""The skeleton: probes, seed data, embedded-service errors, the launcher's bad-input messages, compose."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainyard import embedded, processes
+from trainyard.paths import BASE_DIR
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthz(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_reports_missing_worker(client, settings):
+    settings.TRAINYARD_READY_TIMEOUT = 0.5
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["failed"] == ["worker"]
+    assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
+
+
+def test_readyz_reports_unreachable_redis(client, settings):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port}/0"
+    settings.TRAINYARD_READY_TIMEOUT = 0.5
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert "redis" in response.json()["failed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_ready_with_a_live_worker(client, settings, celery_worker_thread):
+    settings.TRAINYARD_READY_TIMEOUT = 2.0
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["status"] == "ready"
+
+
+def test_seed_is_idempotent():
+    from django.contrib.auth import get_user_model
+
+    from quotas.models import Queue, ResourceSpec
+    from trainyard.seed import seed
+
+    first = seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    assert {q.name for q in Queue.objects.all()} == {"debug", "train", "distributed"}
+    shared = ResourceSpec.objects.get(name="shared")
+    assert (shared.gpu_milli, shared.gpu_memory_eighths) == (250, 2)
+    perf = ResourceSpec.objects.get(name="performance")
+    assert (perf.gpu_milli, perf.gpu_memory_eighths) == (750, 6)
+    assert set(Queue.objects.get(name="distributed").specs.values_list("name", flat=True)) == {"guaranteed"}
+    assert set(Queue.objects.get(name="debug").specs.values_list("name", flat=True)) == {"shared"}
+    assert first.passwords == {}  # passwords came from the caller, nothing to print
+    second = seed()
+    assert second.created == []
+    assert get_user_model().objects.get(username="demo").check_password("demo-pass-123")
+
+
+def test_bad_database_url_is_one_clear_line():
+    with pytest.raises(embedded.ServiceError, match="must be a postgres:// URL"):
+        embedded.check_database_url("mysql://root@127.0.0.1/x")
+    port = embedded.free_port()
+    with pytest.raises(embedded.ServiceError, match=rf"cannot reach PostgreSQL at 127.0.0.1:{port}"):
+        embedded.check_database_url(f"postgres://postgres@127.0.0.1:{port}/x")
+
+
+def test_bad_redis_url_is_one_clear_line():
+    port = embedded.free_port()
+    with pytest.raises(embedded.ServiceError, match=rf"cannot reach Redis at 127.0.0.1:{port}"):
+        embedded.check_redis_url(f"redis://127.0.0.1:{port}/0")
+
+
+def test_launcher_refuses_a_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "trainyard.standalone"],
+            env={**os.environ, "TRAINYARD_PORT": str(port)}, capture_output=True, text=True, timeout=60,
+            cwd=BASE_DIR,
+        )
+    assert result.returncode == 1
+    assert f"port {port} is in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bootstrap_explains_a_missing_python(tmp_path):
+    result = subprocess.run(
+        ["/bin/bash", str(BASE_DIR / "scripts" / "bootstrap.sh")],
+        env={"PATH": str(tmp_path), "PYTHON": ""}, capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert "Python 3.11 is required" in result.stderr
+
+
+def test_compose_matches_the_process_table():
+    compose = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "web", "worker", "beat"} <= set(services)
+    for name in processes.NAMES:
+        expected = processes.command(name, host="0.0.0.0", port=8000)
+        assert services[name]["command"] == ["python", "-m", *expected], name
+        assert services[name]["environment"]["DATABASE_URL"].startswith("postgres://")
+        assert services[name]["environment"]["REDIS_URL"].startswith("redis://")
+    dockerfile = (BASE_DIR / "Dockerfile").read_text()
+    user_lines = [line for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert user_lines and user_lines[-1].split()[1].split(":")[0] not in {"0", "root"}
+    makefile = (BASE_DIR / "Makefile").read_text()
+    assert "trainyard.processes $@" in makefile and "web worker beat:" in makefile
+
+
+def test_env_example_lists_every_variable_the_settings_read():
+    import re
+
+    sources = "\n".join(
+        p.read_text() for p in [BASE_DIR / "trainyard" / "settings.py", BASE_DIR / "trainyard" / "processes.py"]
+    )
+    read = set(re.findall(r'env\.\w+\("([A-Z_]+)"', sources)) | set(re.findall(r'environ\.get\("([A-Z_]+)"', sources))
+    listed = set(re.findall(r"^#?\s*([A-Z_]+)=", (BASE_DIR / ".env.example").read_text(), re.M))
+    assert read - listed == set()
+
+
+def test_secret_key_is_generated_not_committed():
+    assert not (BASE_DIR / "var" / "secret_key").exists() or "var/" in Path(BASE_DIR / ".gitignore").read_text()
+    from django.conf import settings
+
+    assert len(settings.SECRET_KEY) >= 40
