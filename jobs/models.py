@@ -21,10 +21,18 @@ class Job(models.Model):
     # The request, per replica, resolved at submission (from the spec, or explicit where the queue allows).
     gpu_count = models.PositiveSmallIntegerField(default=1)
     gpu_milli = models.PositiveIntegerField(help_text="per card")
-    gpu_memory_mib = models.PositiveBigIntegerField(help_text="per card")
+    gpu_memory_mib = models.PositiveBigIntegerField(help_text="per card, as accounted against quotas")
+    gpu_memory_eighths = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="when set, each slice gets this share of the actual card's memory"
+    )
     cpu_milli = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     exclusive = models.BooleanField(default=False)
+    # The whole job's request (per-card request x cards x replicas), summed for quota usage.
+    total_gpu_milli = models.PositiveIntegerField(default=0)
+    total_gpu_memory_mib = models.PositiveBigIntegerField(default=0)
+    total_cpu_milli = models.PositiveIntegerField(default=0)
+    total_memory_mib = models.PositiveBigIntegerField(default=0)
     replicas = models.PositiveSmallIntegerField(default=1)
     image_reference = models.CharField(max_length=300)
     image_digest = models.CharField(max_length=71, blank=True)
@@ -87,6 +95,8 @@ class Job(models.Model):
             models.Index(fields=["owner", "-submitted_at"], name="job_owner_recent"),
             models.Index(fields=["state", "deadline"], name="job_state_deadline"),
             models.Index(fields=["-submitted_at", "-id"], name="job_recent"),
+            models.Index(fields=["queue"], condition=Q(reserved=True), name="job_reserved_by_queue"),
+            models.Index(fields=["team"], condition=Q(reserved=True), name="job_reserved_by_team"),
         ]
 
     def __str__(self) -> str:
@@ -97,13 +107,11 @@ class Job(models.Model):
         return self.state in TERMINAL
 
     def total_request(self) -> dict[str, int]:
-        """The whole job's resource vector: per-card request × cards × replicas."""
-        cards = self.gpu_count * self.replicas
         return {
-            "gpu_milli": self.gpu_milli * cards,
-            "gpu_memory_mib": self.gpu_memory_mib * cards,
-            "cpu_milli": self.cpu_milli * self.replicas,
-            "memory_mib": self.memory_mib * self.replicas,
+            "gpu_milli": self.total_gpu_milli,
+            "gpu_memory_mib": self.total_gpu_memory_mib,
+            "cpu_milli": self.total_cpu_milli,
+            "memory_mib": self.total_memory_mib,
         }
 
 

@@ -6,6 +6,7 @@ Idempotent: rows that exist are left as an admin may have edited them; only miss
 import secrets
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
@@ -63,6 +64,7 @@ REGISTRIES = ["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
 class SeedReport:
     created: list[str] = field(default_factory=list)
     passwords: dict[str, str] = field(default_factory=dict)
+    inventory: str = ""
 
 
 def _user(username: str, *, staff: bool, password: str | None, report: SeedReport):
@@ -116,4 +118,11 @@ def seed(*, admin_password: str | None = None, demo_password: str | None = None)
         from jobs.classifier import seed_default_rules
 
         seed_default_rules()
+    if settings.TRAINYARD_BACKEND == "local":
+        from cluster.inventory import local_inventory
+        from cluster.services import inventory_sync
+
+        node = inventory_sync(info=local_inventory())
+        kind = "emulated" if node.emulated else "NVML"
+        report.inventory = f"inventory {node.name}: {node.gpus.count()} GPU(s) ({kind})"
     return report

@@ -167,3 +167,20 @@ LOG_LEVEL = env.str("TRAINYARD_LOG_LEVEL", default="INFO")
 LOG_FORMAT = env.str("TRAINYARD_LOG_FORMAT", default="console")  # console | json
 LOGGING_CONFIG = None
 logsetup.configure(level=LOG_LEVEL, fmt=LOG_FORMAT)
+
+# Emulated inventory facts (only where NVML finds no GPU); the UI labels such GPUs as emulated.
+TRAINYARD_EMULATED_DRIVER = env.str("TRAINYARD_EMULATED_DRIVER", default="550.54.15")
+TRAINYARD_EMULATED_CUDA = env.str("TRAINYARD_EMULATED_CUDA", default="12.4")
+TRAINYARD_DEFAULT_GPU_MEMORY_MIB = env.int("TRAINYARD_DEFAULT_GPU_MEMORY_MIB", default=24576)
+TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
+TRAINYARD_NVML_PROBE = env.bool("TRAINYARD_NVML_PROBE", default=True)
+TRAINYARD_LOG_DAILY_BYTES = env.int("TRAINYARD_LOG_DAILY_BYTES", default=512 * 1024 * 1024)
+TRAINYARD_LOG_DAILY_LINES = env.int("TRAINYARD_LOG_DAILY_LINES", default=2_000_000)
+
+CELERY_BEAT_SCHEDULE = {
+    "observe-attempts": {"task": "jobs.observe_attempts", "schedule": env.float("TRAINYARD_OBSERVE_EVERY_S", 2.0)},
+    "enforce-timeouts": {"task": "jobs.enforce_timeouts", "schedule": 15.0},
+    "dispatch-all": {"task": "jobs.dispatch_all", "schedule": 30.0},
+    "reconcile-pool": {"task": "cluster.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
+    "sync-inventory": {"task": "cluster.sync_inventory", "schedule": 300.0},
+}

@@ -19,5 +19,7 @@ class Command(BaseCommand):
             self.stdout.write(f"created {item}")
         for user, password in report.passwords.items():
             self.stdout.write(self.style.WARNING(f"login {user} / {password}   (shown once; keep it)"))
+        if report.inventory:
+            self.stdout.write(report.inventory)
         if not report.created:
             self.stdout.write("seed data already present")

@@ -1,0 +1,335 @@
+"""Writes to the GPU pool: inventory sync, slice placement and release, quarantine, reconcile."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import structlog
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from cluster.inventory import NodeInfo
+from cluster.models import GPU, LogicalDevice, Node, PoolRepair
+from cluster.probes import probe_gpu
+
+log = structlog.get_logger(__name__)
+POOL_LOCK_KEY = 0x7472_6169  # advisory lock id for "the pool" (serialises placement across queues)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.replace("-", ".").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def driver_satisfies(node_driver: str, minimum: str) -> bool:
+    if not minimum:
+        return True
+    if not node_driver:
+        return False
+    return version_tuple(node_driver) >= version_tuple(minimum)
+
+
+def pool_lock() -> None:
+    """Serialise placement decisions inside the current transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [POOL_LOCK_KEY])
+
+
+def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
+    """Create or update a node and its GPUs from what the backend reports; GPUs that vanished turn unhealthy."""
+    now = timezone.now()
+    node, _ = Node.objects.update_or_create(
+        name=info.name,
+        defaults=dict(
+            backend=backend, emulated=info.emulated, driver_version=info.driver_version,
+            cuda_version=info.cuda_version, cpu_milli=info.cpu_milli, memory_mib=info.memory_mib,
+            labels=info.labels, rack=info.labels.get("trainyard.io/rack", ""),
+            nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""), last_seen=now,
+        ),
+    )
+    seen = set()
+    for gpu in info.gpus:
+        seen.add(gpu.uuid)
+        GPU.objects.update_or_create(
+            uuid=gpu.uuid,
+            defaults=dict(node=node, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib),
+        )
+    vanished = node.gpus.exclude(uuid__in=seen).exclude(health=GPU.Health.UNHEALTHY)
+    for gpu in vanished:
+        gpu_mark_unhealthy(gpu=gpu, reason="GPU no longer reported by the node")
+    return node
+
+
+def gpu_mark_unhealthy(*, gpu: GPU, reason: str, quarantine: bool = True) -> GPU:
+    gpu.health = GPU.Health.UNHEALTHY
+    gpu.health_changed_at = timezone.now()
+    if quarantine:
+        gpu.quarantined = True
+        gpu.quarantine_reason = reason[:300]
+    gpu.save(update_fields=["health", "health_changed_at", "quarantined", "quarantine_reason"])
+    log.warning("gpu_unhealthy", gpu=gpu.uuid, reason=reason)
+    return gpu
+
+
+def gpu_mark_suspect(*, gpu: GPU, reason: str) -> None:
+    GPU.objects.filter(pk=gpu.pk).update(health=GPU.Health.SUSPECT, health_changed_at=timezone.now())
+    PoolRepair.objects.create(kind="probe_failed", gpu=gpu, detail=reason)
+    log.warning("gpu_probe_failed", gpu=gpu.uuid, reason=reason)
+
+
+def gpu_return_to_service(*, gpu: GPU) -> GPU:
+    gpu.health = GPU.Health.HEALTHY
+    gpu.quarantined = False
+    gpu.quarantine_reason = ""
+    gpu.health_changed_at = timezone.now()
+    gpu.save(update_fields=["health", "quarantined", "quarantine_reason", "health_changed_at"])
+    return gpu
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+class NoPlacement(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class CardState:
+    gpu: GPU
+    free_milli: int
+    free_memory: int
+    live: list[LogicalDevice]
+    stale: list[LogicalDevice]
+
+    @property
+    def exclusive_held(self) -> bool:
+        return any(s.exclusive for s in self.live)
+
+    @property
+    def whole_free(self) -> bool:
+        return not self.live
+
+
+def _live_attempt(device: LogicalDevice) -> bool:
+    return device.attempt_id is not None and not device.attempt.is_finished
+
+
+def pool_cards(*, min_driver: str = "", exclude_gpus=(), exclude_nodes=()) -> tuple[list[CardState], int]:
+    """Eligible cards with what is free on each; also how many healthy cards the driver check removed."""
+    gpus = list(
+        GPU.objects.select_related("node")
+        .filter(health=GPU.Health.HEALTHY, quarantined=False, node__state=Node.State.READY)
+        .exclude(uuid__in=list(exclude_gpus))
+        .exclude(node__name__in=list(exclude_nodes))
+        .order_by("node__name", "index")
+    )
+    too_old = 0
+    eligible = []
+    for gpu in gpus:
+        if driver_satisfies(gpu.node.driver_version, min_driver):
+            eligible.append(gpu)
+        else:
+            too_old += 1
+    by_gpu: dict[int, list[LogicalDevice]] = defaultdict(list)
+    for device in LogicalDevice.objects.select_related("attempt").filter(
+        released_at__isnull=True, gpu__in=eligible
+    ):
+        by_gpu[device.gpu_id].append(device)
+    cards = []
+    for gpu in eligible:
+        live = [d for d in by_gpu[gpu.id] if _live_attempt(d)]
+        stale = [d for d in by_gpu[gpu.id] if not _live_attempt(d)]
+        used_milli = sum(d.compute_milli for d in live)
+        used_mem = sum(d.memory_mib for d in live)
+        cards.append(CardState(gpu, 1000 - used_milli, gpu.memory_mib - used_mem, live, stale))
+    return cards, too_old
+
+
+def _slice_memory(job, gpu: GPU) -> int:
+    if job.exclusive:
+        return gpu.memory_mib
+    if job.gpu_memory_eighths:
+        return gpu.memory_mib * job.gpu_memory_eighths // 8
+    return job.gpu_memory_mib
+
+
+def _choose_whole(cards: list[CardState], count: int, prefer_rack: str | None) -> list[CardState] | None:
+    by_node: dict[int, list[CardState]] = defaultdict(list)
+    for card in cards:
+        if card.whole_free:
+            by_node[card.gpu.node_id].append(card)
+    fitting = [(node_id, free) for node_id, free in by_node.items() if len(free) >= count]
+    if not fitting:
+        return None
+
+    def rank(item):
+        node_id, free = item
+        node = free[0].gpu.node
+        same_rack = prefer_rack is not None and node.rack == prefer_rack
+        return (not same_rack, len(free), node.name)  # same rack first, then best fit (fewest free cards)
+
+    _, free = min(fitting, key=rank)
+    # Within the node, keep the cards in one NVLink domain where the node labels them; else lowest indexes.
+    domains: dict[str, list[CardState]] = defaultdict(list)
+    for card in free:
+        domains[card.gpu.node.labels.get(f"trainyard.io/nvlink-domain-gpu{card.gpu.index}", "")].append(card)
+    for cards_in_domain in sorted(domains.values(), key=len):
+        if len(cards_in_domain) >= count:
+            return sorted(cards_in_domain, key=lambda c: c.gpu.index)[:count]
+    return sorted(free, key=lambda c: c.gpu.index)[:count]
+
+
+def _choose_share(cards: list[CardState], milli: int, memory_for) -> list[CardState]:
+    """Candidate cards for one slice, best first: the card whose fragmentation grows least."""
+    candidates = [
+        c for c in cards if not c.exclusive_held and c.free_milli >= milli and c.free_memory >= memory_for(c.gpu)
+    ]
+    return sorted(candidates, key=lambda c: (_fragmentation_growth(c.free_milli, milli), c.free_milli,
+                                             c.gpu.node.name, c.gpu.index))
+
+
+# The request shapes the pool serves (shared, performance, whole card) with their weights; a card's free
+# compute counts as fragmented for a shape that can no longer fit on it (the FGD idea, per card).
+SHARE_WORKLOAD = ((250, 0.5), (750, 0.2), (1000, 0.3))
+
+
+def _card_fragmentation(free_milli: int) -> float:
+    return sum(weight * free_milli for size, weight in SHARE_WORKLOAD if size > free_milli)
+
+
+def _fragmentation_growth(free_milli: int, milli: int) -> float:
+    return _card_fragmentation(free_milli - milli) - _card_fragmentation(free_milli)
+
+
+def slices_place(*, job, attempt) -> list[LogicalDevice]:
+    """Hand the attempt its devices (inside the caller's transaction, under the pool lock) or raise NoPlacement."""
+    pool_lock()
+    cards, too_old = pool_cards(
+        min_driver=job.min_driver_version, exclude_gpus=job.excluded_gpus, exclude_nodes=job.excluded_nodes
+    )
+    if not cards:
+        if too_old:
+            raise NoPlacement(
+                "image_incompatible_with_all_nodes",
+                f"the image needs driver >= {job.min_driver_version}; no healthy node has it",
+            )
+        raise NoPlacement("no_capacity", "no healthy GPU is available")
+    chosen: list[tuple[CardState, int, int]] = []
+    if job.exclusive:
+        rack = None
+        remaining = list(cards)
+        for _replica in range(job.replicas):
+            while True:
+                picked = _choose_whole(remaining, job.gpu_count, rack)
+                if picked is None:
+                    raise NoPlacement("no_capacity", f"{job.gpu_count} whole free GPU(s) on one node are not available")
+                failed = _first_failed_probe(picked)
+                if failed is None:
+                    break
+                remaining = [c for c in remaining if c is not failed]
+            rack = picked[0].gpu.node.rack
+            for card in picked:
+                remaining.remove(card)
+                chosen.append((card, 1000, card.gpu.memory_mib))
+    else:
+        for _replica in range(job.replicas):
+            for card in _choose_share(cards, job.gpu_milli, lambda g: _slice_memory(job, g)):
+                if _first_failed_probe([card]) is None:
+                    memory = _slice_memory(job, card.gpu)
+                    chosen.append((card, job.gpu_milli, memory))
+                    card.free_milli -= job.gpu_milli
+                    card.free_memory -= memory
+                    break
+                cards = [c for c in cards if c is not card]
+            else:
+                raise NoPlacement("no_capacity", "no GPU has the compute and memory free for this share")
+    devices = []
+    now = timezone.now()
+    for card, milli, memory in chosen:
+        if job.exclusive and card.stale:
+            # Reclaim what finished jobs left on the card before handing it out whole.
+            LogicalDevice.objects.filter(pk__in=[d.pk for d in card.stale]).update(
+                released_at=now, release_reason="reclaimed_for_exclusive"
+            )
+            PoolRepair.objects.create(
+                kind="reclaimed_stale_slices", gpu=card.gpu,
+                detail=f"{len(card.stale)} stale slice(s) freed before exclusive hand-out to job {job.id}",
+            )
+            card.stale = []
+        devices.append(
+            LogicalDevice(gpu=card.gpu, attempt=attempt, compute_milli=milli, memory_mib=memory,
+                          exclusive=job.exclusive)
+        )
+    return LogicalDevice.objects.bulk_create(devices)
+
+
+def _first_failed_probe(cards: list[CardState]) -> CardState | None:
+    for card in cards:
+        result = probe_gpu(uuid=card.gpu.uuid, emulated=card.gpu.node.emulated)
+        if not result.ok:
+            gpu_mark_suspect(gpu=card.gpu, reason=result.reason)
+            return card
+    return None
+
+
+def slices_release(*, attempt_id: int, reason: str) -> int:
+    """Free every slice an attempt holds; returns how many were still held (0 on a repeated call)."""
+    return LogicalDevice.objects.filter(attempt_id=attempt_id, released_at__isnull=True).update(
+        released_at=timezone.now(), release_reason=reason[:100]
+    )
+
+
+# ---------------------------------------------------------------------------------------------- reconcile
+
+
+@dataclass
+class ReconcileReport:
+    freed: int = 0
+    overcommitted: list[str] | None = None
+
+
+def pool_reconcile(*, live_backend_refs: set[str] | None = None) -> ReconcileReport:
+    """Compare the ledger with what really runs: free slices whose holder is gone, flag over-committed cards.
+
+    `live_backend_refs` is what the backend says runs now (None: trust the attempts' own states).
+    """
+    report = ReconcileReport(overcommitted=[])
+    with transaction.atomic():
+        pool_lock()
+        held = LogicalDevice.objects.select_related("attempt", "gpu").filter(released_at__isnull=True)
+        now = timezone.now()
+        for device in held:
+            attempt = device.attempt
+            gone = attempt is None or attempt.is_finished
+            if not gone and live_backend_refs is not None and attempt.backend_ref:
+                gone = attempt.state in {"running", "starting"} and attempt.backend_ref not in live_backend_refs
+            if gone:
+                LogicalDevice.objects.filter(pk=device.pk).update(released_at=now, release_reason="reconcile_leak")
+                PoolRepair.objects.create(
+                    kind="freed_leaked_slice", gpu=device.gpu,
+                    detail=f"slice {device.pk} ({device.compute_milli}m/{device.memory_mib}MiB) held by "
+                    f"{'no attempt' if attempt is None else f'attempt {attempt.pk} ({attempt.state})'}",
+                )
+                report.freed += 1
+        for gpu in GPU.objects.all():
+            live = LogicalDevice.objects.filter(gpu=gpu, released_at__isnull=True)
+            milli = sum(d.compute_milli for d in live)
+            memory = sum(d.memory_mib for d in live)
+            if milli > 1000 or memory > gpu.memory_mib:
+                detail = f"{gpu}: {milli}m compute and {memory} MiB held of 1000m / {gpu.memory_mib} MiB"
+                PoolRepair.objects.create(kind="overcommit", gpu=gpu, detail=detail)
+                report.overcommitted.append(detail)
+    log.info("pool_reconciled", freed=report.freed, overcommitted=len(report.overcommitted))
+    return report
+
+
+def slice_filter_live() -> Q:
+    return Q(released_at__isnull=True)

@@ -1,0 +1,102 @@
+"""The one interface every execution backend implements, and the plain data it takes and returns.
+
+Backends never see model instances: the lifecycle engine builds an `AttemptDescription` from the job and
+its placement, and reads back `Observation`s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Device:
+    gpu_uuid: str
+    gpu_index: int
+    node: str
+    compute_milli: int
+    memory_mib: int
+    exclusive: bool
+
+
+@dataclass(frozen=True)
+class AttemptDescription:
+    job_id: str
+    attempt_id: int
+    attempt_number: int
+    name: str
+    owner: str
+    team: str
+    namespace: str
+    queue: str
+    volcano_queue: str
+    image: str
+    command: list[str]
+    args: list[str]
+    env: dict[str, str]
+    working_dir: str
+    replicas: int
+    gpu_count: int
+    exclusive: bool
+    cpu_milli: int
+    memory_mib: int
+    timeout_s: int
+    priority: int
+    min_driver_version: str
+    tensorboard: bool
+    tensorboard_logdir: str
+    devices: list[Device] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    gang: bool = False
+    secondary_network: str = ""
+    read_only_root: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AttemptDescription:
+        data = dict(data)
+        data["devices"] = [Device(**d) for d in data.get("devices", [])]
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the backend sees of one attempt now."""
+
+    phase: str  # pending | running | succeeded | failed | lost
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    message: str = ""
+    node: str = ""
+    cancelled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in {"succeeded", "failed", "lost"}
+
+
+class Backend(Protocol):
+    name: str
+
+    def submit(self, desc: AttemptDescription) -> str:
+        """Start the attempt; returns its backend reference. Submitting the same attempt twice is a no-op."""
+
+    def observe(self, refs: list[str]) -> dict[str, Observation]:
+        """Observe many attempts at once; a ref the backend does not know maps to phase `lost`."""
+
+    def cancel(self, ref: str, *, grace_s: float) -> None:
+        """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period)."""
+
+    def cleanup(self, ref: str) -> None:
+        """Remove what the backend keeps for a finished attempt (idempotent)."""
+
+    def live_refs(self) -> set[str]:
+        """Every attempt the backend runs now (for the pool's reconcile pass)."""
+
+    def log_tail(self, ref: str, *, max_bytes: int = 65536) -> str:
+        """The end of the attempt's log, for the failure classifier."""

@@ -1,0 +1,252 @@
+"""The log store: one folder per attempt under `TRAINYARD_LOG_ROOT`, written by the local runner or the
+Kubernetes log collector, read by the API, the classifier and the WebSocket stream.
+
+Layout of `<root>/<job_id>/attempt-<n>/`:
+- `log`: the kept lines, UTF-8, one per line (over-long lines are cut at `MAX_LINE_BYTES`);
+- `meta.json`: counts, and `first_line`: the number of the first kept line (1 until lines were dropped).
+
+Each job has a daily budget (bytes and lines, settings). Past it the writer switches to a ring: it keeps
+only the last `RING_LINES` lines (in memory, bounded) and rewrites `log` with them now and then and on
+close, recording how many lines and bytes were dropped. Memory stays bounded however much a job prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+
+RING_LINES = 5000
+MAX_LINE_BYTES = 16 * 1024
+RING_FLUSH_S = 0.5
+
+
+def attempt_dir(job_id: str, attempt_number: int, root: Path | None = None) -> Path:
+    return Path(root or settings.TRAINYARD_LOG_ROOT) / str(job_id) / f"attempt-{attempt_number}"
+
+
+@dataclass
+class LogMeta:
+    lines_seen: int = 0
+    bytes_seen: int = 0
+    dropped_lines: int = 0
+    dropped_bytes: int = 0
+    first_line: int = 1
+    ring: bool = False
+    day: str = ""
+    day_lines: int = 0
+    day_bytes: int = 0
+    closed: bool = False
+
+    @classmethod
+    def read(cls, folder: Path) -> LogMeta:
+        try:
+            data = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            return cls()
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class LogWriter:
+    """Appends lines to one attempt's log, enforcing the daily budget; not thread-safe (one writer)."""
+
+    def __init__(self, folder: Path, *, budget_bytes: int | None = None, budget_lines: int | None = None):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = budget_bytes if budget_bytes is not None else settings.TRAINYARD_LOG_DAILY_BYTES
+        self.budget_lines = budget_lines if budget_lines is not None else settings.TRAINYARD_LOG_DAILY_LINES
+        self.meta = LogMeta.read(folder)
+        self.meta.closed = False
+        self._file = open(folder / "log", "ab")  # noqa: SIM115 - lives as long as the writer
+        self._ring: deque[bytes] | None = None
+        self._last_flush = 0.0
+        if self.meta.ring:
+            self._enter_ring()
+        self._write_meta()
+
+    def _today(self) -> str:
+        return datetime.now(UTC).strftime("%Y-%m-%d")
+
+    def write_line(self, line: bytes | str) -> None:
+        data = line.encode("utf-8", "replace") if isinstance(line, str) else line
+        data = data.rstrip(b"\r\n")
+        if len(data) > MAX_LINE_BYTES:
+            data = data[:MAX_LINE_BYTES] + " …[line cut]".encode()
+        data += b"\n"
+        day = self._today()
+        if day != self.meta.day:
+            self.meta.day, self.meta.day_lines, self.meta.day_bytes = day, 0, 0
+        self.meta.lines_seen += 1
+        self.meta.bytes_seen += len(data)
+        self.meta.day_lines += 1
+        self.meta.day_bytes += len(data)
+        if self._ring is None and (
+            self.meta.day_lines > self.budget_lines or self.meta.day_bytes > self.budget_bytes
+        ):
+            self._enter_ring()
+        if self._ring is not None:
+            if len(self._ring) == RING_LINES:
+                dropped = self._ring.popleft()
+                self.meta.dropped_lines += 1
+                self.meta.dropped_bytes += len(dropped)
+            self._ring.append(data)
+            now = time.monotonic()
+            if now - self._last_flush >= RING_FLUSH_S:
+                self._flush_ring()
+        else:
+            self._file.write(data)
+
+    def write_many(self, lines) -> None:
+        for line in lines:
+            self.write_line(line)
+
+    def flush(self) -> None:
+        if self._ring is not None:
+            self._flush_ring()
+        else:
+            self._file.flush()
+            self._write_meta()
+
+    def _enter_ring(self) -> None:
+        self._file.flush()
+        kept = deque(maxlen=RING_LINES)
+        with open(self.folder / "log", "rb") as f:
+            for line in f:
+                if len(kept) == RING_LINES:
+                    self.meta.dropped_lines += 1
+                    self.meta.dropped_bytes += len(kept[0])
+                kept.append(line)
+        self._ring = deque(kept, maxlen=None)
+        self.meta.ring = True
+
+    def _flush_ring(self) -> None:
+        assert self._ring is not None
+        self._file.close()
+        _atomic_write(self.folder / "log", b"".join(self._ring))
+        self._file = open(self.folder / "log", "ab")  # noqa: SIM115
+        self.meta.first_line = self.meta.lines_seen - len(self._ring) + 1
+        self._last_flush = time.monotonic()
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        if self._ring is None:
+            self.meta.first_line = 1
+        _atomic_write(self.folder / "meta.json", json.dumps(asdict(self.meta)).encode())
+
+    def close(self) -> None:
+        self.meta.closed = True
+        self.flush()
+        self._file.close()
+
+
+@dataclass(frozen=True)
+class LogLine:
+    number: int
+    text: str
+
+
+def read_lines(folder: Path, *, start: int = 1, limit: int = 1000) -> tuple[list[LogLine], LogMeta]:
+    """Kept lines numbered from `start` (1-based, in the job's own numbering), at most `limit`."""
+    meta = LogMeta.read(folder)
+    out: list[LogLine] = []
+    number = meta.first_line
+    try:
+        with open(folder / "log", "rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written
+                if number >= start:
+                    out.append(LogLine(number, raw[:-1].decode("utf-8", "replace")))
+                    if len(out) >= limit:
+                        break
+                number += 1
+    except FileNotFoundError:
+        pass
+    return out, meta
+
+
+def tail_lines(folder: Path, count: int) -> tuple[list[LogLine], LogMeta]:
+    """The last `count` kept lines, read from the end of the file (never the whole log)."""
+    meta = LogMeta.read(folder)
+    path = folder / "log"
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [], meta
+    block = 64 * 1024
+    data = b""
+    with open(path, "rb") as f:
+        pos = size
+        while pos > 0 and data.count(b"\n") <= count:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    if not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+    lines = data.split(b"\n")[:-1]
+    # Count lines before the block to number them: only cheap when we read from the start.
+    total_kept = _count_lines(path) if pos > 0 else len(lines)
+    lines = lines[-count:] if count else []
+    first = meta.first_line + total_kept - len(lines)
+    return [LogLine(first + i, raw.decode("utf-8", "replace")) for i, raw in enumerate(lines)], meta
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+    return n
+
+
+def search(folder: Path, pattern: str, *, context: int = 2, limit: int = 200) -> Iterator[dict]:
+    """Case-insensitive keyword search with line numbers and context, streaming through the file."""
+    needle = pattern.lower()
+    meta = LogMeta.read(folder)
+    before: deque[LogLine] = deque(maxlen=context)
+    pending: list[dict] = []
+    found = 0
+    number = meta.first_line
+    try:
+        f = open(folder / "log", "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with f:
+        for raw in f:
+            line = LogLine(number, raw.rstrip(b"\n").decode("utf-8", "replace"))
+            for hit in pending:
+                if len(hit["after"]) < context:
+                    hit["after"].append(asdict(line))
+            while pending and len(pending[0]["after"]) >= context:
+                yield pending.pop(0)
+            if found < limit and needle in line.text.lower():
+                found += 1
+                pending.append({"line": asdict(line), "before": [asdict(b) for b in before], "after": []})
+            before.append(line)
+            number += 1
+    yield from pending
+
+
+def tail_text(folder: Path, max_bytes: int = 65536) -> str:
+    path = folder / "log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,15 @@
+"""Realtime notifications to browsers (Channels groups), sent after commit by the services."""
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+
+def job_group(job_id: str) -> str:
+    return f"job.{job_id}"
+
+
+def job_changed(*, job_id: str, state: str) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    async_to_sync(layer.group_send)(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": state})

@@ -1,0 +1,58 @@
+"""Celery tasks of the lifecycle: each takes ids, loads, and calls one service."""
+
+from celery import shared_task
+
+from jobs import services
+
+
+@shared_task(name="jobs.dispatch_queue", acks_late=True, autoretry_for=(Exception,), retry_backoff=1,
+             retry_backoff_max=30, retry_jitter=True, max_retries=5)
+def dispatch_queue(queue_id: int) -> int:
+    return services.queue_dispatch(queue_id=queue_id)
+
+
+@shared_task(name="jobs.dispatch_all", acks_late=True)
+def dispatch_all() -> int:
+    from quotas.models import Queue
+
+    return sum(services.queue_dispatch(queue_id=q) for q in Queue.objects.values_list("id", flat=True))
+
+
+@shared_task(name="jobs.start_attempt", acks_late=True, autoretry_for=(Exception,), retry_backoff=2,
+             retry_jitter=True, max_retries=5)
+def start_attempt(attempt_id: int) -> None:
+    services.attempt_start(attempt_id=attempt_id)
+
+
+@shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
+def observe_attempts() -> int:
+    return services.attempts_observe()
+
+
+@shared_task(name="jobs.enforce_timeouts", soft_time_limit=60, time_limit=90)
+def enforce_timeouts() -> int:
+    return services.timeouts_enforce()
+
+
+@shared_task(name="cluster.reconcile_pool", soft_time_limit=300, time_limit=360)
+def reconcile_pool() -> dict:
+    from cluster.services import pool_reconcile
+    from jobs.backends import get_backend
+
+    report = pool_reconcile(live_backend_refs=get_backend().live_refs())
+    return {"freed": report.freed, "overcommitted": report.overcommitted}
+
+
+@shared_task(name="cluster.sync_inventory")
+def sync_inventory() -> str:
+    from django.conf import settings
+
+    from cluster.inventory import local_inventory
+    from cluster.services import inventory_sync
+
+    if settings.TRAINYARD_BACKEND != "local":
+        from jobs.backends import get_backend
+
+        names = [inventory_sync(info=info, backend="volcano").name for info in get_backend().inventory()]
+        return ",".join(names)
+    return inventory_sync(info=local_inventory()).name

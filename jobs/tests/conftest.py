@@ -1,0 +1,54 @@
+"""Fixtures for lifecycle tests: a seeded platform on an emulated GPU node, real processes, a real worker."""
+
+import time
+
+import pytest
+
+from jobs.backends import reset_backends
+
+
+@pytest.fixture
+def platform(settings, tmp_path, transactional_db):
+    """Seeded queues/specs/team, an emulated 4x24GiB node, logs and work dirs under tmp_path."""
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
+    settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    settings.TRAINYARD_EMULATED_FAULTS_FILE = str(tmp_path / "faults.json")
+    settings.TRAINYARD_CANCEL_GRACE_S = 2.0
+    reset_backends()
+    from django.contrib.auth import get_user_model
+
+    from trainyard.seed import seed
+
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    yield get_user_model().objects.get(username="demo")
+    _kill_leftovers(tmp_path / "work")
+    reset_backends()
+
+
+def _kill_leftovers(root):
+    import json
+    import os
+    import signal
+
+    for child in root.glob("*/attempt-*/child.json"):
+        try:
+            os.killpg(json.loads(child.read_text())["pid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError, KeyError):
+            pass
+
+
+def wait_for(predicate, *, timeout=30.0, every=0.1, observe=True):
+    """Poll (running the observe pass the beat would run) until predicate() is truthy."""
+    from jobs import services
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if observe:
+            services.attempts_observe()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
