@@ -56,3 +56,11 @@ def sync_inventory() -> str:
         names = [inventory_sync(info=info, backend="volcano").name for info in get_backend().inventory()]
         return ",".join(names)
     return inventory_sync(info=local_inventory()).name
+
+
+@shared_task(name="jobs.sync_volcano_queue", autoretry_for=(Exception,), retry_backoff=2, max_retries=5)
+def sync_volcano_queue(queue_id: int) -> None:
+    from jobs.backends import get_backend
+    from quotas.models import Queue
+
+    get_backend("volcano").queue_sync(Queue.objects.get(pk=queue_id))

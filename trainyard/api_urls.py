@@ -2,5 +2,18 @@
 
 from rest_framework.routers import DefaultRouter
 
+from cluster.api import GPUViewSet, NodeViewSet
+from images.api import ImageViewSet
+from jobs.api import JobViewSet
+from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
+
 router = DefaultRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("queues", QueueViewSet, basename="queue")
+router.register("teams", TeamViewSet, basename="team")
+router.register("specs", SpecViewSet, basename="spec")
+router.register("images", ImageViewSet, basename="image")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GPUViewSet, basename="gpu")
+router.register("tokens", TokenViewSet, basename="token")
 urlpatterns = router.urls

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "trainyard",
     "quotas",
@@ -133,8 +134,17 @@ TRAINYARD_SERVE_STATIC = env.bool("TRAINYARD_SERVE_STATIC", default=True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "quotas.tokens.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    "DEFAULT_THROTTLE_CLASSES": ["trainyard.throttles.PerTokenThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        # A CI pipeline may burst 200 submissions (or one batch of 200) within a minute.
+        "submit": env.str("TRAINYARD_RATE_SUBMIT", default="300/min"),
+        "read": env.str("TRAINYARD_RATE_READ", default="1200/min"),
+        "write": env.str("TRAINYARD_RATE_WRITE", default="300/min"),
+    },
+    "DEFAULT_PAGINATION_CLASS": None,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -145,6 +155,16 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit, follow and govern GPU training jobs.",
     "VERSION": PLATFORM_VERSION,
     "SERVE_INCLUDE_SCHEMA": False,
+    # The interactive docs are served from the installed package, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "jobs.states.JobState",
+        "AttemptStateEnum": "jobs.states.AttemptState",
+        "QueueStateEnum": "quotas.models.Queue.State",
+        "NodeStateEnum": "cluster.models.Node.State",
+    },
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -1,0 +1,71 @@
+"""Nodes and GPUs with health, and who holds each slice (jobs of other teams stay anonymous)."""
+
+from rest_framework import mixins, serializers, viewsets
+
+from cluster.models import GPU, LogicalDevice, Node
+from quotas.selectors import visible_teams
+from trainyard.api import ScopedActionsMixin
+
+
+class SliceSerializer(serializers.ModelSerializer):
+    job = serializers.SerializerMethodField()
+
+    class Meta:
+        model = LogicalDevice
+        fields = ["compute_milli", "memory_mib", "exclusive", "created_at", "job"]
+
+    def get_job(self, device) -> str | None:
+        attempt = device.attempt
+        if attempt is None:
+            return None
+        return str(attempt.job_id) if attempt.job.team_id in self.context.get("teams", set()) else "(another team)"
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+    emulated = serializers.BooleanField(source="node.emulated")
+    slices = serializers.SerializerMethodField()
+    free_milli = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GPU
+        fields = ["uuid", "node", "index", "model", "memory_mib", "health", "quarantined", "quarantine_reason",
+                  "emulated", "free_milli", "slices"]
+
+    def _live(self, gpu):
+        return [d for d in gpu.slices.all() if d.released_at is None]
+
+    def get_slices(self, gpu) -> list:
+        return SliceSerializer(self._live(gpu), many=True, context=self.context).data
+
+    def get_free_milli(self, gpu) -> int:
+        return 1000 - sum(d.compute_milli for d in self._live(gpu))
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = serializers.IntegerField(source="gpus.count")
+
+    class Meta:
+        model = Node
+        fields = ["name", "backend", "emulated", "driver_version", "cuda_version", "rack", "labels", "cpu_milli",
+                  "memory_mib", "state", "last_seen", "gpus"]
+
+
+class NodeViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = NodeSerializer
+    queryset = Node.objects.all()
+    lookup_field = "name"
+
+
+class GPUViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = GPUSerializer
+    lookup_field = "uuid"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        return GPU.objects.select_related("node").prefetch_related("slices__attempt__job")
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        context["teams"] = set(visible_teams(self.request.user).values_list("id", flat=True))
+        return context

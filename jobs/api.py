@@ -1,0 +1,285 @@
+"""Jobs over REST: submit (with Idempotency-Key), batch submit, list/filter, detail, cancel, retry,
+reproduce, events, attempts, logs and log search."""
+
+from django.db import transaction
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from jobs import logstore, selectors, services
+from jobs.models import Attempt, Job, JobEvent
+from jobs.states import JobState
+from trainyard.api import NewestFirstCursor, ScopedActionsMixin
+from trainyard.errors import ValidationFailed
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120, required=False)
+    team = serializers.SlugField()
+    queue = serializers.CharField(max_length=50)
+    spec = serializers.CharField(max_length=50, required=False)
+    gpus = serializers.IntegerField(required=False, min_value=1, max_value=16, help_text="guaranteed tier only")
+    gpu_milli = serializers.IntegerField(required=False, help_text="explicit request, where the queue allows")
+    gpu_memory_mib = serializers.IntegerField(required=False)
+    replicas = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    image = serializers.CharField(max_length=300, help_text="a catalog image name or registry/repo:tag[@digest]")
+    command = serializers.JSONField(help_text="argv list, or one shell-like string")
+    args = serializers.ListField(child=serializers.CharField(), required=False)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    timeout_s = serializers.IntegerField(required=False)
+    max_retries = serializers.IntegerField(required=False)
+    tensorboard = serializers.BooleanField(required=False)
+    tensorboard_logdir = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    mounts = serializers.ListField(child=serializers.DictField(), required=False)
+    labels = serializers.DictField(child=serializers.CharField(), required=False)
+    ci = serializers.DictField(required=False, help_text="whatever the pipeline passes, e.g. git commit")
+
+    def validate(self, attrs):
+        unknown = set(self.initial_data) - set(self.fields) if isinstance(self.initial_data, dict) else set()
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [serializers.ErrorDetail("unknown field", code="unknown_field")] for name in sorted(unknown)})
+        return attrs
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username")
+    team = serializers.CharField(source="team.slug")
+    queue = serializers.CharField(source="queue.name")
+    spec = serializers.CharField(source="spec.name", default=None)
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "owner", "team", "queue", "spec", "state", "reason", "message", "queue_position",
+            "gpu_count", "gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib", "exclusive", "replicas",
+            "image_reference", "image_digest", "command", "args", "env", "working_dir", "priority", "timeout_s",
+            "max_retries", "retries_used", "tensorboard", "labels", "ci", "exit_code", "failure_class",
+            "suggestion", "idempotency_key", "reproduced_from", "submitted_at", "admitted_at", "started_at",
+            "finished_at", "deadline", "links",
+        ]
+        read_only_fields = fields
+
+    def get_links(self, job) -> dict:
+        base = f"/api/v1/jobs/{job.id}/"
+        return {"self": base, "events": base + "events/", "attempts": base + "attempts/", "logs": base + "logs/",
+                "page": f"/jobs/{job.id}/"}
+
+
+class JobDetailSerializer(JobSerializer):
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "reproduce", "excluded_gpus", "mounts", "tensorboard_logdir"]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", default=None)
+
+    class Meta:
+        model = Attempt
+        fields = ["number", "state", "backend", "backend_ref", "node", "placement", "started_at", "ended_at",
+                  "exit_code", "signal", "failure_class", "reaction", "reason", "rule"]
+        read_only_fields = fields
+
+
+class EventSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt.number", default=None)
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "at", "kind", "from_state", "to_state", "level", "message", "data", "actor", "attempt"]
+        read_only_fields = fields
+
+
+class JobFilter(filters.FilterSet):
+    team = filters.CharFilter(field_name="team__slug")
+    owner = filters.CharFilter(field_name="owner__username")
+    state = filters.MultipleChoiceFilter(choices=JobState.choices)
+    queue = filters.CharFilter(field_name="queue__name")
+    spec = filters.CharFilter(field_name="spec__name")
+    label = filters.CharFilter(method="filter_label", help_text="key=value")
+    submitted_after = filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
+    submitted_before = filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+
+    class Meta:
+        model = Job
+        fields = []
+
+    def filter_label(self, queryset, name, value):
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise ValidationFailed("label filter must be key=value", code="invalid_label_filter", field="label")
+        return queryset.filter(labels__contains={key: val})
+
+
+class BatchSubmitSerializer(serializers.Serializer):
+    jobs = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=200)
+
+
+class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    pagination_class = NewestFirstCursor
+    lookup_value_regex = "[0-9a-f-]{36}"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Job.objects.none()
+        return selectors.jobs_visible_to(self.request.user)
+
+    def get_serializer_class(self):
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    @extend_schema(
+        request=JobSubmitSerializer, responses={201: JobDetailSerializer, 200: JobDetailSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                                     description="same key + same body returns the first job; a different body 409")],
+    )
+    def create(self, request):
+        """Submit a job."""
+        payload = JobSubmitSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key") or None
+        if key is not None and len(key) > 200:
+            raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
+        with transaction.atomic(durable=True):
+            job, created = services.job_submit(user=request.user, data=_plain(request.data), idempotency_key=key)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(JobDetailSerializer(job).data, status=code)
+
+    @extend_schema(request=BatchSubmitSerializer, responses={201: JobSerializer(many=True)})
+    @action(detail=False, methods=["post"])
+    def batch(self, request):
+        """Submit up to 200 jobs at once: all are validated first; if any is invalid, none is created."""
+        payload = BatchSubmitSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        items = request.data["jobs"]
+        errors = {}
+        for i, item in enumerate(items):
+            one = JobSubmitSerializer(data=item)
+            if not one.is_valid():
+                errors[str(i)] = one.errors
+                continue
+            try:
+                services.job_validate(user=request.user, data=_plain(item))
+            except ValidationFailed as exc:
+                errors[str(i)] = {exc.field or "non_field_errors": [{"message": exc.detail, "code": exc.code}]}
+        if errors:
+            first = next(iter(errors.values()))
+            code = _first_code(first)
+            return Response({"code": code, "detail": "some jobs are invalid; none was submitted", "jobs": errors},
+                            status=status.HTTP_400_BAD_REQUEST)
+        with transaction.atomic(durable=True):
+            jobs = [services.job_submit(user=request.user, data=_plain(item))[0] for item in items]
+        return Response(JobSerializer(jobs, many=True).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=JobDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel a pending or running job (409 when it already finished)."""
+        job = self.get_object()
+        with transaction.atomic(durable=True):
+            job = services.job_cancel(job_id=job.id, actor=request.user.username)
+        return Response(JobDetailSerializer(job).data)
+
+    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        """Resubmit a finished job as a new job with the same request."""
+        job = self.get_object()
+        with transaction.atomic(durable=True):
+            new = services.job_resubmit(job_id=job.id, user=request.user)
+        return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def reproduce(self, request, pk=None):
+        """A new job with the same pinned image digest, spec, command and env."""
+        job = self.get_object()
+        with transaction.atomic(durable=True):
+            new = services.job_reproduce(job_id=job.id, user=request.user)
+        return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=EventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        job = self.get_object()
+        return Response(EventSerializer(job.events.select_related("attempt").order_by("at", "id"), many=True).data)
+
+    @extend_schema(responses=AttemptSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def attempts(self, request, pk=None):
+        job = self.get_object()
+        return Response(AttemptSerializer(job.attempts.select_related("node").order_by("number"), many=True).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("attempt", int), OpenApiParameter("start", int, description="first line number"),
+                    OpenApiParameter("limit", int), OpenApiParameter("tail", int, description="last N lines instead")],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """A page of an attempt's kept log lines (never the whole log at once)."""
+        job = self.get_object()
+        number = _int_param(request, "attempt", default=job.attempts.count() or 1)
+        folder = logstore.attempt_dir(str(job.id), number)
+        tail = request.query_params.get("tail")
+        if tail is not None:
+            lines, meta = logstore.tail_lines(folder, min(_int_param(request, "tail", default=200), 5000))
+        else:
+            lines, meta = logstore.read_lines(folder, start=_int_param(request, "start", default=1),
+                                              limit=min(_int_param(request, "limit", default=1000), 5000))
+        return Response({
+            "attempt": number, "lines": [{"n": ln.number, "text": ln.text} for ln in lines],
+            "next_start": lines[-1].number + 1 if lines else None, "first_kept_line": meta.first_line,
+            "dropped_lines": meta.dropped_lines, "dropped_bytes": meta.dropped_bytes, "complete": meta.closed,
+        })
+
+    @extend_schema(parameters=[OpenApiParameter("q", str, required=True), OpenApiParameter("attempt", int),
+                               OpenApiParameter("context", int)], responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"], url_path="logs/search")
+    def log_search(self, request, pk=None):
+        """Keyword search over an attempt's log, with line numbers and context."""
+        job = self.get_object()
+        query = request.query_params.get("q", "").strip()
+        if not query:
+            raise ValidationFailed("give a keyword with ?q=", code="empty_query", field="q")
+        number = _int_param(request, "attempt", default=job.attempts.count() or 1)
+        context = min(_int_param(request, "context", default=2), 10)
+        hits = list(logstore.search(logstore.attempt_dir(str(job.id), number), query, context=context))
+        return Response({"attempt": number, "query": query, "hits": hits, "count": len(hits)})
+
+
+def _int_param(request, name: str, *, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationFailed(f"{name} must be an integer", code="invalid_parameter", field=name)
+    if value < 0:
+        raise ValidationFailed(f"{name} must not be negative", code="invalid_parameter", field=name)
+    return value
+
+
+def _plain(data) -> dict:
+    return {k: v for k, v in dict(data).items()}
+
+
+def _first_code(errors) -> str:
+    if isinstance(errors, dict):
+        for value in errors.values():
+            return _first_code(value)
+    if isinstance(errors, list) and errors:
+        item = errors[0]
+        if isinstance(item, dict) and "code" in item:
+            return item["code"]
+        return getattr(item, "code", None) or _first_code(item)
+    return getattr(errors, "code", "invalid")

@@ -1,0 +1,243 @@
+"""The jobs REST API: submission and its error codes, idempotency, isolation, tokens, rate limits, lists."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from jobs.models import Job
+from quotas.models import Queue
+from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+from trainyard.seed import seed
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world(settings):
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    other = TeamFactory(slug="other", name="Other team")
+    for queue in Queue.objects.all():
+        queue.teams.add(other)
+    outsider = UserFactory(username="outsider")
+    MembershipFactory(team=other, user=outsider)
+    return {"other": other, "outsider": outsider}
+
+
+def client_for(username):
+    from django.contrib.auth import get_user_model
+
+    client = APIClient()
+    client.force_authenticate(get_user_model().objects.get(username=username))
+    return client
+
+
+def body(**overrides):
+    data = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11",
+            "command": ["python", "train.py"], "env": {"EPOCHS": "3"}, "labels": {"exp": "a"}}
+    data.update(overrides)
+    return data
+
+
+def test_submit_returns_the_job_and_pins_the_digest(world):
+    response = client_for("demo").post("/api/v1/jobs/", body(), format="json")
+    assert response.status_code == 201, response.json()
+    job = response.json()
+    assert job["state"] == "pending" and job["spec"] == "shared" and job["gpu_milli"] == 250
+    assert job["image_digest"] == "sha256:" + "4" * 64
+    assert Job.objects.get(pk=job["id"]).events.filter(kind="submitted").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "status", "code", "field"),
+    [
+        ({"queue": "nope"}, 400, "unknown_queue", "queue"),
+        ({"spec": "nope"}, 400, "unknown_spec", "spec"),
+        ({"queue": "debug", "spec": "guaranteed"}, 400, "spec_not_allowed_in_queue", "spec"),
+        ({"spec": "guaranteed", "gpus": 8}, 400, "request_exceeds_queue_capability", "spec"),
+        ({"timeout_s": 10**8}, 400, "timeout_exceeds_queue_maximum", "timeout_s"),
+        ({"image": "evil.example.com/x/y:1"}, 400, "image_registry_not_allowed", "image"),
+        ({"env": {"1BAD": "x"}}, 400, "invalid_env_name", "env"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, 400, "reserved_env_name", "env"),
+        ({"command": []}, 400, "empty_command", "command"),
+        ({"command": "  "}, 400, "empty_command", "command"),
+        ({"gpu_milli": 300}, 400, "spec_and_explicit_request", "spec"),
+        ({"replicas": 2}, 400, "replicas_need_gang_queue", "replicas"),
+        ({"surprise": 1}, 400, "unknown_field", "surprise"),
+        ({"team": "other"}, 404, "unknown_team", None),
+    ],
+)
+def test_submit_errors_have_stable_codes(world, overrides, status, code, field):
+    response = client_for("demo").post("/api/v1/jobs/", body(**overrides), format="json")
+    assert response.status_code == status, response.json()
+    data = response.json()
+    assert data["code"] == code
+    if field:
+        assert field in data["fields"]
+    assert not Job.objects.exists()
+
+
+def test_request_over_the_team_quota_is_rejected(world):
+    from quotas.models import Team
+
+    Team.objects.filter(slug="demo").update(gpu_milli=500)
+    response = client_for("demo").post("/api/v1/jobs/", body(spec="performance"), format="json")
+    assert response.status_code == 400 and response.json()["code"] == "request_exceeds_team_quota"
+
+
+def test_image_needing_a_newer_driver_than_every_node_is_rejected(world):
+    from images.models import BaseImage
+
+    BaseImage.objects.create(name="future", reference="nvcr.io/nvidia/pytorch:99.01-py3",
+                             digest="sha256:" + "9" * 64, cuda_version="14.0", min_driver_version="999.1")
+    response = client_for("demo").post("/api/v1/jobs/", body(image="future"), format="json")
+    assert response.status_code == 400
+    assert response.json()["code"] == "image_incompatible_with_all_nodes"
+
+
+def test_idempotency_key(world):
+    client = client_for("demo")
+    first = client.post("/api/v1/jobs/", body(), format="json", HTTP_IDEMPOTENCY_KEY="ci-123")
+    again = client.post("/api/v1/jobs/", body(), format="json", HTTP_IDEMPOTENCY_KEY="ci-123")
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    different = client.post("/api/v1/jobs/", body(command=["other"]), format="json", HTTP_IDEMPOTENCY_KEY="ci-123")
+    assert different.status_code == 409 and different.json()["code"] == "idempotency_key_reused"
+    assert Job.objects.count() == 1
+
+
+def test_isolation_between_teams(world):
+    mine = client_for("demo").post("/api/v1/jobs/", body(), format="json").json()
+    theirs = client_for("outsider").post("/api/v1/jobs/", body(team="other"), format="json").json()
+    demo, outsider, admin = client_for("demo"), client_for("outsider"), client_for("admin")
+    assert [j["id"] for j in demo.get("/api/v1/jobs/").json()["results"]] == [mine["id"]]
+    assert demo.get(f"/api/v1/jobs/{theirs['id']}/").status_code == 404
+    assert demo.post(f"/api/v1/jobs/{theirs['id']}/cancel/").status_code == 404
+    assert outsider.get(f"/api/v1/jobs/{mine['id']}/events/").status_code == 404
+    assert len(admin.get("/api/v1/jobs/").json()["results"]) == 2
+    assert [t["slug"] for t in demo.get("/api/v1/teams/").json()] == ["demo"]
+    assert demo.get("/api/v1/teams/other/").status_code == 404
+    anonymous = APIClient()
+    assert anonymous.get("/api/v1/jobs/").status_code in (401, 403)
+
+
+def test_only_staff_change_quotas_and_maintainers_manage_members(world):
+    demo = client_for("demo")  # a maintainer of demo, not staff
+    assert demo.patch("/api/v1/teams/demo/quota/", {"gpu_milli": 9000}, format="json").status_code == 403
+    admin = client_for("admin")
+    response = admin.patch("/api/v1/teams/demo/quota/", {"gpu_milli": 9000}, format="json")
+    assert response.status_code == 200 and response.json()["quota"]["gpu_milli"] == 9000
+    from quotas.models import QuotaChange
+
+    change = QuotaChange.objects.get()
+    assert (change.actor.username, change.field, change.old_value, change.new_value) == (
+        "admin", "gpu_milli", "4000", "9000")
+    assert demo.post("/api/v1/teams/demo/members/", {"username": "outsider"}, format="json").status_code == 201
+    outsider = client_for("outsider")
+    assert outsider.post("/api/v1/teams/demo/members/", {"username": "admin"}, format="json").status_code == 403
+    assert demo.delete("/api/v1/teams/demo/members/outsider/").status_code == 204
+
+
+def test_tokens_are_shown_once_stored_hashed_and_revocable(world):
+    demo = client_for("demo")
+    created = demo.post("/api/v1/tokens/", {"name": "ci", "expires_in_days": 30}, format="json").json()
+    raw = created["token"]
+    from quotas.models import ApiToken
+
+    stored = ApiToken.objects.get()
+    assert raw not in (stored.digest, stored.prefix) and len(stored.digest) == 64
+    assert "token" not in demo.get("/api/v1/tokens/").json()[0]
+    ci = APIClient()
+    ci.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert ci.get("/api/v1/jobs/").status_code == 200
+    assert ci.post("/api/v1/jobs/", body(), format="json").status_code == 201
+    assert demo.delete(f"/api/v1/tokens/{stored.id}/").status_code == 204
+    revoked = ci.get("/api/v1/jobs/")
+    assert revoked.status_code == 401 and revoked.json()["code"] == "authentication_failed"
+    bad = APIClient()
+    bad.credentials(HTTP_AUTHORIZATION="Bearer ty_nope_nope")
+    assert bad.get("/api/v1/jobs/").status_code == 401
+
+
+def test_rate_limit_answers_429_with_retry_after(world, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {"submit": "3/min", "read": "100/min", "write": "100/min"}}
+    from rest_framework.settings import api_settings
+    from rest_framework.throttling import SimpleRateThrottle
+
+    api_settings.reload()
+    SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+    try:
+        demo = client_for("demo")
+        codes = [demo.post("/api/v1/jobs/", body(), format="json").status_code for _ in range(4)]
+        assert codes == [201, 201, 201, 429]
+        limited = demo.post("/api/v1/jobs/", body(), format="json")
+        assert int(limited["Retry-After"]) > 0 and limited.json()["code"] == "throttled"
+        assert Job.objects.count() == 3
+    finally:
+        cache.clear()
+        settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK}
+        api_settings.reload()
+
+
+def test_batch_submit_is_all_or_nothing(world):
+    demo = client_for("demo")
+    bad = demo.post("/api/v1/jobs/batch/", {"jobs": [body(), body(queue="nope")]}, format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "unknown_queue" and "1" in bad.json()["jobs"]
+    assert not Job.objects.exists()
+    ok = demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"j{i}") for i in range(200)]}, format="json")
+    assert ok.status_code == 201 and len(ok.json()) == 200
+
+
+def test_list_filters_cursor_pagination_and_bounded_queries(world):
+    demo = client_for("demo")
+    demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"j{i}", labels={"exp": str(i % 2)}) for i in range(60)]},
+              format="json")
+    with CaptureQueriesContext(connection) as queries:
+        page = demo.get("/api/v1/jobs/?page_size=25")
+    assert page.status_code == 200 and len(page.json()["results"]) == 25
+    assert len(queries) <= 6
+    names = [j["name"] for j in page.json()["results"]]
+    assert names[0] == "j59"  # newest first
+    second = demo.get(page.json()["next"])
+    assert second.json()["results"][0]["name"] == "j34"
+    assert len(demo.get("/api/v1/jobs/?label=exp=1&page_size=100").json()["results"]) == 30
+    assert demo.get("/api/v1/jobs/?state=running").json()["results"] == []
+    assert demo.get("/api/v1/jobs/?label=broken").status_code == 400
+
+
+def test_queue_detail_shows_order_positions_and_waits(world):
+    demo = client_for("demo")
+    Queue.objects.filter(name="debug").update(state="closed")
+    for i in range(3):
+        demo.post("/api/v1/jobs/", body(queue="debug", name=f"w{i}"), format="json")
+    queue = demo.get("/api/v1/queues/debug/").json()
+    assert [j["name"] for j in queue["jobs"]] == ["w0", "w1", "w2"]
+    assert [j["position"] for j in queue["jobs"]] == [1, 2, 3]
+    assert all("estimated_wait_s" in j for j in queue["jobs"])
+    listing = demo.get("/api/v1/queues/").json()
+    assert {q["name"] for q in listing} == {"debug", "train", "distributed"}
+
+
+def test_team_usage_specs_images_nodes(world):
+    demo = client_for("demo")
+    team = demo.get("/api/v1/teams/demo/").json()
+    assert team["quota"]["gpu_milli"] == 4000 and team["usage"]["gpu_milli"] == 0
+    assert {m["username"] for m in team["members"]} == {"demo"}
+    specs = {s["name"]: s for s in demo.get("/api/v1/specs/").json()}
+    assert specs["shared"]["gpu_memory_eighths"] == 2 and specs["guaranteed"]["exclusive"]
+    images = {i["name"]: i for i in demo.get("/api/v1/images/").json()}
+    assert images["pytorch-2.5-cuda12.4"]["compatible_nodes"]
+    gpus = demo.get("/api/v1/gpus/").json()
+    assert len(gpus) == 4 and all(g["emulated"] for g in gpus)
+
+
+def test_schema_is_valid_without_warnings():
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")

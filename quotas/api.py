@@ -1,0 +1,233 @@
+"""Teams (usage against quota, members), queues (waiting jobs, positions, waits), specs, API tokens."""
+
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from jobs import selectors as job_selectors
+from quotas import selectors, services, tokens
+from quotas.models import ApiToken, Membership, Queue, ResourceSpec, Team
+from trainyard.api import ScopedActionsMixin
+from trainyard.errors import Forbidden, NotFound
+
+VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
+
+
+class SpecSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ResourceSpec
+        fields = ["name", "tier", "gpu_count", "gpu_milli", "gpu_memory_eighths", "cpu_milli_per_gpu",
+                  "memory_mib_per_gpu", "default_timeout_s", "description", "expected_slowdown", "exclusive"]
+        read_only_fields = fields
+
+
+class SpecViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = SpecSerializer
+    queryset = ResourceSpec.objects.filter(enabled=True)
+    lookup_field = "name"
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role"]
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    quota = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "namespace", "quota", "usage", "max_running_jobs", "max_jobs_per_user"]
+
+    def get_quota(self, team) -> dict:
+        return team.vector()
+
+    def get_usage(self, team) -> dict:
+        return selectors.team_usage(team)
+
+
+class TeamDetailSerializer(TeamSerializer):
+    members = MemberSerializer(source="memberships", many=True, read_only=True)
+    usage_by_spec = serializers.SerializerMethodField()
+
+    class Meta(TeamSerializer.Meta):
+        fields = [*TeamSerializer.Meta.fields, "members", "usage_by_spec"]
+
+    def get_usage_by_spec(self, team) -> list:
+        return selectors.team_usage_by_spec(team)
+
+
+class QuotaUpdateSerializer(serializers.Serializer):
+    gpu_milli = serializers.IntegerField(min_value=0, required=False)
+    gpu_memory_mib = serializers.IntegerField(min_value=0, required=False)
+    cpu_milli = serializers.IntegerField(min_value=0, required=False)
+    memory_mib = serializers.IntegerField(min_value=0, required=False)
+    max_running_jobs = serializers.IntegerField(min_value=0, required=False)
+    max_jobs_per_user = serializers.IntegerField(min_value=0, required=False)
+
+
+class MembershipInputSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.ChoiceField(choices=Membership.Role.choices, default="member")
+
+
+class TeamViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Team.objects.none()
+        return selectors.visible_teams(self.request.user).prefetch_related("memberships__user")
+
+    def get_serializer_class(self):
+        return TeamSerializer if self.action == "list" else TeamDetailSerializer
+
+    @extend_schema(request=QuotaUpdateSerializer, responses=TeamDetailSerializer)
+    @action(detail=True, methods=["patch"])
+    def quota(self, request, slug=None):
+        """Change the team's quota (staff only); takes effect at the next dispatch, audited."""
+        team = self.get_object()
+        if not request.user.is_staff:
+            raise Forbidden("only staff change quotas")
+        payload = QuotaUpdateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        with transaction.atomic(durable=True):
+            team = services.team_quota_update(team=team, changes=payload.validated_data, actor=request.user)
+        return Response(TeamDetailSerializer(team).data)
+
+    @extend_schema(request=MembershipInputSerializer, responses=MemberSerializer)
+    @action(detail=True, methods=["post"])
+    def members(self, request, slug=None):
+        """Add a member or change a role (maintainers of the team, or staff)."""
+        team = self.get_object()
+        if not selectors.is_maintainer(request.user, team):
+            raise Forbidden("only the team's maintainers manage members")
+        payload = MembershipInputSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        with transaction.atomic(durable=True):
+            membership = services.membership_set(team=team, **payload.validated_data)
+        return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["delete"], url_path=r"members/(?P<username>[\w.@+-]+)")
+    def remove_member(self, request, slug=None, username=None):
+        team = self.get_object()
+        if not selectors.is_maintainer(request.user, team):
+            raise Forbidden("only the team's maintainers manage members")
+        with transaction.atomic(durable=True):
+            services.membership_remove(team=team, username=username)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WaitingJobSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    owner = serializers.CharField(source="owner.username")
+    team = serializers.CharField(source="team.slug")
+    spec = serializers.CharField(source="spec.name", default=None)
+    priority = serializers.IntegerField()
+    position = serializers.IntegerField(source="queue_position")
+    reason = serializers.CharField()
+    message = serializers.CharField()
+    submitted_at = serializers.DateTimeField()
+    estimated_wait_s = serializers.IntegerField()
+
+
+class QueueSerializer(serializers.ModelSerializer):
+    capability = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+    specs = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    waiting = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Queue
+        fields = ["name", "description", "state", "priority", "weight", "ordering", "gang", "max_timeout_s",
+                  "default_timeout_s", "specs", "capability", "usage", "waiting"]
+
+    def get_capability(self, queue) -> dict:
+        return queue.vector()
+
+    def get_usage(self, queue) -> dict:
+        return selectors.queue_usage(queue)
+
+    def get_waiting(self, queue) -> int:
+        return queue.jobs.filter(state="pending").count()
+
+
+class QueueDetailSerializer(QueueSerializer):
+    jobs = serializers.SerializerMethodField()
+
+    class Meta(QueueSerializer.Meta):
+        fields = [*QueueSerializer.Meta.fields, "jobs"]
+
+    def get_jobs(self, queue) -> list:
+        user = self.context["request"].user
+        waiting = job_selectors.queue_waiting(queue)
+        waits = job_selectors.estimated_waits(queue, waiting)
+        visible = set(selectors.visible_teams(user).values_list("id", flat=True))
+        rows = []
+        for i, job in enumerate(waiting, start=1):
+            job.queue_position = job.queue_position or i
+            job.estimated_wait_s = waits.get(job.id, 0)
+            data = WaitingJobSerializer(job).data
+            if job.team_id not in visible:  # others' jobs show as anonymous places in the line
+                data = {"position": data["position"], "estimated_wait_s": data["estimated_wait_s"],
+                        "priority": data["priority"], "submitted_at": data["submitted_at"], "team": None}
+            rows.append(data)
+        return rows
+
+
+class QueueViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_field = "name"
+    queryset = Queue.objects.prefetch_related("specs")
+
+    def get_serializer_class(self):
+        return QueueSerializer if self.action == "list" else QueueDetailSerializer
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
+        read_only_fields = fields
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False)
+
+
+class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = TokenSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        return ApiToken.objects.filter(user=self.request.user)
+
+    @extend_schema(request=TokenCreateSerializer, responses={201: TokenSerializer})
+    def create(self, request):
+        """Create a token; the secret is in the response once and never again."""
+        payload = TokenCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        with transaction.atomic(durable=True):
+            token, raw = tokens.token_create(user=request.user, **payload.validated_data)
+        return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        """Revoke a token (it stops working at once)."""
+        token = ApiToken.objects.filter(user=request.user, pk=pk).first()
+        if token is None:
+            raise NotFound("token not found")
+        with transaction.atomic(durable=True):
+            tokens.token_revoke(token=token)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+

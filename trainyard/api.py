@@ -1,0 +1,26 @@
+"""Shared API pieces: throttle scopes per action, cursor pagination."""
+
+from rest_framework.pagination import CursorPagination
+
+
+class ScopedActionsMixin:
+    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`."""
+
+    submit_actions = frozenset({"create", "batch"})
+
+    def get_throttles(self):
+        action = getattr(self, "action", None)
+        if action in self.submit_actions:
+            self.throttle_scope = "submit"
+        elif self.request.method in ("GET", "HEAD", "OPTIONS"):
+            self.throttle_scope = "read"
+        else:
+            self.throttle_scope = "write"
+        return super().get_throttles()
+
+
+class NewestFirstCursor(CursorPagination):
+    ordering = ("-submitted_at", "-id")
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
