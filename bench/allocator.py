@@ -205,7 +205,7 @@ def summarize(results: Sequence[ReplayResult]) -> dict[str, object]:
         "decisions_per_s": round(decisions / seconds, 1) if seconds > 0 else None,
         "decisions_per_s_by_seed": [round(r.decisions_per_s, 1) for r in results],
         "decisions": decisions,
-        "published_unallocated_pct": PUBLISHED_UNALLOCATED_PCT.get(PUBLISHED_NAME.get(results[0].policy, ""), None),
+        "published_unallocated_pct": PUBLISHED_UNALLOCATED_PCT.get(PUBLISHED_NAME.get(results[0].policy, "")),
     }
 
 
