@@ -148,6 +148,8 @@ class LogWriter:
         _atomic_write(self.folder / "meta.json", json.dumps(asdict(self.meta)).encode())
 
     def close(self) -> None:
+        if self._file.closed:
+            return
         self.meta.closed = True
         self.flush()
         self._file.close()
@@ -204,6 +206,86 @@ def tail_lines(folder: Path, count: int) -> tuple[list[LogLine], LogMeta]:
     lines = lines[-count:] if count else []
     first = meta.first_line + total_kept - len(lines)
     return [LogLine(first + i, raw.decode("utf-8", "replace")) for i, raw in enumerate(lines)], meta
+
+
+@dataclass
+class Follower:
+    """Follows one attempt's log from a line number on, reading only what was appended since last time.
+
+    Survives the ring's rewrites: when the file is replaced it finds its place again by line number.
+    """
+
+    folder: Path
+    next_line: int = 1
+    _offset: int = 0
+    _inode: int | None = None
+    _first_line: int = 1
+
+    @classmethod
+    def at_tail(cls, folder: Path, count: int) -> tuple[Follower, list[LogLine]]:
+        lines, meta = tail_lines(folder, count)
+        start = lines[0].number if lines else None
+        follower = cls(folder=folder)
+        if start is None:
+            follower._resync(meta.first_line + _kept_count(folder / "log"))
+            return follower, []
+        follower._resync(start)
+        return follower, follower.poll()
+
+    @classmethod
+    def after(cls, folder: Path, line: int) -> Follower:
+        follower = cls(folder=folder)
+        follower._resync(line + 1)
+        return follower
+
+    def _resync(self, next_line: int) -> None:
+        """Position the byte offset at `next_line` by scanning the (kept, so bounded or plain) file."""
+        meta = LogMeta.read(self.folder)
+        path = self.folder / "log"
+        self.next_line = max(next_line, meta.first_line)
+        self._first_line = meta.first_line
+        number, offset = meta.first_line, 0
+        try:
+            stat = path.stat()
+            self._inode = stat.st_ino
+            with open(path, "rb") as f:
+                while number < self.next_line:
+                    raw = f.readline()
+                    if not raw.endswith(b"\n"):
+                        break
+                    offset += len(raw)
+                    number += 1
+        except FileNotFoundError:
+            self._inode = None
+        self._offset = offset
+        self.next_line = number
+
+    def poll(self, max_lines: int = 5000) -> list[LogLine]:
+        path = self.folder / "log"
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return []
+        if stat.st_ino != self._inode or stat.st_size < self._offset:
+            self._resync(self.next_line)  # the ring rewrote the file
+        out: list[LogLine] = []
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            while len(out) < max_lines:
+                raw = f.readline()
+                if not raw.endswith(b"\n"):
+                    break
+                self._offset += len(raw)
+                out.append(LogLine(self.next_line, raw[:-1].decode("utf-8", "replace")))
+                self.next_line += 1
+        return out
+
+
+def _kept_count(path: Path) -> int:
+    try:
+        return _count_lines(path)
+    except FileNotFoundError:
+        return 0
 
 
 def _count_lines(path: Path) -> int:

@@ -1,0 +1,177 @@
+"""The log store (caps, ring, search, paging) and live streaming over a real Channels communicator."""
+
+import asyncio
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+from rest_framework.test import APIClient
+
+from jobs import logstore
+from trainyard.routing import websocket_urlpatterns
+
+
+def test_far_past_the_budget_keeps_exactly_the_last_5000_lines(tmp_path):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=10**9, budget_lines=1000)
+    for i in range(1, 50_001):
+        writer.write_line(f"line {i}")
+    writer.close()
+    lines, meta = logstore.read_lines(tmp_path, start=1, limit=10_000)
+    assert len(lines) == 5000
+    assert lines[0].number == 45_001 and lines[0].text == "line 45001"
+    assert lines[-1].number == 50_000 and lines[-1].text == "line 50000"
+    assert meta.dropped_lines == 45_000 and meta.lines_seen == 50_000 and meta.ring
+    assert meta.dropped_bytes == sum(len(f"line {i}\n") for i in range(1, 45_001))
+
+
+def test_byte_budget_and_cut_lines(tmp_path):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=1000, budget_lines=10**9)
+    writer.write_line("x" * (logstore.MAX_LINE_BYTES + 100))
+    for i in range(6000):
+        writer.write_line(f"{i}")
+    writer.close()
+    lines, meta = logstore.read_lines(tmp_path, limit=10_000)
+    assert len(lines) == 5000 and lines[-1].text == "5999"
+    assert meta.dropped_lines == 6001 - 5000
+
+
+def test_under_the_budget_everything_is_kept_and_searchable(tmp_path):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=10**9, budget_lines=10**9)
+    for i in range(1, 101):
+        writer.write_line(f"step {i} loss {1 / i:.3f}" + (" NCCL timeout" if i == 50 else ""))
+    writer.close()
+    hits = list(logstore.search(tmp_path, "nccl", context=2))
+    assert len(hits) == 1
+    assert hits[0]["line"]["number"] == 50
+    assert [b["number"] for b in hits[0]["before"]] == [48, 49]
+    assert [a["number"] for a in hits[0]["after"]] == [51, 52]
+    tail, _ = logstore.tail_lines(tmp_path, 3)
+    assert [ln.number for ln in tail] == [98, 99, 100]
+    page, _ = logstore.read_lines(tmp_path, start=10, limit=5)
+    assert [ln.number for ln in page] == [10, 11, 12, 13, 14]
+
+
+def test_follower_survives_ring_rewrites(tmp_path):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=10**9, budget_lines=100)
+    for i in range(1, 51):
+        writer.write_line(f"l{i}")
+    writer.flush()
+    follower, first = logstore.Follower.at_tail(tmp_path, 10)
+    assert [ln.number for ln in first] == list(range(41, 51))
+    seen = []
+    for i in range(51, 20_001):
+        writer.write_line(f"l{i}")
+        if i % 3000 == 0:
+            writer.flush()
+            seen.extend(follower.poll(100_000))
+    writer.close()
+    seen.extend(follower.poll(100_000))
+    numbers = [ln.number for ln in seen]
+    assert numbers == sorted(set(numbers))  # no duplicates, in order
+    assert numbers[-1] == 20_000 and all(ln.text == f"l{ln.number}" for ln in seen)
+
+
+@pytest.fixture
+def job_with_log(settings, tmp_path, db):
+    from jobs.services import job_submit
+    from trainyard.seed import seed
+
+    settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    from django.contrib.auth import get_user_model
+
+    demo = get_user_model().objects.get(username="demo")
+    job, _ = job_submit(user=demo, data={"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11",
+                                         "command": ["echo"]})
+    from jobs.models import Attempt
+
+    Attempt.objects.create(job=job, number=1, backend="local")
+    writer = logstore.LogWriter(logstore.attempt_dir(str(job.id), 1), budget_bytes=10**9, budget_lines=10**9)
+    for i in range(1, 301):
+        writer.write_line(f"epoch {i}")
+    writer.flush()
+    yield job, demo, writer
+    writer.close()
+
+
+def test_logs_api_pages_tails_and_searches(job_with_log):
+    job, demo, _writer = job_with_log
+    client = APIClient()
+    client.force_authenticate(demo)
+    page = client.get(f"/api/v1/jobs/{job.id}/logs/?start=10&limit=5").json()
+    assert [ln["n"] for ln in page["lines"]] == [10, 11, 12, 13, 14] and page["next_start"] == 15
+    tail = client.get(f"/api/v1/jobs/{job.id}/logs/?tail=2").json()
+    assert [ln["text"] for ln in tail["lines"]] == ["epoch 299", "epoch 300"]
+    found = client.get(f"/api/v1/jobs/{job.id}/logs/search/?q=EPOCH 25&context=1").json()
+    assert [h["line"]["number"] for h in found["hits"]] == [25, 250, 251, 252, 253, 254, 255, 256, 257, 258, 259]
+    assert client.get(f"/api/v1/jobs/{job.id}/logs/search/?q=").status_code == 400
+    assert client.get(f"/api/v1/jobs/{job.id}/logs/?start=x").json()["code"] == "invalid_parameter"
+
+
+async def _receive_until(communicator, kind, timeout=5):
+    while True:
+        message = await communicator.receive_json_from(timeout=timeout)
+        if message["type"] == kind:
+            return message
+
+
+def _communicator(job_id, user, query=""):
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/jobs/{job_id}/logs/?{query}")
+    communicator.scope["user"] = user
+    return communicator
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stream_sends_tail_then_live_lines_and_resumes_without_gaps(job_with_log):
+    job, demo, writer = job_with_log
+
+    async def scenario():
+        live = _communicator(job.id, demo, "tail=5")
+        connected, _ = await live.connect()
+        assert connected
+        hello = await _receive_until(live, "hello")
+        assert hello["attempt"] == 1
+        first = await _receive_until(live, "lines")
+        assert [ln["n"] for ln in first["lines"]] == [296, 297, 298, 299, 300]
+        await asyncio.to_thread(lambda: (writer.write_line("epoch 301"), writer.flush()))
+        more = await _receive_until(live, "lines")
+        assert more["lines"] == [{"n": 301, "text": "epoch 301"}]
+        from jobs.realtime import job_changed
+
+        await asyncio.to_thread(job_changed, job_id=str(job.id), state="running")
+        assert (await _receive_until(live, "state"))["state"] == "running"
+        await live.disconnect()
+        await asyncio.to_thread(lambda: (writer.write_line("epoch 302"), writer.write_line("epoch 303"),
+                                         writer.flush()))
+        resumed = _communicator(job.id, demo, "after=301")
+        await resumed.connect()
+        got = await _receive_until(resumed, "lines")
+        assert [ln["n"] for ln in got["lines"]] == [302, 303]
+        await asyncio.to_thread(writer.close)
+        assert (await _receive_until(resumed, "end"))["attempt"] == 1
+        await resumed.disconnect()
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stream_refuses_non_members_and_anonymous(job_with_log):
+    job, _demo, _ = job_with_log
+    from django.contrib.auth.models import AnonymousUser
+
+    from quotas.tests.factories import UserFactory
+
+    stranger = UserFactory(username=f"stranger-{uuid.uuid4().hex[:6]}")
+
+    async def scenario():
+        for user in (stranger, AnonymousUser()):
+            communicator = _communicator(job.id, user)
+            connected, code = await communicator.connect()
+            assert not connected and code == 4403
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
