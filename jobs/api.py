@@ -241,6 +241,21 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
             "dropped_lines": meta.dropped_lines, "dropped_bytes": meta.dropped_bytes, "complete": meta.closed,
         })
 
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"])
+    def tensorboard(self, request, pk=None):
+        """The job's TensorBoard route, and a short-lived signed link to share it."""
+        from jobs import tensorboard
+
+        job = self.get_object()
+        route = job.tensorboard_routes.filter(state="active").first()
+        return Response({
+            "enabled": job.tensorboard, "active": route is not None, "url": tensorboard.route_path(job.id),
+            "host": route.host if route else None,
+            "signed_url": tensorboard.signed_link(job.id) if route else None,
+            "expires_at": route.expires_at if route else None,
+        })
+
     @extend_schema(parameters=[OpenApiParameter("q", str, required=True), OpenApiParameter("attempt", int),
                                OpenApiParameter("context", int)], responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"], url_path="logs/search")

@@ -205,3 +205,33 @@ class FailureRule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TensorBoardRoute(models.Model):
+    """The `/tb/<job-id>/` route of a job: issued when it starts, revoked after it ends plus a grace period.
+
+    Locally a `tensorboard` process on a port of its own; on Kubernetes a Service and an Ingress host.
+    """
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        REVOKED = "revoked"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tensorboard_routes")
+    state = models.CharField(max_length=8, choices=State.choices, default=State.ACTIVE)
+    backend = models.CharField(max_length=20)
+    logdir = models.CharField(max_length=500)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    host = models.CharField(max_length=253, blank=True, help_text="virtual domain on Kubernetes")
+    issued_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="set when the job ends: end + grace")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job"], condition=Q(state="active"), name="tb_one_active_per_job"),
+            models.UniqueConstraint(fields=["port"], condition=Q(state="active"), name="tb_port_unique_active"),
+            models.UniqueConstraint(fields=["host"], condition=Q(state="active") & ~Q(host=""),
+                                    name="tb_host_unique_active"),
+        ]

@@ -336,6 +336,10 @@ def job_transition(*, job_id, to: str, actor: str, reason: str = "", message: st
             job.finished_at = now
             job.queue_position = None
             _release(job, why=to)
+            if job.tensorboard:
+                from jobs.tensorboard import route_expire
+
+                route_expire(job_id=job.id)
         if to == JobState.RETRYING:
             _release(job, why="retrying")
         job.save()
@@ -517,6 +521,15 @@ def attempt_start(*, attempt_id: int) -> None:
             reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
         job_transition(job_id=job.id, to=JobState.STARTING, actor="backend", attempt=attempt,
                        message=f"handed to the {attempt.backend} backend as {ref}")
+        if job.tensorboard:
+            job_id = str(job.id)
+            transaction.on_commit(lambda: _enqueue_tensorboard(job_id))
+
+
+def _enqueue_tensorboard(job_id: str) -> None:
+    from jobs.tasks import issue_tensorboard
+
+    issue_tensorboard.delay(job_id)
 
 
 def attempts_observe(*, backend_name: str | None = None) -> int:

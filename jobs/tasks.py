@@ -64,3 +64,17 @@ def sync_volcano_queue(queue_id: int) -> None:
     from quotas.models import Queue
 
     get_backend("volcano").queue_sync(Queue.objects.get(pk=queue_id))
+
+
+@shared_task(name="jobs.issue_tensorboard", autoretry_for=(Exception,), retry_backoff=2, max_retries=3)
+def issue_tensorboard(job_id: str) -> None:
+    from jobs.tensorboard import route_issue
+
+    route_issue(job_id=job_id)
+
+
+@shared_task(name="jobs.reap_tensorboards")
+def reap_tensorboards() -> int:
+    from jobs.tensorboard import routes_reap
+
+    return routes_reap()

@@ -204,3 +204,27 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-pool": {"task": "cluster.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
     "sync-inventory": {"task": "cluster.sync_inventory", "schedule": 300.0},
 }
+TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
+TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)
+CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "schedule": 60.0}
+
+# Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics
+TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S", default=10.0)
+TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
+TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
+TRAINYARD_PROMETHEUS_URL = env.str("TRAINYARD_PROMETHEUS_URL", default="")
+TRAINYARD_FATAL_XIDS = env.list("TRAINYARD_FATAL_XIDS", cast=int,
+                                default=[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140])
+TRAINYARD_ALERT_WEBHOOK_URL = env.str("TRAINYARD_ALERT_WEBHOOK_URL", default="")
+TRAINYARD_ALERT_EVALUATE_INTERVAL_S = env.float("TRAINYARD_ALERT_EVALUATE_INTERVAL_S", default=30.0)
+TRAINYARD_METRIC_SCAN_INTERVAL_S = env.float("TRAINYARD_METRIC_SCAN_INTERVAL_S", default=10.0)
+TRAINYARD_METRICS_RETENTION_DAYS = env.int("TRAINYARD_METRICS_RETENTION_DAYS", default=14)
+TRAINYARD_METRICS_TOKEN = env.str("TRAINYARD_METRICS_TOKEN", default="")  # when set, /metrics wants a bearer token
+CELERY_BEAT_SCHEDULE.update({
+    "probe-gpus": {"task": "monitoring.probe_gpus", "schedule": TRAINYARD_HEALTH_PROBE_INTERVAL_S},
+    "collect-telemetry": {"task": "monitoring.collect_telemetry", "schedule": TRAINYARD_TELEMETRY_INTERVAL_S},
+    "evaluate-alerts": {"task": "monitoring.evaluate_alerts", "schedule": TRAINYARD_ALERT_EVALUATE_INTERVAL_S},
+    "scan-job-metrics": {"task": "monitoring.scan_job_metrics", "schedule": TRAINYARD_METRIC_SCAN_INTERVAL_S},
+    "sample-scheduling": {"task": "monitoring.sample_scheduling", "schedule": 60.0},
+    "prune-monitoring": {"task": "monitoring.prune", "schedule": 3600.0},
+})

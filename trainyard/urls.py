@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from jobs.tb_proxy import tensorboard_proxy
 from trainyard import health
 
 urlpatterns = [
@@ -11,6 +12,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("trainyard.api_urls")),
+    path("tb/<uuid:job_id>/", tensorboard_proxy, name="tensorboard"),
+    path("tb/<uuid:job_id>/<path:path>", tensorboard_proxy, name="tensorboard-path"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("frontend.urls")),

@@ -1,0 +1,154 @@
+"""TensorBoard routes: issue when a job starts, revoke when it ends plus a grace period, proxy with auth.
+
+Locally each route is a real `tensorboard` process on a free loopback port, served under the platform's
+authenticated reverse proxy at `/tb/<job-id>/` (TensorBoard runs with that path prefix). Ports are
+claimed under a database constraint, so two routes never share one. Access: members of the job's team,
+staff, or whoever holds a short-lived signed link.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import structlog
+from django.conf import settings
+from django.core import signing
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs.models import Job, TensorBoardRoute
+
+log = structlog.get_logger(__name__)
+SIGNER_SALT = "trainyard.tensorboard"
+
+
+def route_path(job_id) -> str:
+    return f"/tb/{job_id}/"
+
+
+def default_logdir(job: Job) -> str:
+    return job.tensorboard_logdir or str(Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "tensorboard")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def route_issue(*, job_id) -> TensorBoardRoute | None:
+    """Start the job's TensorBoard (once) and record its route."""
+    job = Job.objects.get(pk=job_id)
+    if not job.tensorboard or job.is_terminal:
+        return None
+    existing = TensorBoardRoute.objects.filter(job=job, state=TensorBoardRoute.State.ACTIVE).first()
+    if existing is not None:
+        return existing
+    if settings.TRAINYARD_BACKEND != "local":
+        from jobs.backends import get_backend
+
+        host = get_backend().tensorboard_expose(job_id=str(job.id), namespace=job.team.namespace)
+        return TensorBoardRoute.objects.create(job=job, backend=settings.TRAINYARD_BACKEND,
+                                               logdir=default_logdir(job), host=host)
+    logdir = default_logdir(job)
+    Path(logdir).mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        port = _free_port()
+        try:
+            with transaction.atomic():
+                route = TensorBoardRoute.objects.create(job=job, backend="local", logdir=logdir, port=port)
+        except IntegrityError:
+            continue  # the port (or the job's route) was claimed at the same moment: try another port
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port),
+             "--path_prefix", route_path(job.id).rstrip("/"), "--reload_interval", "15"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        TensorBoardRoute.objects.filter(pk=route.pk).update(pid=proc.pid)
+        route.pid = proc.pid
+        log.info("tensorboard_issued", job_id=str(job.id), port=port)
+        return route
+    raise RuntimeError("could not claim a free port for TensorBoard")
+
+
+def route_expire(*, job_id) -> None:
+    """The job ended: the route stays for the grace period, then the reaper revokes it."""
+    TensorBoardRoute.objects.filter(job_id=job_id, state=TensorBoardRoute.State.ACTIVE, expires_at__isnull=True).update(
+        expires_at=timezone.now() + timedelta(seconds=settings.TRAINYARD_TB_GRACE_S))
+
+
+def route_revoke(*, route_id: int) -> None:
+    with transaction.atomic():
+        route = TensorBoardRoute.objects.select_for_update().get(pk=route_id)
+        if route.state != TensorBoardRoute.State.ACTIVE:
+            return
+        if route.pid:
+            _stop(route.pid)
+        if route.backend != "local" and route.host:
+            from jobs.backends import get_backend
+
+            get_backend(route.backend).tensorboard_remove(job_id=str(route.job_id),
+                                                          namespace=route.job.team.namespace)
+        route.state = TensorBoardRoute.State.REVOKED
+        route.revoked_at = timezone.now()
+        route.save(update_fields=["state", "revoked_at"])
+    log.info("tensorboard_revoked", job_id=str(route.job_id))
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+            waited = os.waitpid(pid, os.WNOHANG) if _is_child(pid) else (0, 0)
+            if waited[0] == pid:
+                return
+        except (ProcessLookupError, ChildProcessError):
+            return
+        import time
+
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _is_child(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def routes_reap() -> int:
+    """Revoke every route whose grace period is over (and any whose job vanished)."""
+    now = timezone.now()
+    due = list(TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE, expires_at__lte=now)
+               .values_list("id", flat=True))
+    for route_id in due:
+        route_revoke(route_id=route_id)
+    return len(due)
+
+
+def signed_link(job_id, *, max_age_s: int | None = None) -> str:
+    token = signing.TimestampSigner(salt=SIGNER_SALT).sign(str(job_id))
+    return f"{route_path(job_id)}?tb_sig={token}"
+
+
+def check_signature(job_id, token: str) -> bool:
+    try:
+        value = signing.TimestampSigner(salt=SIGNER_SALT).unsign(token, max_age=settings.TRAINYARD_TB_LINK_TTL_S)
+    except signing.BadSignature:
+        return False
+    return value == str(job_id)

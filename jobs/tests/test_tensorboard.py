@@ -1,0 +1,83 @@
+"""TensorBoard routes: real tensorboard processes behind the authenticated proxy, issued and revoked."""
+
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from jobs import services, tensorboard
+from jobs.models import TensorBoardRoute
+from quotas.tests.factories import UserFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _port_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _get_until_ok(client, url, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = client.get(url)
+        if response.status_code != 503:
+            return response
+        time.sleep(0.3)
+    raise AssertionError("TensorBoard did not come up")
+
+
+def test_several_routes_at_once_are_isolated_authenticated_and_freed(platform):
+    jobs = [services.job_submit(user=platform, data={
+        "team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"],
+        "tensorboard": True, "name": f"tb{i}"})[0] for i in range(3)]
+    routes = [tensorboard.route_issue(job_id=job.id) for job in jobs]
+    assert tensorboard.route_issue(job_id=jobs[0].id).pk == routes[0].pk  # issued once
+    ports = {r.port for r in routes}
+    assert len(ports) == 3
+
+    member = Client()
+    member.force_login(platform)
+    for job in jobs:
+        page = _get_until_ok(member, f"/tb/{job.id}/")
+        assert page.status_code == 200 and b"TensorBoard" in page.content
+    stranger = Client()
+    stranger.force_login(UserFactory(username="stranger"))
+    assert stranger.get(f"/tb/{jobs[0].id}/").status_code == 404
+    anonymous = Client()
+    assert anonymous.get(f"/tb/{jobs[0].id}/").status_code == 403
+    link = tensorboard.signed_link(jobs[0].id)
+    shared = anonymous.get(link)
+    assert shared.status_code == 200
+    assert anonymous.get(f"/tb/{jobs[0].id}/").status_code == 200  # the link left a cookie for this route only
+    assert anonymous.get(f"/tb/{jobs[1].id}/").status_code == 403
+    assert anonymous.get(f"/tb/{jobs[1].id}/?tb_sig=forged:sig").status_code == 403
+
+    for job in jobs:
+        services.job_cancel(job_id=job.id, actor="demo")  # terminal: the route expires after the grace period
+    assert TensorBoardRoute.objects.filter(expires_at__isnull=False).count() == 3
+    TensorBoardRoute.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert tensorboard.routes_reap() == 3
+    for route in routes:
+        assert not _alive(route.pid)
+        assert _port_free(route.port)
+    assert not TensorBoardRoute.objects.filter(state="active").exists()
+    gone = member.get(f"/tb/{jobs[0].id}/")
+    assert gone.status_code == 404 and gone.json()["code"] == "tensorboard_not_running"
