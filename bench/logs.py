@@ -1,0 +1,251 @@
+"""Log benchmark: ingestion into the store and delivery to WebSocket clients, at 1, 10 and 50 jobs.
+
+Ingestion: K real local runners (the same supervisor the local backend uses), each running a process
+that prints as fast as it can; lines/s = all lines stored / wall time. Delivery: K runners printing at a
+fixed rate with the print time in each line, K WebSocket clients on the real ASGI server (uvicorn, the
+`make run` web process); latency = time shown in the client - time printed.
+
+Run with `make bench-logs`; prints a table and writes bench/results/logs.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+BASE = Path(__file__).resolve().parent.parent
+RESULTS = BASE / "bench" / "results" / "logs.json"
+LEVELS = (1, 10, 50)
+INGEST_TOTAL_LINES = 500_000
+DELIVERY_SECONDS = 8
+DELIVERY_TOTAL_RATE = 5000  # lines/s across all jobs at each level
+TARGET_LINES_PER_S = 50_000
+TARGET_P99_MS = 500
+
+FAST_PRINTER = (
+    "import sys\n"
+    "n = int(sys.argv[1]); w = sys.stdout.write\n"
+    "for i in range(n): w('step %d loss 0.12345 throughput 1234.5 samples/s lr 0.0001 padding-to-100-bytes\\n' % i)\n"
+)
+PACED_PRINTER = (
+    "import sys, time\n"
+    "rate = float(sys.argv[1]); seconds = float(sys.argv[2]); start = time.time(); i = 0\n"
+    "while True:\n"
+    "    now = time.time()\n"
+    "    if now - start > seconds: break\n"
+    "    due = int((now - start) * rate)\n"
+    "    while i < due:\n"
+    "        print('T %.6f line %d' % (time.time(), i), flush=True); i += 1\n"
+    "    time.sleep(0.002)\n"
+)
+
+
+def _setup_django() -> None:
+    url = urlparse(os.environ["DATABASE_URL"])
+    bench_url = url._replace(path="/trainyard_bench_logs").geturl()
+    from trainyard.embedded import ensure_database
+
+    ensure_database(bench_url)
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-logs-{uuid.uuid4().hex[:8]}"
+    os.environ.setdefault("TRAINYARD_LOG_ROOT", str(BASE / "var" / "bench-logs" / "logs"))
+    os.environ.setdefault("TRAINYARD_WORK_ROOT", str(BASE / "var" / "bench-logs" / "work"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def _make_jobs(count: int):
+    from django.contrib.auth import get_user_model
+
+    from jobs.models import Attempt
+    from jobs.services import job_submit
+    from trainyard.seed import seed
+
+    seed(admin_password="bench-admin-123", demo_password="bench-demo-123")
+    user = get_user_model().objects.get(username="demo")
+    jobs = []
+    for i in range(count):
+        job, _ = job_submit(user=user, data={"team": "demo", "queue": "train", "spec": "shared",
+                                             "image": "python-3.11", "command": ["bench"], "name": f"bench-{i}"})
+        Attempt.objects.create(job=job, number=1, backend="local")
+        jobs.append(job)
+    return user, jobs
+
+
+def _start_runner(job_id: str, argv: list[str], root: Path) -> subprocess.Popen:
+    from django.conf import settings
+
+    from jobs import logstore
+
+    folder = root / job_id / "attempt-1"
+    folder.mkdir(parents=True, exist_ok=True)
+    log_dir = logstore.attempt_dir(job_id, 1)
+    if log_dir.exists():
+        for f in log_dir.iterdir():
+            f.unlink()
+    spec = {"argv": argv, "env": {"PATH": os.environ["PATH"]}, "cwd": str(folder / "cwd"), "log_dir": str(log_dir),
+            "budget_bytes": settings.TRAINYARD_LOG_DAILY_BYTES, "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
+            "grace_s": 2}
+    (folder / "spec.json").write_text(json.dumps(spec))
+    return subprocess.Popen([sys.executable, "-m", "jobs.backends.local_runner", str(folder)], cwd=BASE,
+                            env={**os.environ, "PYTHONPATH": str(BASE)})
+
+
+def bench_ingestion(jobs, level: int, root: Path) -> dict:
+    from jobs import logstore
+
+    chosen = jobs[:level]
+    per_job = INGEST_TOTAL_LINES // level
+    started = time.perf_counter()
+    runners = [_start_runner(str(j.id), [sys.executable, "-c", FAST_PRINTER, str(per_job)], root) for j in chosen]
+    for r in runners:
+        r.wait()
+    elapsed = time.perf_counter() - started
+    stored = sum(logstore.LogMeta.read(logstore.attempt_dir(str(j.id), 1)).lines_seen for j in chosen)
+    return {"jobs": level, "lines": stored, "expected": per_job * level, "seconds": round(elapsed, 3),
+            "lines_per_s": round(stored / elapsed)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_cookie(user) -> str:
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.save()
+    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+
+async def _client(url: str, cookie: str, latencies: list[float], expected: int, deadline: float) -> int:
+    import websockets
+
+    received = 0
+    async with websockets.connect(url, additional_headers={"Cookie": cookie, "Origin": "http://127.0.0.1"},
+                                  max_size=None) as ws:
+        while time.time() < deadline and received < expected:
+            try:
+                raw = await asyncio.wait_for(ws.recv(), timeout=max(0.1, deadline - time.time()))
+            except TimeoutError:
+                break
+            now = time.time()
+            message = json.loads(raw)
+            if message.get("type") != "lines":
+                continue
+            for line in message["lines"]:
+                if line["text"].startswith("T "):
+                    latencies.append(now - float(line["text"].split()[1]))
+                    received += 1
+    return received
+
+
+async def _delivery(jobs, level: int, root: Path, base_url: str, cookie: str) -> dict:
+    chosen = jobs[:level]
+    rate = DELIVERY_TOTAL_RATE / level
+    expected = int(rate * DELIVERY_SECONDS)
+    latencies: list[float] = []
+    deadline = time.time() + DELIVERY_SECONDS + 15
+    from jobs import logstore
+
+    for j in chosen:  # the stream starts on an empty log
+        folder = logstore.attempt_dir(str(j.id), 1)
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in folder.iterdir():
+            f.unlink()
+    clients = [asyncio.create_task(_client(f"{base_url}/ws/jobs/{j.id}/logs/?tail=0", cookie, latencies, expected,
+                                           deadline)) for j in chosen]
+    await asyncio.sleep(1.0)  # let every client subscribe before the first line
+    runners = [_start_runner(str(j.id), [sys.executable, "-c", PACED_PRINTER, str(rate), str(DELIVERY_SECONDS)], root)
+               for j in chosen]
+    received = sum(await asyncio.gather(*clients))
+    for r in runners:
+        r.wait()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 1) if latencies else None
+
+    return {"jobs": level, "lines_printed_expected": expected * level, "lines_received": received,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(latencies[-1] * 1000, 1) if latencies else None}
+
+
+def main() -> int:
+    _setup_django()
+    from django.conf import settings
+
+    user, jobs = _make_jobs(max(LEVELS))
+    root = Path(settings.TRAINYARD_WORK_ROOT) / "bench"
+    ingestion = [bench_ingestion(jobs, level, root) for level in LEVELS]
+
+    port = _free_port()
+    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "trainyard.asgi:application", "--host", "127.0.0.1",
+                            "--port", str(port), "--lifespan", "off", "--no-access-log", "--ws", "websockets",
+                            "--log-level", "warning"], cwd=BASE, env=os.environ.copy(), start_new_session=True)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        cookie = _session_cookie(user)
+        delivery = [asyncio.run(_delivery(jobs, level, root, f"ws://127.0.0.1:{port}", cookie)) for level in LEVELS]
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=15)
+        import redis
+
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+
+    print(f"\nLog ingestion (real local runners, {INGEST_TOTAL_LINES:,} lines of ~100 bytes per level)")
+    print(f"{'jobs':>5} {'lines stored':>13} {'seconds':>8} {'lines/s':>10}")
+    for row in ingestion:
+        print(f"{row['jobs']:>5} {row['lines']:>13,} {row['seconds']:>8} {row['lines_per_s']:>10,}")
+    print(f"\nDelivery: printed -> shown in a WebSocket client ({DELIVERY_TOTAL_RATE} lines/s in all, "
+          f"{DELIVERY_SECONDS} s)")
+    print(f"{'jobs':>5} {'expected':>9} {'received':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for row in delivery:
+        print(f"{row['jobs']:>5} {row['lines_printed_expected']:>9,} {row['lines_received']:>9,} "
+              f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
+    ingest_ok = all(r["lines_per_s"] >= TARGET_LINES_PER_S and r["lines"] == r["expected"] for r in ingestion)
+    delivery_ok = all(r["p99_ms"] is not None and r["p99_ms"] < TARGET_P99_MS
+                      and r["lines_received"] == r["lines_printed_expected"] for r in delivery)
+    print(f"\ntarget >= {TARGET_LINES_PER_S:,} lines/s ingested: {'met' if ingest_ok else 'MISSED'}; "
+          f"p99 delivery < {TARGET_P99_MS} ms with nothing lost: {'met' if delivery_ok else 'MISSED'}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "machine": {"cores": os.cpu_count()}, "ingestion": ingestion, "delivery": delivery,
+        "targets": {"lines_per_s": TARGET_LINES_PER_S, "p99_ms": TARGET_P99_MS},
+        "met": {"ingestion": ingest_ok, "delivery": delivery_ok},
+        "settings": {"ingest_total_lines": INGEST_TOTAL_LINES, "delivery_total_rate": DELIVERY_TOTAL_RATE,
+                     "delivery_seconds": DELIVERY_SECONDS},
+    }, indent=2))
+    print(f"wrote {RESULTS.relative_to(BASE)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
