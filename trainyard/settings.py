@@ -99,7 +99,12 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("TRAINYARD_CHANNEL_PREFIX", default="trainyard")},
+        # channels-redis blocks up to 5 s in BZPOPMIN; redis-py's own default read timeout is also 5 s, so a
+        # busy machine turns every idle wait into a TimeoutError that drops the WebSocket. Give reads room.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "prefix": env.str("TRAINYARD_CHANNEL_PREFIX", default="trainyard"),
+        },
     }
 }
 
