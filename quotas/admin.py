@@ -1,0 +1,392 @@
+"""Admin console for teams, queues, specs, API tokens and the quota audit trail.
+
+Quota and capability edits never write the row directly: they go through `team_quota_update` /
+`queue_update`, which audit each changed field into QuotaChange and re-dispatch the queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from jobs.states import JobState
+from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
+from quotas.selectors import queue_usage, team_usage
+from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
+from quotas.tokens import token_revoke
+from trainyard.errors import DomainError
+
+QUOTA_FIELDSET = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
+
+
+def _ratio(used: int, limit: int) -> str:
+    return f"{used} / {limit}"
+
+
+def _save_audited(
+    request: HttpRequest,
+    obj: Team | Queue,
+    form: forms.ModelForm,
+    change: bool,
+    audited: tuple[str, ...],
+    update: Callable[..., object],
+) -> None:
+    """Save the plain fields directly and hand the audited ones to the service (a new row is saved whole)."""
+    if not change:
+        obj.save()
+        return
+    plain = [
+        name
+        for name in form.changed_data
+        if name not in audited
+        and name in form.cleaned_data
+        and not isinstance(form.fields[name], forms.ModelMultipleChoiceField)
+    ]
+    if plain:
+        obj.save(update_fields=plain)
+    changes = {name: form.cleaned_data[name] for name in form.changed_data if name in audited}
+    if changes:
+        update(changes=changes, actor=request.user)
+
+
+class ReadOnlyAdminMixin:
+    """Visible to staff, never added, edited or deleted from the console."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- audit trail
+
+
+class QuotaChangeInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = QuotaChange
+    fields = ("at", "actor", "field", "old_value", "new_value")
+    readonly_fields = fields
+    ordering = ("-at",)
+    extra = 0
+    verbose_name = "quota change"
+    verbose_name_plural = "quota changes (audit trail)"
+
+
+class TeamQuotaChangeInline(QuotaChangeInline):
+    fk_name = "team"
+
+
+class QueueQuotaChangeInline(QuotaChangeInline):
+    fk_name = "queue"
+
+
+@admin.register(QuotaChange)
+class QuotaChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("at", "actor", "subject", "field", "old_value", "new_value")
+    list_filter = ("field", "team", "queue")
+    search_fields = ("actor__username", "team__name", "queue__name", "field")
+    list_select_related = ("actor", "team", "queue")
+    date_hierarchy = "at"
+    fields = ("at", "actor", "team", "queue", "field", "old_value", "new_value")
+    readonly_fields = fields
+
+    @admin.display(description="team / queue")
+    def subject(self, obj: QuotaChange) -> str:
+        if obj.team_id:
+            return f"team {obj.team}"
+        return f"queue {obj.queue}" if obj.queue_id else "-"
+
+
+# ---------------------------------------------------------------------------------------------- teams
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    fields = ("user", "role")
+    autocomplete_fields = ("user",)
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "slug",
+        "namespace",
+        "gpu_milli_usage",
+        "gpu_memory_usage",
+        "running_jobs",
+        "max_jobs_per_user",
+        "member_count",
+    )
+    search_fields = ("name", "slug", "namespace")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = (MembershipInline, TeamQuotaChangeInline)
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "namespace")}),
+        (
+            "Quota (hard; changes are audited and take effect at the next dispatch)",
+            {
+                "fields": (*QUOTA_FIELDSET, "max_running_jobs", "max_jobs_per_user"),
+            },
+        ),
+        ("Live usage", {"fields": ("usage_now",)}),
+    )
+    readonly_fields = ("usage_now",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
+        return super().get_queryset(request).annotate(member_total=Count("memberships", distinct=True))
+
+    def _usage(self, obj: Team) -> dict[str, int]:
+        # One selector call per row, memoised on the row so the columns share it.
+        if not hasattr(obj, "_usage_cache"):
+            obj._usage_cache = team_usage(obj)
+        return obj._usage_cache
+
+    @admin.display(description="GPU milli used / quota")
+    def gpu_milli_usage(self, obj: Team) -> str:
+        return _ratio(self._usage(obj)["gpu_milli"], obj.gpu_milli)
+
+    @admin.display(description="GPU memory MiB used / quota")
+    def gpu_memory_usage(self, obj: Team) -> str:
+        return _ratio(self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
+
+    @admin.display(description="jobs running / max")
+    def running_jobs(self, obj: Team) -> str:
+        return _ratio(self._usage(obj)["jobs"], obj.max_running_jobs)
+
+    @admin.display(description="members", ordering="member_total")
+    def member_count(self, obj: Team) -> int:
+        return obj.member_total
+
+    @admin.display(description="used now / quota")
+    def usage_now(self, obj: Team) -> str:
+        if obj.pk is None:
+            return "-"
+        used = self._usage(obj)
+        parts = [f"{name}: {_ratio(used[name], getattr(obj, name))}" for name in QUOTA_FIELDSET]
+        parts.append(f"jobs holding quota: {_ratio(used['jobs'], obj.max_running_jobs)}")
+        return "; ".join(parts)
+
+    def save_model(self, request: HttpRequest, obj: Team, form: forms.ModelForm, change: bool) -> None:
+        _save_audited(request, obj, form, change, TEAM_QUOTA_FIELDS, lambda **kw: team_quota_update(team=obj, **kw))
+
+
+# ---------------------------------------------------------------------------------------------- queues
+
+
+class QueueForm(forms.ModelForm):
+    class Meta:
+        model = Queue
+        fields = (
+            "name",
+            "description",
+            "state",
+            "ordering",
+            "priority",
+            "weight",
+            *QUOTA_FIELDSET,
+            "teams",
+            "specs",
+            "allow_explicit_request",
+            "default_timeout_s",
+            "max_timeout_s",
+            "gang",
+            "secondary_network",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        default, maximum = data.get("default_timeout_s"), data.get("max_timeout_s")
+        if default is not None and maximum is not None and default > maximum:
+            self.add_error("default_timeout_s", f"the default timeout ({default}s) exceeds the maximum ({maximum}s)")
+        return data
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    form = QueueForm
+    list_display = (
+        "name",
+        "state",
+        "ordering",
+        "priority",
+        "weight",
+        "gpu_milli_usage",
+        "gpu_memory_usage",
+        "running_jobs",
+        "waiting_jobs",
+        "gang",
+    )
+    list_filter = ("state", "ordering", "gang")
+    search_fields = ("name", "description")
+    filter_horizontal = ("teams", "specs")
+    inlines = (QueueQuotaChangeInline,)
+    actions = ("open_queues", "close_queues")
+    fieldsets = (
+        (None, {"fields": ("name", "description", "state", "ordering", "priority", "weight")}),
+        (
+            "Capability (hard; changes are audited and take effect at the next dispatch)",
+            {
+                "fields": QUOTA_FIELDSET,
+            },
+        ),
+        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request")}),
+        (
+            "Timeouts and scheduling",
+            {
+                "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network"),
+            },
+        ),
+        ("Live usage", {"fields": ("usage_now",)}),
+    )
+    readonly_fields = ("usage_now",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Queue]:
+        return (
+            super().get_queryset(request).annotate(waiting_total=Count("jobs", filter=Q(jobs__state=JobState.PENDING)))
+        )
+
+    def _usage(self, obj: Queue) -> dict[str, int]:
+        if not hasattr(obj, "_usage_cache"):
+            obj._usage_cache = queue_usage(obj)
+        return obj._usage_cache
+
+    @admin.display(description="GPU milli used / capability")
+    def gpu_milli_usage(self, obj: Queue) -> str:
+        return _ratio(self._usage(obj)["gpu_milli"], obj.gpu_milli)
+
+    @admin.display(description="GPU memory MiB used / capability")
+    def gpu_memory_usage(self, obj: Queue) -> str:
+        return _ratio(self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
+
+    @admin.display(description="jobs holding quota")
+    def running_jobs(self, obj: Queue) -> int:
+        return self._usage(obj)["jobs"]
+
+    @admin.display(description="jobs waiting", ordering="waiting_total")
+    def waiting_jobs(self, obj: Queue) -> int:
+        return obj.waiting_total
+
+    @admin.display(description="used now / capability")
+    def usage_now(self, obj: Queue) -> str:
+        if obj.pk is None:
+            return "-"
+        used = self._usage(obj)
+        parts = [f"{name}: {_ratio(used[name], getattr(obj, name))}" for name in QUOTA_FIELDSET]
+        parts.append(f"jobs holding quota: {used['jobs']}; waiting: {getattr(obj, 'waiting_total', 0)}")
+        return "; ".join(parts)
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: forms.ModelForm, change: bool) -> None:
+        _save_audited(request, obj, form, change, QUEUE_FIELDS, lambda **kw: queue_update(queue=obj, **kw))
+
+    def _set_state(self, request: HttpRequest, queryset: QuerySet[Queue], state: str, verb: str) -> None:
+        changed = []
+        for queue in queryset:
+            if queue.state == state:
+                continue
+            try:
+                with transaction.atomic():
+                    queue_update(queue=queue, changes={"state": state}, actor=request.user)
+            except DomainError as exc:
+                self.message_user(request, f"{queue.name}: {exc.detail}", messages.ERROR)
+                continue
+            changed.append(queue.name)
+        if changed:
+            self.message_user(request, f"{verb} {len(changed)} queue(s): {', '.join(changed)}.", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Every selected queue was already {state}.", messages.INFO)
+
+    @admin.action(description="Open selected queues", permissions=["change"])
+    def open_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        self._set_state(request, queryset, Queue.State.OPEN, "Opened")
+
+    @admin.action(description="Close selected queues (waiting jobs stay pending)", permissions=["change"])
+    def close_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        self._set_state(request, queryset, Queue.State.CLOSED, "Closed")
+
+
+# ---------------------------------------------------------------------------------------------- specs
+
+
+@admin.register(ResourceSpec)
+class ResourceSpecAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "tier",
+        "gpu_count",
+        "gpu_milli",
+        "gpu_memory_eighths",
+        "cpu_milli_per_gpu",
+        "memory_mib_per_gpu",
+        "default_timeout_s",
+        "enabled",
+        "queue_names",
+    )
+    list_filter = ("tier", "enabled")
+    list_editable = ("enabled",)
+    search_fields = ("name", "description")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ResourceSpec]:
+        return super().get_queryset(request).prefetch_related("queues")
+
+    @admin.display(description="queues")
+    def queue_names(self, obj: ResourceSpec) -> str:
+        return ", ".join(q.name for q in obj.queues.all()) or "-"
+
+
+# ---------------------------------------------------------------------------------------------- API tokens
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "name", "user", "created_at", "expires_at", "last_used_at", "revoked_at", "status")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "created_at")
+    search_fields = ("prefix", "name", "user__username")
+    list_select_related = ("user",)
+    fields = ("prefix", "name", "user", "created_at", "expires_at", "last_used_at", "revoked_at", "status")
+    readonly_fields = fields
+    actions = ("revoke_tokens",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("quotas.change_apitoken")
+
+    @admin.display(description="status")
+    def status(self, obj: ApiToken) -> str:
+        if obj.revoked_at is not None:
+            return "revoked"
+        if obj.expires_at is not None and obj.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = 0
+        for token in queryset:
+            if token.revoked_at is None:
+                token_revoke(token=token)
+                revoked += 1
+        skipped = queryset.count() - revoked
+        text = f"Revoked {revoked} token(s)."
+        if skipped:
+            text += f" {skipped} were already revoked."
+        self.message_user(request, text, messages.SUCCESS if revoked else messages.INFO)
