@@ -1,0 +1,56 @@
+"""Test harness: a fake Kubernetes API server (real HTTP, Kubernetes semantics) with a simulated Volcano.
+
+Start it, point the unpatched official client at it, script what the pods do, and advance time in ticks::
+
+    from kubernetes import client
+    from tests.fake_k8s import FakeKubernetes
+
+    with FakeKubernetes() as kube, kube.api_client() as api:    # or Configuration(host=kube.url)
+        kube.controller.script("train-", exit_code=137, reason="OOMKilled", logs="CUDA out of memory")
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "batch.volcano.sh", "v1alpha1", "default", "jobs", manifest)
+        kube.controller.wait_for_job_phase("default", "train-1", "Failed")   # ticks until then
+
+The cluster starts with namespaces default/kube-system/kube-public/kube-node-lease, one Ready node
+`gpu-node-0` (8 `nvidia.com/gpu`, 96 CPU, 1Ti, GPU Feature Discovery labels; `nodes=` changes the count,
+`kube.add_node()` adds more) and the Volcano queues `root` and `default`.
+
+- `server.FakeKubernetes`: the API server; faults (`fail_next`, `throttle_next`, `hang_next`, `drop_next`),
+  the request log (`requests`, `requests_matching`), an internal object API (`get`, `list`, `create`,
+  `patch`, `mutate`, `delete`), `compact()` to expire watch history, a settable clock.
+- `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
+  `wait_for_job_phase()`, `start()`/`stop()` for a background loop, `evict_pod()`, `fail_pod()`,
+  `lose_node()`/`restore_node()`, `set_queue_state()`.
+- `crds`: the real Volcano CRDs (`crds_available()`, `crd_schema()`, `validate()`).
+
+Deliberately not emulated (a backend must not rely on them passing here or failing here): authentication
+and RBAC; server-side apply; the exact `kubectl`-visible wording of most messages (reasons, codes and
+fields match; texts are close paraphrases); consistent snapshots for paginated lists and list
+`resourceVersion` semantics (lists are always the latest state); watch bookmarks; strategic merge patch
+beyond the common list merge keys; CRD defaulting inside `anyOf`, CEL rules and formats; Volcano's
+`timeout` on policies, the TaskFailed/Unknown/JobUpdated events, preemption and reclaim, hierarchical
+queues beyond "jobs only in leaf queues", exact `minResources` keys (plain resource names here), per-pod
+queue share (`deserved`); and, on the kube side, eviction API, ResourceQuota/LimitRange, PVCs, DNS and
+networking. Unknown fields are rejected by default (like `fieldValidation=Strict`); a real server's
+default prunes them with a warning — pass `field_validation="Warn"` to `FakeKubernetes` for that.
+"""
+
+from . import crds
+from .controller import PodScript, ScriptRule, VolcanoController
+from .crds import crds_available, crds_dir, example_manifests, unavailable_reason
+from .server import ApiError, FakeKubernetes, Fault, RequestRecord
+
+__all__ = [
+    "ApiError",
+    "FakeKubernetes",
+    "Fault",
+    "PodScript",
+    "RequestRecord",
+    "ScriptRule",
+    "VolcanoController",
+    "crds",
+    "crds_available",
+    "crds_dir",
+    "example_manifests",
+    "unavailable_reason",
+]
