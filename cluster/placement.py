@@ -4,43 +4,52 @@ Pure Python, standard library only, and free of Django, so that the pool service
 ``bench/`` and the tests share one implementation.
 
 Data model
-    * :class:`Node`: free CPU (milli-cores), optionally free memory (MiB), a GPU model and a list of :class:`GPU`.
-    * :class:`GPU`: free compute in milli (0..1000), optionally free and total memory (MiB), and an ``eligible``
-      flag; an ineligible card (unhealthy, quarantined, excluded for a retry) is never chosen. A node with
-      ``eligible=False`` (cordoned, unhealthy) is never chosen at all.
+    * :class:`Node`: free CPU (milli-cores), optionally free memory (MiB), a GPU model, a list of
+      :class:`GPU`, and an ``eligible`` flag (a cordoned or unhealthy node is never chosen).
+    * :class:`GPU`: free compute in milli (0..1000), optionally free and total memory (MiB), and an
+      ``eligible`` flag; an ineligible card (unhealthy, quarantined, excluded for a retry) is never chosen.
     * :class:`Request`: ``num_gpus`` whole GPUs (exclusive, only fully free cards), or a share
       ``gpu_milli < 1000`` of exactly one GPU, or CPU only; plus CPU, memory and (for a share) GPU memory.
     * :class:`Placement`: the answer: node, GPU indices, what is taken from each.
 
 Policies (:data:`POLICIES`)
-    ``random``, ``first_fit``, ``best_fit`` (least normalised CPU + GPU left on the node), ``worst_fit``, and
-    ``fgd``, the platform policy. ``fgd`` implements the idea of fragmentation gradient descent (Weng et al.,
-    "Beware of Fragmentation", USENIX ATC '23): a :class:`Workload` describes the request types the cluster
-    expects and how popular each is. For one type, a node's free GPU compute counts as fragmented when that type
-    could not use it: all of it when the type does not fit on the node at all (too little CPU or memory, wrong
-    model, no GPU that can take it), otherwise the free compute of the GPUs that cannot take the type. A node's
-    expected fragmentation is the popularity-weighted sum over the types, and a request goes to the node and GPU
-    where that expectation grows least.
+    ``random``, ``first_fit``, ``best_fit`` (least normalised CPU + GPU left on the node), ``worst_fit``,
+    ``fgd_pure`` and ``fgd``, the platform policy.
+
+    ``fgd_pure`` follows the idea of fragmentation gradient descent (Weng et al., "Beware of Fragmentation",
+    USENIX ATC '23). A :class:`Workload` lists the request types the cluster expects and how popular each is.
+    For one type, a node's free GPU compute counts as fragmented where that type could not use it: all of it
+    when the type does not fit on the node at all (too little CPU or memory, wrong model, no card that can
+    take it), otherwise the free compute of the cards that cannot take it. A node's expected fragmentation is
+    the popularity-weighted sum over the types; a request goes to the node and card where that expectation
+    grows least. ``fgd`` adds a small packing term to that growth (:data:`DEFAULT_PACK_WEIGHT`).
 
 Entry points
-    :func:`choose` for a one-off decision over a list of nodes; :class:`Allocator` to place many requests against
-    the same pool. The allocator groups nodes whose free state is identical and caches, per request type, the
-    score of each group, so a decision is one pass over the distinct states plus the evaluation of the few
-    states that changed since the last decision of that type.
+    :func:`choose` for a one-off decision over a list of nodes; :class:`Allocator` to place many requests
+    against the same pool. The allocator groups nodes whose free state is identical and caches, per request
+    shape, the score of each group, so a decision is one pass over the distinct states that could take the
+    request, evaluating only the states it has not scored before.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import mul
-from typing import Any
 
 FULL_MILLI = 1000
-POLICIES: tuple[str, ...] = ("random", "first_fit", "best_fit", "worst_fit", "fgd")
+POLICIES: tuple[str, ...] = ("random", "first_fit", "best_fit", "worst_fit", "fgd_pure", "fgd")
 TIE_BREAKS: tuple[str, ...] = ("index", "random")
+# ``fgd`` adds this many milli-GPUs to a candidate's fragmentation growth for every whole GPU of compute the
+# node would still have free afterwards. Fragmentation growth alone is zero for most candidates of a CPU-only
+# or whole-GPU request; among those it pays to fill nodes already in use: CPU-only work goes where the GPUs
+# are taken (its CPU strands nothing there) and empty nodes stay whole for multi-GPU requests. On the Alibaba
+# 2023 trace (bench/allocator.py) 20..30 works best; 25 was chosen on seeds the reported run does not use.
+DEFAULT_PACK_WEIGHT = 25.0
+_FGD_POLICIES = frozenset({"fgd", "fgd_pure"})
 
 # Stands in for "not tracked" memory: larger than any request, so it never blocks a placement.
 _UNTRACKED = 1 << 62
@@ -49,6 +58,9 @@ _MISS = object()
 # Caches are dropped and rebuilt past these sizes so that a long-lived process stays bounded.
 _MAX_STATES = 200_000
 _MAX_WORKLOAD_CACHE = 500_000
+_MAX_REQUEST_SHAPES = 10_000
+# Random draws the ``random`` policy tries before it falls back to scanning every feasible node.
+_RANDOM_DRAWS = 64
 
 # A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free).
 GpuState = tuple[int, int, bool]
@@ -117,9 +129,10 @@ class Node:
 class Request:
     """What one placement asks for.
 
-    ``num_gpus == 0``: CPU only. ``num_gpus >= 1`` with ``gpu_milli == 1000``: that many whole GPUs, exclusively.
-    ``num_gpus == 1`` with ``gpu_milli < 1000``: a share of one GPU (``gpu_memory_mib`` of its memory, if the
-    pool tracks GPU memory). ``gpu_model`` restricts GPU requests to nodes of that model.
+    ``num_gpus == 0``: CPU only. ``num_gpus >= 1`` with ``gpu_milli == 1000``: that many whole GPUs,
+    exclusively. ``num_gpus == 1`` with ``gpu_milli < 1000``: a share of one GPU (and ``gpu_memory_mib`` of
+    its memory, where the pool tracks GPU memory). ``gpu_model`` restricts GPU requests to nodes of that
+    model.
     """
 
     num_gpus: int = 0
@@ -147,7 +160,12 @@ class Request:
 
     @classmethod
     def whole(
-        cls, num_gpus: int, *, cpu_milli: int = 0, memory_mib: int = 0, gpu_model: str | None = None
+        cls,
+        num_gpus: int,
+        *,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+        gpu_model: str | None = None,
     ) -> Request:
         if num_gpus < 1:
             raise ValueError("a whole-GPU request needs at least one GPU")
@@ -212,16 +230,23 @@ class Workload:
         if total <= 0:
             raise ValueError("a workload needs at least one request type with a positive weight")
         classes: dict[tuple[int, int, int], int] = {}
-        types: list[tuple[int, int, str | None, int, float]] = []
+        raw: list[tuple[int, int, str | None, int, float]] = []
         for req, w in weights.items():
             if w <= 0:
                 continue
             key = (req.num_gpus, req.gpu_milli, req.gpu_memory_mib)
             cls_idx = classes.setdefault(key, len(classes))
-            types.append((req.cpu_milli, req.memory_mib, req.gpu_model if req.num_gpus else None, cls_idx, w / total))
+            model = req.gpu_model if req.num_gpus else None
+            raw.append((req.cpu_milli, req.memory_mib, model, cls_idx, w / total))
         # GPU classes: (num_gpus, milli per GPU, GPU memory per GPU); index == position.
         self._classes: tuple[tuple[int, int, int], ...] = tuple(classes)
-        self._types = tuple(types)
+        # Whether a type fits a node's CPU and memory only depends on how many of the distinct CPU (memory)
+        # amounts of the workload the node can cover, so host weights are cached by those two counts.
+        self._cpu_levels = sorted({t[0] for t in raw})
+        self._mem_levels = sorted({t[1] for t in raw})
+        cpu_rank = {v: i for i, v in enumerate(self._cpu_levels)}
+        mem_rank = {v: i for i, v in enumerate(self._mem_levels)}
+        self._types = tuple((cpu_rank[c], mem_rank[m], model, k, w) for c, m, model, k, w in raw)
         self.weights: dict[Request, float] = {r: w / total for r, w in weights.items() if w > 0}
         self._host_cache: dict[tuple[int, int, str], tuple[float, tuple[float, ...]]] = {}
         self._gpu_cache: dict[tuple[GpuState, ...], tuple[int, tuple[int, ...]]] = {}
@@ -249,17 +274,19 @@ class Workload:
             return 0.0
         return self._state_frag(node.state())
 
-    # -- internals, all keyed by plain tuples so that equal states share work -----------------------------------
+    # -- internals, all keyed by plain tuples so that equal states share work ------------------------------
 
     def _host_weights(self, cpu: int, mem: int, model: str) -> tuple[float, tuple[float, ...]]:
         """Weight of the types whose CPU, memory and model fit, summed per GPU class; plus their total."""
-        key = (cpu, mem, model)
+        n_cpu = bisect_right(self._cpu_levels, cpu)
+        n_mem = bisect_right(self._mem_levels, mem)
+        key = (n_cpu, n_mem, model)
         hit = self._host_cache.get(key)
         if hit is not None:
             return hit
         acc = [0.0] * len(self._classes)
         for t_cpu, t_mem, t_model, cls_idx, w in self._types:
-            if t_cpu <= cpu and t_mem <= mem and (t_model is None or t_model == model):
+            if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or t_model == model):
                 acc[cls_idx] += w
         res = (math.fsum(acc), tuple(acc))
         if len(self._host_cache) > _MAX_WORKLOAD_CACHE:
@@ -327,7 +354,7 @@ def fragmentation(nodes: Node | Iterable[Node], workload: Workload) -> float:
     return math.fsum(workload.node_fragmentation(n) for n in nodes)
 
 
-# ---- feasibility and GPU choice on one node ----------------------------------------------------------------------
+# ---- feasibility and GPU choice on one node ------------------------------------------------------
 
 
 def _node_admits(state: NodeState, req: Request) -> bool:
@@ -382,17 +409,20 @@ def _after(state: NodeState, req: Request) -> list[tuple[GpuState | None, tuple[
     return res
 
 
-def _pick_gpus(node: Node, req: Request, policy: str, want: GpuState | None, rng: random.Random) -> tuple[int, ...]:
+def _pick_gpus(
+    node: Node,
+    req: Request,
+    policy: str,
+    want: GpuState | None,
+    rng: random.Random,
+) -> tuple[int, ...]:
     """Concrete GPU indices on ``node`` for an already feasible request."""
     if req.num_gpus == 0:
         return ()
     usable = [g for g in node.gpus if g.eligible]
     if req.exclusive:
         free = [g for g in usable if g.fully_free]
-        if policy == "random":
-            chosen = rng.sample(free, req.num_gpus)
-        else:
-            chosen = free[: req.num_gpus]
+        chosen = rng.sample(free, req.num_gpus) if policy == "random" else free[: req.num_gpus]
         return tuple(sorted(g.index for g in chosen))
     fits = [g for g in usable if _gpu_fits(g.state(), req)]
     if want is not None:
@@ -403,14 +433,22 @@ def _pick_gpus(node: Node, req: Request, policy: str, want: GpuState | None, rng
         return (rng.choice(fits).index,)
     if policy == "worst_fit":
         return (max(fits, key=lambda g: (g.milli_free, -g.index)).index,)
-    if policy in ("best_fit", "fgd"):
+    if policy == "best_fit" or policy in _FGD_POLICIES:
         return (min(fits, key=lambda g: (g.milli_free, g.index)).index,)
     return (fits[0].index,)
 
 
 def apply_placement(node: Node, placement: Placement) -> None:
-    """Take a placement's resources from ``node`` (raises ValueError rather than over-commit)."""
+    """Take a placement's resources from ``node`` (raises ValueError, changing nothing, rather than
+    over-commit)."""
     by_index = {g.index: g for g in node.gpus}
+    if placement.node != node.name:
+        raise ValueError(f"placement is for {placement.node}, not {node.name}")
+    if len(set(placement.gpu_indices)) != len(placement.gpu_indices):
+        raise ValueError(f"{node.name}: a GPU appears twice in the placement")
+    unknown = [i for i in placement.gpu_indices if i not in by_index]
+    if unknown:
+        raise ValueError(f"{node.name}: no GPU with index {unknown[0]}")
     if node.cpu_free_milli < placement.cpu_milli:
         raise ValueError(f"{node.name}: not enough CPU")
     if node.memory_free_mib is not None and node.memory_free_mib < placement.memory_mib:
@@ -451,15 +489,18 @@ def release_placement(node: Node, placement: Placement) -> None:
                 g.memory_free_mib += placement.gpu_memory_mib
 
 
-# ---- the allocator -----------------------------------------------------------------------------------------------
+# ---- the allocator -------------------------------------------------------------------------------
 
 
 class Allocator:
     """Places requests one after another on a pool, keeping its own bookkeeping in step.
 
     ``nodes`` are used in place: :meth:`commit` / :meth:`release` change them. After changing a node from the
-    outside, call :meth:`refresh` with its position. ``tie_break`` decides between equally good nodes:
-    ``"index"`` takes the first in ``nodes`` order, ``"random"`` a random one (seeded by ``seed``).
+    outside (health, an allocation made elsewhere), call :meth:`refresh` with its position.
+
+    ``tie_break`` decides between equally good nodes: ``"index"`` takes the first in ``nodes`` order,
+    ``"random"`` a random one (seeded by ``seed``). ``pack_weight`` only concerns ``fgd``: see
+    :data:`DEFAULT_PACK_WEIGHT`.
     """
 
     def __init__(
@@ -470,17 +511,21 @@ class Allocator:
         *,
         seed: int | None = None,
         tie_break: str = "index",
+        pack_weight: float | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-        if policy == "fgd" and workload is None:
-            raise ValueError("the fgd policy needs a target workload")
+        if policy in _FGD_POLICIES and workload is None:
+            raise ValueError(f"the {policy} policy needs a target workload")
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"unknown tie_break {tie_break!r}; one of {', '.join(TIE_BREAKS)}")
         self.nodes: list[Node] = list(nodes)
         self.policy = policy
         self.workload = workload
         self.tie_break = tie_break
+        if policy == "fgd_pure":
+            pack_weight = 0.0
+        self.pack_weight = DEFAULT_PACK_WEIGHT if pack_weight is None else float(pack_weight)
         self._rng = random.Random(seed)
         self._index_by_name = {n.name: i for i, n in enumerate(self.nodes)}
         # Capacity per node, for best/worst-fit normalisation: (cpu, gpu milli).
@@ -491,15 +536,21 @@ class Allocator:
             self._capacity.append((max(cpu_cap, 1), gpu_cap))
         self._rebuild()
 
-    # -- bookkeeping -----------------------------------------------------------------------------------------
+    # -- bookkeeping --------------------------------------------------------------------------------------
 
     def _rebuild(self) -> None:
         # A group is (capacity, state): the nodes in it are interchangeable for every policy.
         self._group_ids: dict[tuple[tuple[int, int], NodeState], int] = {}
         self._group_keys: list[tuple[tuple[int, int], NodeState]] = []
         self._members: dict[int, set[int]] = {}
+        # Per group: (free GPU milli in all, fully free cards, most free milli on one card); read often.
+        self._group_gpu: list[tuple[int, int, int]] = []
+        # Live groups by the most free compute any of their GPUs has, so that a GPU request only looks at
+        # groups that might take it (late in a busy pool that is a small share of them).
+        self._by_top: dict[int, dict[int, None]] = {}
+        self._tops: list[int] = []
         self._node_group: list[int | None] = [None] * len(self.nodes)
-        self._scores: dict[Request, dict[int, Any]] = {}
+        self._scores: dict[Request, dict[int, float | None]] = {}
         for i in range(len(self.nodes)):
             self._enter(i)
 
@@ -514,9 +565,19 @@ class Allocator:
             gid = len(self._group_keys)
             self._group_ids[key] = gid
             self._group_keys.append(key)
+            gpus = key[1][3]
+            self._group_gpu.append(
+                (sum(g[0] for g in gpus), sum(1 for g in gpus if g[2]), max((g[0] for g in gpus), default=0))
+            )
         members = self._members.get(gid)
         if members is None:
             members = self._members[gid] = set()
+            top = self._group_gpu[gid][2]
+            bucket = self._by_top.get(top)
+            if bucket is None:
+                bucket = self._by_top[top] = {}
+                insort(self._tops, top)
+            bucket[gid] = None
         members.add(i)
         self._node_group[i] = gid
 
@@ -528,105 +589,170 @@ class Allocator:
         members.discard(i)
         if not members:
             del self._members[gid]
+            del self._by_top[self._group_gpu[gid][2]][gid]
         self._node_group[i] = None
 
+    def _maybe_shrink(self) -> None:
+        if len(self._group_keys) > _MAX_STATES or len(self._scores) > _MAX_REQUEST_SHAPES:
+            self._rebuild()
+
     def refresh(self, node_index: int) -> None:
-        """Re-read one node after it was changed outside the allocator (health, external allocation)."""
+        """Re-read one node after it was changed outside the allocator."""
         self._leave(node_index)
         self._enter(node_index)
-        if len(self._group_keys) > _MAX_STATES:
-            self._rebuild()
+        self._maybe_shrink()
 
     def index_of(self, node_name: str) -> int:
         return self._index_by_name[node_name]
 
-    # -- scoring -----------------------------------------------------------------------------------------------
+    # -- scoring ------------------------------------------------------------------------------------------
 
-    def _evaluate(self, gid: int, req: Request) -> tuple[float, GpuState | None] | None:
-        """Score of placing ``req`` on a node of group ``gid`` (lower is better), or None when it does not fit."""
-        capacity, state = self._group_keys[gid]
-        if not _feasible(state, req):
+    def _fits(self, gid: int, req: Request) -> bool:
+        state = self._group_keys[gid][1]
+        if not _node_admits(state, req):
+            return False
+        if not req.num_gpus:
+            return True
+        _free, full_cards, top = self._group_gpu[gid]
+        if req.exclusive:
+            return full_cards >= req.num_gpus
+        return top >= req.gpu_milli and (not req.gpu_memory_mib or _feasible(state, req))
+
+    def _fgd(self, gid: int, req: Request) -> tuple[float, GpuState | None]:
+        """Growth of expected fragmentation (plus the packing term) and the card to use for a share."""
+        wl = self.workload
+        assert wl is not None
+        state = self._group_keys[gid][1]
+        before = wl._state_frag(state)
+        cpu, mem, model, _gpus = state
+        host = wl._host_weights(cpu - req.cpu_milli, mem - req.memory_mib, model)
+        best = math.inf
+        best_gpu: GpuState | None = None
+        for used, gpus_after in _after(state, req):
+            val = wl._combine(host, gpus_after)
+            # Candidates come tightest card first; keep it unless a looser one is strictly better.
+            if val < best - _EPS:
+                best, best_gpu = val, used
+        score = best - before
+        if self.pack_weight:
+            score += self.pack_weight * (self._group_gpu[gid][0] - req.gpu_demand_milli) / FULL_MILLI
+        return score, best_gpu
+
+    def _score(self, gid: int, req: Request) -> float | None:
+        """Score of placing ``req`` on a node of group ``gid`` (lower is better); None if it does not fit."""
+        if not self._fits(gid, req):
             return None
         policy = self.policy
+        if policy in _FGD_POLICIES:
+            return self._fgd(gid, req)[0]
         if policy in ("first_fit", "random"):
-            return (0.0, None)
-        if policy == "fgd":
-            wl = self.workload
-            assert wl is not None
-            before = wl._state_frag(state)
-            cpu, mem, model, _gpus = state
-            host = wl._host_weights(cpu - req.cpu_milli, mem - req.memory_mib, model)
-            best = math.inf
-            best_gpu: GpuState | None = None
-            for used, gpus_after in _after(state, req):
-                val = wl._combine(host, gpus_after)
-                # Candidates come tightest card first; keep it unless a looser one is strictly better.
-                if val < best - _EPS:
-                    best, best_gpu = val, used
-            return (best - before, best_gpu)
-        cpu_cap, gpu_cap = capacity
-        cpu_left = (state[0] - req.cpu_milli) / cpu_cap
-        gpu_free = sum(g[0] for g in state[3])
-        gpu_left = (gpu_free - req.gpu_demand_milli) / gpu_cap if gpu_cap else 0.0
-        left = cpu_left + gpu_left
-        return (left if policy == "best_fit" else -left, None)
+            return 0.0
+        (cpu_cap, gpu_cap), state = self._group_keys[gid]
+        left = (state[0] - req.cpu_milli) / cpu_cap
+        if gpu_cap:
+            left += (self._group_gpu[gid][0] - req.gpu_demand_milli) / gpu_cap
+        return left if policy == "best_fit" else -left
 
-    def choose(self, request: Request) -> Placement | None:
-        """The placement the policy picks for ``request``, without taking anything; None when nothing fits."""
+    def _cache(self, request: Request) -> dict[int, float | None]:
         cache = self._scores.get(request)
         if cache is None:
             cache = self._scores[request] = {}
-        best_score = math.inf
-        tied: list[int] = []
-        evaluate = self._evaluate
-        for gid in self._members:
-            res = cache.get(gid, _MISS)
-            if res is _MISS:
-                res = cache[gid] = evaluate(gid, request)
-            if res is None:
+        return cache
+
+    def _sample_feasible(self, request: Request) -> int | None:
+        """A node drawn uniformly from those that can take ``request``: a few random draws usually find one
+        (rejection sampling keeps the draw uniform); a full scan settles the rare remainder."""
+        cache = self._cache(request)
+        rng = self._rng
+        n = len(self.nodes)
+        for _ in range(_RANDOM_DRAWS if n else 0):
+            i = rng.randrange(n)
+            gid = self._node_group[i]
+            if gid is None:
                 continue
-            score = res[0]
-            if score < best_score - _EPS:
-                best_score = score
-                tied = [gid]
-            elif score <= best_score + _EPS:
-                tied.append(gid)
-        if not tied:
+            s = cache.get(gid, _MISS)
+            if s is _MISS:
+                s = cache[gid] = self._score(gid, request)
+            if s is not None:
+                return i
+        _best, feasible = self._best_groups(request)
+        if not feasible:
             return None
-        if self.policy == "random" or (self.tie_break == "random" and self.policy != "first_fit"):
-            weights = [len(self._members[g]) for g in tied]
-            gid = self._rng.choices(tied, weights)[0] if len(tied) > 1 else tied[0]
-            node_index = self._rng.choice(tuple(self._members[gid]))
+        gid = rng.choices(feasible, [len(self._members[g]) for g in feasible])[0]
+        return rng.choice(tuple(self._members[gid]))
+
+    def _best_groups(self, request: Request) -> tuple[float, list[int]]:
+        """The lowest score and every group that reaches it (within rounding)."""
+        cache = self._cache(request)
+        get = cache.get
+        score_of = self._score
+        best = lo = hi = math.inf
+        tied: list[int] = []
+        if request.num_gpus == 0:
+            sources: Iterable[Iterable[int]] = (self._members,)
         else:
-            node_index = min(min(self._members[g]) for g in tied)
-            gid = self._node_group[node_index]
-            assert gid is not None
-        want = cache[gid][1]
+            tops = self._tops
+            sources = [self._by_top[t] for t in tops[bisect_left(tops, request.gpu_milli) :]]
+        # The hot loop of every decision: one cached score per distinct node state.
+        for source in sources:
+            for gid in source:
+                s = get(gid, _MISS)
+                if s is _MISS:
+                    s = cache[gid] = score_of(gid, request)
+                if s is None or s > hi:
+                    continue
+                if s < lo:
+                    best, lo, hi = s, s - _EPS, s + _EPS
+                    tied = [gid]
+                else:
+                    tied.append(gid)
+        return best, tied
+
+    def choose(self, request: Request) -> Placement | None:
+        """The placement the policy picks for ``request``, without taking anything; None when nothing fits."""
+        if self.policy == "random":
+            best = 0.0
+            picked = self._sample_feasible(request)
+            if picked is None:
+                return None
+            node_index = picked
+        else:
+            best, tied = self._best_groups(request)
+            if not tied:
+                return None
+            if self.tie_break == "random" and self.policy != "first_fit":
+                gid = tied[0]
+                if len(tied) > 1:
+                    gid = self._rng.choices(tied, [len(self._members[g]) for g in tied])[0]
+                node_index = self._rng.choice(tuple(self._members[gid]))
+            else:
+                node_index = min(min(self._members[g]) for g in tied)
+        gid = self._node_group[node_index]
+        assert gid is not None
+        want = self._fgd(gid, request)[1] if self.policy in _FGD_POLICIES and request.fractional else None
         node = self.nodes[node_index]
-        gpu_indices = _pick_gpus(node, request, self.policy, want, self._rng)
         return Placement(
             node=node.name,
             node_index=node_index,
-            gpu_indices=gpu_indices,
+            gpu_indices=_pick_gpus(node, request, self.policy, want, self._rng),
             gpu_milli=request.gpu_milli if request.num_gpus else 0,
             gpu_memory_mib=request.gpu_memory_mib,
             cpu_milli=request.cpu_milli,
             memory_mib=request.memory_mib,
             exclusive=request.exclusive,
             policy=self.policy,
-            score=best_score,
+            score=best,
         )
 
     def commit(self, placement: Placement) -> None:
-        """Take the placement's resources from its node."""
+        """Take the placement's resources from its node (ValueError, nothing taken, if they are not free)."""
         i = placement.node_index
         self._leave(i)
         try:
             apply_placement(self.nodes[i], placement)
         finally:
             self._enter(i)
-        if len(self._group_keys) > _MAX_STATES:
-            self._rebuild()
+        self._maybe_shrink()
 
     def place(self, request: Request) -> Placement | None:
         """Choose and commit in one step."""
@@ -639,12 +765,15 @@ class Allocator:
         """Give a placement's resources back (the job ended)."""
         i = placement.node_index
         self._leave(i)
-        release_placement(self.nodes[i], placement)
-        self._enter(i)
+        try:
+            release_placement(self.nodes[i], placement)
+        finally:
+            self._enter(i)
+        self._maybe_shrink()
 
     def fragmentation(self, workload: Workload | None = None) -> float:
-        """Expected fragmented GPU compute of the pool (milli-GPUs)."""
-        wl = workload or self.workload
+        """Expected fragmented GPU compute of the eligible nodes (milli-GPUs)."""
+        wl = self.workload if workload is None else workload
         if wl is None:
             raise ValueError("fragmentation needs a workload")
         return math.fsum(wl._state_frag(self._group_keys[g][1]) * len(m) for g, m in self._members.items())
@@ -658,9 +787,11 @@ def choose(
     *,
     seed: int | None = None,
     tie_break: str = "index",
+    pack_weight: float | None = None,
 ) -> Placement | None:
     """One placement decision over ``nodes`` (left unchanged); None when the request fits nowhere.
 
     Apply the answer with :func:`apply_placement` (or through the pool service's ledger).
     """
-    return Allocator(nodes, policy, workload, seed=seed, tie_break=tie_break).choose(request)
+    alloc = Allocator(nodes, policy, workload, seed=seed, tie_break=tie_break, pack_weight=pack_weight)
+    return alloc.choose(request)
