@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from cluster import placement as policy
 from cluster.inventory import NodeInfo
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
 from cluster.probes import probe_gpu
@@ -187,26 +188,37 @@ def _choose_whole(cards: list[CardState], count: int, prefer_rack: str | None) -
     return sorted(free, key=lambda c: c.gpu.index)[:count]
 
 
-def _choose_share(cards: list[CardState], milli: int, memory_for) -> list[CardState]:
-    """Candidate cards for one slice, best first: the card whose fragmentation grows least."""
-    candidates = [
-        c for c in cards if not c.exclusive_held and c.free_milli >= milli and c.free_memory >= memory_for(c.gpu)
-    ]
-    return sorted(candidates, key=lambda c: (_fragmentation_growth(c.free_milli, milli), c.free_milli,
-                                             c.gpu.node.name, c.gpu.index))
+def _share_workload() -> policy.Workload:
+    """The request mix the pool serves, one shape per enabled spec (whole cards for the guaranteed tier)."""
+    from quotas.models import ResourceSpec
+
+    shapes: dict[policy.Request, float] = {}
+    for spec in ResourceSpec.objects.filter(enabled=True):
+        if spec.exclusive:
+            shapes[policy.Request.whole(spec.gpu_count, cpu_milli=0, memory_mib=0)] = 1.0
+        else:
+            shapes[policy.Request.fraction(spec.gpu_milli, cpu_milli=0, memory_mib=0)] = 1.0
+    return policy.Workload(shapes or {policy.Request.fraction(250, cpu_milli=0, memory_mib=0): 1.0})
 
 
-# The request shapes the pool serves (shared, performance, whole card) with their weights; a card's free
-# compute counts as fragmented for a shape that can no longer fit on it (the FGD idea, per card).
-SHARE_WORKLOAD = ((250, 0.5), (750, 0.2), (1000, 0.3))
-
-
-def _card_fragmentation(free_milli: int) -> float:
-    return sum(weight * free_milli for size, weight in SHARE_WORKLOAD if size > free_milli)
-
-
-def _fragmentation_growth(free_milli: int, milli: int) -> float:
-    return _card_fragmentation(free_milli - milli) - _card_fragmentation(free_milli)
+def _choose_share(cards: list[CardState], milli: int, memory_for) -> CardState | None:
+    """The card for one slice: the benchmarked FGD policy over the eligible cards (fragmentation grows least)."""
+    by_node: dict[str, list[CardState]] = defaultdict(list)
+    for card in cards:
+        by_node[card.gpu.node.name].append(card)
+    nodes, lookup = [], {}
+    for name, node_cards in sorted(by_node.items()):
+        gpus = []
+        for card in node_cards:
+            fits = not card.exclusive_held and card.free_memory >= memory_for(card.gpu)
+            gpus.append(policy.GPU(index=card.gpu.index, milli_free=max(0, card.free_milli), eligible=fits))
+            lookup[(name, card.gpu.index)] = card
+        nodes.append(policy.Node(name=name, cpu_free_milli=1 << 30, gpus=gpus))
+    request = policy.Request.fraction(milli, cpu_milli=0, memory_mib=0)
+    placement = policy.choose("fgd", nodes, request, _share_workload())
+    if placement is None:
+        return None
+    return lookup[(placement.node, placement.gpu_indices[0])]
 
 
 def slices_place(*, job, attempt) -> list[LogicalDevice]:
@@ -241,16 +253,18 @@ def slices_place(*, job, attempt) -> list[LogicalDevice]:
                 chosen.append((card, 1000, card.gpu.memory_mib))
     else:
         for _replica in range(job.replicas):
-            for card in _choose_share(cards, job.gpu_milli, lambda g: _slice_memory(job, g)):
+            while True:
+                card = _choose_share(cards, job.gpu_milli, lambda g: _slice_memory(job, g))
+                if card is None:
+                    raise NoPlacement("no_capacity", "no GPU has the compute and memory free for this share")
                 if _first_failed_probe([card]) is None:
-                    memory = _slice_memory(job, card.gpu)
-                    chosen.append((card, job.gpu_milli, memory))
-                    card.free_milli -= job.gpu_milli
-                    card.free_memory -= memory
                     break
                 cards = [c for c in cards if c is not card]
-            else:
-                raise NoPlacement("no_capacity", "no GPU has the compute and memory free for this share")
+            memory = _slice_memory(job, card.gpu)
+            chosen.append((card, job.gpu_milli, memory))
+            card.free_milli -= job.gpu_milli
+            card.free_memory -= memory
+            card.live.append(LogicalDevice(compute_milli=job.gpu_milli, memory_mib=memory))
     devices = []
     now = timezone.now()
     for card, milli, memory in chosen:

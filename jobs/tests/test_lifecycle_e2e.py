@@ -212,3 +212,19 @@ def test_failed_probe_falls_through_to_the_next_gpu(platform, settings, tmp_path
     assert device.gpu_id != first.id
     first.refresh_from_db()
     assert first.health == "suspect"
+
+
+def test_shares_pack_onto_the_card_that_fragments_least(platform):
+    """A 3/4 share fills the card a 1/4 share already uses, keeping the other cards whole for exclusive jobs."""
+    from quotas.models import Queue
+
+    train = Queue.objects.get(name="train").id
+    small = submit(platform, spec="shared", command=["true"])
+    services.queue_dispatch(queue_id=train)
+    first_gpu = reload(small).attempts.get().slices.get().gpu_id
+    big = submit(platform, spec="performance", command=["true"])
+    services.queue_dispatch(queue_id=train)
+    assert reload(big).attempts.get().slices.get().gpu_id == first_gpu
+    whole = submit(platform, spec="guaranteed", command=["true"])
+    services.queue_dispatch(queue_id=train)
+    assert reload(whole).attempts.get().slices.get().gpu_id != first_gpu
