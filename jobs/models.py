@@ -8,7 +8,9 @@ from django.db.models import Q
 
 from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 
-TERMINAL_VALUES = [s.value for s in TERMINAL]
+# Sorted: a frozenset's order changes between processes and would make migrations flap.
+TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
+FINISHED_VALUES = sorted(s.value for s in ATTEMPT_FINISHED)
 
 
 class Job(models.Model):
@@ -143,8 +145,8 @@ class Attempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
             models.CheckConstraint(
-                condition=Q(state__in=[s.value for s in ATTEMPT_FINISHED], ended_at__isnull=False)
-                | (~Q(state__in=[s.value for s in ATTEMPT_FINISHED]) & Q(ended_at__isnull=True)),
+                condition=Q(state__in=FINISHED_VALUES, ended_at__isnull=False)
+                | (~Q(state__in=FINISHED_VALUES) & Q(ended_at__isnull=True)),
                 name="attempt_finished_iff_ended",
             ),
         ]
