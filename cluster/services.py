@@ -287,6 +287,8 @@ def slices_place(*, job, attempt) -> list[LogicalDevice]:
 
 def _first_failed_probe(cards: list[CardState]) -> CardState | None:
     for card in cards:
+        if card.gpu.node.backend != "local":
+            continue  # cluster cards are probed by their node's device plugin and the health monitor, not from here
         result = probe_gpu(uuid=card.gpu.uuid, emulated=card.gpu.node.emulated)
         if not result.ok:
             gpu_mark_suspect(gpu=card.gpu, reason=result.reason)

@@ -1,0 +1,774 @@
+"""The Volcano backend: attempts run as `batch.volcano.sh` Jobs on Kubernetes, through the official client.
+
+- `submit` creates one Volcano Job per attempt under a deterministic name; a repeated submit (or a retry
+  after a timeout whose create did go through) meets 409 AlreadyExists and is a no-op.
+- `observe` reads, per namespace, every platform-managed Volcano Job and pod in one list each (plus the
+  PodGroups and events only when something is pending), maps Volcano phases and pod exit codes/reasons to
+  `Observation`s for the classifier, explains pending jobs, and copies new pod log lines into the log store.
+- `cancel` deletes the job in the foreground: it disappears only after its pods are gone, and only then
+  does the attempt end (and its GPUs go back to the pool).
+- `queue_sync` keeps one cluster-scoped Volcano Queue per platform queue; `inventory` reads GPU nodes;
+  `tensorboard_expose` / `tensorboard_remove` manage a Service and an Ingress per job.
+
+Every API call is retried with exponential backoff and jitter on 429 (honouring Retry-After), 5xx, timeouts
+and refused or dropped connections. Only reads, deletes and creates of deterministically named objects are
+retried, so a retry can never leave a duplicate.
+
+Connection (first match wins): `TRAINYARD_K8S_API_URL` (a plain URL such as `kubectl proxy`'s, or the
+fake API server in tests), `TRAINYARD_K8S_KUBECONFIG`, the in-cluster service account, `~/.kube/config`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+import urllib3
+from django.conf import settings
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+from cluster.inventory import GpuInfo, NodeInfo
+from jobs import logstore
+from jobs.backends import volcano_render as render
+from jobs.backends.base import AttemptDescription, Observation
+
+log = structlog.get_logger(__name__)
+JSON = dict[str, Any]
+T = TypeVar("T")
+
+REF_PREFIX = "volcano:"
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+FINISHED_PHASES = frozenset({"Completed", "Failed", "Terminated", "Aborted"})
+STOPPING_PHASES = frozenset({"Terminating", "Completing", "Aborting", "Restarting"})
+# Container waiting reasons that will not clear up on their own.
+STUCK_REASONS = frozenset({
+    "ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError",
+})
+SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
+LOG_LIMIT_BYTES = 8 * 1024 * 1024
+LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
+QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
+
+
+class VolcanoError(RuntimeError):
+    """The cluster refused a request in a way retrying cannot fix."""
+
+
+@dataclass(frozen=True)
+class VolcanoConfig:
+    render: render.RenderOptions
+    request_timeout_s: float = 15.0
+    retries: int = 5
+    backoff_s: float = 0.2
+    backoff_max_s: float = 10.0
+    start_timeout_s: int = 600
+    system_namespace: str = "trainyard"
+    tb_base_domain: str = ""
+    tb_ingress_class: str = ""
+    tb_auth_url: str = ""
+    tb_tls_secret: str = ""
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """`volcano:<namespace>/<job name>` → (namespace, name)."""
+    if not ref.startswith(REF_PREFIX) or "/" not in ref:
+        raise ValueError(f"not a Volcano backend reference: {ref!r}")
+    namespace, name = ref[len(REF_PREFIX):].split("/", 1)
+    return namespace, name
+
+
+def _attempt_of(name: str) -> tuple[str, int]:
+    """(job id, attempt number) from a `ty-<hex>-<n>` job name."""
+    _, hex_id, number = name.split("-", 2)
+    return str(uuid.UUID(hex=hex_id)), int(number)
+
+
+def _api_client_from_settings() -> k8s.ApiClient:
+    if settings.TRAINYARD_K8S_API_URL:
+        configuration = k8s.Configuration(host=settings.TRAINYARD_K8S_API_URL)
+        configuration.proxy = None
+        return k8s.ApiClient(configuration)
+    if settings.TRAINYARD_K8S_KUBECONFIG:
+        return k8s_config.new_client_from_config(config_file=str(settings.TRAINYARD_K8S_KUBECONFIG),
+                                                 context=settings.TRAINYARD_K8S_CONTEXT or None)
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        return k8s_config.new_client_from_config(context=settings.TRAINYARD_K8S_CONTEXT or None)
+    return k8s.ApiClient(configuration)
+
+
+class VolcanoBackend:
+    name = "volcano"
+
+    def __init__(self, api_client: k8s.ApiClient, config: VolcanoConfig):
+        self.api_client = api_client
+        self.config = config
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.networking = k8s.NetworkingV1Api(api_client)
+
+    @classmethod
+    def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
+        options = render.RenderOptions(
+            sharing=settings.TRAINYARD_K8S_SHARING,
+            ttl_s=settings.TRAINYARD_K8S_TTL_S,
+            priority_class=settings.TRAINYARD_K8S_PRIORITY_CLASS,
+            grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
+            run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
+            service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
+            image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
+            shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
+            tensorboard_image=settings.TRAINYARD_TB_IMAGE,
+            rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
+        )
+        config = VolcanoConfig(
+            render=options,
+            request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
+            retries=settings.TRAINYARD_K8S_RETRIES,
+            start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
+            system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
+            tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
+            tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
+            tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
+            tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
+        )
+        return cls(api_client or _api_client_from_settings(), config)
+
+    # ------------------------------------------------------------------------------------------- API calls
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One API call, retried on throttling, server errors, timeouts and connection failures."""
+        delay = self.config.backoff_s
+        for attempt in range(self.config.retries + 1):
+            try:
+                return fn(*args, _request_timeout=self.config.request_timeout_s, **kwargs)
+            except ApiException as exc:
+                if exc.status not in RETRYABLE_STATUS or attempt == self.config.retries:
+                    raise
+                wait = _retry_after(exc) or delay
+                problem = f"HTTP {exc.status}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt == self.config.retries:
+                    raise
+                wait, problem = delay, type(exc).__name__
+            wait = min(wait, self.config.backoff_max_s) * random.uniform(0.8, 1.2)
+            log.warning("k8s_call_retry", call=what, attempt=attempt + 1, problem=problem, wait_s=round(wait, 2))
+            time.sleep(wait)
+            delay = min(delay * 2, self.config.backoff_max_s)
+        raise AssertionError("unreachable")
+
+    def _raw(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON:
+        """A core API read as plain JSON (camelCase, like the manifests), not the client's models."""
+        response = self._call(what, fn, *args, _preload_content=False, **kwargs)
+        try:
+            return json.loads(response.data)
+        finally:
+            response.release_conn()
+
+    # ------------------------------------------------------------------------------------------- submit
+
+    def submit(self, desc: AttemptDescription) -> str:
+        nodes = sorted({d.node for d in desc.devices if d.node})
+        node_labels = self._node_labels(nodes) if desc.replicas > 1 else {}
+        manifest = render.render_job(desc, self.config.render, node_labels=node_labels)
+        name, namespace = manifest["metadata"]["name"], desc.namespace
+        ref = f"{REF_PREFIX}{namespace}/{name}"
+        group, version, plural = render.JOB_API
+        try:
+            self._call("create_job", self.custom.create_namespaced_custom_object, group, version, namespace, plural,
+                       manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                existing = self._call("get_job", self.custom.get_namespaced_custom_object, group, version,
+                                      namespace, plural, name)
+                owner = (existing.get("metadata", {}).get("labels") or {}).get(render.LABEL_ATTEMPT_ID)
+                if owner != str(desc.attempt_id):
+                    raise VolcanoError(f"Volcano job {namespace}/{name} already exists for another attempt "
+                                       f"({owner})") from None
+                log.info("volcano_job_exists", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref)
+                return ref
+            raise VolcanoError(f"Kubernetes refused the Volcano job {namespace}/{name}: {_message(exc)}") from None
+        log.info("volcano_job_created", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref,
+                 queue=desc.volcano_queue)
+        return ref
+
+    def _node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+        labels: dict[str, dict[str, str]] = {}
+        for node in nodes:
+            try:
+                body = self._raw("read_node", self.core.read_node, node)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            labels[node] = dict((body.get("metadata") or {}).get("labels") or {})
+        return labels
+
+    # ------------------------------------------------------------------------------------------- observe
+
+    def observe(self, refs: list[str]) -> dict[str, Observation]:
+        by_namespace: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for ref in refs:
+            namespace, name = parse_ref(ref)
+            by_namespace[namespace].append((ref, name))
+        result: dict[str, Observation] = {}
+        for namespace, wanted in sorted(by_namespace.items()):
+            try:
+                result.update(self._observe_namespace(namespace, wanted))
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                # Never report "lost" on a failed read: these attempts are simply not observed this round.
+                log.warning("volcano_observe_failed", namespace=namespace, error=str(exc)[:300])
+        return result
+
+    def _observe_namespace(self, namespace: str, wanted: list[tuple[str, str]]) -> dict[str, Observation]:
+        group, version, plural = render.JOB_API
+        jobs = {j["metadata"]["name"]: j for j in self._call(
+            "list_jobs", self.custom.list_namespaced_custom_object, group, version, namespace, plural,
+            label_selector=SELECTOR)["items"]}
+        pods_by_job: dict[str, list[JSON]] = defaultdict(list)
+        for pod in self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=SELECTOR)["items"]:
+            pods_by_job[(pod["metadata"].get("labels") or {}).get("volcano.sh/job-name", "")].append(pod)
+        context = _NamespaceContext(self, namespace)
+        result: dict[str, Observation] = {}
+        for ref, name in wanted:
+            job = jobs.get(name)
+            if job is None:
+                self._collect_logs(name, [], final=True)
+                result[ref] = Observation(phase="lost", reason="Lost",
+                                          message=f"the Volcano job {namespace}/{name} no longer exists")
+                continue
+            pods = [p for p in pods_by_job.get(name, []) if _owned_by(p, job)]
+            obs = self._observation(job, pods, context)
+            self._collect_logs(name, pods, final=obs.finished)
+            if obs.finished and _phase(job) not in FINISHED_PHASES and not job["metadata"].get("deletionTimestamp"):
+                # The platform gave up on it (stuck pulling an image, unschedulable): stop what is left.
+                self._delete_job(namespace, name, propagation="Background")
+            result[ref] = obs
+        return result
+
+    def _observation(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
+        meta = job["metadata"]
+        phase = _phase(job)
+        node = _main_node(pods)
+        if meta.get("deletionTimestamp"):
+            return Observation(phase="pending", node=node)  # being stopped: it ends when it is gone
+        if phase == "Completed":
+            return Observation(phase="succeeded", exit_code=0, reason="Completed", node=node)
+        if phase in FINISHED_PHASES:
+            return self._failure(job, pods, context)
+        if phase == "Running" or phase in STOPPING_PHASES:
+            return Observation(phase="running", node=node)
+        return self._pending(job, pods, context)
+
+    def _failure(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
+        failed = sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Failed"), key=_finished_at)
+        multi = len(pods) > 1 or _replicas(job) > 1
+        if failed:
+            pod = failed[0]
+            status = pod.get("status") or {}
+            terminated = _main_state(pod).get("terminated") or {}
+            reason = status.get("reason") or terminated.get("reason") or "Error"
+            message = status.get("message") or terminated.get("message") or ""
+            if multi:
+                message = f"{_short_pod_name(pod)}: {message or reason}"
+            return Observation(phase="failed", exit_code=terminated.get("exitCode"), reason=reason,
+                               message=message[:1000], node=(pod.get("spec") or {}).get("nodeName", ""))
+        state = (job.get("status") or {}).get("state") or {}
+        reason = "Preempted" if context.pods_preempted(job["metadata"]["name"]) else "Evicted"
+        message = state.get("message") or (
+            f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})")
+        return Observation(phase="failed", reason=reason, message=message, node=_main_node(pods))
+
+    def _pending(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
+        now = datetime.now(UTC)
+        for pod in pods:
+            waiting = _main_state(pod).get("waiting") or {}
+            if waiting.get("reason") in STUCK_REASONS:
+                detail = f"{_short_pod_name(pod)}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
+                if _age_s(pod, now) >= self.config.start_timeout_s:
+                    return Observation(phase="failed", reason=waiting["reason"], message=detail[:1000],
+                                       node=(pod.get("spec") or {}).get("nodeName", ""))
+                return Observation(phase="pending", message=detail[:1000])
+        for pod in pods:
+            unschedulable = _condition(pod, "PodScheduled")
+            if unschedulable and unschedulable.get("status") == "False":
+                detail = f"{_short_pod_name(pod)} cannot be scheduled: {unschedulable.get('message', '')}"
+                if _age_s(pod, now) >= self.config.start_timeout_s:
+                    return Observation(phase="failed", reason="Unschedulable", message=detail[:1000])
+                return Observation(phase="pending", message=detail[:1000])
+        if any((p.get("status") or {}).get("phase") == "Running" for p in pods) or (
+                pods and all((p.get("spec") or {}).get("nodeName") for p in pods)):
+            return Observation(phase="pending", message="")  # scheduled: containers are starting
+        return Observation(phase="pending", message=context.explain_pending(job))
+
+    # ------------------------------------------------------------------------------------------- logs
+
+    def _collect_logs(self, name: str, pods: list[JSON], *, final: bool) -> None:
+        started = [p for p in pods if _main_state(p) and "waiting" not in _main_state(p)]
+        if not started and not final:
+            return
+        job_id, number = _attempt_of(name)
+        folder = logstore.attempt_dir(job_id, number)
+        folder.mkdir(parents=True, exist_ok=True)
+        with _locked(folder / ".k8s-logs.lock"):
+            state_path = folder / "k8s-logs.json"
+            try:
+                state = json.loads(state_path.read_text())
+            except (OSError, ValueError):
+                state = {}
+            writer: _CollectorWriter | None = None
+            prefix_needed = len(pods) > 1
+            for pod in sorted(started, key=_task_order):
+                meta = pod["metadata"]
+                main = _main_state(pod)
+                entry = state.get(meta["name"])
+                if entry is None or entry.get("uid") != meta.get("uid"):
+                    entry = state[meta["name"]] = {"uid": meta.get("uid"), "last": None, "at_last": 0, "done": False}
+                if entry["done"]:
+                    continue
+                lines, complete = self._read_pod_log(pod, entry)
+                if lines is None:
+                    continue
+                if lines:
+                    writer = writer or _CollectorWriter(folder)
+                    prefix = f"[{_short_pod_name(pod)}] " if prefix_needed else ""
+                    for text in lines:
+                        writer.write_line(prefix + text)
+                if complete and "terminated" in main:
+                    entry["done"] = True
+            if final:
+                (writer or _CollectorWriter(folder)).close()
+            elif writer is not None:
+                writer.release()
+            tmp = state_path.with_name(state_path.name + ".tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, state_path)
+
+    def _read_pod_log(self, pod: JSON, entry: JSON) -> tuple[list[str] | None, bool]:
+        """New lines of the pod's main container since the last copy, and whether the read was complete."""
+        meta = pod["metadata"]
+        last = _stamp(entry["last"]) if entry.get("last") else None
+        kwargs: dict[str, Any] = {"container": render.MAIN_CONTAINER, "timestamps": True,
+                                  "limit_bytes": LOG_LIMIT_BYTES}
+        if last is not None:
+            age = (datetime.now(UTC) - last[2]).total_seconds()
+            kwargs["since_seconds"] = max(1, math.ceil(age) + LOG_CLOCK_SLACK_S)
+        try:
+            response = self._call("read_pod_log", self.core.read_namespaced_pod_log, meta["name"],
+                                  meta["namespace"], _preload_content=False, **kwargs)
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or already gone
+                return None, False
+            raise
+        data: bytes = response.data
+        response.release_conn()
+        complete = len(data) < LOG_LIMIT_BYTES
+        if not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]  # keep a partial last line for the next read
+            complete = False
+        fresh: list[str] = []
+        seen_at_last = 0
+        at_last = int(entry.get("at_last") or 0)
+        for raw in data.splitlines():
+            stamp_text, _, text = raw.decode("utf-8", "replace").partition(" ")
+            stamp = _stamp(stamp_text)
+            if stamp is None:
+                text, stamp = raw.decode("utf-8", "replace"), last
+            key = stamp[:2] if stamp else None
+            last_key = last[:2] if last else None
+            if last_key is not None and key is not None and key < last_key:
+                continue
+            if last_key is not None and key == last_key:
+                seen_at_last += 1
+                if seen_at_last <= at_last:
+                    continue
+                at_last += 1
+            else:
+                last, at_last, seen_at_last = stamp, 1, 1
+                entry["last"] = stamp_text
+            fresh.append(text)
+        entry["at_last"] = at_last
+        return fresh, complete
+
+    def log_tail(self, ref: str, *, max_bytes: int = 65536) -> str:
+        _, name = parse_ref(ref)
+        job_id, number = _attempt_of(name)
+        return logstore.tail_text(logstore.attempt_dir(job_id, number), max_bytes)
+
+    # ------------------------------------------------------------------------------------------- stop
+
+    def cancel(self, ref: str, *, grace_s: float) -> None:
+        namespace, name = parse_ref(ref)
+        # Foreground: the Volcano job stays (being deleted) until its pods are gone, so the attempt ends and
+        # frees its GPUs only once nothing of it runs any more.
+        self._delete_job(namespace, name, propagation="Foreground")
+        log.info("volcano_job_cancelled", ref=ref)
+
+    def cleanup(self, ref: str) -> None:
+        namespace, name = parse_ref(ref)
+        self._delete_job(namespace, name, propagation="Background")
+
+    def _delete_job(self, namespace: str, name: str, *, propagation: str) -> None:
+        group, version, plural = render.JOB_API
+        try:
+            self._call("delete_job", self.custom.delete_namespaced_custom_object, group, version, namespace, plural,
+                       name, propagation_policy=propagation)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def live_refs(self) -> set[str]:
+        group, version, plural = render.JOB_API
+        items = self._call("list_all_jobs", self.custom.list_cluster_custom_object, group, version, plural,
+                           label_selector=SELECTOR)["items"]
+        return {f"{REF_PREFIX}{j['metadata']['namespace']}/{j['metadata']['name']}" for j in items
+                if _phase(j) not in FINISHED_PHASES or j["metadata"].get("deletionTimestamp")}
+
+    # ------------------------------------------------------------------------------------------- queues
+
+    def queue_sync(self, queue: Any) -> JSON:
+        """Create or update the Volcano Queue of a platform queue, and open or close it to match."""
+        wanted = render.render_queue(
+            name=queue.volcano_name, vector=queue.vector(), weight=queue.weight, priority=queue.priority,
+            fifo=queue.ordering == "fifo", sharing=self.config.render.sharing, platform_queue=queue.name)
+        group, version, plural = render.QUEUE_API
+        current: JSON | None = None
+        for _ in range(5):
+            try:
+                current = self._call("get_queue", self.custom.get_cluster_custom_object, group, version, plural,
+                                     queue.volcano_name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                try:
+                    current = self._call("create_queue", self.custom.create_cluster_custom_object, group, version,
+                                         plural, wanted)
+                    break
+                except ApiException as exc2:
+                    if exc2.status == 409:
+                        continue
+                    raise VolcanoError(f"Kubernetes refused queue {queue.volcano_name}: {_message(exc2)}") from None
+            spec = dict(current.get("spec") or {})
+            desired = {**spec, **wanted["spec"]}
+            labels = {**(current["metadata"].get("labels") or {}), **wanted["metadata"]["labels"]}
+            if desired == spec and labels == current["metadata"].get("labels"):
+                break
+            current["spec"], current["metadata"]["labels"] = desired, labels
+            try:
+                current = self._call("replace_queue", self.custom.replace_cluster_custom_object, group, version,
+                                     plural, queue.volcano_name, current)
+                break
+            except ApiException as exc:
+                if exc.status != 409:  # 409 here is a stale resourceVersion: read again and retry
+                    raise VolcanoError(f"Kubernetes refused queue {queue.volcano_name}: {_message(exc)}") from None
+        else:
+            raise VolcanoError(f"queue {queue.volcano_name} kept changing under us")
+        assert current is not None
+        volcano_state = (current.get("status") or {}).get("state") or "Open"
+        want_open = queue.state == "open"
+        uid = current["metadata"]["uid"]
+        if want_open and volcano_state != "Open":
+            self._queue_command(queue.volcano_name, uid, "OpenQueue")
+        elif not want_open and volcano_state not in ("Closed", "Closing"):
+            self._queue_command(queue.volcano_name, uid, "CloseQueue")
+        log.info("volcano_queue_synced", queue=queue.volcano_name, capability=wanted["spec"]["capability"],
+                 state=queue.state)
+        return current
+
+    def _queue_command(self, queue: str, uid: str, action: str) -> None:
+        group, version, plural = render.COMMAND_API
+        namespace = self.config.system_namespace
+        body = render.render_queue_command(queue=queue, uid=uid, action=action, namespace=namespace)
+        # A generated name: a retry after a lost answer may leave two commands, and opening or closing twice
+        # is harmless.
+        self._call("create_queue_command", self.custom.create_namespaced_custom_object, group, version, namespace,
+                   plural, body)
+
+    # ------------------------------------------------------------------------------------------- inventory
+
+    def inventory(self) -> list[NodeInfo]:
+        nodes = self._raw("list_nodes", self.core.list_node)["items"]
+        return [info for info in (node_info(n, self.config.render.rack_labels) for n in nodes) if info is not None]
+
+    # ------------------------------------------------------------------------------------------- tensorboard
+
+    def tensorboard_expose(self, *, job_id: str, namespace: str) -> str:
+        host = render.tensorboard_host(job_id, self.config.tb_base_domain)
+        service = render.render_tensorboard_service(job_id=job_id, namespace=namespace)
+        ingress = render.render_tensorboard_ingress(
+            job_id=job_id, namespace=namespace, host=host, ingress_class=self.config.tb_ingress_class,
+            auth_url=self.config.tb_auth_url, tls_secret=self.config.tb_tls_secret)
+        for what, fn, body in (("create_tb_service", self.core.create_namespaced_service, service),
+                               ("create_tb_ingress", self.networking.create_namespaced_ingress, ingress)):
+            try:
+                self._call(what, fn, namespace, body, _preload_content=False)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise VolcanoError(f"Kubernetes refused the TensorBoard route of job {job_id}: "
+                                       f"{_message(exc)}") from None
+        log.info("tensorboard_exposed", job_id=job_id, host=host)
+        return host
+
+    def tensorboard_remove(self, *, job_id: str, namespace: str) -> None:
+        name = render.tensorboard_name(job_id)
+        for what, fn in (("delete_tb_ingress", self.networking.delete_namespaced_ingress),
+                         ("delete_tb_service", self.core.delete_namespaced_service)):
+            try:
+                self._call(what, fn, name, namespace, _preload_content=False)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+class _NamespaceContext:
+    """PodGroups and events of one namespace, read at most once per observe pass and only when needed."""
+
+    def __init__(self, backend: VolcanoBackend, namespace: str):
+        self.backend = backend
+        self.namespace = namespace
+        self._podgroups: dict[str, JSON] | None = None
+        self._events: list[JSON] | None = None
+
+    def podgroups(self) -> dict[str, JSON]:
+        if self._podgroups is None:
+            group, version, plural = render.PODGROUP_API
+            items = self.backend._call("list_podgroups", self.backend.custom.list_namespaced_custom_object, group,
+                                       version, self.namespace, plural)["items"]
+            self._podgroups = {pg["metadata"]["name"]: pg for pg in items}
+        return self._podgroups
+
+    def events(self) -> list[JSON]:
+        if self._events is None:
+            items = self.backend._raw("list_events", self.backend.core.list_namespaced_event, self.namespace)["items"]
+            self._events = sorted(items, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or ""))
+        return self._events
+
+    def explain_pending(self, job: JSON) -> str:
+        """Why Volcano has not started the job: scheduler events on its PodGroup, then its conditions."""
+        meta = job["metadata"]
+        queue = (job.get("spec") or {}).get("queue", "")
+        pg_name = f"{meta['name']}-{meta.get('uid', '')}"
+        mine = [e for e in self.events() if (e.get("involvedObject") or {}).get("name") in (pg_name, meta["name"])]
+        messages = [str(e.get("message") or "") for e in mine]
+        for wanted in QUEUE_SCALE_MESSAGES:
+            if any(wanted in m for m in messages):
+                return f"waiting in Volcano queue {queue}: {wanted}"
+        podgroup = self.podgroups().get(pg_name) or {}
+        for condition in (podgroup.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
+                return f"waiting in Volcano queue {queue}: {condition.get('message') or condition.get('reason')}"
+        pending = [m for e, m in zip(mine, messages, strict=True) if e.get("reason") in ("PodGroupPending",
+                                                                                          "Unschedulable")]
+        if pending:
+            return f"waiting in Volcano queue {queue}: {pending[-1]}"
+        return ""
+
+    def pods_preempted(self, job_name: str) -> bool:
+        prefix = f"{job_name}-"
+        return any(
+            "preempt" in str(e.get("reason", "")).lower() and
+            str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
+            for e in self.events()
+        )
+
+
+class _CollectorWriter(logstore.LogWriter):
+    def release(self) -> None:
+        """Flush and let go of the file without marking the log complete: the collector comes back."""
+        self.flush()
+        self._file.close()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # Observe passes may overlap in several worker processes; one copies an attempt's logs at a time.
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    try:
+        value = (exc.headers or {}).get("Retry-After")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return f"HTTP {exc.status} {exc.reason}"
+
+
+def _phase(job: JSON) -> str:
+    return str(((job.get("status") or {}).get("state") or {}).get("phase") or "Pending")
+
+
+def _replicas(job: JSON) -> int:
+    return sum(int(t.get("replicas") or 0) for t in (job.get("spec") or {}).get("tasks") or [])
+
+
+def _owned_by(pod: JSON, job: JSON) -> bool:
+    uid = job["metadata"].get("uid")
+    refs = pod["metadata"].get("ownerReferences") or []
+    return not uid or not refs or any(r.get("uid") == uid for r in refs)
+
+
+def _main_state(pod: JSON) -> JSON:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == render.MAIN_CONTAINER:
+            return status.get("state") or {}
+    return {}
+
+
+def _condition(pod: JSON, kind: str) -> JSON | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _task_order(pod: JSON) -> tuple[int, int]:
+    labels = pod["metadata"].get("labels") or {}
+    return (0 if labels.get("volcano.sh/task-spec") in ("master", "main") else 1,
+            int(labels.get("volcano.sh/task-index") or 0))
+
+
+def _main_node(pods: list[JSON]) -> str:
+    for pod in sorted(pods, key=_task_order):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            return str(node)
+    return ""
+
+
+def _short_pod_name(pod: JSON) -> str:
+    labels = pod["metadata"].get("labels") or {}
+    task, index = labels.get("volcano.sh/task-spec"), labels.get("volcano.sh/task-index")
+    if task and index is not None:
+        return f"{task}-{index}"
+    return str(pod["metadata"]["name"])
+
+
+def _finished_at(pod: JSON) -> str:
+    return str((_main_state(pod).get("terminated") or {}).get("finishedAt") or "~")
+
+
+def _age_s(pod: JSON, now: datetime) -> float:
+    created = _parse_time(pod["metadata"].get("creationTimestamp") or "")
+    return (now - created).total_seconds() if created else 0.0
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _stamp(text: str) -> tuple[str, int, datetime] | None:
+    """An RFC 3339 (nano) timestamp as (whole seconds, nanoseconds, datetime), comparable on its first two."""
+    if not text or "T" not in text:
+        return None
+    body, zone = text, "+00:00"
+    if body.endswith("Z"):
+        body = body[:-1]
+    elif len(body) > 6 and body[-6] in "+-" and body[-3] == ":":
+        body, zone = body[:-6], body[-6:]
+    seconds, _, fraction = body.partition(".")
+    if not fraction.isdigit() and fraction:
+        return None
+    moment = _parse_time(seconds + zone)
+    if moment is None:
+        return None
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S"), int((fraction or "0").ljust(9, "0")[:9]), moment
+
+
+def _quantity_int(value: Any, scale: int = 1) -> int:
+    try:
+        return int(parse_quantity(str(value)) * scale)
+    except (ValueError, TypeError):
+        return 0
+
+
+def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo | None:
+    """A GPU node as the pool sees it, from its allocatable resources and GPU Feature Discovery labels."""
+    meta, status = node.get("metadata") or {}, node.get("status") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    allocatable = status.get("allocatable") or {}
+    count = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
+    replicas = max(1, _quantity_int(labels.get("nvidia.com/gpu.replicas", 1)))
+    if labels.get("nvidia.com/gpu.count"):
+        count = _quantity_int(labels["nvidia.com/gpu.count"])
+    elif replicas > 1:
+        count //= replicas  # time-slicing advertises each card `replicas` times
+    if count <= 0 and labels.get("nvidia.com/gpu.present") != "true":
+        return None
+    name = str(meta.get("name"))
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    model = labels.get("nvidia.com/gpu.product", "NVIDIA GPU").replace("-", " ")
+    memory = _quantity_int(labels.get("nvidia.com/gpu.memory", 0))
+    uuids = _published_uuids(meta.get("annotations") or {})
+    gpus = tuple(
+        GpuInfo(uuid=uuids[i] if i < len(uuids) else f"{render.SYNTHETIC_UUID_PREFIX}{name}-{i}", index=i,
+                model=model, memory_mib=memory)
+        for i in range(count)
+    ) if ready else ()  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
+    driver = labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
+        labels[k] for k in render.DRIVER_LABELS if labels.get(k))
+    cuda = labels.get("nvidia.com/cuda.runtime-version.full") or ".".join(
+        labels[k] for k in ("nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor")
+        if labels.get(k))
+    pool_labels = {k: v for k, v in labels.items() if k.startswith(("nvidia.com/", "topology.kubernetes.io/"))}
+    for key in rack_labels:
+        if labels.get(key):
+            pool_labels["trainyard.io/rack"] = labels[key]
+            break
+    pool_labels["trainyard.io/k8s-ready"] = "true" if ready else "false"
+    if (node.get("spec") or {}).get("unschedulable"):
+        pool_labels["trainyard.io/k8s-cordoned"] = "true"
+    return NodeInfo(
+        name=name, emulated=False, driver_version=driver, cuda_version=cuda,
+        cpu_milli=_quantity_int(allocatable.get("cpu", 0), 1000),
+        memory_mib=_quantity_int(allocatable.get("memory", 0)) // (1024 * 1024),
+        gpus=gpus, labels=pool_labels,
+    )
+
+
+def _published_uuids(annotations: Mapping[str, str]) -> list[str]:
+    """GPU UUIDs that HAMi or the Volcano vGPU device plugin register on the node, in device order."""
+    for key in ("hami.io/node-nvidia-register", "volcano.sh/node-vgpu-register"):
+        raw = annotations.get(key)
+        if not raw:
+            continue
+        try:
+            devices = json.loads(raw)
+            return [str(d.get("id") or d.get("ID") or d.get("uuid")) for d in devices if isinstance(d, dict)]
+        except ValueError:
+            return [part.split(",", 1)[0] for part in raw.split(":") if part.startswith("GPU-")]
+    return []

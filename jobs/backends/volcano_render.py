@@ -1,0 +1,577 @@
+"""Pure rendering of the Kubernetes objects the Volcano backend writes: no API calls, no Django.
+
+One attempt becomes one `batch.volcano.sh/v1alpha1` Job with a deterministic name (`ty-<job id>-<attempt>`),
+so that submitting the same attempt twice can only ever create one object. A platform queue becomes one
+cluster-scoped `scheduling.volcano.sh/v1beta1` Queue whose capability is the platform's hard quota. A job
+with TensorBoard on gets a Service and an Ingress (one host per job under a base domain).
+
+GPU requests are rendered by sharing provider:
+
+- `whole`: the NVIDIA device plugin; whole cards as `nvidia.com/gpu`, a share of a card as one unit of the
+  time-sliced resource (`nvidia.com/gpu.shared` by default, the plugin's `renameByDefault` name);
+- `volcano-vgpu`: `volcano.sh/vgpu-number`, `volcano.sh/vgpu-memory` (MiB), `volcano.sh/vgpu-cores` (%);
+- `hami`: `nvidia.com/gpu`, `nvidia.com/gpumem` (MiB), `nvidia.com/gpucores` (%), pinned to the cards the
+  platform placed with `nvidia.com/use-gpuuuid`.
+
+The platform decides placement and retries; Volcano only gang-schedules: pods are pinned to the placed
+nodes, never restart in place, and the Volcano job never retries on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.backends.base import AttemptDescription, Device
+
+JSON = dict[str, Any]
+
+JOB_API = ("batch.volcano.sh", "v1alpha1", "jobs")
+QUEUE_API = ("scheduling.volcano.sh", "v1beta1", "queues")
+PODGROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+COMMAND_API = ("bus.volcano.sh", "v1alpha1", "commands")
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "trainyard"
+LABEL_JOB = "trainyard.io/job-id"
+LABEL_ATTEMPT = "trainyard.io/attempt"
+LABEL_ATTEMPT_ID = "trainyard.io/attempt-id"
+LABEL_TEAM = "trainyard.io/team"
+LABEL_QUEUE = "trainyard.io/queue"
+LABEL_TENSORBOARD = "trainyard.io/tensorboard"
+ANNOTATION_NAME = "trainyard.io/job-name"
+ANNOTATION_OWNER = "trainyard.io/owner"
+ANNOTATION_USER_LABELS = "trainyard.io/labels"
+ANNOTATION_IMAGE_PINNED = "trainyard.io/image-pinned"
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+HAMI_PIN_ANNOTATION = "nvidia.com/use-gpuuuid"
+VGPU_PIN_ANNOTATION = "volcano.sh/vgpu-use-gpuuuid"
+
+# GPU Feature Discovery labels of the node's driver version.
+DRIVER_LABELS = (
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+)
+
+SHARING_PROVIDERS = ("whole", "volcano-vgpu", "hami")
+MAIN_CONTAINER = "trainer"
+TENSORBOARD_PORT = 6006
+PYTORCH_PORT = 23456
+SCRATCH_DIR = "/tmp"
+DEFAULT_TB_DIR = "/trainyard/tensorboard"
+# Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
+SYNTHETIC_UUID_PREFIX = "K8S-"
+
+
+class ManifestError(ValueError):
+    """The attempt cannot be expressed as a Kubernetes object (a bad mount, an unknown provider)."""
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Cluster-wide choices that shape every manifest (from settings; see `VolcanoBackend.from_settings`)."""
+
+    sharing: str = "whole"
+    ttl_s: int = 3600
+    priority_class: str = ""
+    grace_s: int = 30
+    run_as_uid: int = 1000
+    service_account: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+    shared_resource: str = "nvidia.com/gpu.shared"
+    tensorboard_image: str = "docker.io/tensorflow/tensorflow:2.16.1"
+    rack_labels: tuple[str, ...] = ("trainyard.io/rack", "topology.kubernetes.io/rack")
+    deadline_slack_s: int = 600
+    gpu_toleration: bool = True
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_PROVIDERS:
+            raise ManifestError(
+                f"unknown GPU sharing provider '{self.sharing}' (TRAINYARD_K8S_SHARING must be one of "
+                f"{', '.join(SHARING_PROVIDERS)})"
+            )
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+
+def job_name(job_id: str, attempt_number: int) -> str:
+    """`ty-<job uuid hex>-<attempt>`: a DNS-1035 label, short enough for `<name>-worker-<index>` pod names."""
+    return f"ty-{job_id.replace('-', '').lower()}-{attempt_number}"
+
+
+def tensorboard_name(job_id: str) -> str:
+    return f"tb-{job_id.replace('-', '').lower()}"
+
+
+def tensorboard_host(job_id: str, base_domain: str) -> str:
+    if not base_domain:
+        raise ManifestError("TRAINYARD_TB_BASE_DOMAIN is not set: TensorBoard needs a domain for its hosts")
+    return f"{tensorboard_name(job_id)}.{base_domain.strip('.').lower()}"
+
+
+def _quantity_mib(mib: int) -> str:
+    return f"{int(mib)}Mi"
+
+
+def _quantity_milli(milli: int) -> str:
+    return f"{int(milli)}m"
+
+
+# ------------------------------------------------------------------------------------------------ job
+
+
+def render_job(desc: AttemptDescription, options: RenderOptions, *,
+               node_labels: Mapping[str, Mapping[str, str]] | None = None) -> JSON:
+    """The Volcano Job of one attempt. `node_labels` (node name → labels) lets multi-node jobs stay in a rack."""
+    name = job_name(desc.job_id, desc.attempt_number)
+    distributed = desc.replicas > 1
+    labels = _labels(desc, options)
+    annotations = {
+        ANNOTATION_NAME: desc.name,
+        ANNOTATION_OWNER: desc.owner,
+        ANNOTATION_IMAGE_PINNED: "true" if "@sha256:" in desc.image else "false",
+    }
+    if desc.labels:
+        annotations[ANNOTATION_USER_LABELS] = json.dumps(desc.labels, sort_keys=True)
+    volumes, mounts = _volumes(desc)
+    if distributed:
+        groups = _devices_by_replica(desc)
+        tasks = [
+            _task("master", 1, desc, options, labels, annotations, groups[:1], volumes, mounts, node_labels,
+                  tensorboard=desc.tensorboard, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}]),
+            _task("worker", desc.replicas - 1, desc, options, labels, annotations, groups[1:], volumes, mounts,
+                  node_labels, tensorboard=False),
+        ]
+        plugins = {
+            "pytorch": ["--master=master", "--worker=worker", f"--port={PYTORCH_PORT}"],
+            "env": [],
+            "svc": [],
+        }
+    else:
+        tasks = [_task("main", 1, desc, options, labels, annotations, _devices_by_replica(desc), volumes, mounts,
+                       node_labels, tensorboard=desc.tensorboard)]
+        plugins = {}
+    spec: JSON = {
+        "schedulerName": "volcano",
+        "queue": desc.volcano_queue,
+        "minAvailable": desc.replicas,
+        "maxRetry": 0,
+        "ttlSecondsAfterFinished": int(options.ttl_s),
+        # A pod that fails or is evicted ends the Volcano job: retrying is the platform's decision, and
+        # a gang with a dead member would otherwise run on (or be refilled by the controller).
+        "policies": [
+            {"event": "PodFailed", "action": "TerminateJob"},
+            {"event": "PodEvicted", "action": "TerminateJob"},
+        ],
+        "tasks": tasks,
+    }
+    if plugins:
+        spec["plugins"] = plugins
+    if options.priority_class:
+        spec["priorityClassName"] = options.priority_class
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": desc.namespace, "labels": labels, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+def _labels(desc: AttemptDescription, options: RenderOptions) -> dict[str, str]:
+    return {
+        **{k: v for k, v in options.extra_labels.items()},
+        MANAGED_BY: MANAGER,
+        LABEL_JOB: desc.job_id,
+        LABEL_ATTEMPT: str(desc.attempt_number),
+        LABEL_ATTEMPT_ID: str(desc.attempt_id),
+        LABEL_TEAM: desc.team,
+        LABEL_QUEUE: desc.queue,
+    }
+
+
+def _devices_by_replica(desc: AttemptDescription) -> list[list[Device]]:
+    """The placed devices split per replica, in replica order (the pool places them that way)."""
+    per = desc.gpu_count if desc.exclusive else 1
+    devices = list(desc.devices)
+    if not devices:
+        return [[] for _ in range(desc.replicas)]
+    return [devices[i * per:(i + 1) * per] for i in range(desc.replicas)]
+
+
+def _task(task_name: str, replicas: int, desc: AttemptDescription, options: RenderOptions, labels: dict[str, str],
+          annotations: dict[str, str], device_groups: Sequence[list[Device]], volumes: list[JSON],
+          mounts: list[JSON], node_labels: Mapping[str, Mapping[str, str]] | None, *, tensorboard: bool,
+          policies: list[JSON] | None = None) -> JSON:
+    devices = [d for group in device_groups for d in group]
+    pod_labels = dict(labels)
+    if tensorboard:
+        pod_labels[LABEL_TENSORBOARD] = "true"
+    pod_annotations = dict(annotations)
+    if desc.secondary_network:
+        pod_annotations[NETWORKS_ANNOTATION] = desc.secondary_network
+    pinned = [d.gpu_uuid for d in devices if not d.gpu_uuid.startswith(SYNTHETIC_UUID_PREFIX)]
+    if pinned and options.sharing == "hami":
+        pod_annotations[HAMI_PIN_ANNOTATION] = ",".join(sorted(set(pinned)))
+    elif pinned and options.sharing == "volcano-vgpu":
+        pod_annotations[VGPU_PIN_ANNOTATION] = ",".join(sorted(set(pinned)))
+    pod_volumes = list(volumes)
+    container_mounts = list(mounts)
+    init_containers: list[JSON] = []
+    tb_dir = desc.tensorboard_logdir or DEFAULT_TB_DIR
+    if desc.tensorboard and not any(_under(tb_dir, m["mountPath"]) for m in mounts):
+        pod_volumes.append({"name": "tensorboard", "emptyDir": {}})
+        container_mounts.append({"name": "tensorboard", "mountPath": tb_dir})
+    if tensorboard:
+        init_containers.append(_tensorboard_sidecar(tb_dir, options, container_mounts))
+    container: JSON = {
+        "name": MAIN_CONTAINER,
+        "image": desc.image,
+        "imagePullPolicy": "IfNotPresent" if "@sha256:" in desc.image else "Always",
+        "command": list(desc.command),
+        "env": _env(desc, devices, tb_dir),
+        "resources": _resources(desc, devices, options),
+        "securityContext": _container_security(read_only_root=desc.read_only_root),
+        "volumeMounts": container_mounts,
+    }
+    if desc.args:
+        container["args"] = list(desc.args)
+    if desc.working_dir:
+        container["workingDir"] = (desc.working_dir if desc.working_dir.startswith("/")
+                                   else posixpath.join("/workspace", desc.working_dir))
+    spec: JSON = {
+        "restartPolicy": "Never",
+        "schedulerName": "volcano",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": max(1, int(options.grace_s)),
+        # A backstop should the platform be unreachable when the job's wall-clock limit passes.
+        "activeDeadlineSeconds": int(desc.timeout_s) + int(options.deadline_slack_s),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": options.run_as_uid,
+            "runAsGroup": options.run_as_uid,
+            "fsGroup": options.run_as_uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": pod_volumes,
+    }
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if options.service_account:
+        spec["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    if options.gpu_toleration:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    affinity = _node_affinity(desc, devices, node_labels, options)
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": affinity}}
+    task: JSON = {
+        "name": task_name,
+        "replicas": replicas,
+        "minAvailable": replicas,
+        "maxRetry": 0,
+        "template": {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": spec},
+    }
+    if policies:
+        task["policies"] = policies
+    return task
+
+
+def _under(path: str, mount_path: str) -> bool:
+    path, mount_path = posixpath.normpath(path), posixpath.normpath(mount_path)
+    return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
+
+
+def _env(desc: AttemptDescription, devices: list[Device], tb_dir: str) -> list[JSON]:
+    env = {
+        "HOME": SCRATCH_DIR,
+        **desc.env,
+        "PYTHONUNBUFFERED": "1",
+        "TRAINYARD_JOB_ID": desc.job_id,
+        "TRAINYARD_ATTEMPT": str(desc.attempt_number),
+        "TRAINYARD_REPLICAS": str(desc.replicas),
+        "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
+    }
+    if devices:
+        env["TRAINYARD_GPU_UUIDS"] = ",".join(d.gpu_uuid for d in devices)
+    if devices and not desc.exclusive:
+        # The HAMi-core convention, as the local backend sets it; enforced where HAMi-core is in the image.
+        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{devices[0].memory_mib}m"
+        env["CUDA_DEVICE_SM_LIMIT"] = str(max(1, devices[0].compute_milli // 10))
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> dict[str, str]:
+    if desc.gpu_count < 1:
+        return {}
+    if desc.exclusive:
+        count = desc.gpu_count
+        if options.sharing == "whole":
+            return {"nvidia.com/gpu": str(count)}
+        memory = max((d.memory_mib for d in devices), default=0)
+        if options.sharing == "volcano-vgpu":
+            resources = {"volcano.sh/vgpu-number": str(count), "volcano.sh/vgpu-cores": "100"}
+            if memory:
+                resources["volcano.sh/vgpu-memory"] = str(memory)
+            return resources
+        resources = {"nvidia.com/gpu": str(count), "nvidia.com/gpucores": "100"}
+        if memory:
+            resources["nvidia.com/gpumem"] = str(memory)
+        return resources
+    if not devices:
+        raise ManifestError("a share of a GPU needs its placed slice (compute and memory) to be rendered")
+    share = devices[0]
+    cores = str(max(1, min(100, share.compute_milli // 10)))
+    if options.sharing == "whole":
+        return {options.shared_resource: "1"}
+    if options.sharing == "volcano-vgpu":
+        return {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(share.memory_mib),
+                "volcano.sh/vgpu-cores": cores}
+    return {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(share.memory_mib), "nvidia.com/gpucores": cores}
+
+
+def _resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> JSON:
+    # Per replica: requests equal limits (Guaranteed QoS: the last to be evicted under node pressure).
+    amounts = {"cpu": _quantity_milli(desc.cpu_milli), "memory": _quantity_mib(desc.memory_mib),
+               **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options)}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _container_security(*, read_only_root: bool) -> JSON:
+    return {
+        "runAsNonRoot": True,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": bool(read_only_root),
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _tensorboard_sidecar(tb_dir: str, options: RenderOptions, mounts: list[JSON]) -> JSON:
+    # A native sidecar (init container that keeps running): it ends with the trainer, never holds the pod open.
+    return {
+        "name": "tensorboard",
+        "image": options.tensorboard_image,
+        "restartPolicy": "Always",
+        "command": ["tensorboard", "--logdir", tb_dir, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT)],
+        "ports": [{"name": "tensorboard", "containerPort": TENSORBOARD_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": SCRATCH_DIR}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": _container_security(read_only_root=True),
+        "volumeMounts": [{**m, "readOnly": True} if m["mountPath"] != SCRATCH_DIR else m for m in mounts],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ volumes
+
+
+def _volumes(desc: AttemptDescription) -> tuple[list[JSON], list[JSON]]:
+    """Scratch space, shared memory and the job's data/checkpoint claims (PersistentVolumeClaims only)."""
+    volumes: list[JSON] = [
+        {"name": "scratch", "emptyDir": {}},
+        # PyTorch data loaders pass batches through /dev/shm; the runtime default of 64 MiB is far too small.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity_mib(max(64, desc.memory_mib // 2))}},
+    ]
+    mounts: list[JSON] = [
+        {"name": "scratch", "mountPath": SCRATCH_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    seen_paths = {SCRATCH_DIR, "/dev/shm"}
+    for index, mount in enumerate(desc.mounts):
+        volume, volume_mount = _claim_mount(mount, index)
+        if volume_mount["mountPath"] in seen_paths:
+            raise ManifestError(f"mount {index}: path {volume_mount['mountPath']} is mounted twice")
+        seen_paths.add(volume_mount["mountPath"])
+        volumes.append(volume)
+        mounts.append(volume_mount)
+    return volumes, mounts
+
+
+_MOUNT_KEYS = {"name", "kind", "claim", "path", "read_only", "sub_path"}
+_CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _claim_mount(mount: Mapping[str, Any], index: int) -> tuple[JSON, JSON]:
+    """`{"claim": "<pvc>", "path": "/data", "read_only": true, "sub_path": "...", "kind": "data|checkpoint"}`."""
+    if not isinstance(mount, Mapping):
+        raise ManifestError(f"mount {index}: expected a mapping with 'claim' and 'path'")
+    unknown = set(mount) - _MOUNT_KEYS
+    if unknown:
+        # hostPath and every other volume source are refused: a job only reaches storage through a claim.
+        raise ManifestError(f"mount {index}: unsupported key(s) {', '.join(sorted(unknown))}; "
+                            "only PersistentVolumeClaims can be mounted (claim, path, read_only, sub_path)")
+    claim, path = str(mount.get("claim") or ""), str(mount.get("path") or "")
+    if not _CLAIM_NAME.match(claim):
+        raise ManifestError(f"mount {index}: '{claim}' is not a PersistentVolumeClaim name")
+    if not path.startswith("/") or ":" in path or posixpath.normpath(path) in {"/", SCRATCH_DIR, "/dev/shm"}:
+        raise ManifestError(f"mount {index}: '{path}' is not a usable absolute mount path")
+    kind = str(mount.get("kind") or "data")
+    name = f"{'ckpt' if kind == 'checkpoint' else 'data'}-{index}"
+    volume = {"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": bool(mount.get("read_only"))}}
+    volume_mount: JSON = {"name": name, "mountPath": posixpath.normpath(path), "readOnly": bool(mount.get("read_only"))}
+    sub_path = str(mount.get("sub_path") or "")
+    if sub_path:
+        if sub_path.startswith("/") or ".." in sub_path.split("/"):
+            raise ManifestError(f"mount {index}: sub_path must be relative and stay inside the claim")
+        volume_mount["subPath"] = sub_path
+    return volume, volume_mount
+
+
+# ------------------------------------------------------------------------------------------------ affinity
+
+
+def driver_alternatives(minimum: str) -> list[list[JSON]]:
+    """Node-selector expressions (ORed lists) for "driver >= minimum" on GFD's numeric version labels."""
+    parts = [int(p) for p in re.findall(r"\d+", minimum or "")][: len(DRIVER_LABELS)]
+    alternatives: list[list[JSON]] = []
+    for k, value in enumerate(parts):
+        equal = [{"key": DRIVER_LABELS[j], "operator": "In", "values": _number_spellings(parts[j])} for j in range(k)]
+        bound = value if k < len(parts) - 1 else value - 1  # strictly above, except ">=" on the last part
+        alternatives.append([*equal, {"key": DRIVER_LABELS[k], "operator": "Gt", "values": [str(bound)]}])
+    return alternatives
+
+
+def _number_spellings(value: int) -> list[str]:
+    return sorted({str(value), f"{value:02d}"})
+
+
+def shared_rack(nodes: Sequence[str], node_labels: Mapping[str, Mapping[str, str]] | None,
+                rack_labels: Sequence[str]) -> tuple[str, str] | None:
+    """The first rack label that every node carries with one common value, as (key, value)."""
+    if not nodes or not node_labels:
+        return None
+    for key in rack_labels:
+        values = {(node_labels.get(n) or {}).get(key) for n in nodes}
+        if len(values) == 1 and None not in values and "" not in values:
+            return key, values.pop() or ""
+    return None
+
+
+def _node_affinity(desc: AttemptDescription, devices: list[Device],
+                   node_labels: Mapping[str, Mapping[str, str]] | None, options: RenderOptions) -> JSON | None:
+    base: list[JSON] = []
+    fields: list[JSON] = []
+    nodes = sorted({d.node for d in devices if d.node})
+    if nodes:
+        fields.append({"key": "metadata.name", "operator": "In", "values": nodes})
+    if desc.replicas > 1:
+        all_nodes = sorted({d.node for d in desc.devices if d.node})
+        rack = shared_rack(all_nodes, node_labels, options.rack_labels)
+        if rack is not None:
+            base.append({"key": rack[0], "operator": "In", "values": [rack[1]]})
+    alternatives = driver_alternatives(desc.min_driver_version) or [[]]
+    terms = []
+    for alternative in alternatives:
+        term: JSON = {}
+        expressions = base + alternative
+        if expressions:
+            term["matchExpressions"] = expressions
+        if fields:
+            term["matchFields"] = fields
+        if term:
+            terms.append(term)
+    return {"nodeSelectorTerms": terms} if terms else None
+
+
+# ------------------------------------------------------------------------------------------------ queues
+
+
+def queue_capability(vector: Mapping[str, int], sharing: str) -> dict[str, str]:
+    """The platform quota vector as the resources Volcano can cap for this provider."""
+    capability = {"cpu": _quantity_milli(vector.get("cpu_milli", 0)),
+                  "memory": _quantity_mib(vector.get("memory_mib", 0))}
+    if sharing == "whole":
+        capability["nvidia.com/gpu"] = str(int(vector.get("gpu_milli", 0)) // 1000)
+    elif sharing == "volcano-vgpu":
+        capability["volcano.sh/vgpu-memory"] = str(int(vector.get("gpu_memory_mib", 0)))
+    # HAMi's gpumem/gpucores are per card and never registered on nodes, so no queue can cap them.
+    return capability
+
+
+def render_queue(*, name: str, vector: Mapping[str, int], weight: int, priority: int, fifo: bool,
+                 sharing: str, platform_queue: str = "") -> JSON:
+    """A cluster-scoped Volcano Queue whose capability is the platform queue's hard quota."""
+    labels = {MANAGED_BY: MANAGER}
+    if platform_queue:
+        labels[LABEL_QUEUE] = platform_queue
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "weight": max(1, min(65535, int(weight))),
+            "priority": max(0, int(priority)),
+            # Quotas are hard: a queue never lends its share, and never takes another's.
+            "reclaimable": False,
+            "capability": queue_capability(vector, sharing),
+            "dequeueStrategy": "fifo" if fifo else "traverse",
+        },
+    }
+
+
+def render_queue_command(*, queue: str, uid: str, action: str, namespace: str) -> JSON:
+    """A bus Command that opens or closes a queue (what `vcctl queue operate` creates)."""
+    if action not in ("OpenQueue", "CloseQueue"):
+        raise ManifestError(f"unknown queue action {action}")
+    target = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "name": queue, "uid": uid,
+              "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": "bus.volcano.sh/v1alpha1",
+        "kind": "Command",
+        "metadata": {"generateName": f"{queue}-{action.lower()}-", "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGER}, "ownerReferences": [target]},
+        "target": target,
+        "action": action,
+        "reason": "TrainyardQueueSync",
+        "message": f"the platform queue behind {queue} was {'opened' if action == 'OpenQueue' else 'closed'}",
+    }
+
+
+# ------------------------------------------------------------------------------------------------ tensorboard
+
+
+def render_tensorboard_service(*, job_id: str, namespace: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": tensorboard_name(job_id), "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id}},
+        "spec": {
+            "selector": {LABEL_JOB: job_id, LABEL_TENSORBOARD: "true"},
+            "ports": [{"name": "http", "port": 80, "targetPort": TENSORBOARD_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def render_tensorboard_ingress(*, job_id: str, namespace: str, host: str, ingress_class: str = "",
+                               auth_url: str = "", tls_secret: str = "") -> JSON:
+    annotations: dict[str, str] = {}
+    if auth_url:
+        # ingress-nginx asks the platform whether the browser may see this job's TensorBoard.
+        annotations["nginx.ingress.kubernetes.io/auth-url"] = auth_url.replace("{job_id}", job_id)
+    spec: JSON = {
+        "rules": [{
+            "host": host,
+            "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {
+                "service": {"name": tensorboard_name(job_id), "port": {"number": 80}}}}]},
+        }],
+    }
+    if ingress_class:
+        spec["ingressClassName"] = ingress_class
+    if tls_secret:
+        spec["tls"] = [{"hosts": [host], "secretName": tls_secret}]
+    metadata: JSON = {"name": tensorboard_name(job_id), "namespace": namespace,
+                      "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id}}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}

@@ -1,0 +1,603 @@
+"""The Volcano backend against the fake Kubernetes API server (real HTTP, the official client unpatched).
+
+First the backend alone: submit/observe/cancel/logs/queues/inventory/TensorBoard and API faults. Then end to
+end through a real Celery worker: the platform submits, the fake Volcano runs (ticked by the test, as a cluster
+would run on its own), and `attempts_observe` carries what happened back into jobs, attempts and events.
+Everything skips when the Volcano CRDs in ../shared are absent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from kubernetes.utils import parse_quantity
+
+from jobs import logstore
+from jobs.backends import volcano_render as render
+from jobs.backends.base import AttemptDescription, Device
+from jobs.backends.volcano import VolcanoBackend, VolcanoConfig, node_info, parse_ref
+from tests.fake_k8s import FakeKubernetes, crds_available, unavailable_reason
+
+JOBS = "jobs.batch.volcano.sh"
+QUEUES = "queues.scheduling.volcano.sh"
+TEAM_NS = "trainyard-demo"
+DRIVER = "550.90.07"
+
+
+def gfd_labels(rack: str) -> dict[str, str]:
+    # The fake labels only the driver's major version and `.full`; GPU Feature Discovery also sets these.
+    return {"nvidia.com/cuda.driver-version.minor": "90", "nvidia.com/cuda.driver-version.revision": "07",
+            "trainyard.io/rack": rack}
+
+
+@pytest.fixture
+def kube():
+    if not crds_available():
+        pytest.skip(unavailable_reason())
+    with FakeKubernetes(nodes=0) as fake:
+        for index, rack in enumerate(("r1", "r1")):
+            fake.add_node(f"gpu-node-{index}", driver_version=DRIVER, labels=gfd_labels(rack),
+                          gpu_product="NVIDIA-L4", gpu_memory_mib=24576)
+        for namespace in (TEAM_NS, "trainyard"):
+            fake.create("namespaces", {"metadata": {"name": namespace}})
+        yield fake
+        assert fake.internal_errors == []
+
+
+@pytest.fixture
+def logs(settings, tmp_path):
+    settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    return tmp_path / "logs"
+
+
+def make_backend(kube: FakeKubernetes, **overrides) -> VolcanoBackend:
+    config = dict(render=render.RenderOptions(grace_s=1), request_timeout_s=0.5, retries=4, backoff_s=0.01,
+                  backoff_max_s=0.05, start_timeout_s=3600, system_namespace="trainyard",
+                  tb_base_domain="tb.example.org")
+    config.update(overrides)
+    return VolcanoBackend(kube.api_client(), VolcanoConfig(**config))
+
+
+@dataclass
+class PlatformQueue:
+    """What `queue_sync` reads of a platform queue (the model's fields and methods it uses)."""
+
+    name: str = "train"
+    state: str = "open"
+    weight: int = 2
+    priority: int = 10
+    ordering: str = "fifo"
+    quota: dict = field(default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304,
+                                                 "cpu_milli": 64000, "memory_mib": 262144})
+
+    @property
+    def volcano_name(self) -> str:
+        return f"trainyard-{self.name}"
+
+    def vector(self) -> dict:
+        return dict(self.quota)
+
+
+@pytest.fixture
+def backend(kube, logs):
+    backend = make_backend(kube)
+    backend.queue_sync(PlatformQueue())
+    return backend
+
+
+def describe(*, replicas: int = 1, gpus: int = 1, number: int = 1, job_id: str | None = None,
+             **overrides) -> AttemptDescription:
+    devices = [Device(gpu_uuid=f"GPU-{r}{g}", gpu_index=g, node=f"gpu-node-{r % 2}", compute_milli=1000,
+                      memory_mib=81559, exclusive=True) for r in range(replicas) for g in range(gpus)]
+    fields = dict(
+        job_id=job_id or str(uuid.uuid4()), attempt_id=number * 10, attempt_number=number, name="t", owner="demo",
+        team="demo", namespace=TEAM_NS, queue="train", volcano_queue="trainyard-train",
+        image="docker.io/library/python:3.11-slim@sha256:" + "4" * 64, command=["python", "train.py"], args=[],
+        env={}, working_dir="", replicas=replicas, gpu_count=gpus, exclusive=True, cpu_milli=4000,
+        memory_mib=16384, timeout_s=3600, priority=0, min_driver_version="550.54", tensorboard=False,
+        tensorboard_logdir="", devices=devices, gang=replicas > 1,
+    )
+    fields.update(overrides)
+    return AttemptDescription(**fields)
+
+
+def observe_until(kube, backend, ref, done, *, ticks=30):
+    for _ in range(ticks):
+        obs = backend.observe([ref])[ref]
+        if done(obs):
+            return obs
+        kube.controller.tick()
+    raise AssertionError(f"not reached; last observation {obs}")
+
+
+def log_lines(desc: AttemptDescription) -> list[str]:
+    lines, _ = logstore.read_lines(logstore.attempt_dir(desc.job_id, desc.attempt_number))
+    return [line.text for line in lines]
+
+
+def vcjobs(kube) -> list[dict]:
+    return kube.list(JOBS, TEAM_NS)
+
+
+# ------------------------------------------------------------------------------------------ the backend alone
+
+
+def test_submit_twice_creates_one_job_in_the_teams_namespace_and_queue(kube, backend):
+    desc = describe()
+    ref = backend.submit(desc)
+    assert backend.submit(desc) == ref == f"volcano:{TEAM_NS}/{render.job_name(desc.job_id, 1)}"
+    [job] = vcjobs(kube)
+    assert job["spec"]["queue"] == "trainyard-train" and job["metadata"]["labels"]["trainyard.io/attempt-id"] == "10"
+    creates = kube.requests_matching("POST", r"/jobs$")
+    assert [r.status for r in creates] == [201, 409]
+
+    other = describe(job_id=desc.job_id, attempt_id=99)  # same name, another attempt: never adopted silently
+    with pytest.raises(RuntimeError, match="another attempt"):
+        backend.submit(other)
+
+
+def test_success_with_logs_copied_once_in_order(kube, backend):
+    kube.controller.script("ty-", logs=[f"step {i}" for i in range(12)], run_ticks=4)
+    desc = describe()
+    ref = backend.submit(desc)
+    phases = []
+    for _ in range(12):
+        obs = backend.observe([ref])[ref]
+        phases.append(obs.phase)
+        if obs.finished:
+            break
+        kube.controller.tick()
+    assert obs.phase == "succeeded" and obs.exit_code == 0 and obs.node == "gpu-node-0"
+    assert "running" in phases and phases.index("running") > phases.index("pending")
+    backend.observe([ref])  # observing again after the end copies nothing twice
+    assert log_lines(desc) == [f"step {i}" for i in range(12)]
+    _, meta = logstore.read_lines(logstore.attempt_dir(desc.job_id, 1))
+    assert meta.closed  # the UI may show the log as complete
+    pod_log_reads = kube.requests_matching("GET", r"/pods/.*/log$")
+    assert len(pod_log_reads) >= 3  # copied incrementally while it ran, not once at the end
+
+
+@pytest.mark.parametrize(("script", "expected"), [
+    (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
+    (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
+    (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
+])
+def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, script, expected):
+    kube.controller.script("ty-", **script)
+    desc = describe()
+    ref = backend.submit(desc)
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    assert (obs.phase, obs.exit_code, obs.reason) == ("failed", *expected)
+    if script.get("logs"):
+        assert log_lines(desc) == script["logs"].splitlines()
+        assert backend.log_tail(ref).endswith(script["logs"].splitlines()[-1] + "\n")
+
+
+def test_eviction_and_lost_node_are_reported_as_such(kube, backend):
+    kube.controller.script("ty-", run_ticks=None)
+    evicted, lost = describe(), describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
+    refs = [backend.submit(evicted), backend.submit(lost)]
+    observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
+    kube.controller.evict_pod(TEAM_NS, f"{render.job_name(evicted.job_id, 1)}-main-0")
+    kube.controller.lose_node("gpu-node-1")
+    for _ in range(5):
+        kube.controller.tick()
+    seen = backend.observe(refs)
+    assert (seen[refs[0]].phase, seen[refs[0]].reason) == ("failed", "Evicted")
+    assert (seen[refs[1]].phase, seen[refs[1]].reason, seen[refs[1]].node) == ("failed", "NodeLost", "gpu-node-1")
+
+
+def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
+    kube.controller.script("ty-", run_ticks=None)
+    backend.queue_sync(PlatformQueue(quota={"gpu_milli": 2000, "gpu_memory_mib": 1, "cpu_milli": 64000,
+                                            "memory_mib": 262144}))
+    first, second = describe(gpus=2), describe()
+    refs = [backend.submit(first), backend.submit(second)]
+    kube.controller.tick(3)
+    seen = backend.observe(refs)
+    assert seen[refs[0]].phase == "running"
+    assert seen[refs[1]].phase == "pending"
+    assert seen[refs[1]].message == "waiting in Volcano queue trainyard-train: queue resource quota insufficient"
+
+    image = describe(image="registry.local/missing:1")
+    kube.controller.script("ty-", waiting_reason="ImagePullBackOff")
+    backend.queue_sync(PlatformQueue())
+    ref = backend.submit(image)
+    obs = observe_until(kube, backend, ref, lambda o: "ImagePullBackOff" in o.message)
+    assert obs.phase == "pending" and "main-0" in obs.message
+
+    impatient = make_backend(kube, start_timeout_s=0)
+    obs = impatient.observe([ref])[ref]
+    assert (obs.phase, obs.reason) == ("failed", "ImagePullBackOff")
+    left = kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS)
+    assert left is None or left["metadata"].get("deletionTimestamp")  # what the platform gave up on is stopped
+
+
+def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backend):
+    kube.controller.script("ty-", task="master", logs="rank 0 ready", run_ticks=2)
+    kube.controller.script("ty-", task="worker", logs="rank up", run_ticks=2)
+    desc = describe(replicas=3, gpus=1, secondary_network="kube-system/rdma")
+    ref = backend.submit(desc)
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    assert obs.phase == "succeeded"
+    pods = kube.controller.job_pods(TEAM_NS, parse_ref(ref)[1])
+    assert {p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] for p in pods} == {"kube-system/rdma"}
+    env = {e["name"]: e["value"] for p in pods for e in p["spec"]["containers"][0]["env"]
+           if p["metadata"]["labels"]["volcano.sh/task-spec"] == "master"}
+    assert env["WORLD_SIZE"] == "3" and env["RANK"] == "0"  # the pytorch plugin wired master and workers
+    job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS)
+    assert {"key": "trainyard.io/rack", "operator": "In", "values": ["r1"]} in (
+        job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"])
+    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-0] rank up", "[worker-1] rank up"]
+
+
+def test_cancel_deletes_in_the_foreground_and_ends_when_the_pods_are_gone(kube, backend):
+    kube.controller.script("ty-", run_ticks=None, logs="working")
+    desc = describe()
+    ref = backend.submit(desc)
+    observe_until(kube, backend, ref, lambda o: o.phase == "running")
+    assert ref in backend.live_refs()
+    backend.cancel(ref, grace_s=1)
+    backend.cancel(ref, grace_s=1)  # twice is fine
+    assert backend.observe([ref])[ref].phase == "pending"  # stopping: still holds its GPUs
+    kube.controller.tick(2)
+    obs = backend.observe([ref])[ref]
+    assert obs.phase == "lost" and vcjobs(kube) == []
+    assert ref not in backend.live_refs()
+    assert log_lines(desc) == ["working"]
+
+
+def test_api_faults_are_retried_without_duplicates(kube, backend):
+    backend = make_backend(kube, retries=6)
+    kube.controller.script("ty-", run_ticks=3)
+    kube.fail_next(1, status=500, method="POST", path=r"/jobs$")
+    kube.throttle_next(1, retry_after=0, method="POST", path=r"/jobs$")
+    kube.hang_next(1, seconds=1.0, method="POST", path=r"/jobs$", process=True)  # the client times out...
+    kube.drop_next(1, method="POST", path=r"/jobs$", process=True)  # ...or loses the answer; both went through
+    desc = describe()
+    ref = backend.submit(desc)
+    time.sleep(1.1)  # let the hung create finish on the server side
+    assert backend.submit(desc) == ref
+    assert len(vcjobs(kube)) == 1  # the hung and the dropped create both reached the API; one job exists
+    statuses = [r.status for r in kube.requests_matching("POST", r"/jobs$")]
+    assert statuses[:2] == [500, 429] and statuses[-1] == 409 and len(statuses) == 6
+
+    kube.fail_next(2, status=503, method="GET", path=r"/pods$")
+    assert backend.observe([ref])[ref].phase in ("pending", "running")
+    kube.fail_next(50, status=500, method="GET", path=r"/jobs$")
+    assert backend.observe([ref]) == {}  # an unreadable cluster is not a lost job
+    kube.clear_faults()
+    assert observe_until(kube, backend, ref, lambda o: o.finished).phase == "succeeded"
+
+
+def test_connection_refused_fails_the_submit_after_retries(kube, logs):
+    backend = make_backend(kube)
+    kube.stop()
+    started = time.monotonic()
+    with pytest.raises(Exception, match="(?i)connect|refused|Max retries"):
+        backend.submit(describe())
+    assert time.monotonic() - started < 10
+
+
+def test_queue_sync_creates_updates_closes_and_reopens(kube, backend):
+    queue = PlatformQueue(weight=3, priority=7)
+    backend.queue_sync(queue)
+    volcano = kube.get(QUEUES, "trainyard-train")
+    capability = {k: parse_quantity(v) for k, v in volcano["spec"]["capability"].items()}
+    assert capability == {"cpu": 64, "memory": 256 * 1024**3, "nvidia.com/gpu": 4}
+    assert (volcano["spec"]["weight"], volcano["spec"]["priority"], volcano["spec"]["reclaimable"]) == (3, 7, False)
+
+    queue.quota["gpu_milli"] = 8000
+    queue.state = "closed"
+    backend.queue_sync(queue)
+    assert kube.get(QUEUES, "trainyard-train")["spec"]["capability"]["nvidia.com/gpu"] == "8"
+    kube.controller.tick()
+    assert kube.get(QUEUES, "trainyard-train")["status"]["state"] == "Closed"
+    backend.queue_sync(queue)  # already closed: no second command
+    assert len(kube.requests_matching("POST", r"/namespaces/trainyard/commands$")) == 1
+
+    queue.state = "open"
+    backend.queue_sync(queue)
+    kube.controller.tick()
+    assert kube.get(QUEUES, "trainyard-train")["status"]["state"] == "Open"
+
+
+def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backend):
+    kube.add_node("cpu-node", gpus=0)
+    kube.add_node("hami-node", gpus=2, gpu_product="NVIDIA-A100-SXM4-40GB", gpu_memory_mib=40960,
+                  labels={"topology.kubernetes.io/rack": "r9"})
+    kube.mutate("nodes", "hami-node", None, lambda n: n["metadata"].setdefault("annotations", {}).update({
+        "hami.io/node-nvidia-register": "GPU-aaa,10,40960,100,NVIDIA-A100,0,true:GPU-bbb,10,40960,100,NVIDIA-A100,0,"
+                                        "true:"}))
+    kube.controller.lose_node("gpu-node-1")
+    nodes = {n.name: n for n in backend.inventory()}
+    assert set(nodes) == {"gpu-node-0", "gpu-node-1", "hami-node"}
+    hami = nodes["hami-node"]
+    assert [g.uuid for g in hami.gpus] == ["GPU-aaa", "GPU-bbb"] and hami.gpus[0].memory_mib == 40960
+    assert hami.gpus[0].model == "NVIDIA A100 SXM4 40GB" and hami.labels["trainyard.io/rack"] == "r9"
+    node0 = nodes["gpu-node-0"]
+    assert (node0.driver_version, node0.cuda_version, len(node0.gpus)) == (DRIVER, "12.4", 8)
+    assert node0.cpu_milli == 96000 and node0.memory_mib == 1024 * 1024 and node0.labels["trainyard.io/rack"] == "r1"
+    assert nodes["gpu-node-1"].gpus == ()  # not ready: its cards are not offered
+
+
+def test_node_info_divides_time_sliced_cards():
+    node = {"metadata": {"name": "ts", "labels": {"nvidia.com/gpu.replicas": "4"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "500m", "memory": "2Gi"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    info = node_info(node, ["trainyard.io/rack"])
+    assert len(info.gpus) == 2 and info.cpu_milli == 500 and info.memory_mib == 2048
+    assert info.gpus[0].uuid == "K8S-ts-0"
+
+
+def test_tensorboard_route_is_a_service_and_an_ingress_per_job(kube, backend):
+    job_id = str(uuid.uuid4())
+    host = backend.tensorboard_expose(job_id=job_id, namespace=TEAM_NS)
+    assert backend.tensorboard_expose(job_id=job_id, namespace=TEAM_NS) == host
+    name = render.tensorboard_name(job_id)
+    assert host == f"{name}.tb.example.org"
+    ingress = kube.get("ingresses.networking.k8s.io", name, TEAM_NS)
+    assert ingress["spec"]["rules"][0]["host"] == host
+    assert kube.get("services", name, TEAM_NS)["spec"]["selector"]["trainyard.io/job-id"] == job_id
+    backend.tensorboard_remove(job_id=job_id, namespace=TEAM_NS)
+    backend.tensorboard_remove(job_id=job_id, namespace=TEAM_NS)
+    assert kube.try_get("services", name, TEAM_NS) is None
+    assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+@pytest.fixture
+def platform(kube, settings, tmp_path, transactional_db):
+    """A seeded platform on the volcano backend, its queues and inventory synced from the fake cluster."""
+    from cluster.services import inventory_sync
+    from jobs.backends import get_backend, reset_backends
+    from quotas.models import Queue
+    from trainyard.seed import seed
+
+    settings.TRAINYARD_BACKEND = "volcano"
+    settings.TRAINYARD_K8S_API_URL = kube.url
+    settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S = 0.5
+    settings.TRAINYARD_K8S_RETRIES = 4
+    settings.TRAINYARD_K8S_NAMESPACE = "trainyard"
+    settings.TRAINYARD_NVML_PROBE = False  # the cards are in the (fake) cluster, not on this machine
+    settings.TRAINYARD_CANCEL_GRACE_S = 1.0
+    settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_TB_BASE_DOMAIN = "tb.example.org"
+    settings.TRAINYARD_TB_GRACE_S = 0
+    reset_backends()
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    backend = get_backend()
+    for queue in Queue.objects.all():
+        backend.queue_sync(queue)
+    for info in backend.inventory():
+        inventory_sync(info=info, backend="volcano")
+    from django.contrib.auth import get_user_model
+
+    yield get_user_model().objects.get(username="demo")
+    reset_backends()
+
+
+def drive(kube, predicate, *, timeout=30.0):
+    """Let the cluster run (controller ticks) and the platform observe it, until predicate() holds."""
+    from jobs import services
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kube.controller.tick()
+        services.attempts_observe(backend_name="volcano")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def submit(user, **overrides):
+    from jobs import services
+
+    data = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "pytorch-2.5-cuda12.4",
+            "command": ["python", "train.py"]}
+    data.update(overrides)
+    job, created = services.job_submit(user=user, data=data)
+    assert created
+    return job
+
+
+def reload(job):
+    from jobs.models import Job
+
+    return Job.objects.get(pk=job.pk)
+
+
+def finished(job):
+    fresh = reload(job)
+    return fresh if fresh.is_terminal else None
+
+
+def state_path(job) -> list[str]:
+    return [s for s in reload(job).events.order_by("at", "id").values_list("to_state", flat=True) if s]
+
+
+def attempt_ref(job, number=1) -> str:
+    return reload(job).attempts.get(number=number).backend_ref
+
+
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_success_through_celery(kube, platform, celery_worker_thread):
+    kube.controller.script("ty-", logs=["epoch 1 loss 0.9", "epoch 2 loss 0.4"], run_ticks=3)
+    job = submit(platform)
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "succeeded" and job.exit_code == 0
+    assert state_path(job) == ["pending", "admitted", "starting", "running", "succeeded"]
+    attempt = job.attempts.get()
+    namespace, name = parse_ref(attempt.backend_ref)
+    assert namespace == TEAM_NS and attempt.node.name in {"gpu-node-0", "gpu-node-1"}
+    vcjob = kube.get(JOBS, name, TEAM_NS)
+    assert vcjob["spec"]["queue"] == "trainyard-train"
+    image = vcjob["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["image"]
+    assert image == "nvcr.io/nvidia/pytorch:24.10-py3@sha256:" + "1" * 64  # pinned by digest
+    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
+    assert [line.text for line in lines] == ["epoch 1 loss 0.9", "epoch 2 loss 0.4"]
+    from cluster.models import LogicalDevice
+
+    assert not LogicalDevice.objects.filter(released_at__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_user_failure_is_not_retried(kube, platform, celery_worker_thread):
+    kube.controller.script("ty-", exit_code=1, logs="Traceback (most recent call last):\nValueError: bad input")
+    job = submit(platform, max_retries=3)
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "failed" and job.failure_class == "user"
+    [attempt] = job.attempts.all()
+    assert (attempt.exit_code, attempt.rule, attempt.reason) == (1, "user-exit-1-2", "Error")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_eviction_is_retried_elsewhere_and_then_succeeds(kube, platform, celery_worker_thread):
+    kube.controller.script("ty-", run_ticks=None, times=1)  # the first pod runs until evicted
+    job = submit(platform, max_retries=2)
+    drive(kube, lambda: reload(job).state == "running")
+    name = parse_ref(attempt_ref(job))[1]
+    kube.controller.evict_pod(TEAM_NS, f"{name}-main-0")
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "succeeded"
+    first, second = job.attempts.order_by("number")
+    assert (first.reason, first.failure_class, first.reaction) == ("Evicted", "platform", "retry_elsewhere")
+    assert first.placement["devices"][0]["gpu_uuid"] in reload(job).excluded_gpus
+    assert second.placement["devices"][0]["gpu_uuid"] != first.placement["devices"][0]["gpu_uuid"]
+    assert parse_ref(second.backend_ref)[1].endswith("-2")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_full_volcano_queue_keeps_the_job_pending_with_the_reason_shown(kube, platform, celery_worker_thread):
+    # Something outside the platform fills the Volcano queue (4 GPUs of capability).
+    foreign = render.render_job(describe(gpus=4, job_id=str(uuid.uuid4())), render.RenderOptions())
+    foreign["metadata"]["name"], foreign["metadata"]["labels"] = "someone-elses-job", {}
+    kube.controller.script("someone-elses-job", run_ticks=None)
+    kube.create(JOBS, foreign, TEAM_NS)
+    kube.controller.tick(3)
+    job = submit(platform)
+    wanted = "waiting in Volcano queue trainyard-train: queue resource quota insufficient"
+    job = drive(kube, lambda: reload(job) if reload(job).message == wanted else None)
+    assert job.state == "starting"
+    assert job.events.filter(kind="backend_pending", message=wanted).count() == 1
+
+    kube.delete(JOBS, "someone-elses-job", TEAM_NS)
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_timeout_deletes_the_job_and_times_out(kube, platform, celery_worker_thread):
+    from jobs import services
+
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(platform, timeout_s=1)
+    drive(kube, lambda: reload(job).state == "running")
+    time.sleep(1.1)
+    assert services.timeouts_enforce() == 1
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "timed_out" and job.attempts.get().state == "timed_out"
+    assert vcjobs(kube) == [] and kube.controller.job_pods(TEAM_NS, parse_ref(attempt_ref(job))[1]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_cancel_while_running(kube, platform, celery_worker_thread):
+    from jobs import services
+
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(platform)
+    drive(kube, lambda: reload(job).state == "running")
+    assert services.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "cancelled" and vcjobs(kube) == []
+    from cluster.models import LogicalDevice
+
+    assert not LogicalDevice.objects.filter(released_at__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_api_faults_leave_no_duplicate_and_no_lost_job(kube, platform, celery_worker_thread):
+    kube.controller.script("ty-", run_ticks=4)
+    kube.throttle_next(2, retry_after=0, method="POST", path=r"/jobs$")
+    kube.hang_next(1, seconds=1.0, method="POST", path=r"/jobs$", process=True)
+    kube.fail_next(3, status=500, method="GET", path=r"/pods$")
+    job = submit(platform)
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "succeeded" and job.attempts.count() == 1
+    created = [r for r in kube.requests_matching("POST", r"/jobs$") if r.status == 201]
+    assert len(created) <= 1 and len(vcjobs(kube)) == 1  # the hung create may be the one that made it
+    assert not job.events.filter(kind="attempt_failed").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_closing_a_platform_queue_closes_its_volcano_queue(kube, platform, celery_worker_thread):
+    from quotas.models import Queue
+    from quotas.services import queue_update
+
+    queue_update(queue=Queue.objects.get(name="debug"), changes={"state": "closed", "gpu_milli": 3000},
+                 actor=None)
+    volcano = drive(kube, lambda: (kube.get(QUEUES, "trainyard-debug").get("status") or {}).get("state") == "Closed"
+                    and kube.get(QUEUES, "trainyard-debug"))
+    assert volcano["spec"]["capability"]["nvidia.com/gpu"] == "3"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, platform, celery_worker_thread):
+    kube.controller.script("ty-", task="master", logs="rank 0: all-reduce ok", run_ticks=2)
+    kube.controller.script("ty-", task="worker", logs="rank 1: all-reduce ok", run_ticks=2)
+    job = submit(platform, queue="distributed", replicas=2)
+    job = drive(kube, lambda: finished(job))
+    assert job.state == "succeeded"
+    vcjob = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)
+    assert vcjob["spec"]["minAvailable"] == 2 and "pytorch" in vcjob["spec"]["plugins"]
+    assert vcjob["spec"]["queue"] == "trainyard-distributed"
+    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
+    assert sorted(line.text for line in lines) == ["[master-0] rank 0: all-reduce ok",
+                                                   "[worker-0] rank 1: all-reduce ok"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_worker_thread):
+    from jobs import tensorboard
+    from jobs.models import TensorBoardRoute
+
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(platform, tensorboard=True, mounts=[{"claim": "demo-ckpt", "path": "/ckpt", "kind": "checkpoint"}],
+                 tensorboard_logdir="/ckpt/tb")
+    route = drive(kube, lambda: TensorBoardRoute.objects.filter(job=job, state="active").first())
+    name = render.tensorboard_name(str(job.id))
+    assert route.host == f"{name}.tb.example.org"
+    assert kube.get("ingresses.networking.k8s.io", name, TEAM_NS)["spec"]["rules"][0]["host"] == route.host
+    pod_spec = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)["spec"]["tasks"][0]["template"]["spec"]
+    assert pod_spec["initContainers"][0]["command"][:3] == ["tensorboard", "--logdir", "/ckpt/tb"]
+    assert {"name": "ckpt-0", "persistentVolumeClaim": {"claimName": "demo-ckpt", "readOnly": False}} in \
+        pod_spec["volumes"]
+
+    from jobs import services
+
+    services.job_cancel(job_id=job.id, actor="demo")
+    drive(kube, lambda: finished(job))
+    assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
+    assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
+    assert kube.try_get("services", name, TEAM_NS) is None

@@ -1,0 +1,337 @@
+"""The manifests the Volcano backend writes: valid against the real Volcano CRDs and Kubernetes' own schemas,
+and saying what the platform means (placement, gang, provider resources, pod security, names).
+
+Every (spec × sharing provider × single/distributed × with/without TensorBoard and volumes) combination is
+rendered and validated: the Volcano Job against the openAPIV3Schema of `../shared/volcano-crds` (unknown fields
+rejected), its pod templates against the Kubernetes 1.34 PodTemplate schema (kubernetes-validate, strict).
+Tests that need the CRD files skip with a message saying where they were looked for.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+
+import kubernetes_validate
+import pytest
+
+from jobs.backends import volcano_render as render
+from jobs.backends.base import AttemptDescription, Device
+from tests.fake_k8s import crds, crds_available, unavailable_reason
+
+K8S_VERSION = "1.34"
+CARD_MIB = 81559
+JOB_ID = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
+DIGEST_IMAGE = "nvcr.io/nvidia/pytorch:24.10-py3@sha256:" + "1" * 64
+
+needs_crds = pytest.mark.skipif(not crds_available(), reason=unavailable_reason())
+
+# name → (exclusive, gpu_count, compute milli per card, memory eighths per card)
+SPECS = {
+    "guaranteed": (True, 1, 1000, 8),
+    "guaranteed-x4": (True, 4, 1000, 8),
+    "performance": (False, 1, 750, 6),
+    "shared": (False, 1, 250, 2),
+}
+PROVIDERS = render.SHARING_PROVIDERS
+
+
+def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = False, **overrides) -> AttemptDescription:
+    exclusive, count, milli, eighths = SPECS[spec]
+    devices = []
+    for replica in range(replicas):
+        for card in range(count if exclusive else 1):
+            devices.append(Device(gpu_uuid=f"GPU-{replica:02d}{card:02d}aaaa-0000-0000-0000-000000000000",
+                                  gpu_index=card, node=f"gpu-node-{replica}", compute_milli=milli,
+                                  memory_mib=CARD_MIB * eighths // 8, exclusive=exclusive))
+    fields = dict(
+        job_id=JOB_ID, attempt_id=41, attempt_number=2, name="resnet sweep", owner="alice", team="vision",
+        namespace="team-vision", queue="distributed" if replicas > 1 else "train",
+        volcano_queue="trainyard-distributed" if replicas > 1 else "trainyard-train", image=DIGEST_IMAGE,
+        command=["python", "train.py"], args=["--epochs", "3"], env={"WANDB_MODE": "offline"}, working_dir="",
+        replicas=replicas, gpu_count=count, exclusive=exclusive, cpu_milli=8000 * count, memory_mib=65536 * count,
+        timeout_s=7200, priority=0, min_driver_version="", tensorboard=False, tensorboard_logdir="",
+        devices=devices, mounts=[], labels={}, gang=replicas > 1, secondary_network="", read_only_root=False,
+    )
+    if extras:
+        fields.update(
+            tensorboard=True, tensorboard_logdir="/ckpt/tb", min_driver_version="550.54.15",
+            mounts=[{"claim": "imagenet", "path": "/data", "read_only": True},
+                    {"claim": "vision-ckpt", "path": "/ckpt", "kind": "checkpoint", "sub_path": "resnet"}],
+            labels={"sweep": "lr-0.1", "git": "abc123"}, secondary_network="kube-system/rdma-net",
+            read_only_root=True, working_dir="src",
+        )
+    fields.update(overrides)
+    return AttemptDescription(**fields)
+
+
+def options(provider: str = "whole", **overrides) -> render.RenderOptions:
+    return render.RenderOptions(sharing=provider, ttl_s=900, priority_class="trainyard-batch", grace_s=20,
+                                image_pull_secrets=("registry-cred",), **overrides)
+
+
+def templates(job: dict) -> dict[str, dict]:
+    return {task["name"]: task["template"] for task in job["spec"]["tasks"]}
+
+
+def trainer(template: dict) -> dict:
+    return next(c for c in template["spec"]["containers"] if c["name"] == "trainer")
+
+
+def validate_pod_template(template: dict) -> None:
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                  "template": template}, K8S_VERSION, strict=True)
+
+
+# ------------------------------------------------------------------------------------------ every manifest
+
+
+@needs_crds
+@pytest.mark.parametrize("extras", [False, True], ids=["plain", "tensorboard+volumes"])
+@pytest.mark.parametrize("replicas", [1, 3], ids=["single", "distributed"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, replicas, extras):
+    desc = describe(spec, replicas=replicas, extras=extras)
+    job = render.render_job(desc, options(provider))
+
+    crds.validate(copy.deepcopy(job))  # the real Job CRD schema, unknown fields rejected
+    for template in templates(job).values():
+        validate_pod_template(template)
+
+    spec_ = job["spec"]
+    assert job["metadata"]["namespace"] == "team-vision" and spec_["queue"] == desc.volcano_queue
+    assert spec_["schedulerName"] == "volcano" and spec_["maxRetry"] == 0
+    assert spec_["ttlSecondsAfterFinished"] == 900 and spec_["priorityClassName"] == "trainyard-batch"
+    assert spec_["minAvailable"] == replicas == sum(t["replicas"] for t in spec_["tasks"])
+    assert all(t["minAvailable"] == t["replicas"] and t["maxRetry"] == 0 for t in spec_["tasks"])
+    assert {p["event"]: p["action"] for p in spec_["policies"]} == {"PodFailed": "TerminateJob",
+                                                                     "PodEvicted": "TerminateJob"}
+    labels = job["metadata"]["labels"]
+    assert labels["trainyard.io/job-id"] == JOB_ID and labels["trainyard.io/attempt"] == "2"
+    assert labels["trainyard.io/attempt-id"] == "41" and labels["app.kubernetes.io/managed-by"] == "trainyard"
+    if replicas > 1:
+        assert set(spec_["plugins"]) == {"pytorch", "env", "svc"}
+        assert "--master=master" in spec_["plugins"]["pytorch"] and "--worker=worker" in spec_["plugins"]["pytorch"]
+        assert [(t["name"], t["replicas"]) for t in spec_["tasks"]] == [("master", 1), ("worker", 2)]
+    else:
+        assert "plugins" not in spec_ and [t["name"] for t in spec_["tasks"]] == ["main"]
+
+    for template in templates(job).values():
+        pod = template["spec"]
+        assert template["metadata"]["labels"]["trainyard.io/job-id"] == JOB_ID
+        assert pod["restartPolicy"] == "Never" and pod["schedulerName"] == "volcano"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["imagePullSecrets"] == [{"name": "registry-cred"}]
+        assert not any("hostPath" in v for v in pod["volumes"])
+        assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+        for container in pod["containers"] + pod.get("initContainers", []):
+            security = container["securityContext"]
+            assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]} and security["runAsNonRoot"] is True
+        main = trainer(template)
+        assert main["image"] == DIGEST_IMAGE and main["imagePullPolicy"] == "IfNotPresent"
+        assert main["securityContext"]["readOnlyRootFilesystem"] is desc.read_only_root
+        assert main["resources"]["requests"] == main["resources"]["limits"]
+        fields = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert all(term["matchFields"][0]["key"] == "metadata.name" for term in fields["nodeSelectorTerms"])
+        annotations = template["metadata"]["annotations"]
+        if extras:
+            assert annotations["k8s.v1.cni.cncf.io/networks"] == "kube-system/rdma-net"
+            assert json.loads(annotations["trainyard.io/labels"]) == {"sweep": "lr-0.1", "git": "abc123"}
+            mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+            assert mounts["/data"]["readOnly"] is True and mounts["/ckpt"]["subPath"] == "resnet"
+            assert len(fields["nodeSelectorTerms"]) == 3  # driver >= 550.54.15 on GFD's numeric labels
+        else:
+            assert "k8s.v1.cni.cncf.io/networks" not in annotations and len(fields["nodeSelectorTerms"]) == 1
+    sidecars = [c for t in templates(job).values() for c in t["spec"].get("initContainers", [])]
+    assert [c["name"] for c in sidecars] == (["tensorboard"] if extras else [])
+
+
+# ------------------------------------------------------------------------------------------ GPU providers
+
+
+@pytest.mark.parametrize(("provider", "spec", "expected", "pin"), [
+    ("whole", "guaranteed-x4", {"nvidia.com/gpu": "4"}, None),
+    ("whole", "shared", {"nvidia.com/gpu.shared": "1"}, None),
+    ("volcano-vgpu", "guaranteed", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(CARD_MIB),
+                                    "volcano.sh/vgpu-cores": "100"}, "volcano.sh/vgpu-use-gpuuuid"),
+    ("volcano-vgpu", "shared", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(CARD_MIB * 2 // 8),
+                                "volcano.sh/vgpu-cores": "25"}, "volcano.sh/vgpu-use-gpuuuid"),
+    ("hami", "performance", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(CARD_MIB * 6 // 8),
+                             "nvidia.com/gpucores": "75"}, "nvidia.com/use-gpuuuid"),
+    ("hami", "guaranteed-x4", {"nvidia.com/gpu": "4", "nvidia.com/gpumem": str(CARD_MIB),
+                               "nvidia.com/gpucores": "100"}, "nvidia.com/use-gpuuuid"),
+])
+def test_gpu_requests_follow_the_sharing_provider(provider, spec, expected, pin):
+    desc = describe(spec)
+    template = templates(render.render_job(desc, options(provider)))["main"]
+    resources = trainer(template)["resources"]["limits"]
+    assert {k: v for k, v in resources.items() if k not in ("cpu", "memory")} == expected
+    assert resources["cpu"] == f"{desc.cpu_milli}m" and resources["memory"] == f"{desc.memory_mib}Mi"
+    annotations = template["metadata"]["annotations"]
+    pins = {k for k in annotations if k.endswith("use-gpuuuid")}
+    if pin is None:
+        assert pins == set()
+    else:
+        assert pins == {pin} and annotations[pin].split(",") == sorted(d.gpu_uuid for d in desc.devices)
+    env = {e["name"]: e["value"] for e in trainer(template)["env"]}
+    if not desc.exclusive:
+        assert env["CUDA_DEVICE_SM_LIMIT"] == str(desc.devices[0].compute_milli // 10)
+
+
+def test_cards_without_a_published_uuid_are_not_pinned():
+    desc = describe("shared", devices=[Device("K8S-gpu-node-0-3", 3, "gpu-node-0", 250, 20389, False)])
+    template = templates(render.render_job(desc, options("hami")))["main"]
+    assert "nvidia.com/use-gpuuuid" not in template["metadata"]["annotations"]
+
+
+def test_unknown_provider_is_refused_with_the_setting_named():
+    with pytest.raises(render.ManifestError, match="TRAINYARD_K8S_SHARING"):
+        render.RenderOptions(sharing="mig")
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+def _matches(term: dict, name: str, labels: dict[str, str]) -> bool:
+    """Kubernetes' nodeSelectorTerm semantics for the operators the renderer uses."""
+    for field in term.get("matchFields", []):
+        if name not in field["values"]:
+            return False
+    for expr in term.get("matchExpressions", []):
+        value = labels.get(expr["key"])
+        if expr["operator"] == "In" and value not in expr["values"]:
+            return False
+        if expr["operator"] == "Gt" and (value is None or int(value) <= int(expr["values"][0])):
+            return False
+    return True
+
+
+def _schedulable(template: dict, name: str, labels: dict[str, str]) -> bool:
+    terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return any(_matches(term, name, labels) for term in terms["nodeSelectorTerms"])
+
+
+def _driver_labels(version: str) -> dict[str, str]:
+    major, minor, revision = version.split(".")
+    return {"nvidia.com/cuda.driver-version.major": major, "nvidia.com/cuda.driver-version.minor": minor,
+            "nvidia.com/cuda.driver-version.revision": revision}
+
+
+@pytest.mark.parametrize(("node_driver", "fits"), [
+    ("550.54.15", True), ("550.54.14", False), ("550.90.07", True), ("550.40.99", False), ("560.28.03", True),
+    ("535.183.01", False),
+])
+def test_node_affinity_pins_the_placed_node_and_the_images_minimum_driver(node_driver, fits):
+    template = templates(render.render_job(describe(min_driver_version="550.54.15"), options()))["main"]
+    assert _schedulable(template, "gpu-node-0", _driver_labels(node_driver)) is fits
+    assert not _schedulable(template, "gpu-node-7", _driver_labels("560.28.03"))  # never off the placement
+
+
+def test_distributed_workers_stay_in_the_rack_of_their_placement():
+    desc = describe("guaranteed", replicas=3)
+    racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"}
+             for i in range(3)}
+    job = render.render_job(desc, options(), node_labels=racks)
+    master, worker = templates(job)["master"], templates(job)["worker"]
+    assert _schedulable(master, "gpu-node-0", {"trainyard.io/rack": "r12"})
+    assert not _schedulable(worker, "gpu-node-1", {"trainyard.io/rack": "r13"})
+    assert _schedulable(worker, "gpu-node-2", {"trainyard.io/rack": "r12"})
+    assert not _schedulable(worker, "gpu-node-0", {"trainyard.io/rack": "r12"})  # the master's node, not a worker's
+
+    racks["gpu-node-2"] = {"trainyard.io/rack": "r13"}  # placement spans racks: no rack rule can hold
+    spanning = render.render_job(desc, options(), node_labels=racks)
+    assert _schedulable(templates(spanning)["worker"], "gpu-node-2", {"trainyard.io/rack": "r13"})
+    unlabelled = render.render_job(desc, options(), node_labels={})
+    assert "trainyard.io/rack" not in json.dumps(unlabelled)
+
+
+# ------------------------------------------------------------------------------------------ names, volumes
+
+
+def test_names_are_deterministic_and_fit_kubernetes_limits():
+    desc = describe("guaranteed", replicas=64)
+    first, again = render.render_job(desc, options()), render.render_job(desc, options())
+    assert first == again
+    name = first["metadata"]["name"]
+    assert name == "ty-0f1e2d3c4b5a49688776a5b4c3d2e1f0-2"
+    assert len(f"{name}-worker-62") <= 63 and name[0].isalpha()
+    assert render.job_name(JOB_ID, 3) != name
+
+
+@pytest.mark.parametrize("mount", [
+    {"host_path": "/var/run/docker.sock", "path": "/sock"},
+    {"hostPath": {"path": "/"}, "path": "/host"},
+    {"claim": "data", "path": "relative/path"},
+    {"claim": "data", "path": "/"},
+    {"claim": "Data_Set", "path": "/data"},
+    {"claim": "data", "path": "/data", "sub_path": "../other-team"},
+])
+def test_mounts_other_than_claims_at_absolute_paths_are_refused(mount):
+    with pytest.raises(render.ManifestError):
+        render.render_job(describe(mounts=[mount]), options())
+
+
+def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_the_master_only():
+    job = render.render_job(describe("guaranteed", replicas=2, tensorboard=True), options())
+    master, worker = templates(job)["master"], templates(job)["worker"]
+    sidecar = master["spec"]["initContainers"][0]
+    assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["containerPort"] == 6006
+    assert master["metadata"]["labels"]["trainyard.io/tensorboard"] == "true"
+    assert "trainyard.io/tensorboard" not in worker["metadata"]["labels"] and "initContainers" not in worker["spec"]
+    env = {e["name"]: e["value"] for e in trainer(master)["env"]}
+    assert env["TRAINYARD_TENSORBOARD_LOGDIR"] == render.DEFAULT_TB_DIR
+    assert render.DEFAULT_TB_DIR in {m["mountPath"] for m in trainer(master)["volumeMounts"]}
+    assert all(m.get("readOnly") or m["mountPath"] == "/tmp" for m in sidecar["volumeMounts"])
+
+
+# ------------------------------------------------------------------------------------------ queues, routes
+
+
+@needs_crds
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_queues_validate_and_carry_the_platform_quota(provider):
+    vector = {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
+    queue = render.render_queue(name="trainyard-train", vector=vector, weight=3, priority=-5, fifo=True,
+                                sharing=provider, platform_queue="train")
+    crds.validate(copy.deepcopy(queue))
+    spec = queue["spec"]
+    assert spec["reclaimable"] is False and spec["priority"] == 0 and spec["dequeueStrategy"] == "fifo"
+    assert spec["capability"]["cpu"] == "64000m" and spec["capability"]["memory"] == "262144Mi"
+    gpu = {k: v for k, v in spec["capability"].items() if k not in ("cpu", "memory")}
+    assert gpu == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"},
+                   "hami": {}}[provider]
+    command = render.render_queue_command(queue="trainyard-train", uid="5e1f-uid", action="CloseQueue",
+                                          namespace="trainyard")
+    crds.validate(copy.deepcopy(command))
+    assert command["target"]["kind"] == "Queue" and command["target"]["name"] == "trainyard-train"
+    assert command["target"]["uid"] == "5e1f-uid" and command["action"] == "CloseQueue"
+
+
+def test_tensorboard_route_objects_validate_against_kubernetes():
+    host = render.tensorboard_host(JOB_ID, "tb.example.org.")
+    assert host == "tb-0f1e2d3c4b5a49688776a5b4c3d2e1f0.tb.example.org"
+    service = render.render_tensorboard_service(job_id=JOB_ID, namespace="team-vision")
+    ingress = render.render_tensorboard_ingress(job_id=JOB_ID, namespace="team-vision", host=host,
+                                                ingress_class="nginx", auth_url="https://ty.example.org/tb/{job_id}/",
+                                                tls_secret="tb-wildcard")
+    for obj in (service, ingress):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert service["spec"]["selector"] == {"trainyard.io/job-id": JOB_ID, "trainyard.io/tensorboard": "true"}
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-url"].endswith(f"/tb/{JOB_ID}/")
+    with pytest.raises(render.ManifestError, match="TRAINYARD_TB_BASE_DOMAIN"):
+        render.tensorboard_host(JOB_ID, "")
+
+
+def test_driver_alternatives_cover_each_precision():
+    assert render.driver_alternatives("") == []
+    major = render.DRIVER_LABELS[0]
+    assert render.driver_alternatives("550") == [[{"key": major, "operator": "Gt", "values": ["549"]}]]
+    two = render.driver_alternatives("520.61")
+    assert [len(a) for a in two] == [1, 2] and two[1][-1] == {"key": render.DRIVER_LABELS[1], "operator": "Gt",
+                                                              "values": ["60"]}
+    assert list(itertools.chain.from_iterable(render.driver_alternatives("550.54.15")))[-1]["values"] == ["14"]

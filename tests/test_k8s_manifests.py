@@ -1,0 +1,250 @@
+"""The manifests in k8s/ that deploy Trainyard itself: valid for Kubernetes 1.34 (kubernetes-validate, strict,
+offline) and for the real Volcano CRDs, secure by default, consistent with the seed data, and granting the
+backend's service account exactly the API verbs the Volcano backend uses — no more, no less.
+
+The RBAC check replays every backend operation against the fake API server, turns each request into the
+(API group, resource, verb, scope) an authorizer would check, and compares that set with the rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes.utils import parse_quantity
+
+from jobs.backends import volcano_render as render
+from jobs.backends.base import AttemptDescription, Device
+from jobs.backends.volcano import VolcanoBackend, VolcanoConfig
+from tests.fake_k8s import FakeKubernetes, crds, crds_available, unavailable_reason
+
+K8S = Path(__file__).resolve().parents[1] / "k8s"
+K8S_VERSION = "1.34"
+TEAM_NS, SYSTEM_NS = "trainyard-demo", "trainyard"
+
+
+def documents() -> list[tuple[str, dict]]:
+    found = []
+    for path in sorted(K8S.glob("*.yaml")):  # k8s/*/ (e.g. prometheus/) belongs to other deployments
+        if path.name == "kustomization.yaml":
+            continue
+        found += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return found
+
+
+def kind(name: str) -> list[dict]:
+    return [doc for _, doc in documents() if doc["kind"] == name]
+
+
+def deployment(component: str) -> dict:
+    return next(d for d in kind("Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+
+
+def pod_specs() -> Iterator[tuple[str, dict]]:
+    for doc in kind("Deployment") + kind("Job"):
+        yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+# ------------------------------------------------------------------------------------------ validity
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(files)
+
+
+@pytest.mark.parametrize(("filename", "doc"), [
+    pytest.param(f, d, id=f"{f}:{d['kind']}/{d['metadata']['name']}") for f, d in documents()
+])
+def test_each_object_validates_against_its_schema(filename, doc):
+    if doc["apiVersion"].startswith(("scheduling.volcano.sh/", "batch.volcano.sh/", "bus.volcano.sh/")):
+        if not crds_available():
+            pytest.skip(unavailable_reason())
+        crds.validate(copy.deepcopy(doc))
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_three_processes_are_deployed_with_probes_and_resources():
+    web, worker, beat = deployment("web"), deployment("worker"), deployment("beat")
+    container = web["spec"]["template"]["spec"]["containers"][0]
+    allowed = kind("ConfigMap")[0]["data"]["TRAINYARD_ALLOWED_HOSTS"].split(",")
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        host = next(h["value"] for h in container[probe]["httpGet"]["httpHeaders"] if h["name"] == "Host")
+        assert host in allowed  # else Django answers the kubelet 400 and the pod never becomes ready
+    assert "inspect ping" in " ".join(worker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]
+                                      ["command"])
+    assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    for name, spec in pod_specs():
+        for c in spec["containers"]:
+            requests, limits = c["resources"]["requests"], c["resources"]["limits"]
+            assert set(requests) == set(limits) == {"cpu", "memory"}, name
+            assert parse_quantity(requests["memory"]) <= parse_quantity(limits["memory"]), name
+            assert {"name": "trainyard-config"} in [e.get("configMapRef") for e in c["envFrom"]], name
+
+
+def test_pods_are_locked_down():
+    for name, spec in pod_specs():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), name
+        assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC")), name
+        for c in spec["containers"]:
+            security = c["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False, name
+            assert security["readOnlyRootFilesystem"] is True and security["capabilities"] == {"drop": ["ALL"]}, name
+    automount = {name: spec.get("automountServiceAccountToken", True) for name, spec in pod_specs()}
+    assert automount == {"trainyard-web": True, "trainyard-worker": True, "trainyard-beat": False,
+                         "trainyard-migrate": False}
+    for namespace in kind("Namespace"):
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_configmap_sets_only_documented_settings():
+    documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", (K8S.parent / ".env.example").read_text(), re.M))
+    data = kind("ConfigMap")[0]["data"]
+    assert set(data) <= documented, set(data) - documented
+    assert data["TRAINYARD_BACKEND"] == "volcano" and data["TRAINYARD_NVML_PROBE"] == "false"
+    assert data["TRAINYARD_K8S_NAMESPACE"] == SYSTEM_NS
+
+
+def test_volcano_queues_match_the_seeded_platform_queues():
+    from trainyard.seed import QUEUES
+
+    queues = {q["metadata"]["name"]: q for q in kind("Queue")}
+    assert set(queues) == {f"trainyard-{q['name']}" for q in QUEUES}
+    for data in QUEUES:
+        vector = {k: data[k] for k in ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")}
+        expected = render.render_queue(name=f"trainyard-{data['name']}", vector=vector, weight=1,
+                                       priority=data["priority"], fifo=data["ordering"] == "fifo", sharing="whole",
+                                       platform_queue=data["name"])
+        actual = queues[expected["metadata"]["name"]]
+        assert actual["metadata"]["labels"] == expected["metadata"]["labels"]
+        spec, want = dict(actual["spec"]), dict(expected["spec"])
+        assert {k: parse_quantity(v) for k, v in spec.pop("capability").items()} == \
+            {k: parse_quantity(v) for k, v in want.pop("capability").items()}
+        assert spec == want
+
+
+# ------------------------------------------------------------------------------------------ RBAC
+
+
+def granted() -> set[tuple[str, str, str, str]]:
+    """(scope, apiGroup, resource, verb) the service account holds; scope = 'cluster' or a namespace."""
+    roles = {(r["kind"], r["metadata"].get("namespace", ""), r["metadata"]["name"]): r["rules"]
+             for r in kind("ClusterRole") + kind("Role")}
+    grants = set()
+    for binding in kind("ClusterRoleBinding") + kind("RoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard", "namespace": SYSTEM_NS}]
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace", "")
+        rules = roles[(ref["kind"], namespace if ref["kind"] == "Role" else "", ref["name"])]
+        scope = namespace or "cluster"
+        for rule in rules:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert "*" not in (group, resource, verb)
+                        grants.add((scope, group, resource, verb))
+    return grants
+
+
+_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+                   r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def needed(records) -> set[tuple[str, str, str, str]]:
+    """What an authorizer checks for each request the backend made."""
+    wanted = set()
+    for record in records:
+        match = _PATH.match(record.path)
+        assert match, record.path
+        group = "" if match["core"] else match["group"]
+        resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+        if record.method == "GET":
+            verb = "get" if match["name"] else ("watch" if record.watch else "list")
+        else:
+            verb = _VERBS[record.method]
+        wanted.add((match["ns"] or "cluster", group, resource, verb))
+    return wanted
+
+
+@dataclass
+class PlatformQueue:
+    name: str = "train"
+    state: str = "open"
+    weight: int = 1
+    priority: int = 10
+    ordering: str = "fifo"
+    quota: dict = field(default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000,
+                                                 "memory_mib": 262144})
+
+    @property
+    def volcano_name(self) -> str:
+        return f"trainyard-{self.name}"
+
+    def vector(self) -> dict:
+        return dict(self.quota)
+
+
+def describe(replicas: int) -> AttemptDescription:
+    return AttemptDescription(
+        job_id=str(uuid.uuid4()), attempt_id=replicas, attempt_number=1, name="rbac", owner="demo", team="demo",
+        namespace=TEAM_NS, queue="train", volcano_queue="trainyard-train", image="registry.local/t@sha256:" + "5" * 64,
+        command=["python", "train.py"], args=[], env={}, working_dir="", replicas=replicas, gpu_count=1,
+        exclusive=True, cpu_milli=1000, memory_mib=1024, timeout_s=600, priority=0, min_driver_version="",
+        tensorboard=False, tensorboard_logdir="",
+        devices=[Device(f"GPU-{i}", 0, f"gpu-node-{i}", 1000, 81559, True) for i in range(replicas)],
+    )
+
+
+def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
+    if not crds_available():
+        pytest.skip(unavailable_reason())
+    settings.TRAINYARD_LOG_ROOT = tmp_path
+    with FakeKubernetes(nodes=2) as kube:
+        for namespace in (TEAM_NS, SYSTEM_NS):
+            kube.create("namespaces", {"metadata": {"name": namespace}})
+        backend = VolcanoBackend(kube.api_client(), VolcanoConfig(
+            render=render.RenderOptions(), request_timeout_s=2, retries=2, backoff_s=0.01, start_timeout_s=0,
+            system_namespace=SYSTEM_NS, tb_base_domain="tb.example.org"))
+        queue = PlatformQueue()
+        backend.queue_sync(queue)  # create
+        queue.quota["gpu_milli"], queue.state = 8000, "closed"
+        backend.queue_sync(queue)  # update, close
+        queue.state = "open"
+        kube.controller.tick()
+        backend.queue_sync(queue)  # reopen
+        kube.controller.tick()
+        backend.inventory()
+        kube.controller.script("ty-", run_ticks=None, logs="hi")
+        single, gang = describe(1), describe(2)
+        refs = [backend.submit(single), backend.submit(gang)]
+        backend.submit(single)  # 409: reads the existing job
+        backend.observe(refs)  # pending: PodGroups and events
+        kube.controller.tick(3)
+        backend.observe(refs)  # running: pods and logs
+        backend.live_refs()
+        host = backend.tensorboard_expose(job_id=single.job_id, namespace=TEAM_NS)
+        assert host.endswith(".tb.example.org")
+        backend.tensorboard_remove(job_id=single.job_id, namespace=TEAM_NS)
+        backend.cancel(refs[0], grace_s=1)
+        backend.cleanup(refs[1])
+        kube.controller.script("ty-", waiting_reason="ImagePullBackOff")
+        stuck = describe(1)
+        ref = backend.submit(stuck)
+        kube.controller.tick(3)
+        assert backend.observe([ref])[ref].reason == "ImagePullBackOff"  # stuck: the backend deletes it itself
+        used = needed(kube.requests)
+    assert used == granted()
