@@ -114,9 +114,11 @@ class LogWriter:
         for line in lines:
             self.write_line(line)
 
-    def flush(self) -> None:
+    def flush(self, *, lazy: bool = False) -> None:
         if self._ring is not None:
-            self._flush_ring()
+            # Rewriting the ring costs the whole kept tail: a lazy flush does it at most every RING_FLUSH_S.
+            if not lazy or time.monotonic() - self._last_flush >= RING_FLUSH_S:
+                self._flush_ring()
         else:
             self._file.flush()
             self._write_meta()

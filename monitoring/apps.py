@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class MonitoringConfig(AppConfig):
     name = "monitoring"
     verbose_name = "Monitoring"
+
+    def ready(self) -> None:
+        from monitoring import celery_metrics
+
+        celery_metrics.connect()

@@ -1,5 +1,6 @@
 """REST API v1: one router for every app's viewsets."""
 
+from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
@@ -17,3 +18,4 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")
 router.register("tokens", TokenViewSet, basename="token")
 urlpatterns = router.urls
+urlpatterns += [path("monitoring/", include("monitoring.api_urls"))]

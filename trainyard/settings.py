@@ -86,6 +86,13 @@ DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 5
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("TRAINYARD_DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Under ASGI every request runs in a thread of its own, so a per-thread persistent connection is never reused, only
+# left open until garbage collection; the web process (trainyard/asgi.py) shares a pool of connections instead.
+if env.bool("TRAINYARD_DB_POOL", default=False):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # a pooled connection goes back to the pool at the end of each request
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 2, "max_size": env.int("TRAINYARD_DB_POOL_SIZE", default=20), "timeout": 10,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
@@ -169,6 +176,7 @@ SPECTACULAR_SETTINGS = {
         "AttemptStateEnum": "jobs.states.AttemptState",
         "QueueStateEnum": "quotas.models.Queue.State",
         "NodeStateEnum": "cluster.models.Node.State",
+        "AlertLevelEnum": "monitoring.models.AlertRule.Level",
     },
 }
 
@@ -211,6 +219,29 @@ CELERY_BEAT_SCHEDULE = {
 }
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)
+
+# Kubernetes with Volcano (TRAINYARD_BACKEND=volcano; jobs/backends/volcano.py)
+TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain URL, e.g. `kubectl proxy`
+TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
+TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")
+TRAINYARD_K8S_NAMESPACE = env.str("TRAINYARD_K8S_NAMESPACE", default="trainyard")  # the platform's own
+TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu | hami
+TRAINYARD_K8S_SHARED_RESOURCE = env.str("TRAINYARD_K8S_SHARED_RESOURCE", default="nvidia.com/gpu.shared")
+TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)
+TRAINYARD_K8S_PRIORITY_CLASS = env.str("TRAINYARD_K8S_PRIORITY_CLASS", default="")
+TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
+TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
+TRAINYARD_K8S_IMAGE_PULL_SECRETS = env.list("TRAINYARD_K8S_IMAGE_PULL_SECRETS", default=[])
+TRAINYARD_K8S_RACK_LABELS = env.list("TRAINYARD_K8S_RACK_LABELS",
+                                     default=["trainyard.io/rack", "topology.kubernetes.io/rack"])
+TRAINYARD_K8S_REQUEST_TIMEOUT_S = env.float("TRAINYARD_K8S_REQUEST_TIMEOUT_S", default=15.0)
+TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
+TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
+TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
+TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
+TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
+TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced
+TRAINYARD_TB_TLS_SECRET = env.str("TRAINYARD_TB_TLS_SECRET", default="")
 CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "schedule": 60.0}
 
 # Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics

@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs.tb_proxy import tensorboard_proxy
+from monitoring.metrics import metrics_view
 from trainyard import health
 
 urlpatterns = [
@@ -12,6 +13,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("trainyard.api_urls")),
+    path("metrics", metrics_view, name="metrics"),
+    path("monitoring/", include("monitoring.urls")),
     path("tb/<uuid:job_id>/", tensorboard_proxy, name="tensorboard"),
     path("tb/<uuid:job_id>/<path:path>", tensorboard_proxy, name="tensorboard-path"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -133,6 +133,7 @@ class LocalBackend:
         folder = self._folder(ref)
         if (folder / "status.json").exists():
             return
+        (folder / "cancel").touch()  # seen by a supervisor that starts after this signal
         try:
             pid = int((folder / "runner.pid").read_text())
         except (OSError, ValueError):

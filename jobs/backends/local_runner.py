@@ -25,6 +25,27 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _stop_group(child: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the command's whole group now, SIGKILL after the grace period."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+    def escalate() -> None:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if child.poll() is not None:
+                break
+            time.sleep(0.05)
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # also whatever the command left behind in its group
+        except ProcessLookupError:
+            pass
+
+    threading.Thread(target=escalate, daemon=True).start()
+
+
 def main(folder: Path) -> int:
     spec = json.loads((folder / "spec.json").read_text())
     from jobs.logstore import LogWriter  # imported late: the logstore needs no Django settings when given budgets
@@ -33,6 +54,21 @@ def main(folder: Path) -> int:
     cwd = Path(spec["cwd"])
     cwd.mkdir(parents=True, exist_ok=True)
     stop_requested = threading.Event()
+    child: subprocess.Popen | None = None
+    grace = float(spec.get("grace_s", 10))
+
+    def on_term(_signum, _frame) -> None:
+        if stop_requested.is_set():
+            return
+        stop_requested.set()
+        if child is not None:
+            _stop_group(child, grace)
+
+    # Installed before the command starts: a stop that arrives early must still stop the job, not the supervisor.
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if (folder / "cancel").exists():
+        stop_requested.set()  # cancelled before this supervisor could take signals
     try:
         child = subprocess.Popen(
             spec["argv"], cwd=cwd, env=spec["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -45,39 +81,24 @@ def main(folder: Path) -> int:
                                              "reason": "StartError", "ended_at": time.time()})
         return 0
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
-
-    def on_term(_signum, _frame) -> None:
-        if stop_requested.is_set():
-            return
-        stop_requested.set()
-        try:
-            os.killpg(child.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-
-        def escalate() -> None:
-            deadline = time.monotonic() + float(spec.get("grace_s", 10))
-            while time.monotonic() < deadline:
-                if child.poll() is not None:
-                    break
-                time.sleep(0.05)
-            try:
-                os.killpg(child.pid, signal.SIGKILL)  # also whatever the command left behind in its group
-            except ProcessLookupError:
-                pass
-
-        threading.Thread(target=escalate, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if stop_requested.is_set():
+        _stop_group(child, grace)
     assert child.stdout is not None
-    last_flush = time.monotonic()
-    for raw in child.stdout:
-        writer.write_line(raw)
-        now = time.monotonic()
-        if now - last_flush > 0.05:
-            writer.flush()
-            last_flush = now
+    fd = child.stdout.fileno()
+    partial = b""
+    while True:
+        # os.read returns whatever the pipe holds: busy jobs are written in big batches, and a quiet job's
+        # last line is flushed at once instead of waiting in a buffer for the next one.
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        for line in lines:
+            writer.write_line(line)
+        writer.flush(lazy=True)
+    if partial:
+        writer.write_line(partial)
     code = child.wait()
     try:
         os.killpg(child.pid, signal.SIGKILL)  # orphans of the command must not hold the GPU

@@ -1,0 +1,329 @@
+"""Reads of the monitoring app: who sees which alert, the pool's allocation and fragmentation, GPUs with their
+latest telemetry, a job's three layers (host, scheduling, business), scheduling series, and the usage report."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.utils import timezone
+
+from cluster.models import GPU, LogicalDevice, Node
+from jobs.models import Job
+from jobs.states import ATTEMPT_FINISHED
+from monitoring.models import Alert, BusinessMetric, GpuSample, GpuStatus, JobGpuSample, SchedulingSample
+from monitoring.rules import stale_after
+from quotas.selectors import visible_teams
+from trainyard.errors import ValidationFailed
+
+NO_TELEMETRY_EMULATED = "emulated: no telemetry"
+# The request shapes the pool serves (shared, performance, whole card) and how common each is.
+REQUEST_SHAPES = ((250, 0.5), (750, 0.2), (1000, 0.3))
+FINISHED_ATTEMPTS = [s.value for s in ATTEMPT_FINISHED]
+
+
+# ------------------------------------------------------------------------------------------------ alerts
+
+
+def alerts_visible_to(user) -> QuerySet[Alert]:
+    """Alerts are about shared infrastructure (cards, queues, the pool): every signed-in user may read them."""
+    return Alert.objects.select_related("gpu__node", "queue", "rule")
+
+
+def alert_visible(alert: Alert, user) -> bool:
+    return bool(user and user.is_authenticated)
+
+
+def may_handle_alert(alert: Alert, user) -> bool:
+    return bool(user and user.is_staff)
+
+
+def open_alert_counts() -> dict[str, int]:
+    rows = Alert.objects.exclude(state=Alert.State.RESOLVED).values_list("level").annotate(n=Count("id"))
+    return dict(rows.values_list("level", "n"))
+
+
+# ----------------------------------------------------------------------------------------- pool and jobs
+
+
+@dataclass(frozen=True)
+class PoolAllocation:
+    schedulable_cards: int
+    held_milli: int
+    total_milli: int
+    held_memory_mib: int
+    total_memory_mib: int
+    free_milli: int
+    stranded_milli: float
+
+    @property
+    def allocation_ratio(self) -> float:
+        return self.held_milli / self.total_milli if self.total_milli else 0.0
+
+    @property
+    def memory_allocation_ratio(self) -> float:
+        return self.held_memory_mib / self.total_memory_mib if self.total_memory_mib else 0.0
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of the free compute that the usual request shapes can no longer use (FGD's idea, per card)."""
+        return self.stranded_milli / self.free_milli if self.free_milli else 0.0
+
+
+def _stranded(free_milli: int) -> float:
+    return sum(weight * free_milli for size, weight in REQUEST_SHAPES if size > free_milli)
+
+
+def pool_allocation() -> PoolAllocation:
+    """Compute and memory held by live attempts on the cards placement may use (healthy, in service, ready)."""
+    cards = dict(
+        GPU.objects.filter(health=GPU.Health.HEALTHY, quarantined=False, node__state=Node.State.READY).values_list(
+            "id", "memory_mib"
+        )
+    )
+    held = (
+        LogicalDevice.objects.filter(gpu_id__in=list(cards), released_at__isnull=True, attempt__isnull=False)
+        .exclude(attempt__state__in=FINISHED_ATTEMPTS)
+        .values("gpu_id")
+        .annotate(milli=Sum("compute_milli"), memory=Sum("memory_mib"))
+    )
+    by_card = {row["gpu_id"]: row for row in held}
+    free_total, stranded = 0, 0.0
+    for gpu_id in cards:
+        free = max(0, 1000 - int((by_card.get(gpu_id) or {}).get("milli") or 0))
+        free_total += free
+        stranded += _stranded(free)
+    return PoolAllocation(
+        schedulable_cards=len(cards),
+        held_milli=sum(int(r["milli"] or 0) for r in by_card.values()),
+        total_milli=1000 * len(cards),
+        held_memory_mib=sum(int(r["memory"] or 0) for r in by_card.values()),
+        total_memory_mib=sum(cards.values()),
+        free_milli=free_total,
+        stranded_milli=stranded,
+    )
+
+
+def jobs_by_queue_and_state() -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for queue, state, n in (
+        Job.objects.values_list("queue__name", "state").annotate(n=Count("id")).values_list("queue__name", "state", "n")
+    ):
+        out[queue][state] = n
+    return out
+
+
+# ------------------------------------------------------------------------------------------- host layer
+
+
+def telemetry_note(gpu: GPU, latest: GpuSample | None, now: datetime) -> str:
+    """What the UI says instead of numbers when there are none to show."""
+    if gpu.node.emulated:
+        return NO_TELEMETRY_EMULATED
+    if latest is None:
+        return "no telemetry yet"
+    if now - latest.at > stale_after():
+        return f"stale: last sample {latest.at:%Y-%m-%d %H:%M:%S} UTC"
+    return ""
+
+
+def latest_samples(gpu_ids: list[int], *, now: datetime) -> dict[int, GpuSample]:
+    recent = GpuSample.objects.filter(gpu_id__in=gpu_ids, at__gte=now - timedelta(days=1))
+    return {s.gpu_id: s for s in recent.order_by("gpu_id", "-at").distinct("gpu_id")}
+
+
+@dataclass
+class GpuOverview:
+    gpu: GPU
+    status: GpuStatus | None
+    latest: GpuSample | None
+    note: str
+    jobs: list[str]
+    held_milli: int
+
+
+def gpu_overview(*, now: datetime | None = None) -> list[GpuOverview]:
+    now = now or timezone.now()
+    gpus = list(GPU.objects.select_related("node").order_by("node__name", "index"))
+    ids = [g.id for g in gpus]
+    statuses = {s.gpu_id: s for s in GpuStatus.objects.filter(gpu_id__in=ids)}
+    latest = latest_samples(ids, now=now)
+    held: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for gpu_id, job_id, milli in (
+        LogicalDevice.objects.filter(gpu_id__in=ids, released_at__isnull=True, attempt__isnull=False)
+        .exclude(attempt__state__in=FINISHED_ATTEMPTS)
+        .values_list("gpu_id", "attempt__job_id", "compute_milli")
+    ):
+        held[gpu_id].append((str(job_id), milli))
+    return [
+        GpuOverview(
+            gpu=g,
+            status=statuses.get(g.id),
+            latest=latest.get(g.id),
+            note=telemetry_note(g, latest.get(g.id), now),
+            jobs=sorted({j for j, _ in held[g.id]}),
+            held_milli=sum(m for _, m in held[g.id]),
+        )
+        for g in gpus
+    ]
+
+
+def gpu_samples(gpu: GPU, *, since: datetime | None, until: datetime | None, limit: int = 2000) -> list[GpuSample]:
+    qs = GpuSample.objects.filter(gpu=gpu)
+    if since:
+        qs = qs.filter(at__gte=since)
+    if until:
+        qs = qs.filter(at__lte=until)
+    newest = list(qs.order_by("-at")[:limit])
+    newest.reverse()
+    return newest
+
+
+def _thin(points: list, limit: int) -> list:
+    if len(points) <= limit:
+        return points
+    step = len(points) / limit
+    return [points[int(i * step)] for i in range(limit - 1)] + [points[-1]]
+
+
+@dataclass
+class DeviceTelemetry:
+    device: LogicalDevice
+    attempt_number: int
+    emulated: bool
+    note: str
+    samples: list[GpuSample]
+
+
+def job_telemetry(job: Job, *, now: datetime | None = None, limit: int = 1000) -> dict[str, Any]:
+    """The three layers of one job: the cards its attempts held (through the pool's ledger, so dcgm series
+    without pod labels still map to the job) with their samples in the holding window, its own processes'
+    memory, its scheduling facts, and what it reported about itself."""
+    now = now or timezone.now()
+    devices = []
+    for device in (
+        LogicalDevice.objects.filter(attempt__job=job)
+        .select_related("gpu__node", "attempt")
+        .order_by("created_at", "id")
+    ):
+        gpu = device.gpu
+        if gpu.node.emulated:
+            devices.append(DeviceTelemetry(device, device.attempt.number, True, NO_TELEMETRY_EMULATED, []))
+            continue
+        window = GpuSample.objects.filter(gpu=gpu, at__gte=device.created_at, at__lte=device.released_at or now)
+        samples = _thin(list(window.order_by("at")[:20000]), limit)
+        devices.append(
+            DeviceTelemetry(
+                device, device.attempt.number, False, "" if samples else "no telemetry in this window", samples
+            )
+        )
+    processes = _thin(list(JobGpuSample.objects.filter(job=job).select_related("gpu").order_by("at")[:20000]), limit)
+    metrics = list(BusinessMetric.objects.filter(job=job).order_by("at", "id")[:20000])
+    waited = None
+    if job.admitted_at:
+        waited = (job.admitted_at - job.submitted_at).total_seconds()
+    return {
+        "devices": devices,
+        "processes": processes,
+        "business": _thin(metrics, 5 * limit),
+        "scheduling": {
+            "queue": job.queue.name,
+            "state": job.state,
+            "reason": job.reason,
+            "queue_position": job.queue_position,
+            "wait_s": waited,
+            "attempts": job.attempts.count(),
+            "retries_used": job.retries_used,
+        },
+        "peak_memory_mib": JobGpuSample.objects.filter(job=job).aggregate(m=Max("memory_used_mib"))["m"],
+    }
+
+
+def business_series(metrics: list[BusinessMetric]) -> dict[str, list[tuple[float, float]]]:
+    """Per metric name, (x, y) points: x is the step where the job gave one, else seconds since its first report."""
+    if not metrics:
+        return {}
+    use_step = all(m.step is not None for m in metrics)
+    origin = metrics[0].at
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for m in metrics:
+        x = float(m.step) if use_step else (m.at - origin).total_seconds()
+        for key, value in m.values.items():
+            series[key].append((x, float(value)))
+    return dict(series)
+
+
+# ------------------------------------------------------------------------------------- scheduling layer
+
+
+def scheduling_series(*, since: datetime, queue_name: str | None = None) -> list[SchedulingSample]:
+    qs = SchedulingSample.objects.filter(at__gte=since).select_related("queue").order_by("at")
+    if queue_name:
+        qs = qs.filter(queue__name=queue_name)
+    return list(qs[:50000])
+
+
+# ---------------------------------------------------------------------------------------- usage report
+
+
+MAX_REPORT_DAYS = 366
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    day: date
+    team: str
+    user: str
+    spec: str
+    gpu_model: str
+    gpu_hours: float
+    jobs: int
+
+
+def usage_report(
+    *, user, start: date, end: date, team: str | None = None, username: str | None = None, now: datetime | None = None
+) -> list[UsageRow]:
+    """GPU-hours per day, team, user, spec and card model, from the pool's ledger: a slice counts
+    compute_milli/1000 of a GPU for as long as it was held (`end` is inclusive; days are UTC)."""
+    if end < start:
+        raise ValidationFailed("'to' is before 'from'", code="invalid_range", field="to")
+    if (end - start).days + 1 > MAX_REPORT_DAYS:
+        raise ValidationFailed(f"a report covers at most {MAX_REPORT_DAYS} days", code="range_too_long", field="from")
+    now = now or timezone.now()
+    t0 = datetime.combine(start, time.min, tzinfo=UTC)
+    upper = min(datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC), now)
+    qs = LogicalDevice.objects.filter(attempt__isnull=False, created_at__lt=upper).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=t0)
+    )
+    if not user.is_staff:
+        qs = qs.filter(attempt__job__team__in=visible_teams(user))
+    if team:
+        qs = qs.filter(attempt__job__team__slug=team)
+    if username:
+        qs = qs.filter(attempt__job__owner__username=username)
+    totals: dict[tuple, list] = defaultdict(lambda: [0.0, set()])
+    for created, released, milli, job_id, team_slug, owner, spec, model in qs.values_list(
+        "created_at",
+        "released_at",
+        "compute_milli",
+        "attempt__job_id",
+        "attempt__job__team__slug",
+        "attempt__job__owner__username",
+        "attempt__job__spec__name",
+        "gpu__model",
+    ):
+        a, b = max(created, t0), min(released or now, upper)
+        while a < b:
+            day_end = datetime.combine(a.astimezone(UTC).date() + timedelta(days=1), time.min, tzinfo=UTC)
+            piece_end = min(b, day_end)
+            key = (a.astimezone(UTC).date(), team_slug, owner, spec or "explicit", model)
+            totals[key][0] += (piece_end - a).total_seconds() / 3600 * milli / 1000
+            totals[key][1].add(job_id)
+            a = piece_end
+    return [
+        UsageRow(day=k[0], team=k[1], user=k[2], spec=k[3], gpu_model=k[4], gpu_hours=round(v[0], 6), jobs=len(v[1]))
+        for k, v in sorted(totals.items())
+    ]

@@ -1,0 +1,49 @@
+"""Celery tasks of monitoring (beat entries in settings.CELERY_BEAT_SCHEDULE): each calls one service."""
+
+import random
+
+from celery import shared_task
+
+from monitoring import services
+
+
+@shared_task(name="monitoring.probe_gpus", soft_time_limit=30, time_limit=45)
+def probe_gpus() -> dict:
+    report = services.gpu_probe_all()
+    return {"probed": report.probed, "failed": report.failed, "left_service": report.left_service}
+
+
+@shared_task(name="monitoring.collect_telemetry", soft_time_limit=60, time_limit=90)
+def collect_telemetry() -> dict:
+    report = services.telemetry_collect()
+    return {"source": report.source, "samples": report.samples, "unknown": report.unknown, "error": report.error}
+
+
+@shared_task(name="monitoring.evaluate_alerts", soft_time_limit=60, time_limit=90)
+def evaluate_alerts() -> dict:
+    report = services.alerts_evaluate()
+    return {"opened": report.opened, "resolved": report.resolved, "updated": report.updated}
+
+
+@shared_task(name="monitoring.scan_job_metrics", soft_time_limit=60, time_limit=90)
+def scan_job_metrics() -> dict:
+    report = services.business_metrics_scan()
+    return {"attempts": report.attempts, "metrics": report.metrics, "malformed": report.malformed}
+
+
+@shared_task(name="monitoring.sample_scheduling", soft_time_limit=60, time_limit=90)
+def sample_scheduling() -> int:
+    return services.scheduling_sample()
+
+
+@shared_task(name="monitoring.prune", soft_time_limit=600, time_limit=660)
+def prune() -> dict:
+    return services.monitoring_prune()
+
+
+@shared_task(bind=True, name="monitoring.deliver_webhook", max_retries=6, acks_late=True)
+def deliver_webhook(self, delivery_id: int) -> bool:
+    """Idempotent (a delivered row is not sent again); retried with a growing, jittered delay."""
+    if services.webhook_deliver(delivery_id=delivery_id):
+        return True
+    raise self.retry(countdown=min(600, 5 * 2**self.request.retries) * random.uniform(0.8, 1.2))
