@@ -80,8 +80,17 @@ def _make_jobs(count: int):
     user = get_user_model().objects.get(username="demo")
     jobs = []
     for i in range(count):
-        job, _ = job_submit(user=user, data={"team": "demo", "queue": "train", "spec": "shared",
-                                             "image": "python-3.11", "command": ["bench"], "name": f"bench-{i}"})
+        job, _ = job_submit(
+            user=user,
+            data={
+                "team": "demo",
+                "queue": "train",
+                "spec": "shared",
+                "image": "python-3.11",
+                "command": ["bench"],
+                "name": f"bench-{i}",
+            },
+        )
         Attempt.objects.create(job=job, number=1, backend="local")
         jobs.append(job)
     return user, jobs
@@ -98,12 +107,21 @@ def _start_runner(job_id: str, argv: list[str], root: Path) -> subprocess.Popen:
     if log_dir.exists():
         for f in log_dir.iterdir():
             f.unlink()
-    spec = {"argv": argv, "env": {"PATH": os.environ["PATH"]}, "cwd": str(folder / "cwd"), "log_dir": str(log_dir),
-            "budget_bytes": settings.TRAINYARD_LOG_DAILY_BYTES, "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
-            "grace_s": 2}
+    spec = {
+        "argv": argv,
+        "env": {"PATH": os.environ["PATH"]},
+        "cwd": str(folder / "cwd"),
+        "log_dir": str(log_dir),
+        "budget_bytes": settings.TRAINYARD_LOG_DAILY_BYTES,
+        "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
+        "grace_s": 2,
+    }
     (folder / "spec.json").write_text(json.dumps(spec))
-    return subprocess.Popen([sys.executable, "-m", "jobs.backends.local_runner", str(folder)], cwd=BASE,
-                            env={**os.environ, "PYTHONPATH": str(BASE)})
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs.backends.local_runner", str(folder)],
+        cwd=BASE,
+        env={**os.environ, "PYTHONPATH": str(BASE)},
+    )
 
 
 def bench_ingestion(jobs, level: int, root: Path) -> dict:
@@ -117,8 +135,13 @@ def bench_ingestion(jobs, level: int, root: Path) -> dict:
         r.wait()
     elapsed = time.perf_counter() - started
     stored = sum(logstore.LogMeta.read(logstore.attempt_dir(str(j.id), 1)).lines_seen for j in chosen)
-    return {"jobs": level, "lines": stored, "expected": per_job * level, "seconds": round(elapsed, 3),
-            "lines_per_s": round(stored / elapsed)}
+    return {
+        "jobs": level,
+        "lines": stored,
+        "expected": per_job * level,
+        "seconds": round(elapsed, 3),
+        "lines_per_s": round(stored / elapsed),
+    }
 
 
 def _free_port() -> int:
@@ -144,8 +167,9 @@ async def _client(url: str, cookie: str, latencies: list[float], expected: int, 
     import websockets
 
     received = 0
-    async with websockets.connect(url, additional_headers={"Cookie": cookie, "Origin": "http://127.0.0.1"},
-                                  max_size=None) as ws:
+    async with websockets.connect(
+        url, additional_headers={"Cookie": cookie, "Origin": "http://127.0.0.1"}, max_size=None
+    ) as ws:
         while time.time() < deadline and received < expected:
             try:
                 raw = await asyncio.wait_for(ws.recv(), timeout=max(0.1, deadline - time.time()))
@@ -175,11 +199,15 @@ async def _delivery(jobs, level: int, root: Path, base_url: str, cookie: str) ->
         folder.mkdir(parents=True, exist_ok=True)
         for f in folder.iterdir():
             f.unlink()
-    clients = [asyncio.create_task(_client(f"{base_url}/ws/jobs/{j.id}/logs/?tail=0", cookie, latencies, expected,
-                                           deadline)) for j in chosen]
+    clients = [
+        asyncio.create_task(_client(f"{base_url}/ws/jobs/{j.id}/logs/?tail=0", cookie, latencies, expected, deadline))
+        for j in chosen
+    ]
     await asyncio.sleep(1.0)  # let every client subscribe before the first line
-    runners = [_start_runner(str(j.id), [sys.executable, "-c", PACED_PRINTER, str(rate), str(DELIVERY_SECONDS)], root)
-               for j in chosen]
+    runners = [
+        _start_runner(str(j.id), [sys.executable, "-c", PACED_PRINTER, str(rate), str(DELIVERY_SECONDS)], root)
+        for j in chosen
+    ]
     received = sum(await asyncio.gather(*clients))
     for r in runners:
         r.wait()
@@ -188,8 +216,14 @@ async def _delivery(jobs, level: int, root: Path, base_url: str, cookie: str) ->
     def pct(p: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 1) if latencies else None
 
-    return {"jobs": level, "lines_printed_expected": expected * level, "lines_received": received,
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(latencies[-1] * 1000, 1) if latencies else None}
+    return {
+        "jobs": level,
+        "lines_printed_expected": expected * level,
+        "lines_received": received,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": round(latencies[-1] * 1000, 1) if latencies else None,
+    }
 
 
 def main() -> int:
@@ -201,9 +235,28 @@ def main() -> int:
     ingestion = [bench_ingestion(jobs, level, root) for level in LEVELS]
 
     port = _free_port()
-    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "trainyard.asgi:application", "--host", "127.0.0.1",
-                            "--port", str(port), "--lifespan", "off", "--no-access-log", "--ws", "websockets",
-                            "--log-level", "warning"], cwd=BASE, env=os.environ.copy(), start_new_session=True)
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "trainyard.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--ws",
+            "websockets",
+            "--log-level",
+            "warning",
+        ],
+        cwd=BASE,
+        env=os.environ.copy(),
+        start_new_session=True,
+    )
     try:
         for _ in range(100):
             try:
@@ -224,25 +277,43 @@ def main() -> int:
     print(f"{'jobs':>5} {'lines stored':>13} {'seconds':>8} {'lines/s':>10}")
     for row in ingestion:
         print(f"{row['jobs']:>5} {row['lines']:>13,} {row['seconds']:>8} {row['lines_per_s']:>10,}")
-    print(f"\nDelivery: printed -> shown in a WebSocket client ({DELIVERY_TOTAL_RATE} lines/s in all, "
-          f"{DELIVERY_SECONDS} s)")
+    print(
+        f"\nDelivery: printed -> shown in a WebSocket client ({DELIVERY_TOTAL_RATE} lines/s in all, "
+        f"{DELIVERY_SECONDS} s)"
+    )
     print(f"{'jobs':>5} {'expected':>9} {'received':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for row in delivery:
-        print(f"{row['jobs']:>5} {row['lines_printed_expected']:>9,} {row['lines_received']:>9,} "
-              f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
+        print(
+            f"{row['jobs']:>5} {row['lines_printed_expected']:>9,} {row['lines_received']:>9,} "
+            f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}"
+        )
     ingest_ok = all(r["lines_per_s"] >= TARGET_LINES_PER_S and r["lines"] == r["expected"] for r in ingestion)
-    delivery_ok = all(r["p99_ms"] is not None and r["p99_ms"] < TARGET_P99_MS
-                      and r["lines_received"] == r["lines_printed_expected"] for r in delivery)
-    print(f"\ntarget >= {TARGET_LINES_PER_S:,} lines/s ingested: {'met' if ingest_ok else 'MISSED'}; "
-          f"p99 delivery < {TARGET_P99_MS} ms with nothing lost: {'met' if delivery_ok else 'MISSED'}")
+    delivery_ok = all(
+        r["p99_ms"] is not None and r["p99_ms"] < TARGET_P99_MS and r["lines_received"] == r["lines_printed_expected"]
+        for r in delivery
+    )
+    print(
+        f"\ntarget >= {TARGET_LINES_PER_S:,} lines/s ingested: {'met' if ingest_ok else 'MISSED'}; "
+        f"p99 delivery < {TARGET_P99_MS} ms with nothing lost: {'met' if delivery_ok else 'MISSED'}"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "machine": {"cores": os.cpu_count()}, "ingestion": ingestion, "delivery": delivery,
-        "targets": {"lines_per_s": TARGET_LINES_PER_S, "p99_ms": TARGET_P99_MS},
-        "met": {"ingestion": ingest_ok, "delivery": delivery_ok},
-        "settings": {"ingest_total_lines": INGEST_TOTAL_LINES, "delivery_total_rate": DELIVERY_TOTAL_RATE,
-                     "delivery_seconds": DELIVERY_SECONDS},
-    }, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "machine": {"cores": os.cpu_count()},
+                "ingestion": ingestion,
+                "delivery": delivery,
+                "targets": {"lines_per_s": TARGET_LINES_PER_S, "p99_ms": TARGET_P99_MS},
+                "met": {"ingestion": ingest_ok, "delivery": delivery_ok},
+                "settings": {
+                    "ingest_total_lines": INGEST_TOTAL_LINES,
+                    "delivery_total_rate": DELIVERY_TOTAL_RATE,
+                    "delivery_seconds": DELIVERY_SECONDS,
+                },
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS.relative_to(BASE)}")
     return 0
 

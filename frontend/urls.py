@@ -1,7 +1,34 @@
-"""Portal pages."""
+"""Portal pages: jobs (list, submit, page, logs download), queues, teams, images, GPUs, login and language."""
 
+from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.i18n import set_language
 
 from frontend import views
 
-urlpatterns = [path("", views.home, name="home")]
+app_name = "frontend"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="frontend/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(next_page="frontend:login"), name="logout"),
+    path("i18n/setlang/", set_language, name="set-language"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/states.json", views.job_states, name="job-states"),
+    path("jobs/new/", views.job_submit, name="job-submit"),
+    path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<uuid:job_id>/live/", views.job_live, name="job-live"),
+    path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<uuid:job_id>/reproduce/", views.job_reproduce, name="job-reproduce"),
+    path("jobs/<uuid:job_id>/logs/download/", views.job_log_download, name="job-log-download"),
+    path("queues/", views.queue_list, name="queue-list"),
+    path("queues/<slug:name>/", views.queue_detail, name="queue-detail"),
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("images/", views.image_list, name="image-list"),
+    path("gpus/", views.gpu_list, name="gpu-list"),
+]

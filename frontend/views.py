@@ -1,7 +1,639 @@
-"""Portal page views: they call the same selectors and services as the API."""
+"""Portal page views: they call the same selectors and services as the API, and render templates.
 
-from django.http import HttpResponse
+Reads go through `jobs.selectors` / `quotas.selectors` (so a user sees exactly what the API shows them),
+writes through `jobs.services` inside one durable transaction, like the API's actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
+from django.db import transaction
+from django.db.models import Prefetch, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+
+from cluster.models import GPU, LogicalDevice, Node
+from cluster.services import driver_satisfies
+from frontend import wording
+from frontend.forms import CUSTOM_IMAGE, SubmitForm
+from images.models import BaseImage, ProjectImage
+from jobs import logstore, selectors, services
+from jobs.api import JobFilter, JobSubmitSerializer
+from jobs.models import FailureRule, Job
+from jobs.states import JobState
+from quotas import selectors as quota
+from quotas.models import Queue, ResourceSpec
+from trainyard.errors import Conflict, DomainError, NotFound, ValidationFailed
+
+JOBS_PER_PAGE = 50
+LOG_TAIL = 1000
+LOG_DOWNLOAD_PAGE = 5000
+MAX_POLLED_JOBS = 100
 
 
-def home(request):
-    return HttpResponse("Trainyard")
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("frontend:job-list")
+
+
+# ------------------------------------------------------------------------------------------------ job list
+
+
+def _cursor(job: Job) -> str:
+    return f"{job.submitted_at.isoformat()}~{job.id}"
+
+
+def _parse_cursor(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
+    if not raw:
+        return None
+    stamp, _sep, ident = raw.partition("~")
+    try:
+        return datetime.fromisoformat(stamp), uuid.UUID(ident)
+    except ValueError:
+        return None
+
+
+def _keyset_page(qs: QuerySet[Job], *, before: str | None, after: str | None, size: int):
+    """One page, newest first, by (submitted_at, id) keys: never OFFSET, so deep pages cost the same."""
+    older_than = _parse_cursor(before)
+    newer_than = _parse_cursor(after) if older_than is None else None
+    if newer_than is not None:
+        stamp, ident = newer_than
+        rows = list(
+            qs.filter(Q(submitted_at__gt=stamp) | Q(submitted_at=stamp, id__gt=ident)).order_by("submitted_at", "id")[
+                : size + 1
+            ]
+        )
+        has_newer = len(rows) > size
+        rows = list(reversed(rows[:size]))
+        has_older = True
+    else:
+        if older_than is not None:
+            stamp, ident = older_than
+            qs = qs.filter(Q(submitted_at__lt=stamp) | Q(submitted_at=stamp, id__lt=ident))
+        rows = list(qs.order_by("-submitted_at", "-id")[: size + 1])
+        has_older = len(rows) > size
+        rows = rows[:size]
+        has_newer = older_than is not None
+    older = _cursor(rows[-1]) if rows and has_older else None
+    newer = _cursor(rows[0]) if rows and has_newer else None
+    return rows, newer, older
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    params = request.GET.copy()
+    mine = params.get("mine") == "1"
+    if mine:
+        params["owner"] = request.user.username
+    # The API's FilterSet, so the page filters exactly like GET /api/v1/jobs/.
+    filterset = JobFilter(params, queryset=selectors.jobs_visible_to(request.user))
+    error = ""
+    try:
+        qs = filterset.qs if filterset.is_valid() else Job.objects.none()
+        if not filterset.is_valid():
+            error = _("Some filters are not valid: %(fields)s") % {"fields": ", ".join(filterset.errors)}
+    except ValidationFailed as exc:
+        qs, error = Job.objects.none(), exc.detail
+    jobs, newer, older = _keyset_page(
+        qs, before=request.GET.get("before"), after=request.GET.get("after"), size=JOBS_PER_PAGE
+    )
+    base = {k: v for k, v in request.GET.items() if k not in {"before", "after"} and v}
+    return render(
+        request,
+        "frontend/job_list.html",
+        {
+            "nav": "jobs",
+            "jobs": jobs,
+            "error": error,
+            "mine": mine,
+            "filters": {
+                "state": request.GET.get("state", ""),
+                "queue": request.GET.get("queue", ""),
+                "team": request.GET.get("team", ""),
+            },
+            "states": [(s, wording.state_label(s)) for s in JobState.values],
+            "teams": quota.visible_teams(request.user).order_by("name"),
+            "queues": Queue.objects.order_by("name"),
+            "newer_url": "?" + urlencode({**base, "after": newer}) if newer else "",
+            "older_url": "?" + urlencode({**base, "before": older}) if older else "",
+            "first_url": "?" + urlencode(base) if newer else "",
+            "states_url": reverse("frontend:job-states"),
+        },
+    )
+
+
+@login_required
+def job_states(request: HttpRequest) -> JsonResponse:
+    """The live part of the job list: state, reason and position of up to 100 jobs the user may see."""
+    ids = []
+    for raw in request.GET.getlist("id")[:MAX_POLLED_JOBS]:
+        try:
+            ids.append(uuid.UUID(raw))
+        except ValueError:
+            continue
+    rows = selectors.jobs_visible_to(request.user).filter(id__in=ids).values("id", "state", "reason", "queue_position")
+    return JsonResponse(
+        {
+            "jobs": {
+                str(r["id"]): {
+                    "state": r["state"],
+                    "label": wording.state_label(r["state"]),
+                    "reason": wording.reason_sentence(r["reason"]) if r["state"] == JobState.PENDING else "",
+                    "position": r["queue_position"],
+                    "terminal": wording.is_terminal(r["state"]),
+                }
+                for r in rows
+            }
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------------------ submit
+
+
+def _card_mib() -> int:
+    return services._reference_card_mib()
+
+
+def _submit_choices(user) -> dict[str, Any]:
+    """Everything the pickers show: queues with their waits, specs with what they guarantee and cost, images
+    with the nodes whose drivers can run them."""
+    teams = list(quota.visible_teams(user).order_by("name"))
+    queues = list(Queue.objects.prefetch_related("specs", "teams").order_by("-priority", "name"))
+    queue_rows = []
+    for queue in queues:
+        waiting = selectors.queue_waiting(queue)
+        waits = selectors.estimated_waits(queue, waiting)
+        queue_rows.append(
+            {
+                "queue": queue,
+                "waiting": len(waiting),
+                "line_clears_s": max(waits.values()) if waits else 0,
+                "specs": " ".join(s.name for s in queue.specs.all()),
+                "teams": " ".join(t.slug for t in queue.teams.all()),
+            }
+        )
+    card_mib = _card_mib()
+    spec_rows = []
+    for spec in ResourceSpec.objects.filter(enabled=True):
+        spec_rows.append(
+            {
+                "spec": spec,
+                "card_mib": card_mib,
+                "gpu_memory_mib": card_mib * spec.gpu_memory_eighths // 8,
+                "share_pct": spec.gpu_milli // 10,
+                "queues": " ".join(q.name for q in queues if spec in q.specs.all()),
+            }
+        )
+    nodes = list(Node.objects.exclude(state=Node.State.UNHEALTHY).values_list("name", "driver_version"))
+    images = []
+    team_ids = [t.id for t in teams]
+    catalog: list[BaseImage | ProjectImage] = [
+        *BaseImage.objects.all(),
+        *ProjectImage.objects.filter(team_id__in=team_ids).select_related("base", "team"),
+    ]
+    for image in catalog:
+        minimum = image.min_driver_version or (image.base.min_driver_version if isinstance(image, ProjectImage) else "")
+        runs_on = [name for name, driver in nodes if driver_satisfies(driver, minimum)]
+        images.append(
+            {
+                "image": image,
+                "value": image.name,
+                "min_driver": minimum,
+                "runs_on": runs_on,
+                "usable": bool(runs_on) or not nodes,
+                "team": image.team.slug if isinstance(image, ProjectImage) else "",
+            }
+        )
+    return {
+        "teams": teams,
+        "queue_rows": queue_rows,
+        "spec_rows": spec_rows,
+        "images": images,
+        "node_count": len(nodes),
+        "custom_image": CUSTOM_IMAGE,
+    }
+
+
+def _serializer_errors(form: SubmitForm, errors: dict) -> None:
+    for field, problems in errors.items():
+        for problem in problems if isinstance(problems, list) else [problems]:
+            form.add_service_error(field, str(problem), getattr(problem, "code", "invalid"))
+
+
+@login_required
+def job_submit(request: HttpRequest) -> HttpResponse:
+    choices = _submit_choices(request.user)
+    if request.method == "POST":
+        form = SubmitForm(request.POST)
+        if form.is_valid():
+            job = _submit(request, form)
+            if job is not None:
+                messages.success(request, _("Job submitted."))
+                return redirect("frontend:job-detail", job_id=job.id)
+    else:
+        form = SubmitForm(initial=_submit_defaults(request, choices))
+    return render(
+        request,
+        "frontend/job_submit.html",
+        {
+            "nav": "submit",
+            "form": form,
+            "errors": form.errors_with_codes() if form.is_bound else {},
+            **choices,
+        },
+        status=400 if form.is_bound else 200,
+    )
+
+
+def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
+    """Validate as the API does (input serializer, then the service); errors land on the form's fields."""
+    data = form.submission()
+    payload = JobSubmitSerializer(data=data)
+    if not payload.is_valid():
+        _serializer_errors(form, payload.errors)
+        return None
+    key = form.cleaned_data["idempotency_key"] or None
+    try:
+        try:
+            with transaction.atomic(durable=True):
+                job, _created = services.job_submit(user=request.user, data=data, idempotency_key=key)
+        except Conflict as exc:
+            if exc.code != "idempotency_key_reused":
+                raise
+            # The same form sent again with changes (back button): a new request, with its own key for double clicks.
+            key = f"{key}:{services.request_fingerprint(data)[:16]}"
+            with transaction.atomic(durable=True):
+                job, _created = services.job_submit(user=request.user, data=data, idempotency_key=key)
+    except NotFound as exc:
+        form.add_service_error(exc.field or "team", exc.detail, exc.code)
+        return None
+    except DomainError as exc:
+        form.add_service_error(exc.field, exc.detail, exc.code)
+        return None
+    return job
+
+
+def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str, Any]:
+    team = request.GET.get("team") or (choices["teams"][0].slug if choices["teams"] else "")
+    queues = [row["queue"] for row in choices["queue_rows"] if team in row["teams"].split()]
+    queue = request.GET.get("queue") or (queues[0].name if queues else "")
+    specs = next((row["specs"].split() for row in choices["queue_rows"] if row["queue"].name == queue), [])
+    image = next((row["value"] for row in choices["images"] if row["usable"]), "")
+    return {
+        "team": team,
+        "queue": queue,
+        "spec": specs[-1] if specs else "",
+        "image": image,
+        "max_retries": "2",
+        "idempotency_key": uuid.uuid4().hex,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ job page
+
+
+def _visible_job(request: HttpRequest, job_id) -> Job:
+    return get_object_or_404(selectors.jobs_visible_to(request.user), pk=job_id)
+
+
+def _live_context(job: Job) -> dict[str, Any]:
+    attempts = list(job.attempts.select_related("node").order_by("number"))
+    events = list(job.events.select_related("attempt").order_by("at", "id"))
+    rules = {a.rule for a in attempts if a.rule}
+    suggestions = dict(FailureRule.objects.filter(name__in=rules).values_list("name", "suggestion")) if rules else {}
+    wait_s = None
+    if job.state == JobState.PENDING:
+        wait_s = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
+    return {
+        "job": job,
+        "attempts": attempts,
+        "events": events,
+        "suggestions": suggestions,
+        "wait_s": wait_s,
+        "terminal": job.is_terminal,
+        "reason_text": wording.reason_sentence(job.reason),
+        "reproduce_rows": _reproduce_rows(job),
+        "env_rows": sorted(job.env.items()),
+        "command_line": shlex.join([*job.command, *job.args]),
+    }
+
+
+def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
+    record = job.reproduce or {}
+    if not record:
+        return []
+    devices = (record.get("placement") or {}).get("devices", [])
+    placement = "; ".join(
+        f"{d.get('node')}/gpu{d.get('gpu_index')} {d.get('model', '')} "
+        f"{d.get('compute_milli')}m {d.get('memory_mib')} MiB{' exclusive' if d.get('exclusive') else ''}"
+        for d in devices
+    )
+    request = record.get("request") or {}
+    rows: list[tuple[str, Any]] = [
+        (_("Image"), record.get("image_reference")),
+        (_("Image digest"), record.get("image_digest") or _("not pinned")),
+        (_("Spec"), record.get("spec") or _("explicit request")),
+        (_("Request"), ", ".join(f"{k}={v}" for k, v in request.items())),
+        (_("Node"), record.get("node")),
+        (_("NVIDIA driver"), record.get("driver_version")),
+        (_("CUDA"), record.get("cuda_version")),
+        (_("GPUs emulated"), _("yes") if record.get("emulated_gpus") else _("no")),
+        (_("Placement"), placement),
+        (_("Command"), shlex.join([*(record.get("command") or []), *(record.get("args") or [])])),
+        (_("Working directory"), record.get("working_dir")),
+        (_("Backend"), record.get("backend")),
+        (_("Platform version"), record.get("platform_version")),
+        (_("Attempt"), record.get("attempt")),
+    ]
+    for key, value in sorted((record.get("ci") or {}).items()):
+        rows.append((f"CI {key}", value))
+    return rows
+
+
+def _log_strings() -> dict[str, str]:
+    """What the log panel script says, translated here so the script holds no text of its own."""
+    return {
+        "connecting": _("Connecting…"),
+        "live": _("Live"),
+        "reconnecting": _("Connection lost; reconnecting…"),
+        "paused": _("Paused"),
+        "ended": _("This attempt's log is complete."),
+        "forbidden": _("You may not follow this job's log."),
+        "dropped": _("%(count)s earlier lines were dropped by the log budget; kept lines start at %(first)s."),
+        "trimmed": _("Older lines left the panel (it keeps the last %(max)s); use Download for the whole log."),
+        "new_attempt": _("Attempt %(attempt)s started."),
+        "hits": _("%(count)s hits"),
+        "no_hits": _("No hits."),
+        "search_failed": _("Search failed: %(detail)s"),
+        "tb_active": _("Open TensorBoard"),
+        "tb_inactive": _("TensorBoard is not running (it starts with the job and stops after it ends)."),
+        "tb_missing": _("TensorBoard routes are not available on this platform yet."),
+        "tb_signed": _("Shareable link (expires %(expires)s)"),
+        "pause": _("Pause"),
+        "resume": _("Resume"),
+    }
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    context = _live_context(job)
+    attempts = context["attempts"]
+    latest = attempts[-1].number if attempts else 1
+    return render(
+        request,
+        "frontend/job_detail.html",
+        {
+            **context,
+            "nav": "jobs",
+            "latest_attempt": latest,
+            "log_tail": LOG_TAIL,
+            "log_strings": _log_strings(),
+            "reproduces": job.reproduced_from_id
+            and selectors.jobs_visible_to(request.user).filter(pk=job.reproduced_from_id).exists(),
+        },
+    )
+
+
+@login_required
+def job_live(request: HttpRequest, job_id) -> HttpResponse:
+    """The parts of the job page that change with its state (header, timeline, attempts, reproduce record)."""
+    job = _visible_job(request, job_id)
+    return render(request, "frontend/_job_live.html", _live_context(job))
+
+
+@require_POST
+@login_required
+def job_cancel(request: HttpRequest, job_id) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    try:
+        with transaction.atomic(durable=True):
+            job = services.job_cancel(job_id=job.id, actor=request.user.username)
+    except DomainError as exc:
+        messages.error(request, _("Cannot cancel: %(detail)s") % {"detail": exc.detail})
+    else:
+        messages.success(request, _("Cancel requested.") if job.state == JobState.CANCELLING else _("Cancelled."))
+    return redirect("frontend:job-detail", job_id=job.id)
+
+
+@require_POST
+@login_required
+def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    try:
+        with transaction.atomic(durable=True):
+            new = services.job_reproduce(job_id=job.id, user=request.user)
+    except DomainError as exc:
+        messages.error(request, _("Cannot reproduce: %(detail)s") % {"detail": exc.detail})
+        return redirect("frontend:job-detail", job_id=job.id)
+    messages.success(request, _("Submitted a reproduction of job %(name)s.") % {"name": job.name})
+    return redirect("frontend:job-detail", job_id=new.id)
+
+
+def _log_pages(folder, first_line: int) -> Iterator[bytes]:
+    # Read page by page from a byte offset: a multi-GB log streams in bounded memory and linear time.
+    follower = logstore.Follower.after(folder, first_line - 1)
+    while lines := follower.poll(LOG_DOWNLOAD_PAGE):
+        yield "".join(f"{line.text}\n" for line in lines).encode()
+
+
+async def _in_threads(pages: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Under ASGI a synchronous iterator would be read whole before sending; hand it out page by page."""
+    while (page := await asyncio.to_thread(next, pages, None)) is not None:
+        yield page
+
+
+@login_required
+def job_log_download(request: HttpRequest, job_id) -> StreamingHttpResponse:
+    """An attempt's kept log as a text file, streamed in pages (never read into memory at once)."""
+    job = _visible_job(request, job_id)
+    try:
+        number = int(request.GET.get("attempt") or job.attempts.count() or 1)
+    except ValueError:
+        raise Http404("no such attempt")
+    folder = logstore.attempt_dir(str(job.id), number)
+    meta = logstore.LogMeta.read(folder)
+    pages = _log_pages(folder, meta.first_line)
+    content = _in_threads(pages) if isinstance(request, ASGIRequest) else pages
+    response = StreamingHttpResponse(content, content_type="text/plain; charset=utf-8")
+    safe_name = re.sub(r"[^\w.-]+", "_", job.name, flags=re.ASCII)[:60] or "job"
+    response["Content-Disposition"] = f'attachment; filename="{safe_name}-{job.id}-attempt-{number}.log"'
+    response["X-Trainyard-First-Line"] = str(meta.first_line)
+    response["X-Trainyard-Dropped-Lines"] = str(meta.dropped_lines)
+    return response
+
+
+# ------------------------------------------------------------------------------------------------ queues
+
+
+@login_required
+def queue_list(request: HttpRequest) -> HttpResponse:
+    rows = []
+    for queue in Queue.objects.prefetch_related("specs").order_by("-priority", "name"):
+        waiting = selectors.queue_waiting(queue)
+        waits = selectors.estimated_waits(queue, waiting)
+        rows.append(
+            {
+                "queue": queue,
+                "usage": quota.queue_usage(queue),
+                "waiting": len(waiting),
+                "line_clears_s": max(waits.values()) if waits else 0,
+            }
+        )
+    return render(request, "frontend/queue_list.html", {"nav": "queues", "rows": rows})
+
+
+@login_required
+def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """Why a job waits: the ordered line with positions, reasons in plain words and estimated waits;
+    jobs of teams the user is not in show only their place in the line."""
+    queue = get_object_or_404(Queue.objects.prefetch_related("specs", "teams"), name=name)
+    visible = set(quota.visible_teams(request.user).values_list("id", flat=True))
+    waiting = selectors.queue_waiting(queue)
+    waits = selectors.estimated_waits(queue, waiting)
+    now = timezone.now()
+    line = []
+    for i, job in enumerate(waiting, start=1):
+        line.append(
+            {
+                "job": job,
+                "visible": job.team_id in visible,
+                "position": job.queue_position or i,
+                "ahead": i - 1,
+                "mine": job.owner_id == request.user.id,
+                "waited_s": (now - job.submitted_at).total_seconds(),
+                "wait_s": waits.get(job.id, 0),
+                "reason_text": wording.reason_sentence(job.reason),
+            }
+        )
+    holding = list(
+        Job.objects.filter(queue=queue, reserved=True)
+        .select_related("team", "owner", "spec")
+        .order_by("started_at", "admitted_at")
+    )
+    usage = quota.queue_usage(queue)
+    return render(
+        request,
+        "frontend/queue_detail.html",
+        {
+            "nav": "queues",
+            "queue": queue,
+            "line": line,
+            "holding": holding,
+            "visible": visible,
+            "usage": usage,
+            "capability": queue.vector(),
+            "mine": [row for row in line if row["mine"]],
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------------ teams
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    teams = list(quota.visible_teams(request.user).order_by("name"))
+    if len(teams) == 1:
+        return redirect("frontend:team-detail", slug=teams[0].slug)
+    rows = [{"team": t, "usage": quota.team_usage(t)} for t in teams]
+    return render(request, "frontend/team_list.html", {"nav": "teams", "rows": rows})
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(quota.visible_teams(request.user).prefetch_related("memberships__user"), slug=slug)
+    usage = quota.team_usage(team)
+    return render(
+        request,
+        "frontend/team_detail.html",
+        {
+            "nav": "teams",
+            "team": team,
+            "usage": usage,
+            "quota_vector": team.vector(),
+            "by_spec": quota.team_usage_by_spec(team),
+            "members": sorted(team.memberships.all(), key=lambda m: (m.role != "maintainer", m.user.username)),
+            "queues": team.queues.order_by("-priority", "name"),
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+
+
+@login_required
+def image_list(request: HttpRequest) -> HttpResponse:
+    nodes = list(Node.objects.order_by("name"))
+    team_ids = list(quota.visible_teams(request.user).values_list("id", flat=True))
+    catalog: list[BaseImage | ProjectImage] = [
+        *BaseImage.objects.all(),
+        *ProjectImage.objects.filter(team_id__in=team_ids).select_related("base", "team"),
+    ]
+    rows = []
+    for image in catalog:
+        project = isinstance(image, ProjectImage)
+        minimum = image.min_driver_version or (image.base.min_driver_version if project else "")
+        cells = [
+            {
+                "node": node,
+                "runs": node.state != Node.State.UNHEALTHY and driver_satisfies(node.driver_version, minimum),
+            }
+            for node in nodes
+        ]
+        rows.append(
+            {
+                "image": image,
+                "project": project,
+                "min_driver": minimum,
+                "cells": cells,
+                "usable": any(c["runs"] for c in cells) or not nodes,
+            }
+        )
+    return render(request, "frontend/image_list.html", {"nav": "images", "rows": rows, "nodes": nodes})
+
+
+@login_required
+def gpu_list(request: HttpRequest) -> HttpResponse:
+    visible = set(quota.visible_teams(request.user).values_list("id", flat=True))
+    live = (
+        LogicalDevice.objects.filter(released_at__isnull=True)
+        .select_related("attempt__job__team", "attempt__job__owner")
+        .order_by("created_at")
+    )
+    nodes = list(
+        Node.objects.prefetch_related(
+            Prefetch(
+                "gpus",
+                queryset=GPU.objects.order_by("index").prefetch_related(
+                    Prefetch("slices", queryset=live, to_attr="live_slices")
+                ),
+            )
+        ).order_by("name")
+    )
+    for node in nodes:
+        for gpu in node.gpus.all():
+            gpu.free_milli = 1000 - sum(s.compute_milli for s in gpu.live_slices)
+            gpu.used_milli = 1000 - gpu.free_milli
+    return render(
+        request,
+        "frontend/gpu_list.html",
+        {"nav": "gpus", "nodes": nodes, "visible": visible, "any_emulated": any(n.emulated for n in nodes)},
+    )

@@ -36,6 +36,9 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         self.current_state = info["state"]
         self.ended = False
         await self.channel_layer.group_add(job_group(self.job_id), self.channel_name)
+        # Read the state again once subscribed: a change between the first read and the join is not lost.
+        info = await self._job_info(None, check=False) or info
+        self.current_state = info["state"]
         await self.accept()
         await self._start_attempt(after=int(self.after) if self.after and self.after.isdigit() else None)
         self.pump = asyncio.create_task(self._follow())

@@ -9,13 +9,16 @@ from django.utils import timezone
 
 from jobs.models import Job
 from jobs.states import JobState
+from quotas.models import Membership
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
     qs = Job.objects.select_related("owner", "team", "queue", "spec")
     if user.is_staff:
         return qs
-    return qs.filter(team__memberships__user=user)
+    # The user's team ids as constants (one small query): joined through memberships instead, the planner misjudges
+    # how many jobs match and sorts every visible job rather than walking the newest-first index (see bench/api.py).
+    return qs.filter(team_id__in=list(Membership.objects.filter(user=user).values_list("team_id", flat=True)))
 
 
 def queue_waiting(queue) -> list[Job]:

@@ -1,27 +1,33 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels (authenticated sessions)."""
+"""ASGI entry point: HTTP through Django's WSGI handler on a fixed pool of threads, WebSockets through Channels.
+
+Django's own ASGI handler starts a fresh thread for every request, so each request pays for new database
+and Redis connections and several sync/async hops; the platform's views are all synchronous, so HTTP runs
+them on long-lived worker threads instead, each keeping its connections (CONN_MAX_AGE).
+"""
 
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
-django_asgi = get_asgi_application()
 
-from django.conf import settings  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.wsgi import get_wsgi_application  # noqa: E402
 
-if settings.TRAINYARD_SERVE_STATIC:
-    django_asgi = ASGIStaticFilesHandler(django_asgi)
+django_wsgi = get_wsgi_application()
 
+from a2wsgi import WSGIMiddleware  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
+if settings.TRAINYARD_SERVE_STATIC:
+    django_wsgi = StaticFilesHandler(django_wsgi)
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi,
+        "http": WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -264,3 +264,5 @@ CELERY_BEAT_SCHEDULE.update({
     "sample-scheduling": {"task": "monitoring.sample_scheduling", "schedule": 60.0},
     "prune-monitoring": {"task": "monitoring.prune", "schedule": 3600.0},
 })
+# Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
+TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)

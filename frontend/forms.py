@@ -1,0 +1,108 @@
+"""The submit form: it only turns what a browser sends into the API's submission body.
+
+Every rule about what may be submitted lives in `jobs.services.job_validate` (and the API's input
+serializer); the page shows their errors, with the same message and code, next to the field they name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.utils.translation import gettext_lazy as _
+
+CUSTOM_IMAGE = "__reference__"
+
+# Where a service or serializer error about a submission field is shown on the form.
+FIELD_FOR: dict[str, str] = {
+    "team": "team",
+    "queue": "queue",
+    "spec": "spec",
+    "gpus": "gpus",
+    "gpu_milli": "spec",
+    "gpu_memory_mib": "spec",
+    "replicas": "spec",
+    "image": "image",
+    "command": "command",
+    "args": "command",
+    "env": "env",
+    "timeout_s": "timeout_s",
+    "max_retries": "max_retries",
+    "labels": "labels",
+    "name": "name",
+    "tensorboard": "tensorboard",
+}
+
+
+def _key_value_lines(text: str, *, code: str) -> dict[str, str]:
+    """`KEY=value` per line; blank lines and `#` comments are skipped. Names are checked by the service."""
+    pairs: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValidationError(
+                _("line %(number)d: expected KEY=value, got “%(line)s”"),
+                code=code,
+                params={"number": number, "line": line[:80]},
+            )
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+class SubmitForm(forms.Form):
+    """Fields are loose on purpose: types and limits are judged by the same serializer and service as the API."""
+
+    idempotency_key = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
+    name = forms.CharField(label=_("Name"), required=False, max_length=120)
+    team = forms.CharField(label=_("Team"), required=False)
+    queue = forms.CharField(label=_("Queue"), required=False)
+    spec = forms.CharField(label=_("Resource spec"), required=False)
+    gpus = forms.CharField(label=_("Whole GPUs"), required=False)
+    image = forms.CharField(label=_("Image"), required=False)
+    image_reference = forms.CharField(label=_("Other image reference"), required=False, max_length=300)
+    command = forms.CharField(label=_("Command"), required=False, widget=forms.Textarea)
+    env = forms.CharField(label=_("Environment"), required=False, widget=forms.Textarea)
+    timeout_s = forms.CharField(label=_("Time limit (seconds)"), required=False)
+    max_retries = forms.CharField(label=_("Retries on platform failures"), required=False)
+    tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
+    labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
+
+    def clean_env(self) -> dict[str, str]:
+        return _key_value_lines(self.cleaned_data["env"], code="invalid_env")
+
+    def clean_labels(self) -> dict[str, str]:
+        return _key_value_lines(self.cleaned_data["labels"], code="invalid_labels")
+
+    def submission(self) -> dict[str, Any]:
+        """The body the REST API would receive for the same submission (empty optional fields left out)."""
+        data = self.cleaned_data
+        body: dict[str, Any] = {"team": data["team"], "queue": data["queue"], "command": data["command"]}
+        image = data["image_reference"].strip() if data["image"] == CUSTOM_IMAGE else data["image"]
+        if image:
+            body["image"] = image
+        for name in ("name", "spec", "gpus", "timeout_s", "max_retries"):
+            value = str(data[name]).strip()
+            if value:
+                body[name] = value
+        if data["env"]:
+            body["env"] = data["env"]
+        if data["labels"]:
+            body["labels"] = data["labels"]
+        body["tensorboard"] = data["tensorboard"]
+        return body
+
+    def add_service_error(self, field: str | None, message: str, code: str) -> None:
+        self.add_error(FIELD_FOR.get(field or ""), ValidationError(message, code=code))
+
+    def errors_with_codes(self) -> dict[str, list[dict[str, str]]]:
+        """Per field (`non_field` for the rest): each error's message and its stable code (the API's `code`)."""
+        out: dict[str, list[dict[str, str]]] = {}
+        for name, errors in self.errors.as_data().items():
+            out["non_field" if name == NON_FIELD_ERRORS else name] = [
+                {"message": " ".join(e.messages), "code": e.code or "invalid"} for e in errors
+            ]
+        return out

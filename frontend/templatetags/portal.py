@@ -1,0 +1,124 @@
+"""Template filters and tags of the portal: durations, sizes, GPU shares, state and reason wording, bars."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from frontend import wording
+from quotas.models import Team
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds: float | int | None) -> str:
+    """'45 s', '12 min', '3 h 5 min', '2 d 4 h': short, rounded, translated."""
+    if seconds is None or seconds == "":
+        return "—"
+    s = max(0, int(seconds))
+    if s < 60:
+        return _("%(n)d s") % {"n": s}
+    minutes = s // 60
+    if minutes < 60:
+        return _("%(n)d min") % {"n": minutes}
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return _("%(h)d h %(m)d min") % {"h": hours, "m": minutes} if minutes else _("%(h)d h") % {"h": hours}
+    days, hours = divmod(hours, 24)
+    return _("%(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("%(d)d d") % {"d": days}
+
+
+@register.filter
+def since(moment: datetime | None) -> str:
+    """How long ago, as a duration."""
+    if moment is None:
+        return "—"
+    return duration((timezone.now() - moment).total_seconds())
+
+
+@register.filter
+def mib(value: int | None) -> str:
+    if value is None:
+        return "—"
+    value = int(value)
+    if value >= 1024 and value % 1024 == 0:
+        return _("%(n)s GiB") % {"n": value // 1024}
+    if value >= 1024:
+        return _("%(n)s GiB") % {"n": f"{value / 1024:.1f}"}
+    return _("%(n)s MiB") % {"n": value}
+
+
+@register.filter
+def gpus(milli: int | None) -> str:
+    """GPU compute in cards: 1000 milli → '1', 250 → '0.25'."""
+    if milli is None:
+        return "—"
+    cards = int(milli) / 1000
+    return f"{cards:g}" if cards == int(cards) else f"{cards:.2f}".rstrip("0")
+
+
+@register.filter
+def cores(milli: int | None) -> str:
+    if milli is None:
+        return "—"
+    value = int(milli) / 1000
+    return f"{value:g}"
+
+
+@register.filter
+def state_label(state: str) -> str:
+    return wording.state_label(state)
+
+
+@register.filter
+def attempt_state_label(state: str) -> str:
+    return str(wording.ATTEMPT_STATE_LABELS.get(state, state))
+
+
+@register.filter
+def reason_sentence(reason: str) -> str:
+    return wording.reason_sentence(reason)
+
+
+@register.filter
+def failure_class(value: str) -> str:
+    return str(wording.FAILURE_CLASSES.get(value, value))
+
+
+@register.filter
+def reaction(value: str) -> str:
+    return str(wording.REACTIONS.get(value, value))
+
+
+@register.filter
+def short_digest(digest: str) -> str:
+    if not digest:
+        return ""
+    algo, _sep, hexpart = digest.partition(":")
+    return f"{algo}:{hexpart[:12]}" if hexpart else digest[:19]
+
+
+@register.filter
+def get_item(mapping: dict, key):
+    return mapping.get(key) if mapping else None
+
+
+@register.simple_tag
+def nav_teams(user) -> list[Team]:
+    """The teams the user belongs to (staff see every team on the team pages, not in the nav)."""
+    if not user.is_authenticated:
+        return []
+    return list(Team.objects.filter(memberships__user=user).order_by("name"))
+
+
+@register.inclusion_tag("frontend/_bar.html")
+def usage_bar(used: int, limit: int, label: str, shown_used: str, shown_limit: str) -> dict:
+    """A labelled bar: how much of a limit is used; over 90 % turns amber, at or over 100 % red."""
+    pct = 0 if not limit else min(100, round(100 * used / limit))
+    level = "full" if limit and used >= limit else ("high" if pct >= 90 else "ok")
+    text = _("%(used)s of %(limit)s used (%(pct)d%%)") % {"used": shown_used, "limit": shown_limit, "pct": pct}
+    return {"pct": pct, "level": level, "label": label, "text": text, "unlimited": not limit}

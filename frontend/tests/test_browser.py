@@ -1,0 +1,386 @@
+"""The portal in a real headless Chromium, against the ASGI app (HTTP + WebSocket) in a uvicorn process,
+with a real Celery worker, the local backend running real processes and the observe pass of the beat.
+
+Flow: log in, a form error, submit a job, watch its log lines arrive live (pausing and resuming the stream
+in the middle), see it succeed, search its log, open its TensorBoard, reproduce it, cancel a long-running
+job whose output overflows the panel, and look at every other page, in English and in Chinese. Each page
+is saved as a screenshot under `test-artifacts/screenshots/`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from jobs import services
+from jobs.models import Job, TensorBoardRoute
+from jobs.states import JobState
+from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture, shared with the jobs tests
+from quotas.models import Queue
+from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+from trainyard.paths import BASE_DIR
+from trainyard.processes import command
+
+CHROMIUM = os.environ.get("TRAINYARD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install -y chromium)",
+    ),
+]
+SCREENSHOTS = BASE_DIR / "test-artifacts" / "screenshots"
+TIMEOUT_MS = 30_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict  # inside a transactional_db test: the test database
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def _wait_http(url: str, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer in {timeout} s")
+
+
+@pytest.fixture
+def observer():
+    """The beat's observe pass, every 0.2 s, in a thread."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    services.attempts_observe()
+                except Exception:  # noqa: BLE001 - keep observing; a failed pass is retried like the beat's
+                    pass
+                stop.wait(0.2)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=loop, name="observe", daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(10)
+
+
+@pytest.fixture
+def live_portal(
+    platform,  # noqa: F811 - the fixture imported above
+    celery_worker_thread,
+    observer,
+    _isolated_broker_queue,
+    tmp_path,
+):
+    """uvicorn serving the ASGI app on a free loopback port, sharing the test's database, Redis, Celery queue,
+    log root and work root."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": django_settings.REDIS_URL,
+        "TRAINYARD_CELERY_QUEUE": _isolated_broker_queue,
+        "TRAINYARD_BACKEND": "local",
+        "TRAINYARD_LOCAL_GPUS": django_settings.TRAINYARD_LOCAL_GPUS,
+        "TRAINYARD_LOG_ROOT": str(django_settings.TRAINYARD_LOG_ROOT),
+        "TRAINYARD_WORK_ROOT": str(django_settings.TRAINYARD_WORK_ROOT),
+        "TRAINYARD_CANCEL_GRACE_S": str(django_settings.TRAINYARD_CANCEL_GRACE_S),
+        "TRAINYARD_SERVE_STATIC": "true",
+        "TRAINYARD_LOG_LEVEL": "WARNING",
+    }
+    log = open(tmp_path / "web.log", "wb")  # noqa: SIM115 - closed at teardown
+    web = subprocess.Popen(
+        [sys.executable, "-m", *command("web", host="127.0.0.1", port=port)],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(base + "/healthz", timeout=60)
+        other = TeamFactory(slug="vision", name="Vision team")
+        for queue in Queue.objects.all():
+            queue.teams.add(other)
+        outsider = UserFactory(username="olga")
+        MembershipFactory(team=other, user=outsider)
+        yield SimpleNamespace(url=base, demo=platform, outsider=outsider, log=tmp_path / "web.log")
+    finally:
+        web.terminate()
+        try:
+            web.wait(15)
+        except subprocess.TimeoutExpired:
+            web.kill()
+        log.close()
+        from jobs.tensorboard import route_revoke
+
+        for route_id in TensorBoardRoute.objects.filter(state="active").values_list("id", flat=True):
+            route_revoke(route_id=route_id)
+        # Left open, this connection would keep the test database from being dropped at the end of the session.
+        connection.close()
+
+
+@pytest.fixture
+def page(live_portal, monkeypatch, request):
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        context = browser.new_context(base_url=live_portal.url, viewport={"width": 1280, "height": 900}, locale="en-US")
+        context.set_default_timeout(TIMEOUT_MS)
+        tab = context.new_page()
+        yield tab
+        # The test's own queries ran beside Playwright's event loop, on a connection of their own: close it.
+        connection.close()
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            for i, open_tab in enumerate(context.pages):
+                open_tab.screenshot(path=str(SCREENSHOTS / f"failure-{i}.png"), full_page=True)
+        context.close()
+        browser.close()
+
+
+def shot(tab, name: str) -> None:
+    tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def panel_numbers(tab) -> list[int]:
+    return tab.eval_on_selector_all("#log-panel .log-line:not(.marker) .n", "els => els.map(e => +e.textContent)")
+
+
+def wait_state(tab, state: str, timeout: int = TIMEOUT_MS) -> None:
+    tab.wait_for_selector(f"#job-header [data-role=state][data-state={state}]", timeout=timeout)
+
+
+def fill_submit_form(
+    tab, *, queue: str, spec: str, command_line: str, timeout_s: str = "", tensorboard: bool = False
+) -> None:
+    tab.goto("/jobs/new/")
+    tab.check(f"#queue-{queue}")
+    tab.check(f"#spec-{spec}")
+    tab.check("input[name=image][value='python-3.11']")
+    tab.fill("#id_command", command_line)
+    tab.fill("#id_timeout_s", timeout_s)
+    tab.fill("#id_labels", "experiment=browser")
+    if tensorboard:
+        tab.check("#id_tensorboard")
+
+
+def test_portal_in_a_real_browser(live_portal, page):
+    demo = live_portal.demo
+    tab = page
+
+    # Log in (the job list redirects there first).
+    tab.goto("/jobs/")
+    assert "/login/" in tab.url
+    shot(tab, "01-login")
+    tab.fill("#id_username", "demo")
+    tab.fill("#id_password", "demo-pass-123")
+    tab.click("button.primary")
+    tab.wait_for_url(re.compile(r"/jobs/$"))
+
+    # A validation error, shown next to its field with the API's code.
+    steps = 'for i in $(seq 1 40); do echo "step $i loss=0.$i"; sleep 0.15; done'
+    fill_submit_form(
+        tab, queue="debug", spec="shared", command_line=f"sh -c '{steps}'", timeout_s="99999999", tensorboard=True
+    )
+    tab.click("form.submit-form button[type=submit]")
+    error = tab.locator("#err-timeout_s")
+    assert "timeout_exceeds_queue_maximum" in error.inner_text()
+    assert tab.evaluate("document.activeElement.id") == "error-summary"
+    shot(tab, "02-submit-form-error")
+
+    # Submit for real: the form keeps what was typed; fix the time limit.
+    tab.fill("#id_timeout_s", "")
+    tab.click("form.submit-form button[type=submit]")
+    tab.wait_for_url(re.compile(r"/jobs/[0-9a-f-]{36}/$"))
+    job = Job.objects.get(owner=demo, labels={"experiment": "browser"})
+    assert tab.url.endswith(f"/jobs/{job.id}/")
+
+    # Live lines arrive while the job runs; pausing and resuming the stream loses and repeats nothing.
+    tab.wait_for_function("document.querySelectorAll('#log-panel .log-line').length >= 5")
+    assert Job.objects.get(pk=job.pk).state in {JobState.RUNNING, JobState.STARTING}
+    assert tab.locator("#log-status").inner_text() == "Live"
+    tab.click("#log-pause")
+    assert tab.locator("#log-status").inner_text() == "Paused"
+    time.sleep(1.0)
+    tab.click("#log-pause")
+    wait_state(tab, "succeeded")
+    tab.wait_for_function("document.querySelectorAll('#log-panel .log-line').length >= 40")
+    assert panel_numbers(tab) == list(range(1, 41))
+    assert "step 40 loss=0.40" in tab.locator("#log-panel").inner_text()
+    assert "succeeded" in tab.locator(".events").inner_text()
+
+    # Search: hits with their line numbers and context.
+    tab.fill("#log-q", "step 2")
+    tab.click("#log-search button")
+    tab.wait_for_selector("#log-hits .hit")
+    assert tab.locator("#log-hits .hit").count() == 11 and "11 hits" in tab.locator("#log-hits").inner_text()
+    assert tab.locator("#log-hits .hit .match .n").first.inner_text() == "2"
+    tab.wait_for_selector("#tb-link", timeout=60_000)
+    shot(tab, "03-job-succeeded")
+
+    # TensorBoard behind the authenticated proxy (it may take a few seconds to come up).
+    tb_href = tab.get_attribute("#tb-link", "href")
+    assert tb_href == f"/tb/{job.id}/"
+    tb = tab.context.new_page()
+    deadline = time.monotonic() + 90
+    while True:
+        response = tb.goto(tb_href)
+        if response.status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert response.status == 200, response.text()[:300]
+    tb.wait_for_load_state("load")
+    shot(tb, "04-tensorboard")
+    tb.close()
+
+    # Reproduce: a new job with the same pinned digest; it runs and succeeds too.
+    tab.click("form[action$='/reproduce/'] button")
+    tab.wait_for_url(re.compile(r"/jobs/[0-9a-f-]{36}/$"))
+    copy = Job.objects.get(reproduced_from=job)
+    assert tab.url.endswith(f"/jobs/{copy.id}/") and copy.image_digest == job.image_digest
+    assert "Reproduces job" in tab.locator("main").inner_text()
+    wait_state(tab, "succeeded", timeout=60_000)
+    shot(tab, "05-job-reproduced")
+
+    # A long job whose output overflows the panel: the panel keeps 5000 lines; then cancel it.
+    # (It keeps printing: the local runner flushes a burst's last lines only when the next line comes.)
+    fill_submit_form(
+        tab,
+        queue="debug",
+        spec="shared",
+        command_line="sh -c 'sleep 2; seq 1 6000; echo started; while :; do sleep 0.5; echo tick; done'",
+    )
+    tab.click("form.submit-form button[type=submit]")
+    tab.wait_for_url(re.compile(r"/jobs/[0-9a-f-]{36}/$"))
+    long_job = Job.objects.exclude(pk__in=[job.pk, copy.pk]).get()
+    tab.wait_for_function("document.querySelector('#log-panel').innerText.includes('started')")
+    numbers = panel_numbers(tab)
+    assert len(numbers) <= 5000 and 6001 in numbers and numbers == list(range(numbers[0], numbers[-1] + 1))
+    assert not tab.locator("#log-notice").is_hidden()
+
+    gpus = tab.context.new_page()
+    gpus.goto("/gpus/")
+    assert long_job.name in gpus.locator("main").inner_text() and "Emulated GPUs." in gpus.inner_text("main")
+    shot(gpus, "06-gpus")
+    gpus.close()
+
+    tab.click("form[action$='/cancel/'] button")
+    tab.wait_for_url(re.compile(rf"/jobs/{long_job.id}/$"))
+    wait_state(tab, "cancelled")
+    assert Job.objects.get(pk=long_job.pk).state == JobState.CANCELLED
+    shot(tab, "07-job-cancelled")
+
+    # The queue page: why jobs wait, behind whom; other teams' jobs stay anonymous.
+    Queue.objects.filter(name="train").update(state="closed")
+    services.job_submit(
+        user=live_portal.outsider,
+        data={
+            "team": "vision",
+            "queue": "train",
+            "spec": "shared",
+            "image": "python-3.11",
+            "command": "sleep 1",
+            "name": "their-secret-job",
+        },
+    )
+    mine, _ = services.job_submit(
+        user=demo,
+        data={
+            "team": "demo",
+            "queue": "train",
+            "spec": "performance",
+            "image": "python-3.11",
+            "command": "sleep 1",
+            "name": "waiting-job",
+        },
+    )
+    deadline = time.monotonic() + 30
+    while Job.objects.get(pk=mine.pk).queue_position is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    tab.goto("/queues/train/")
+    text = tab.inner_text("main")
+    assert "their-secret-job" not in text and "another team's job" in text and "waiting-job" in text
+    assert "An admin closed the queue" in text and "position 2, behind 1 job" in text
+    shot(tab, "08-queue")
+
+    # The job list updates the state of unfinished jobs without a reload.
+    tab.goto("/jobs/")
+    row = tab.locator(f"tr[data-job='{mine.id}'] [data-role=state]")
+    assert row.inner_text() == "pending"
+    Queue.objects.filter(name="train").update(state="open")
+    services.queue_dispatch(queue_id=mine.queue_id)
+    tab.wait_for_function(
+        f"!['pending'].includes(document.querySelector(\"tr[data-job='{mine.id}'] [data-role=state]\").textContent)",
+        timeout=20_000,
+    )
+    shot(tab, "09-job-list")
+
+    for path, name in [
+        ("/queues/", "10-queues"),
+        ("/teams/demo/", "11-team"),
+        ("/images/", "12-images"),
+        ("/jobs/new/", "13-submit-form"),
+    ]:
+        response = tab.goto(path)
+        assert response.status == 200, path
+        shot(tab, name)
+
+    # Keyboard: the skip link is the first stop and its focus is visible.
+    tab.keyboard.press("Tab")
+    assert tab.evaluate("document.activeElement.className") == "skip-link"
+    outline = tab.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
+
+    # Chinese.
+    tab.click("button[value='zh-hans']")
+    tab.wait_for_load_state("load")
+    assert tab.get_attribute("html", "lang") == "zh-Hans"
+    assert "提交" in tab.inner_text("header")
+    shot(tab, "14-submit-form-zh")
+    tab.goto(f"/jobs/{job.id}/")
+    wait_state(tab, "succeeded")
+    shot(tab, "15-job-zh")
+    tab.goto("/queues/train/")
+    shot(tab, "16-queue-zh")

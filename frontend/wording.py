@@ -1,0 +1,91 @@
+"""What the portal says about states, reasons and failure classes, in words a user can act on (translated)."""
+
+from __future__ import annotations
+
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
+
+from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
+
+STATE_LABELS: dict[str, Promise] = {
+    JobState.PENDING: _("pending"),
+    JobState.ADMITTED: _("admitted"),
+    JobState.STARTING: _("starting"),
+    JobState.RUNNING: _("running"),
+    JobState.RETRYING: _("retrying"),
+    JobState.CANCELLING: _("cancelling"),
+    JobState.SUCCEEDED: _("succeeded"),
+    JobState.FAILED: _("failed"),
+    JobState.CANCELLED: _("cancelled"),
+    JobState.TIMED_OUT: _("timed out"),
+}
+
+ATTEMPT_STATE_LABELS: dict[str, Promise] = {
+    AttemptState.PLACED: _("placed"),
+    AttemptState.STARTING: _("starting"),
+    AttemptState.RUNNING: _("running"),
+    AttemptState.SUCCEEDED: _("succeeded"),
+    AttemptState.FAILED: _("failed"),
+    AttemptState.CANCELLED: _("cancelled"),
+    AttemptState.TIMED_OUT: _("timed out"),
+    AttemptState.LOST: _("lost"),
+}
+
+# One sentence per reason a job can wait for (jobs.states.PendingReason); a test checks none is missing.
+PENDING_REASONS: dict[str, Promise] = {
+    PendingReason.QUEUED: _("Waiting for the dispatcher's next pass; nothing holds it back yet."),
+    PendingReason.QUEUE_QUOTA_EXHAUSTED: _(
+        "The queue's capacity is taken by running jobs; it starts when enough of them finish."
+    ),
+    PendingReason.TEAM_QUOTA_EXHAUSTED: _(
+        "Your team's quota is taken by its running jobs; it starts when some of them finish, or when an admin "
+        "raises the quota."
+    ),
+    PendingReason.TEAM_JOB_LIMIT: _("Your team already runs as many jobs at once as it may."),
+    PendingReason.USER_JOB_LIMIT: _("You already run as many jobs at once as one member of this team may."),
+    PendingReason.NO_CAPACITY: _(
+        "The quota allows it, but no healthy GPU has enough free compute and memory for it right now."
+    ),
+    PendingReason.IMAGE_INCOMPATIBLE: _("No node has an NVIDIA driver new enough for the job's image."),
+    PendingReason.QUEUE_CLOSED: _("An admin closed the queue; nothing new starts until it reopens."),
+    PendingReason.WAITING_FOR_GANG: _("Waiting until GPUs for all replicas are free at the same time."),
+    PendingReason.BEHIND_HIGHER_PRIORITY: _(
+        "The queue is strictly first in, first out, and a job ahead of this one cannot start yet."
+    ),
+}
+
+OTHER_REASONS: dict[str, Promise] = {
+    "cancelled_by_user": _("Cancelled by a user."),
+    "timeout": _("Ran past its time limit and was stopped."),
+    "user_failure": _("The job itself failed (its code, input or request); retrying would not help."),
+    "platform_failure": _("The platform failed under the job (node, GPU, network or image pull)."),
+    "resource_failure": _("The job ran out of a resource it asked for."),
+}
+
+FAILURE_CLASSES: dict[str, Promise] = {
+    "user": _("user: the job's code, input or request"),
+    "platform": _("platform: the node, GPU, network or image pull"),
+    "resource": _("resource: ran out of what it asked for"),
+}
+
+REACTIONS: dict[str, Promise] = {
+    "retry": _("retry"),
+    "no_retry": _("no retry"),
+    "retry_elsewhere": _("retry on other GPUs"),
+}
+
+
+def state_label(state: str) -> str:
+    return str(STATE_LABELS.get(state, state))
+
+
+def reason_sentence(reason: str) -> str:
+    """A plain sentence for a reason code; an unknown code (a rule name, say) is shown as it is."""
+    if not reason:
+        return ""
+    sentence = PENDING_REASONS.get(reason) or OTHER_REASONS.get(reason)
+    return str(sentence) if sentence else reason
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL
