@@ -172,6 +172,7 @@ def test_stream_refuses_non_members_and_anonymous(job_with_log):
             communicator = _communicator(job.id, user)
             connected, code = await communicator.connect()
             assert not connected and code == 4403
+            await communicator.disconnect()  # end the consumer instance, or the loop waits on its layer read
         await database_sync_to_async(connections.close_all)()
 
     asyncio.run(scenario())
