@@ -17,6 +17,7 @@ from jobs import logstore
 from jobs.realtime import job_group
 
 POLL_S = 0.05
+END_CHECK_S = 0.5
 BATCH = 2000
 
 
@@ -69,16 +70,20 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
                               "lines": [{"n": ln.number, "text": ln.text} for ln in lines]})
 
     async def _follow(self) -> None:
+        # Reads run inline: a poll of a local file's new tail takes well under a millisecond, and handing it to
+        # the default thread pool (a few threads shared by every socket) queued it behind the other streams.
+        checked_end = 0.0
+        loop = asyncio.get_running_loop()
         while True:
-            lines = await asyncio.to_thread(self.follower.poll, BATCH)
+            lines = self.follower.poll(BATCH)
             if lines:
                 await self._send_lines(lines)
                 continue
-            if not self.ended:
-                folder = logstore.attempt_dir(self.job_id, self.attempt)
-                meta = await asyncio.to_thread(logstore.LogMeta.read, folder)
+            if not self.ended and loop.time() - checked_end >= END_CHECK_S:
+                checked_end = loop.time()
+                meta = logstore.LogMeta.read(logstore.attempt_dir(self.job_id, self.attempt))
                 if meta.closed:
-                    lines = await asyncio.to_thread(self.follower.poll, BATCH)
+                    lines = self.follower.poll(BATCH)
                     if lines:
                         await self._send_lines(lines)
                         continue
