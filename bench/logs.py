@@ -269,7 +269,12 @@ def main() -> int:
         delivery = [asyncio.run(_delivery(jobs, level, root, f"ws://127.0.0.1:{port}", cookie)) for level in LEVELS]
     finally:
         os.killpg(web.pid, signal.SIGTERM)
-        web.wait(timeout=15)
+        try:
+            web.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            print("web server did not stop within 20 s of SIGTERM; killed")
+            os.killpg(web.pid, signal.SIGKILL)
+            web.wait()
         import redis
 
         redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)

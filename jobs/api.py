@@ -15,7 +15,7 @@ from jobs import logstore, selectors, services
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobState
 from quotas.models import Queue, ResourceSpec, Team
-from trainyard.api import NewestFirstCursor, ScopedActionsMixin
+from trainyard.api import NewestFirstCursor, ScopedActionsMixin, int_param
 from trainyard.errors import ValidationFailed
 
 
@@ -251,14 +251,14 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def logs(self, request, pk=None):
         """A page of an attempt's kept log lines (never the whole log at once)."""
         job = self.get_object()
-        number = _int_param(request, "attempt", default=job.attempts.count() or 1)
+        number = int_param(request, "attempt", default=job.attempts.count() or 1)
         folder = logstore.attempt_dir(str(job.id), number)
         tail = request.query_params.get("tail")
         if tail is not None:
-            lines, meta = logstore.tail_lines(folder, min(_int_param(request, "tail", default=200), 5000))
+            lines, meta = logstore.tail_lines(folder, min(int_param(request, "tail", default=200), 5000))
         else:
-            lines, meta = logstore.read_lines(folder, start=_int_param(request, "start", default=1),
-                                              limit=min(_int_param(request, "limit", default=1000), 5000))
+            lines, meta = logstore.read_lines(folder, start=int_param(request, "start", default=1),
+                                              limit=min(int_param(request, "limit", default=1000), 5000))
         return Response({
             "attempt": number, "lines": [{"n": ln.number, "text": ln.text} for ln in lines],
             "next_start": lines[-1].number + 1 if lines else None, "first_kept_line": meta.first_line,
@@ -289,23 +289,10 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         query = request.query_params.get("q", "").strip()
         if not query:
             raise ValidationFailed("give a keyword with ?q=", code="empty_query", field="q")
-        number = _int_param(request, "attempt", default=job.attempts.count() or 1)
-        context = min(_int_param(request, "context", default=2), 10)
+        number = int_param(request, "attempt", default=job.attempts.count() or 1)
+        context = min(int_param(request, "context", default=2), 10)
         hits = list(logstore.search(logstore.attempt_dir(str(job.id), number), query, context=context))
         return Response({"attempt": number, "query": query, "hits": hits, "count": len(hits)})
-
-
-def _int_param(request, name: str, *, default: int) -> int:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name} must be an integer", code="invalid_parameter", field=name)
-    if value < 0:
-        raise ValidationFailed(f"{name} must not be negative", code="invalid_parameter", field=name)
-    return value
 
 
 def _plain(data) -> dict:

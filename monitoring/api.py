@@ -24,7 +24,7 @@ from jobs.selectors import jobs_visible_to
 from monitoring import selectors, services
 from monitoring.models import Alert, AlertRule, BusinessMetric, GpuHealthEvent, GpuSample, Notification
 from quotas.selectors import visible_teams
-from trainyard.api import ScopedActionsMixin
+from trainyard.api import ScopedActionsMixin, int_param
 from trainyard.errors import ValidationFailed
 
 # --------------------------------------------------------------------------------------------- alerts
@@ -310,7 +310,7 @@ class MonitoredGpuViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
                 {"gpu": gpu.uuid, "emulated": True, "telemetry": selectors.NO_TELEMETRY_EMULATED, "samples": []}
             )
         since, until = _datetime_param(request, "since"), _datetime_param(request, "until")
-        limit = min(_int_param(request, "limit", 2000), 5000)
+        limit = min(int_param(request, "limit", default=2000, minimum=1), 5000)
         samples = selectors.gpu_samples(gpu, since=since, until=until, limit=limit)
         return Response(
             {
@@ -594,19 +594,6 @@ def _pk(raw) -> int:
         return int(raw)
     except (TypeError, ValueError):
         raise ValidationFailed("not an id", code="invalid_parameter")
-
-
-def _int_param(request, name: str, default: int) -> int:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name} must be an integer", code="invalid_parameter", field=name)
-    if value < 1:
-        raise ValidationFailed(f"{name} must be positive", code="invalid_parameter", field=name)
-    return value
 
 
 def _datetime_param(request, name: str) -> datetime | None:

@@ -2,6 +2,8 @@
 
 from rest_framework.pagination import CursorPagination
 
+from trainyard.errors import ValidationFailed
+
 
 class ScopedActionsMixin:
     """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`."""
@@ -24,3 +26,17 @@ class NewestFirstCursor(CursorPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+
+def int_param(request, name: str, *, default: int, minimum: int = 0) -> int:
+    """An integer query parameter, or a 400 with code `invalid_parameter` naming it."""
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationFailed(f"{name} must be an integer", code="invalid_parameter", field=name)
+    if value < minimum:
+        raise ValidationFailed(f"{name} must be at least {minimum}", code="invalid_parameter", field=name)
+    return value

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 
@@ -14,6 +13,7 @@ from rest_framework.test import APIClient
 
 from cluster.models import GPU, Node
 from jobs.backends import reset_backends
+from jobs.tests.conftest import wait_for  # noqa: F401 - shared with the lifecycle tests
 from monitoring import celery_metrics, collectors
 from monitoring.defaults import seed_rules
 from monitoring.models import AlertRule
@@ -129,19 +129,6 @@ def api_as(username: str) -> APIClient:
     return client
 
 
-def wait_for(predicate, *, timeout: float = 30.0, every: float = 0.1, observe: bool = True):
-    """Poll, running the observe pass the beat would run, until predicate() is truthy."""
-    from jobs import services
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if observe:
-            services.attempts_observe()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
