@@ -251,6 +251,8 @@ def main() -> int:
             "--no-access-log",
             "--ws",
             "websockets",
+            "--timeout-graceful-shutdown",
+            "10",
             "--log-level",
             "warning",
         ],
