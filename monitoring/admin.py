@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from monitoring import services
-from monitoring.models import Alert, AlertRule, GpuHealthEvent, GpuStatus, WebhookDelivery
+from monitoring.models import RULE_EDITABLE_FIELDS, Alert, AlertRule, GpuHealthEvent, GpuStatus, WebhookDelivery
 from trainyard.errors import DomainError
 
 
@@ -13,24 +13,7 @@ class AlertRuleForm(forms.ModelForm):
 
     class Meta:
         model = AlertRule
-        fields = [
-            "name",
-            "description",
-            "enabled",
-            "level",
-            "metric",
-            "comparator",
-            "threshold",
-            "for_seconds",
-            "window_seconds",
-            "min_samples",
-            "faults",
-            "notify",
-            "webhook",
-            "webhook_url",
-            "quarantine_gpu",
-            "restart_job",
-        ]
+        fields = list(RULE_EDITABLE_FIELDS)
 
     def clean(self):
         data = super().clean()

@@ -22,7 +22,15 @@ from rest_framework.views import APIView
 from cluster.models import GPU
 from jobs.selectors import jobs_visible_to
 from monitoring import selectors, services
-from monitoring.models import Alert, AlertRule, BusinessMetric, GpuHealthEvent, GpuSample, Notification
+from monitoring.models import (
+    RULE_EDITABLE_FIELDS,
+    Alert,
+    AlertRule,
+    BusinessMetric,
+    GpuHealthEvent,
+    GpuSample,
+    Notification,
+)
 from quotas.selectors import visible_teams
 from trainyard.api import ScopedActionsMixin, int_param
 from trainyard.errors import ValidationFailed
@@ -143,26 +151,7 @@ class AlertRuleSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AlertRule
-        fields = [
-            "id",
-            "name",
-            "description",
-            "enabled",
-            "level",
-            "metric",
-            "comparator",
-            "threshold",
-            "for_seconds",
-            "window_seconds",
-            "min_samples",
-            "faults",
-            "notify",
-            "webhook",
-            "webhook_url",
-            "quarantine_gpu",
-            "restart_job",
-            "updated_at",
-        ]
+        fields = ["id", *RULE_EDITABLE_FIELDS, "updated_at"]
         read_only_fields = ["id", "updated_at"]
 
 

@@ -177,6 +177,13 @@ class MonitorCursor(models.Model):
     position = models.BigIntegerField(default=0)
 
 
+# What an admin edits on a rule, in the order forms and the API show it.
+RULE_EDITABLE_FIELDS = (
+    "name", "description", "enabled", "level", "metric", "comparator", "threshold", "for_seconds",
+    "window_seconds", "min_samples", "faults", "notify", "webhook", "webhook_url", "quarantine_gpu", "restart_job",
+)
+
+
 class AlertRule(models.Model):
     """One alert rule: a condition on a metric, a level, and the actions taken when an incident opens."""
 
