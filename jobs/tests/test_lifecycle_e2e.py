@@ -44,7 +44,7 @@ def active_slices():
 
 def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_worker_thread):
     job = submit(platform, spec="shared", command=[
-        "sh", "-c", "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT"])
+        "sh", "-c", "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT; sleep 1"])
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.SUCCEEDED
     assert "limit=6144m sm=25 attempt=1" in log_text(job)
@@ -52,7 +52,9 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
     assert job.reproduce["driver_version"] and job.reproduce["emulated_gpus"] is True
     assert not active_slices().exists()
     kinds = list(job.events.values_list("to_state", flat=True))
-    assert [k for k in kinds if k] == ["pending", "admitted", "starting", "running", "succeeded"]
+    # A job can end between two observe passes; then it goes from starting straight to succeeded.
+    assert [k for k in kinds if k] in (["pending", "admitted", "starting", "running", "succeeded"],
+                                       ["pending", "admitted", "starting", "succeeded"])
 
 
 def test_user_error_fails_without_retry(platform, celery_worker_thread):
