@@ -44,7 +44,8 @@ def active_slices():
 
 def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_worker_thread):
     job = submit(platform, spec="shared", command=[
-        "sh", "-c", "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT; sleep 1"])
+        "sh", "-c",
+        "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT; sleep 1"])
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.SUCCEEDED
     assert "limit=6144m sm=25 attempt=1" in log_text(job)
