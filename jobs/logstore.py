@@ -4,6 +4,7 @@ Kubernetes log collector, read by the API, the classifier and the WebSocket stre
 Layout of `<root>/<job_id>/attempt-<n>/`:
 - `log`: the kept lines, UTF-8, one per line (over-long lines are cut at `MAX_LINE_BYTES`);
 - `meta.json`: counts, and `first_line`: the number of the first kept line (1 until lines were dropped).
+  A lazy flush (the runner's, after each read) rewrites it at most every `RING_FLUSH_S`; `close` always does.
 
 Each job has a daily budget (bytes and lines, settings). Past it the writer switches to a ring: it keeps
 only the last `RING_LINES` lines (in memory, bounded) and rewrites `log` with them now and then and on
@@ -74,6 +75,7 @@ class LogWriter:
         self._file = open(folder / "log", "ab")  # noqa: SIM115 - lives as long as the writer
         self._ring: deque[bytes] | None = None
         self._last_flush = 0.0
+        self._last_meta = 0.0
         if self.meta.ring:
             self._enter_ring()
         self._write_meta()
@@ -94,9 +96,7 @@ class LogWriter:
         self.meta.bytes_seen += len(data)
         self.meta.day_lines += 1
         self.meta.day_bytes += len(data)
-        if self._ring is None and (
-            self.meta.day_lines > self.budget_lines or self.meta.day_bytes > self.budget_bytes
-        ):
+        if self._ring is None and (self.meta.day_lines > self.budget_lines or self.meta.day_bytes > self.budget_bytes):
             self._enter_ring()
         if self._ring is not None:
             if len(self._ring) == RING_LINES:
@@ -121,7 +121,9 @@ class LogWriter:
                 self._flush_ring()
         else:
             self._file.flush()
-            self._write_meta()
+            # The log file itself is what readers follow; the counts in meta.json may lag by RING_FLUSH_S.
+            if not lazy or time.monotonic() - self._last_meta >= RING_FLUSH_S:
+                self._write_meta()
 
     def _enter_ring(self) -> None:
         self._file.flush()
@@ -147,6 +149,7 @@ class LogWriter:
     def _write_meta(self) -> None:
         if self._ring is None:
             self.meta.first_line = 1
+        self._last_meta = time.monotonic()
         _atomic_write(self.folder / "meta.json", json.dumps(asdict(self.meta)).encode())
 
     def close(self) -> None:

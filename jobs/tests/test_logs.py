@@ -176,3 +176,44 @@ def test_stream_refuses_non_members_and_anonymous(job_with_log):
         await database_sync_to_async(connections.close_all)()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_sockets_share_one_tailer_that_stops_when_the_last_leaves(job_with_log):
+    job, demo, writer = job_with_log
+    from jobs.consumers import _Tailer
+
+    async def scenario():
+        sockets = [_communicator(job.id, demo, "tail=0") for _ in range(3)]
+        for socket in sockets:
+            assert (await socket.connect())[0]
+            await _receive_until(socket, "hello")
+        tailer = _Tailer.for_running_loop()
+        assert len(tailer.watched) == 3 and not tailer.task.done()
+        await asyncio.to_thread(lambda: (writer.write_line("epoch 301"), writer.flush(lazy=True)))
+        for socket in sockets:
+            got = await _receive_until(socket, "lines")
+            assert got["lines"] == [{"n": 301, "text": "epoch 301"}]
+        for socket in sockets:
+            await socket.disconnect()
+        await asyncio.wait_for(tailer.task, 2)  # nothing left to watch: the loop ends and forgets this tailer
+        assert not tailer.watched and asyncio.get_running_loop() not in _Tailer._by_loop
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
+
+
+def test_lazy_flush_writes_lines_at_once_and_counts_at_most_every_half_second(tmp_path):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=10**9, budget_lines=10**9)
+    writer.write_line("one")
+    writer.flush(lazy=True)  # the first lazy flush after opening is within RING_FLUSH_S: counts wait
+    assert (tmp_path / "log").read_bytes() == b"one\n"
+    assert logstore.LogMeta.read(tmp_path).lines_seen == 0
+    writer._last_meta -= logstore.RING_FLUSH_S
+    writer.write_line("two")
+    writer.flush(lazy=True)
+    assert logstore.LogMeta.read(tmp_path).lines_seen == 2
+    writer.write_line("three")
+    writer.close()
+    meta = logstore.LogMeta.read(tmp_path)
+    assert meta.lines_seen == 3 and meta.closed
