@@ -1,7 +1,7 @@
 """API benchmark: job submission and job listing through the real stack, each against its floor.
 
 What runs: a dedicated database (``<name>_bench_api`` on the server of ``$DATABASE_URL``, dropped and created
-afresh, migrated, seeded), the real web server (``trainyard.processes`` "web": uvicorn, one process, as
+afresh, migrated, seeded), the real web server (``trainyard.processes`` "web": uvicorn with its worker processes, as
 ``make run`` starts it) on a free loopback port, and a load generator in a second process (``bench._load``,
 httpx) that sends requests at a fixed open-loop rate with an API token, at most 32 in flight.
 
@@ -152,7 +152,8 @@ def _loadavg() -> list[float]:
 
 
 class WebServer:
-    """The real web process (uvicorn, one worker) on a free loopback port; its output goes to a file."""
+    """The real web server (uvicorn and the worker processes `make run` would start) on a free loopback port;
+    its output goes to a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.env = env
@@ -169,8 +170,11 @@ class WebServer:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        from trainyard import processes
+
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv, env={**self.env, **processes.environment("web", self.env)}, cwd=REPO_ROOT, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True
         )
         _children.append(self.proc)
         deadline = time.monotonic() + 60
@@ -186,14 +190,19 @@ class WebServer:
         raise RuntimeError(f"the web server did not answer /healthz within 60 s:\n{self.log_tail()}")
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the server process has used so far; 0 where /proc is missing."""
+        """CPU seconds (user + system) used so far by the server's processes (uvicorn and its workers: the
+        process group it leads); 0 where /proc is missing."""
         if self.proc is None:
             return 0.0
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def settle(self, *, quiet_s: float = 0.5, limit_s: float = 15.0) -> None:
         """Wait until the server has stopped working off requests a cut-off phase left behind."""
@@ -1030,13 +1039,16 @@ def main(argv: list[str] | None = None) -> int:
         f"\nenqueue check: {check['jobs']} jobs submitted (API, warm-ups included, and floor), {check['messages']} "
         f"dispatch messages in Redis: {'OK' if check['ok'] else 'MISMATCH'}. Cleanup: {cleanup}."
     )
+    from trainyard.processes import web_processes
+
     report = {
         "benchmark": "api",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
         "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "loadavg_end": _loadavg(), **versions},
         "settings": {
-            "server": "uvicorn trainyard.asgi:application, one process (trainyard.processes 'web', as make run)",
+            "server": "uvicorn trainyard.asgi:application (trainyard.processes 'web', as make run)",
+            "web_processes": web_processes(server_env),
             "server_log": "INFO, console format, to a file",
             "server_env_extra": server_extra,
             "rate_limits": BENCH_RATE + " for submit/read/write (raised for the benchmark)",

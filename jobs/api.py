@@ -1,9 +1,12 @@
 """Jobs over REST: submit (with Idempotency-Key), batch submit, list/filter, detail, cancel, retry,
 reproduce, events, attempts, logs and log search."""
 
+import functools
+
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Subquery
+from django.utils import timezone
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -73,6 +76,52 @@ class JobSerializer(serializers.ModelSerializer):
         base = f"/api/v1/jobs/{job.id}/"
         return {"self": base, "events": base + "events/", "attempts": base + "attempts/", "logs": base + "logs/",
                 "page": f"/jobs/{job.id}/"}
+
+    def to_representation(self, job):
+        # The same output as DRF's field-by-field path (a test compares the two for jobs in every shape), built
+        # from a per-class plan: DRF copies every declared field per serializer and walks them per row, which cost
+        # ~0.3 ms a job, most of a 50-job list page's time (bench/api.py).
+        return {name: get(job) for name, get in _plan(type(self))}
+
+
+def _iso(value):
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _getter(name: str, convert=None):
+    if convert is None:
+        return lambda job: getattr(job, name)
+    return lambda job: convert(getattr(job, name))
+
+
+@functools.cache
+def _plan(serializer_class) -> tuple:
+    model_fields = {f.name: f for f in Job._meta.concrete_fields}
+    special = {
+        "owner": lambda job: job.owner.username,
+        "team": lambda job: job.team.slug,
+        "queue": lambda job: job.queue.name,
+        "spec": lambda job: job.spec.name if job.spec_id is not None else None,
+        "links": lambda job: JobSerializer.get_links(None, job),
+    }
+    plan = []
+    for name in serializer_class.Meta.fields:
+        if name in special:
+            plan.append((name, special[name]))
+            continue
+        field = model_fields[name]
+        if isinstance(field, models.DateTimeField):
+            plan.append((name, _getter(name, _iso)))
+        elif isinstance(field, models.ForeignKey):
+            plan.append((name, _getter(field.attname, lambda v: None if v is None else str(v))))
+        elif isinstance(field, models.UUIDField):
+            plan.append((name, _getter(name, str)))
+        else:
+            plan.append((name, _getter(name)))
+    return tuple(plan)
 
 
 class JobDetailSerializer(JobSerializer):

@@ -18,18 +18,16 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from cluster import services as pool
-from cluster.models import GPU, LogicalDevice, Node
-from images.models import BaseImage, ProjectImage, Registry
-from jobs import classifier
+from cluster.models import GPU, LogicalDevice
+from jobs import classifier, reference
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED, TERMINAL, AttemptState, JobState, PendingReason
 from quotas import selectors as quota
-from quotas.models import Queue, ResourceSpec, Team
+from quotas.models import Queue, Team
 from trainyard.errors import Conflict, NotFound, ValidationFailed
 
 log = structlog.get_logger(__name__)
@@ -52,8 +50,7 @@ class Resolved:
 
 
 def _reference_card_mib() -> int:
-    biggest = GPU.objects.filter(health=GPU.Health.HEALTHY).aggregate(m=Max("memory_mib"))["m"]
-    return int(biggest or settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
+    return reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)[0]
 
 
 def _registry_of(reference: str) -> str:
@@ -63,9 +60,9 @@ def _registry_of(reference: str) -> str:
     return "docker.io"
 
 
-def _resolve_image(name: str, team: Team) -> dict[str, Any]:
-    base = BaseImage.objects.filter(name=name).first()
-    project = None if base else ProjectImage.objects.filter(team=team, name=name).select_related("base").first()
+def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, Any]:
+    base = ref.base_images.get(name)
+    project = None if base else ref.project_images.get((team.pk, name))
     image = base or project
     if image is not None:
         reference = image.reference
@@ -83,8 +80,7 @@ def _resolve_image(name: str, team: Team) -> dict[str, Any]:
                                        field="image")
         min_driver = ""
     registry = _registry_of(reference)
-    allowed = Registry.objects.filter(host=registry, allowed=True).exists()
-    if not allowed:
+    if registry not in ref.allowed_registries:
         raise ValidationFailed(
             f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
         )
@@ -125,13 +121,14 @@ def _command(value: Any) -> list[str]:
 
 def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     """Check a submission up front; raise ValidationFailed (400, with field and code) or NotFound."""
-    team = Team.objects.filter(slug=data.get("team")).first()
-    if team is None or not quota.is_member(user, team):
+    ref = reference.current()
+    team = ref.teams.get(data.get("team")) if isinstance(data.get("team"), str) else None
+    if team is None or not ref.is_member(user, team):
         raise NotFound("team not found (or you are not a member)", code="unknown_team")
-    queue = Queue.objects.filter(name=data.get("queue")).first()
+    queue = ref.queues.get(data.get("queue")) if isinstance(data.get("queue"), str) else None
     if queue is None:
         raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
-    if not queue.teams.filter(pk=team.pk).exists():
+    if not ref.queue_allows_team(queue, team):
         raise ValidationFailed(f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed",
                                field="queue")
     replicas = int(data.get("replicas") or 1)
@@ -142,7 +139,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not", code="replicas_need_gang_queue",
             field="replicas",
         )
-    card_mib = _reference_card_mib()
+    card_mib, drivers = reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
     spec_name = data.get("spec")
     explicit = data.get("gpu_milli") is not None or data.get("gpu_memory_mib") is not None
     spec = None
@@ -150,11 +147,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         if explicit:
             raise ValidationFailed("give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
                                    code="spec_and_explicit_request", field="spec")
-        spec = ResourceSpec.objects.filter(name=spec_name, enabled=True).first()
+        spec = ref.specs.get(spec_name) if isinstance(spec_name, str) else None
         if spec is None:
             raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
-        if not queue.specs.filter(pk=spec.pk).exists():
-            allowed = ", ".join(queue.specs.values_list("name", flat=True)) or "none"
+        if not ref.queue_allows_spec(queue, spec):
+            allowed = ", ".join(ref.queue_spec_names(queue)) or "none"
             raise ValidationFailed(f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
                                    code="spec_not_allowed_in_queue", field="spec")
         gpu_count = int(data.get("gpus") or spec.gpu_count)
@@ -214,14 +211,13 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         )
     if not data.get("image"):
         raise ValidationFailed("an image is required", code="unknown_image", field="image")
-    image = _resolve_image(str(data["image"]), team)
-    if image["min_driver_version"]:
-        drivers = list(Node.objects.exclude(state=Node.State.UNHEALTHY).values_list("driver_version", flat=True))
-        if drivers and not any(pool.driver_satisfies(d, image["min_driver_version"]) for d in drivers):
-            raise ValidationFailed(
-                f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
-                f"{max(drivers, key=pool.version_tuple)}", code="image_incompatible_with_all_nodes", field="image",
-            )
+    image = _resolve_image(str(data["image"]), team, ref)
+    needs = image["min_driver_version"]
+    if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
+        raise ValidationFailed(
+            f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
+            f"{max(drivers, key=pool.version_tuple)}", code="image_incompatible_with_all_nodes", field="image",
+        )
     env = _validate_env(data.get("env"))
     command = _command(data.get("command"))
     args = data.get("args") or []

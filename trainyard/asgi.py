@@ -25,6 +25,12 @@ from trainyard.routing import websocket_urlpatterns  # noqa: E402
 if settings.TRAINYARD_SERVE_STATIC:
     django_wsgi = StaticFilesHandler(django_wsgi)
 
+if settings.TRAINYARD_GC_FREEZE:
+    from trainyard import gctune  # noqa: E402
+
+    gctune.freeze_after_startup()
+    django_wsgi = gctune.RefreezeAfterWarmup(django_wsgi)
+
 application = ProtocolTypeRouter(
     {
         "http": WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS),

@@ -25,10 +25,37 @@ def command(name: str, *, host: str | None = None, port: int | None = None) -> l
     return commands[name]
 
 
+def web_processes(environ=os.environ) -> int:
+    """How many web processes share the port: `TRAINYARD_WEB_PROCESSES`, else one per CPU core, at most 4.
+
+    One Python process runs one request's Python code at a time, so a second process is what lets the web
+    tier use a second core (bench/api.py measures the difference).
+    """
+    raw = environ.get("TRAINYARD_WEB_PROCESSES", "").strip()
+    if not raw:
+        return max(1, min(4, os.cpu_count() or 1))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"TRAINYARD_WEB_PROCESSES must be a whole number, not {raw!r}")
+    if value < 1:
+        raise SystemExit("TRAINYARD_WEB_PROCESSES must be 1 or more")
+    return value
+
+
+def environment(name: str, environ=os.environ) -> dict[str, str]:
+    """Variables one process needs on top of the platform's own (uvicorn reads its worker count from
+    WEB_CONCURRENCY, so the command line stays the same everywhere)."""
+    if name == "web":
+        return {"WEB_CONCURRENCY": str(web_processes(environ))}
+    return {}
+
+
 NAMES = ("web", "worker", "beat")
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in NAMES:
         print(f"usage: python -m trainyard.processes {{{'|'.join(NAMES)}}}", file=sys.stderr)
         sys.exit(2)
+    os.environ.update(environment(sys.argv[1]))
     os.execv(sys.executable, [sys.executable, "-m", *command(sys.argv[1])])

@@ -98,7 +98,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "trainyard.cache.SharedRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env.str("TRAINYARD_CACHE_PREFIX", default="trainyard"),
     }
@@ -266,3 +266,6 @@ CELERY_BEAT_SCHEDULE.update({
 })
 # Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
 TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
+# Move what the web process loaded at start (and again after its first requests) out of the garbage collector's
+# reach: a full collection otherwise walks every module object and paused requests for 50-120 ms (trainyard/gctune.py).
+TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)

@@ -76,7 +76,8 @@ def main() -> int:
         for name in processes.NAMES:
             proc = subprocess.Popen(
                 [sys.executable, "-m", *processes.command(name, host=host, port=port)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=BASE_DIR,
+                env={**env, **processes.environment(name, env)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=BASE_DIR,
             )
             children.append((name, proc))
             threading.Thread(target=_pump, args=(name, proc), daemon=True).start()

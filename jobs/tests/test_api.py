@@ -241,3 +241,37 @@ def test_schema_is_valid_without_warnings():
     from django.core.management import call_command
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
+
+
+def test_fast_job_output_matches_drfs_field_by_field_output(world):
+    """JobSerializer builds rows from a per-class plan; it must render exactly what DRF's generic path renders."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from rest_framework import serializers
+    from rest_framework.renderers import JSONRenderer
+
+    from jobs.api import JobDetailSerializer, JobSerializer
+    from jobs.states import JobState
+
+    client = client_for("demo")
+    first = client.post("/api/v1/jobs/", body(), format="json").json()
+    Queue.objects.filter(name="debug").update(allow_explicit_request=True)
+    explicit_body = body(queue="debug", gpu_milli=300, gpu_memory_mib=4096, image="docker.io/library/python:3.11",
+                         ci={"commit": "abc"})
+    del explicit_body["spec"]
+    explicit = client.post("/api/v1/jobs/", explicit_body, format="json")
+    now = timezone.now()
+    Job.objects.filter(pk=first["id"]).update(
+        state=JobState.FAILED, exit_code=3, failure_class="user", started_at=now - timedelta(minutes=5),
+        finished_at=now, admitted_at=now - timedelta(minutes=6), deadline=now + timedelta(hours=1),
+        reproduce={"image_digest": "sha256:" + "4" * 64}, excluded_gpus=["GPU-1"])
+    assert client.post(f"/api/v1/jobs/{first['id']}/reproduce/").status_code == 201
+    assert explicit.status_code == 201, explicit.json()
+    jobs = list(Job.objects.select_related("owner", "team", "queue", "spec").order_by("submitted_at"))
+    assert len(jobs) == 3 and jobs[1].spec is None and jobs[2].reproduced_from_id == jobs[0].id
+    for cls in (JobSerializer, JobDetailSerializer):
+        for job in jobs:
+            fast = JSONRenderer().render(cls(job).data)
+            generic = JSONRenderer().render(serializers.ModelSerializer.to_representation(cls(), job))
+            assert fast == generic, cls.__name__
