@@ -82,8 +82,26 @@ def _user(username: str, *, staff: bool, password: str | None, report: SeedRepor
     return user
 
 
+def _sized_to(info, data: dict, *, share: float = 1.0) -> dict:
+    """A queue's or team's first capability: the defaults, or this node's cards where they hold more (an 8-GPU or
+    an H200 node would otherwise start with queues too small for one whole card)."""
+    if info is None or not info.gpus:
+        return data
+    cards = len(info.gpus)
+    return {
+        **data,
+        "gpu_milli": max(data["gpu_milli"], int(1000 * cards * share)),
+        "gpu_memory_mib": max(data["gpu_memory_mib"], int(sum(g.memory_mib for g in info.gpus) * share)),
+    }
+
+
 def seed(*, admin_password: str | None = None, demo_password: str | None = None) -> SeedReport:
     report = SeedReport()
+    info = None
+    if settings.TRAINYARD_BACKEND == "local":
+        from cluster.inventory import local_inventory
+
+        info = local_inventory()
     with transaction.atomic():
         specs = {}
         for data in SPECS:
@@ -93,14 +111,16 @@ def seed(*, admin_password: str | None = None, demo_password: str | None = None)
                 report.created.append(f"spec {spec.name}")
         team, created = Team.objects.get_or_create(
             slug="demo",
-            defaults=dict(name="Demo team", namespace="trainyard-demo", gpu_milli=4000, gpu_memory_mib=96 * GIB,
-                          cpu_milli=64000, memory_mib=256 * GIB, max_running_jobs=20, max_jobs_per_user=10),
+            defaults=_sized_to(info, dict(
+                name="Demo team", namespace="trainyard-demo", gpu_milli=4000, gpu_memory_mib=96 * GIB,
+                cpu_milli=64000, memory_mib=256 * GIB, max_running_jobs=20, max_jobs_per_user=10)),
         )
         if created:
             report.created.append("team demo")
         for data in QUEUES:
             data = dict(data)
             spec_names = data.pop("specs")
+            data = _sized_to(info, data, share=0.5 if data["name"] == "debug" else 1.0)
             queue, created = Queue.objects.get_or_create(name=data["name"], defaults=data)
             if created:
                 queue.specs.set([specs[n] for n in spec_names])
@@ -118,11 +138,10 @@ def seed(*, admin_password: str | None = None, demo_password: str | None = None)
         from jobs.classifier import seed_default_rules
 
         seed_default_rules()
-    if settings.TRAINYARD_BACKEND == "local":
-        from cluster.inventory import local_inventory
+    if info is not None:
         from cluster.services import inventory_sync
 
-        node = inventory_sync(info=local_inventory())
+        node = inventory_sync(info=info)
         kind = "emulated" if node.emulated else "NVML"
         report.inventory = f"inventory {node.name}: {node.gpus.count()} GPU(s) ({kind})"
     return report

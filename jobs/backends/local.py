@@ -36,6 +36,10 @@ def placement_env(desc: AttemptDescription) -> dict[str, str]:
     return env
 
 
+def _runner_path() -> str:
+    return os.pathsep.join(filter(None, [str(BASE_DIR), os.environ.get("PYTHONPATH")]))
+
+
 class LocalBackend:
     name = "local"
 
@@ -82,7 +86,8 @@ class LocalBackend:
             [sys.executable, "-m", "jobs.backends.local_runner", str(folder)],
             cwd=BASE_DIR, stdin=subprocess.DEVNULL, stdout=open(folder / "runner.out", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(BASE_DIR)},
+            # The platform first, then whatever path this process was given (an install outside site-packages).
+            env={**os.environ, "PYTHONPATH": _runner_path()},
         )
         (folder / "runner.pid").write_text(str(runner.pid))
         return ref
