@@ -69,6 +69,27 @@ def test_seed_is_idempotent():
     assert get_user_model().objects.get(username="demo").check_password("demo-pass-123")
 
 
+def test_seed_sizes_queues_and_the_demo_team_to_big_local_cards(settings):
+    """On an 8x H200 node the default 96 GiB queues could not hold one whole card; the first seed sizes them."""
+    from jobs import services
+    from quotas.models import Queue, Team
+    from trainyard.seed import seed
+
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_LOCAL_GPUS = "8x141GiB:H200"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    train = Queue.objects.get(name="train")
+    assert (train.gpu_milli, train.gpu_memory_mib) == (8000, 8 * 141 * 1024)
+    debug = Queue.objects.get(name="debug")
+    assert (debug.gpu_milli, debug.gpu_memory_mib) == (4000, 4 * 141 * 1024)
+    assert Team.objects.get(slug="demo").gpu_memory_mib == 8 * 141 * 1024
+    from django.contrib.auth import get_user_model
+
+    job, _ = services.job_submit(user=get_user_model().objects.get(username="demo"), data={
+        "team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]})
+    assert job.gpu_memory_mib == 141 * 1024
+
+
 def test_bad_database_url_is_one_clear_line():
     with pytest.raises(embedded.ServiceError, match="must be a postgres:// URL"):
         embedded.check_database_url("mysql://root@127.0.0.1/x")
