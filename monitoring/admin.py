@@ -68,33 +68,44 @@ def resolve(modeladmin, request, queryset):
             messages.warning(request, f"Alert {alert.pk}: {exc.detail}")
 
 
+class RecordAdmin(admin.ModelAdmin):
+    """Records the platform writes (health history, probe state, webhook deliveries, alerts): staff read them;
+    nobody adds, edits or deletes them here, so the history stays what happened."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(RecordAdmin):
     list_display = ["id", "rule_name", "level", "state", "subject", "started_at", "last_seen_at", "resolved_at"]
     list_filter = ["state", "level", "rule_name"]
     search_fields = ["summary", "subject"]
     actions = [acknowledge, resolve]
     readonly_fields = [f.name for f in Alert._meta.fields]
 
-    def has_add_permission(self, request):
-        return False
-
 
 @admin.register(GpuHealthEvent)
-class GpuHealthEventAdmin(admin.ModelAdmin):
+class GpuHealthEventAdmin(RecordAdmin):
     list_display = ["at", "gpu", "from_health", "to_health", "quarantined", "fault", "actor", "reason"]
     list_filter = ["to_health", "fault"]
     readonly_fields = [f.name for f in GpuHealthEvent._meta.fields]
 
 
 @admin.register(GpuStatus)
-class GpuStatusAdmin(admin.ModelAdmin):
+class GpuStatusAdmin(RecordAdmin):
     list_display = ["gpu", "last_probe_at", "last_probe_ok", "fault", "failures", "last_xid", "last_sample_at"]
     readonly_fields = [f.name for f in GpuStatus._meta.fields]
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(RecordAdmin):
     list_display = ["created_at", "alert", "event", "url", "status", "attempts", "response_code", "error"]
     list_filter = ["status", "event"]
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]

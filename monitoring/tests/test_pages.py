@@ -115,3 +115,26 @@ def test_the_job_page_can_embed_the_charts_with_a_tag(db_platform):
     job = admitted_job(db_platform)
     html = Template("{% load monitoring_charts %}{% job_charts job %}").render(Context({"job": job}))
     assert f'data-job="{job.id}"' in html and "emulated: no telemetry" in html
+
+
+def test_admin_reads_health_records_but_cannot_edit_or_delete_them(db_platform, settings):
+    from monitoring.models import GpuHealthEvent, GpuStatus
+
+    bad = emulated_gpus()[0]
+    plant_faults(settings, {bad.uuid: "gpu_lost"})
+    services.gpu_probe_all()
+    event, status, alert = (
+        GpuHealthEvent.objects.filter(gpu=bad).first(),
+        GpuStatus.objects.get(gpu=bad),
+        Alert.objects.get(),
+    )
+    admin = browser("admin")
+    for model, obj in (("gpuhealthevent", event), ("gpustatus", status), ("alert", alert)):
+        page = admin.get(f"/admin/monitoring/{model}/{obj.pk}/change/")
+        assert page.status_code == 200 and 'name="_save"' not in page.content.decode(), model
+        assert admin.post(f"/admin/monitoring/{model}/{obj.pk}/delete/", {"post": "yes"}).status_code == 403, model
+        assert admin.get(f"/admin/monitoring/{model}/add/").status_code == 403, model
+    assert GpuHealthEvent.objects.filter(pk=event.pk).exists() and Alert.objects.filter(pk=alert.pk).exists()
+    # Alerts are still handled in bulk from the list.
+    admin.post("/admin/monitoring/alert/", {"action": "acknowledge", "_selected_action": [alert.pk], "index": 0})
+    assert Alert.objects.get().state == "acknowledged"
