@@ -15,7 +15,14 @@ from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
-from cluster.services import gpu_mark_unhealthy, gpu_return_to_service, slice_filter_live
+from cluster.services import (
+    gpu_mark_unhealthy,
+    gpu_return_to_service,
+    node_cordon,
+    node_uncordon,
+    slice_filter_live,
+)
+from trainyard.errors import DomainError
 
 NODE_INVENTORY_FIELDS = (
     "name",
@@ -141,16 +148,15 @@ class NodeAdmin(admin.ModelAdmin):
     def gpus_in_service(self, obj: Node) -> int:
         return obj.in_service_count
 
-    def _move(self, request: HttpRequest, queryset: QuerySet[Node], *, source: str, target: str) -> list[str]:
-        """Move each selected node from `source` to `target` under a row lock; returns the names moved."""
+    def _move(self, request: HttpRequest, queryset: QuerySet[Node], *, move) -> list[str]:
+        """Apply a node service to each selected node; returns the names it changed (others are reported)."""
         moved = []
         for node_id in queryset.values_list("pk", flat=True):
-            with transaction.atomic():
-                node = Node.objects.select_for_update().get(pk=node_id)
-                if node.state != source:
-                    continue
-                node.state = target
-                node.save(update_fields=["state"])
+            try:
+                node, changed = move(node_id=node_id, actor=request.user.username)
+            except DomainError:
+                continue
+            if changed:
                 moved.append(node.name)
         return moved
 
@@ -165,15 +171,12 @@ class NodeAdmin(admin.ModelAdmin):
         description="Cordon selected nodes (no new placements; running jobs continue)", permissions=["change"]
     )
     def cordon_nodes(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        moved = self._move(request, queryset, source=Node.State.READY, target=Node.State.CORDONED)
+        moved = self._move(request, queryset, move=node_cordon)
         self._report(request, queryset, moved, "Cordoned", Node.State.READY)
 
     @admin.action(description="Uncordon selected nodes", permissions=["change"])
     def uncordon_nodes(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        with transaction.atomic():
-            moved = self._move(request, queryset, source=Node.State.CORDONED, target=Node.State.READY)
-            if moved:
-                _redispatch_on_commit()
+        moved = self._move(request, queryset, move=node_uncordon)
         self._report(request, queryset, moved, "Uncordoned", Node.State.CORDONED)
 
 

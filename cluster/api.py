@@ -1,7 +1,11 @@
 """Nodes and GPUs with health, and who holds each slice (jobs of other teams stay anonymous)."""
 
-from rest_framework import mixins, serializers, viewsets
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
+from cluster import services
 from cluster.models import GPU, LogicalDevice, Node
 from quotas.selectors import visible_teams
 from trainyard.api import ScopedActionsMixin
@@ -55,6 +59,21 @@ class NodeViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMode
     serializer_class = NodeSerializer
     queryset = Node.objects.all()
     lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def cordon(self, request, name=None):
+        """Staff: no new placements on this node; running jobs continue (409 `node_not_ready` when unhealthy)."""
+        node, _ = services.node_cordon(node_id=self.get_object().pk, actor=request.user.username)
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def uncordon(self, request, name=None):
+        """Staff: the node takes placements again; waiting jobs are dispatched at once."""
+        node, _ = services.node_uncordon(node_id=self.get_object().pk, actor=request.user.username)
+        return Response(NodeSerializer(node).data)
 
 
 class GPUViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

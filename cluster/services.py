@@ -14,6 +14,7 @@ from cluster import placement as policy
 from cluster.inventory import NodeInfo
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
 from cluster.probes import probe_gpu
+from trainyard.errors import Conflict
 
 log = structlog.get_logger(__name__)
 POOL_LOCK_KEY = 0x7472_6169  # advisory lock id for "the pool" (serialises placement across queues)
@@ -81,6 +82,45 @@ def gpu_mark_suspect(*, gpu: GPU, reason: str) -> None:
     GPU.objects.filter(pk=gpu.pk).update(health=GPU.Health.SUSPECT, health_changed_at=timezone.now())
     PoolRepair.objects.create(kind="probe_failed", gpu=gpu, detail=reason)
     log.warning("gpu_probe_failed", gpu=gpu.uuid, reason=reason)
+
+
+def node_cordon(*, node_id: int, actor: str) -> tuple[Node, bool]:
+    """Stop new placements on a ready node (running jobs continue). Returns (node, whether it changed); a node
+    already cordoned is left as it is; an unhealthy one is a 409 (`node_not_ready`)."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.state == Node.State.CORDONED:
+            return node, False
+        if node.state != Node.State.READY:
+            raise Conflict(
+                f"node {node.name} is {node.state}; only a ready node can be cordoned", code="node_not_ready"
+            )
+        node.state = Node.State.CORDONED
+        node.save(update_fields=["state"])
+    log.info("node_cordoned", node=node.name, actor=actor)
+    return node, True
+
+
+def node_uncordon(*, node_id: int, actor: str) -> tuple[Node, bool]:
+    """Let a cordoned node take placements again and re-dispatch the queues at commit (jobs waiting for room
+    start now rather than at the next beat). A ready node is left as it is; an unhealthy one is a 409."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.state == Node.State.READY:
+            return node, False
+        if node.state != Node.State.CORDONED:
+            raise Conflict(f"node {node.name} is {node.state}, not cordoned", code="node_not_cordoned")
+        node.state = Node.State.READY
+        node.save(update_fields=["state"])
+        transaction.on_commit(_dispatch_all)
+    log.info("node_uncordoned", node=node.name, actor=actor)
+    return node, True
+
+
+def _dispatch_all() -> None:
+    from jobs.tasks import dispatch_all
+
+    dispatch_all.delay()
 
 
 def gpu_return_to_service(*, gpu: GPU) -> GPU:

@@ -392,3 +392,27 @@ def test_image_pages_list_compatible_and_incompatible_nodes(world, staff):
     assert f"0 of 1 nodes. Compatible: none. Incompatible: {node.name} (driver {node.driver_version})" in listing
     base_listing = staff.get(changelist_url(BaseImage)).content.decode()
     assert f"1 of 1 nodes. Compatible: {node.name} (driver {node.driver_version})" in base_listing
+
+
+def test_staff_cordon_and_uncordon_nodes_over_the_api(world):
+    from rest_framework.test import APIClient
+
+    from quotas.tests.factories import UserFactory
+
+    node = Node.objects.get()
+    api = APIClient()
+    api.force_authenticate(UserFactory(username="ops", is_staff=True))
+    member = APIClient()
+    member.force_authenticate(UserFactory(username="plain"))
+    url = f"/api/v1/nodes/{node.name}/"
+    assert member.post(url + "cordon/").status_code == 403
+    response = api.post(url + "cordon/")
+    assert response.status_code == 200 and response.json()["state"] == "cordoned"
+    assert api.post(url + "cordon/").json()["state"] == "cordoned"  # again: nothing to do, same answer
+    response = api.post(url + "uncordon/")
+    assert response.status_code == 200 and response.json()["state"] == "ready"
+    Node.objects.filter(pk=node.pk).update(state=Node.State.UNHEALTHY)
+    refused = api.post(url + "cordon/")
+    assert refused.status_code == 409 and refused.json()["code"] == "node_not_ready"
+    assert api.post(url + "uncordon/").json()["code"] == "node_not_cordoned"
+    assert api.post("/api/v1/nodes/no-such-node/cordon/").status_code == 404
