@@ -25,6 +25,12 @@ def celery_worker_thread(transactional_db, _isolated_broker_queue):
 
     from trainyard.celery import app
 
-    with start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING",
-                      queues=[_isolated_broker_queue], shutdown_timeout=10) as worker:
+    with start_worker(
+        app,
+        pool="solo",
+        perform_ping_check=False,
+        loglevel="WARNING",
+        queues=[_isolated_broker_queue],
+        shutdown_timeout=10,
+    ) as worker:
         yield worker

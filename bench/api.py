@@ -173,8 +173,12 @@ class WebServer:
         from trainyard import processes
 
         self.proc = subprocess.Popen(
-            self.argv, env={**self.env, **processes.environment("web", self.env)}, cwd=REPO_ROOT, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            env={**self.env, **processes.environment("web", self.env)},
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         _children.append(self.proc)
         deadline = time.monotonic() + 60

@@ -33,8 +33,19 @@ class GPUSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = GPU
-        fields = ["uuid", "node", "index", "model", "memory_mib", "health", "quarantined", "quarantine_reason",
-                  "emulated", "free_milli", "slices"]
+        fields = [
+            "uuid",
+            "node",
+            "index",
+            "model",
+            "memory_mib",
+            "health",
+            "quarantined",
+            "quarantine_reason",
+            "emulated",
+            "free_milli",
+            "slices",
+        ]
 
     def _live(self, gpu):
         return [d for d in gpu.slices.all() if d.released_at is None]
@@ -51,8 +62,20 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["name", "backend", "emulated", "driver_version", "cuda_version", "rack", "labels", "cpu_milli",
-                  "memory_mib", "state", "last_seen", "gpus"]
+        fields = [
+            "name",
+            "backend",
+            "emulated",
+            "driver_version",
+            "cuda_version",
+            "rack",
+            "labels",
+            "cpu_milli",
+            "memory_mib",
+            "state",
+            "last_seen",
+            "gpus",
+        ]
 
 
 class NodeViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -95,8 +95,13 @@ def read_nvml() -> NodeInfo | None:
         pynvml.nvmlShutdown()
     cpu, memory = _host_resources()
     return NodeInfo(
-        name=socket.gethostname(), emulated=False, driver_version=_text(driver),
-        cuda_version=f"{cuda // 1000}.{(cuda % 1000) // 10}", cpu_milli=cpu, memory_mib=memory, gpus=tuple(gpus),
+        name=socket.gethostname(),
+        emulated=False,
+        driver_version=_text(driver),
+        cuda_version=f"{cuda // 1000}.{(cuda % 1000) // 10}",
+        cpu_milli=cpu,
+        memory_mib=memory,
+        gpus=tuple(gpus),
     )
 
 
@@ -114,8 +119,13 @@ def emulated_node(spec: str | None = None) -> NodeInfo:
             gpus.append(GpuInfo(uuid=f"EMU-{name}-{i}", index=i, model=model, memory_mib=mib))
     cpu, memory = _host_resources()
     return NodeInfo(
-        name=name, emulated=True, driver_version=settings.TRAINYARD_EMULATED_DRIVER,
-        cuda_version=settings.TRAINYARD_EMULATED_CUDA, cpu_milli=cpu, memory_mib=memory, gpus=tuple(gpus),
+        name=name,
+        emulated=True,
+        driver_version=settings.TRAINYARD_EMULATED_DRIVER,
+        cuda_version=settings.TRAINYARD_EMULATED_CUDA,
+        cpu_milli=cpu,
+        memory_mib=memory,
+        gpus=tuple(gpus),
         labels={"trainyard.io/emulated": "true"},
     )
 

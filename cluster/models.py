@@ -59,9 +59,7 @@ class LogicalDevice(models.Model):
     """A slice of one GPU (or the whole card, exclusively) held by one attempt until released."""
 
     gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="slices")
-    attempt = models.ForeignKey(
-        "jobs.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="slices"
-    )
+    attempt = models.ForeignKey("jobs.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="slices")
     compute_milli = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     exclusive = models.BooleanField(default=False)

@@ -48,10 +48,16 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
     node, _ = Node.objects.update_or_create(
         name=info.name,
         defaults=dict(
-            backend=backend, emulated=info.emulated, driver_version=info.driver_version,
-            cuda_version=info.cuda_version, cpu_milli=info.cpu_milli, memory_mib=info.memory_mib,
-            labels=info.labels, rack=info.labels.get("trainyard.io/rack", ""),
-            nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""), last_seen=now,
+            backend=backend,
+            emulated=info.emulated,
+            driver_version=info.driver_version,
+            cuda_version=info.cuda_version,
+            cpu_milli=info.cpu_milli,
+            memory_mib=info.memory_mib,
+            labels=info.labels,
+            rack=info.labels.get("trainyard.io/rack", ""),
+            nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""),
+            last_seen=now,
         ),
     )
     seen = set()
@@ -180,9 +186,7 @@ def pool_cards(*, min_driver: str = "", exclude_gpus=(), exclude_nodes=()) -> tu
         else:
             too_old += 1
     by_gpu: dict[int, list[LogicalDevice]] = defaultdict(list)
-    for device in LogicalDevice.objects.select_related("attempt").filter(
-        released_at__isnull=True, gpu__in=eligible
-    ):
+    for device in LogicalDevice.objects.select_related("attempt").filter(released_at__isnull=True, gpu__in=eligible):
         by_gpu[device.gpu_id].append(device)
     cards = []
     for gpu in eligible:
@@ -314,13 +318,15 @@ def slices_place(*, job, attempt) -> list[LogicalDevice]:
                 released_at=now, release_reason="reclaimed_for_exclusive"
             )
             PoolRepair.objects.create(
-                kind="reclaimed_stale_slices", gpu=card.gpu,
+                kind="reclaimed_stale_slices",
+                gpu=card.gpu,
                 detail=f"{len(card.stale)} stale slice(s) freed before exclusive hand-out to job {job.id}",
             )
             card.stale = []
         devices.append(
-            LogicalDevice(gpu=card.gpu, attempt=attempt, compute_milli=milli, memory_mib=memory,
-                          exclusive=job.exclusive)
+            LogicalDevice(
+                gpu=card.gpu, attempt=attempt, compute_milli=milli, memory_mib=memory, exclusive=job.exclusive
+            )
         )
     return LogicalDevice.objects.bulk_create(devices)
 
@@ -370,7 +376,8 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None) -> ReconcileRep
             if gone:
                 LogicalDevice.objects.filter(pk=device.pk).update(released_at=now, release_reason="reconcile_leak")
                 PoolRepair.objects.create(
-                    kind="freed_leaked_slice", gpu=device.gpu,
+                    kind="freed_leaked_slice",
+                    gpu=device.gpu,
                     detail=f"slice {device.pk} ({device.compute_milli}m/{device.memory_mib}MiB) held by "
                     f"{'no attempt' if attempt is None else f'attempt {attempt.pk} ({attempt.state})'}",
                 )

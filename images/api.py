@@ -14,9 +14,21 @@ class BaseImageSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = BaseImage
-        fields = ["name", "reference", "digest", "pinned_reference", "cuda_version", "framework",
-                  "framework_version", "min_driver_version", "maintainer", "scan_status", "last_rebuilt",
-                  "compatible_nodes", "incompatible_nodes"]
+        fields = [
+            "name",
+            "reference",
+            "digest",
+            "pinned_reference",
+            "cuda_version",
+            "framework",
+            "framework_version",
+            "min_driver_version",
+            "maintainer",
+            "scan_status",
+            "last_rebuilt",
+            "compatible_nodes",
+            "incompatible_nodes",
+        ]
         read_only_fields = fields
 
     def _nodes(self):
@@ -28,8 +40,11 @@ class BaseImageSerializer(serializers.ModelSerializer):
         return [n for n, d in self._nodes() if driver_satisfies(d, image.min_driver_version)]
 
     def get_incompatible_nodes(self, image) -> list[dict]:
-        return [{"node": n, "driver_version": d} for n, d in self._nodes()
-                if not driver_satisfies(d, image.min_driver_version)]
+        return [
+            {"node": n, "driver_version": d}
+            for n, d in self._nodes()
+            if not driver_satisfies(d, image.min_driver_version)
+        ]
 
 
 class ImageViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -67,7 +67,5 @@ class ProjectImage(ImageFacts):
         ordering = ["team", "name"]
         constraints = [
             models.UniqueConstraint(fields=["team", "name"], name="projectimage_unique_per_team"),
-            models.CheckConstraint(
-                condition=Q(digest="") | Q(digest__regex=DIGEST_RE), name="projectimage_digest_fmt"
-            ),
+            models.CheckConstraint(condition=Q(digest="") | Q(digest__regex=DIGEST_RE), name="projectimage_digest_fmt"),
         ]

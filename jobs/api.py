@@ -49,7 +49,8 @@ class JobSubmitSerializer(serializers.Serializer):
         unknown = set(self.initial_data) - set(self.fields) if isinstance(self.initial_data, dict) else set()
         if unknown:
             raise serializers.ValidationError(
-                {name: [serializers.ErrorDetail("unknown field", code="unknown_field")] for name in sorted(unknown)})
+                {name: [serializers.ErrorDetail("unknown field", code="unknown_field")] for name in sorted(unknown)}
+            )
         return attrs
 
 
@@ -63,19 +64,59 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "owner", "team", "queue", "spec", "state", "reason", "message", "queue_position",
-            "gpu_count", "gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib", "exclusive", "replicas",
-            "image_reference", "image_digest", "command", "args", "env", "working_dir", "priority", "timeout_s",
-            "max_retries", "retries_used", "tensorboard", "labels", "ci", "exit_code", "failure_class",
-            "suggestion", "idempotency_key", "reproduced_from", "submitted_at", "admitted_at", "started_at",
-            "finished_at", "deadline", "links",
+            "id",
+            "name",
+            "owner",
+            "team",
+            "queue",
+            "spec",
+            "state",
+            "reason",
+            "message",
+            "queue_position",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_memory_mib",
+            "cpu_milli",
+            "memory_mib",
+            "exclusive",
+            "replicas",
+            "image_reference",
+            "image_digest",
+            "command",
+            "args",
+            "env",
+            "working_dir",
+            "priority",
+            "timeout_s",
+            "max_retries",
+            "retries_used",
+            "tensorboard",
+            "labels",
+            "ci",
+            "exit_code",
+            "failure_class",
+            "suggestion",
+            "idempotency_key",
+            "reproduced_from",
+            "submitted_at",
+            "admitted_at",
+            "started_at",
+            "finished_at",
+            "deadline",
+            "links",
         ]
         read_only_fields = fields
 
     def get_links(self, job) -> dict:
         base = f"/api/v1/jobs/{job.id}/"
-        return {"self": base, "events": base + "events/", "attempts": base + "attempts/", "logs": base + "logs/",
-                "page": f"/jobs/{job.id}/"}
+        return {
+            "self": base,
+            "events": base + "events/",
+            "attempts": base + "attempts/",
+            "logs": base + "logs/",
+            "page": f"/jobs/{job.id}/",
+        }
 
     def to_representation(self, job):
         # The same output as DRF's field-by-field path (a test compares the two for jobs in every shape), built
@@ -135,8 +176,22 @@ class AttemptSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Attempt
-        fields = ["number", "state", "backend", "backend_ref", "node", "placement", "started_at", "ended_at",
-                  "exit_code", "signal", "failure_class", "reaction", "reason", "rule"]
+        fields = [
+            "number",
+            "state",
+            "backend",
+            "backend_ref",
+            "node",
+            "placement",
+            "started_at",
+            "ended_at",
+            "exit_code",
+            "signal",
+            "failure_class",
+            "reaction",
+            "reason",
+            "rule",
+        ]
         read_only_fields = fields
 
 
@@ -210,9 +265,17 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
 
     @extend_schema(
-        request=JobSubmitSerializer, responses={201: JobDetailSerializer, 200: JobDetailSerializer},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
-                                     description="same key + same body returns the first job; a different body 409")],
+        request=JobSubmitSerializer,
+        responses={201: JobDetailSerializer, 200: JobDetailSerializer},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="same key + same body returns the first job; a different body 409",
+            )
+        ],
     )
     def create(self, request):
         """Submit a job."""
@@ -246,8 +309,10 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         if errors:
             first = next(iter(errors.values()))
             code = _first_code(first)
-            return Response({"code": code, "detail": "some jobs are invalid; none was submitted", "jobs": errors},
-                            status=status.HTTP_400_BAD_REQUEST)
+            return Response(
+                {"code": code, "detail": "some jobs are invalid; none was submitted", "jobs": errors},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
         with transaction.atomic(durable=True):
             jobs = [services.job_submit(user=request.user, data=_plain(item))[0] for item in items]
         return Response(JobSerializer(jobs, many=True).data, status=status.HTTP_201_CREATED)
@@ -292,8 +357,12 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return Response(AttemptSerializer(job.attempts.select_related("node").order_by("number"), many=True).data)
 
     @extend_schema(
-        parameters=[OpenApiParameter("attempt", int), OpenApiParameter("start", int, description="first line number"),
-                    OpenApiParameter("limit", int), OpenApiParameter("tail", int, description="last N lines instead")],
+        parameters=[
+            OpenApiParameter("attempt", int),
+            OpenApiParameter("start", int, description="first line number"),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("tail", int, description="last N lines instead"),
+        ],
         responses=OpenApiTypes.OBJECT,
     )
     @action(detail=True, methods=["get"])
@@ -306,13 +375,22 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         if tail is not None:
             lines, meta = logstore.tail_lines(folder, min(int_param(request, "tail", default=200), 5000))
         else:
-            lines, meta = logstore.read_lines(folder, start=int_param(request, "start", default=1),
-                                              limit=min(int_param(request, "limit", default=1000), 5000))
-        return Response({
-            "attempt": number, "lines": [{"n": ln.number, "text": ln.text} for ln in lines],
-            "next_start": lines[-1].number + 1 if lines else None, "first_kept_line": meta.first_line,
-            "dropped_lines": meta.dropped_lines, "dropped_bytes": meta.dropped_bytes, "complete": meta.closed,
-        })
+            lines, meta = logstore.read_lines(
+                folder,
+                start=int_param(request, "start", default=1),
+                limit=min(int_param(request, "limit", default=1000), 5000),
+            )
+        return Response(
+            {
+                "attempt": number,
+                "lines": [{"n": ln.number, "text": ln.text} for ln in lines],
+                "next_start": lines[-1].number + 1 if lines else None,
+                "first_kept_line": meta.first_line,
+                "dropped_lines": meta.dropped_lines,
+                "dropped_bytes": meta.dropped_bytes,
+                "complete": meta.closed,
+            }
+        )
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])
@@ -322,15 +400,25 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 
         job = self.get_object()
         route = job.tensorboard_routes.filter(state="active").first()
-        return Response({
-            "enabled": job.tensorboard, "active": route is not None, "url": tensorboard.route_path(job.id),
-            "host": route.host if route else None,
-            "signed_url": tensorboard.signed_link(job.id) if route else None,
-            "expires_at": route.expires_at if route else None,
-        })
+        return Response(
+            {
+                "enabled": job.tensorboard,
+                "active": route is not None,
+                "url": tensorboard.route_path(job.id),
+                "host": route.host if route else None,
+                "signed_url": tensorboard.signed_link(job.id) if route else None,
+                "expires_at": route.expires_at if route else None,
+            }
+        )
 
-    @extend_schema(parameters=[OpenApiParameter("q", str, required=True), OpenApiParameter("attempt", int),
-                               OpenApiParameter("context", int)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("q", str, required=True),
+            OpenApiParameter("attempt", int),
+            OpenApiParameter("context", int),
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
     @action(detail=True, methods=["get"], url_path="logs/search")
     def log_search(self, request, pk=None):
         """Keyword search over an attempt's log, with line numbers and context."""

@@ -234,6 +234,7 @@ class TensorBoardRoute(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job"], condition=Q(state="active"), name="tb_one_active_per_job"),
             models.UniqueConstraint(fields=["port"], condition=Q(state="active"), name="tb_port_unique_active"),
-            models.UniqueConstraint(fields=["host"], condition=Q(state="active") & ~Q(host=""),
-                                    name="tb_host_unique_active"),
+            models.UniqueConstraint(
+                fields=["host"], condition=Q(state="active") & ~Q(host=""), name="tb_host_unique_active"
+            ),
         ]

@@ -33,12 +33,16 @@ def estimated_waits(queue, waiting: list[Job]) -> dict:
     """Seconds until each waiting job could start: running jobs end by their deadline (or the typical
     run time seen in this queue, whichever is sooner), and each job ahead holds its share for that long."""
     now = timezone.now()
-    recent = Job.objects.filter(queue=queue, state=JobState.SUCCEEDED, finished_at__gte=now - timedelta(days=7),
-                                started_at__isnull=False)
+    recent = Job.objects.filter(
+        queue=queue, state=JobState.SUCCEEDED, finished_at__gte=now - timedelta(days=7), started_at__isnull=False
+    )
     typical = recent.aggregate(d=Avg(F("finished_at") - F("started_at")))["d"]
     typical_s = typical.total_seconds() if typical else None
-    running = list(Job.objects.filter(queue=queue, reserved=True).values("gpu_milli", "gpu_count", "replicas",
-                                                                        "deadline", "started_at", "timeout_s"))
+    running = list(
+        Job.objects.filter(queue=queue, reserved=True).values(
+            "gpu_milli", "gpu_count", "replicas", "deadline", "started_at", "timeout_s"
+        )
+    )
     ends = []
     for r in running:
         left = (r["deadline"] - now).total_seconds() if r["deadline"] else r["timeout_s"]

@@ -76,16 +76,22 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
         if "@" in reference:
             reference, digest = reference.split("@", 1)
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise ValidationFailed("an image digest must look like sha256:<64 hex>", code="invalid_digest",
-                                       field="image")
+                raise ValidationFailed(
+                    "an image digest must look like sha256:<64 hex>", code="invalid_digest", field="image"
+                )
         min_driver = ""
     registry = _registry_of(reference)
     if registry not in ref.allowed_registries:
         raise ValidationFailed(
             f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
         )
-    return dict(image_reference=reference, image_digest=digest, min_driver_version=min_driver,
-                base_image=base, project_image=project)
+    return dict(
+        image_reference=reference,
+        image_digest=digest,
+        min_driver_version=min_driver,
+        base_image=base,
+        project_image=project,
+    )
 
 
 def _validate_env(env: Any) -> dict[str, str]:
@@ -96,8 +102,9 @@ def _validate_env(env: Any) -> dict[str, str]:
     clean = {}
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise ValidationFailed(f"'{key}' is not a valid environment variable name", code="invalid_env_name",
-                                   field="env")
+            raise ValidationFailed(
+                f"'{key}' is not a valid environment variable name", code="invalid_env_name", field="env"
+            )
         if key.startswith(RESERVED_ENV_PREFIXES):
             raise ValidationFailed(f"'{key}' is set by the platform", code="reserved_env_name", field="env")
         clean[key] = "" if value is None else str(value)
@@ -129,14 +136,16 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if queue is None:
         raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
     if not ref.queue_allows_team(queue, team):
-        raise ValidationFailed(f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed",
-                               field="queue")
+        raise ValidationFailed(
+            f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed", field="queue"
+        )
     replicas = int(data.get("replicas") or 1)
     if replicas < 1 or replicas > 64:
         raise ValidationFailed("replicas must be between 1 and 64", code="invalid_replicas", field="replicas")
     if replicas > 1 and not queue.gang:
         raise ValidationFailed(
-            f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not", code="replicas_need_gang_queue",
+            f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not",
+            code="replicas_need_gang_queue",
             field="replicas",
         )
     card_mib, drivers = reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
@@ -145,60 +154,86 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     spec = None
     if spec_name:
         if explicit:
-            raise ValidationFailed("give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
-                                   code="spec_and_explicit_request", field="spec")
+            raise ValidationFailed(
+                "give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
+                code="spec_and_explicit_request",
+                field="spec",
+            )
         spec = ref.specs.get(spec_name) if isinstance(spec_name, str) else None
         if spec is None:
             raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
         if not ref.queue_allows_spec(queue, spec):
             allowed = ", ".join(ref.queue_spec_names(queue)) or "none"
-            raise ValidationFailed(f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
-                                   code="spec_not_allowed_in_queue", field="spec")
+            raise ValidationFailed(
+                f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
+                code="spec_not_allowed_in_queue",
+                field="spec",
+            )
         gpu_count = int(data.get("gpus") or spec.gpu_count)
         if gpu_count != spec.gpu_count and not spec.exclusive:
             raise ValidationFailed("only the guaranteed tier takes several GPUs", code="invalid_gpus", field="gpus")
         if gpu_count < 1 or gpu_count > 16:
             raise ValidationFailed("gpus must be between 1 and 16", code="invalid_gpus", field="gpus")
         request = dict(
-            spec=spec, gpu_count=gpu_count, gpu_milli=spec.gpu_milli, exclusive=spec.exclusive,
-            gpu_memory_eighths=spec.gpu_memory_eighths, gpu_memory_mib=card_mib * spec.gpu_memory_eighths // 8,
-            cpu_milli=spec.cpu_milli_per_gpu * gpu_count, memory_mib=spec.memory_mib_per_gpu * gpu_count,
+            spec=spec,
+            gpu_count=gpu_count,
+            gpu_milli=spec.gpu_milli,
+            exclusive=spec.exclusive,
+            gpu_memory_eighths=spec.gpu_memory_eighths,
+            gpu_memory_mib=card_mib * spec.gpu_memory_eighths // 8,
+            cpu_milli=spec.cpu_milli_per_gpu * gpu_count,
+            memory_mib=spec.memory_mib_per_gpu * gpu_count,
         )
         default_timeout = min(spec.default_timeout_s, queue.max_timeout_s)
     elif explicit:
         if not queue.allow_explicit_request:
-            raise ValidationFailed(f"queue '{queue.name}' takes specs only", code="explicit_request_not_allowed",
-                                   field="gpu_milli")
+            raise ValidationFailed(
+                f"queue '{queue.name}' takes specs only", code="explicit_request_not_allowed", field="gpu_milli"
+            )
         milli = int(data.get("gpu_milli") or 0)
         memory = int(data.get("gpu_memory_mib") or 0)
         if not 1 <= milli <= 1000:
             raise ValidationFailed("gpu_milli must be 1..1000", code="invalid_gpu_milli", field="gpu_milli")
         if not 1 <= memory <= card_mib:
-            raise ValidationFailed(f"gpu_memory_mib must be 1..{card_mib}", code="invalid_gpu_memory",
-                                   field="gpu_memory_mib")
-        request = dict(spec=None, gpu_count=1, gpu_milli=milli, exclusive=milli == 1000, gpu_memory_eighths=None,
-                       gpu_memory_mib=card_mib if milli == 1000 else memory,
-                       cpu_milli=int(data.get("cpu_milli") or 2000), memory_mib=int(data.get("memory_mib") or 8192))
+            raise ValidationFailed(
+                f"gpu_memory_mib must be 1..{card_mib}", code="invalid_gpu_memory", field="gpu_memory_mib"
+            )
+        request = dict(
+            spec=None,
+            gpu_count=1,
+            gpu_milli=milli,
+            exclusive=milli == 1000,
+            gpu_memory_eighths=None,
+            gpu_memory_mib=card_mib if milli == 1000 else memory,
+            cpu_milli=int(data.get("cpu_milli") or 2000),
+            memory_mib=int(data.get("memory_mib") or 8192),
+        )
         default_timeout = queue.default_timeout_s
     else:
         raise ValidationFailed("a spec is required", code="unknown_spec", field="spec")
     cards = request["gpu_count"] * replicas
     totals = dict(
-        total_gpu_milli=request["gpu_milli"] * cards, total_gpu_memory_mib=request["gpu_memory_mib"] * cards,
-        total_cpu_milli=request["cpu_milli"] * replicas, total_memory_mib=request["memory_mib"] * replicas,
+        total_gpu_milli=request["gpu_milli"] * cards,
+        total_gpu_memory_mib=request["gpu_memory_mib"] * cards,
+        total_cpu_milli=request["cpu_milli"] * replicas,
+        total_memory_mib=request["memory_mib"] * replicas,
     )
     vector = {k.removeprefix("total_"): v for k, v in totals.items()}
     over = quota.fits(vector, {}, queue.vector())
     if over:
         raise ValidationFailed(
             f"the request ({vector[over]} {over}) is larger than queue '{queue.name}' can ever hold "
-            f"({queue.vector()[over]})", code="request_exceeds_queue_capability", field="spec",
+            f"({queue.vector()[over]})",
+            code="request_exceeds_queue_capability",
+            field="spec",
         )
     over = quota.fits(vector, {}, team.vector())
     if over:
         raise ValidationFailed(
             f"the request ({vector[over]} {over}) is larger than team {team.slug}'s whole quota "
-            f"({team.vector()[over]})", code="request_exceeds_team_quota", field="spec",
+            f"({team.vector()[over]})",
+            code="request_exceeds_team_quota",
+            field="spec",
         )
     timeout = data.get("timeout_s")
     timeout = default_timeout if timeout in (None, "") else int(timeout)
@@ -207,7 +242,8 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if timeout > queue.max_timeout_s:
         raise ValidationFailed(
             f"timeout {timeout} s is over queue '{queue.name}''s maximum of {queue.max_timeout_s} s",
-            code="timeout_exceeds_queue_maximum", field="timeout_s",
+            code="timeout_exceeds_queue_maximum",
+            field="timeout_s",
         )
     if not data.get("image"):
         raise ValidationFailed("an image is required", code="unknown_image", field="image")
@@ -216,7 +252,9 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
         raise ValidationFailed(
             f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
-            f"{max(drivers, key=pool.version_tuple)}", code="image_incompatible_with_all_nodes", field="image",
+            f"{max(drivers, key=pool.version_tuple)}",
+            code="image_incompatible_with_all_nodes",
+            field="image",
         )
     env = _validate_env(data.get("env"))
     command = _command(data.get("command"))
@@ -230,21 +268,38 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if not 0 <= max_retries <= 10:
         raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
-    return Resolved(fields=dict(
-        name=name, team=team, queue=queue, replicas=replicas, **request, **totals, **image,
-        command=command, args=args, env=env, working_dir=str(data.get("working_dir") or ""),
-        priority=int(data.get("priority") or 0), timeout_s=timeout, max_retries=max_retries,
-        tensorboard=bool(data.get("tensorboard")), tensorboard_logdir=str(data.get("tensorboard_logdir") or ""),
-        mounts=list(data.get("mounts") or []), labels=labels, ci=dict(data.get("ci") or {}),
-    ))
+    return Resolved(
+        fields=dict(
+            name=name,
+            team=team,
+            queue=queue,
+            replicas=replicas,
+            **request,
+            **totals,
+            **image,
+            command=command,
+            args=args,
+            env=env,
+            working_dir=str(data.get("working_dir") or ""),
+            priority=int(data.get("priority") or 0),
+            timeout_s=timeout,
+            max_retries=max_retries,
+            tensorboard=bool(data.get("tensorboard")),
+            tensorboard_logdir=str(data.get("tensorboard_logdir") or ""),
+            mounts=list(data.get("mounts") or []),
+            labels=labels,
+            ci=dict(data.get("ci") or {}),
+        )
+    )
 
 
 def request_fingerprint(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def job_submit(*, user, data: dict[str, Any], idempotency_key: str | None = None,
-               reproduced_from: Job | None = None) -> tuple[Job, bool]:
+def job_submit(
+    *, user, data: dict[str, Any], idempotency_key: str | None = None, reproduced_from: Job | None = None
+) -> tuple[Job, bool]:
     """Validate and create a pending job; returns (job, created). The same key and body return the first job."""
     fingerprint = request_fingerprint(data)
     resolved = job_validate(user=user, data=data)
@@ -256,13 +311,22 @@ def job_submit(*, user, data: dict[str, Any], idempotency_key: str | None = None
     try:
         with transaction.atomic():
             job = Job.objects.create(
-                owner=user, idempotency_key=idempotency_key or None, request_fingerprint=fingerprint,
-                reproduced_from=reproduced_from, state=JobState.PENDING, reason=PendingReason.QUEUED,
+                owner=user,
+                idempotency_key=idempotency_key or None,
+                request_fingerprint=fingerprint,
+                reproduced_from=reproduced_from,
+                state=JobState.PENDING,
+                reason=PendingReason.QUEUED,
                 **resolved.fields,
             )
-            JobEvent.objects.create(job=job, kind="submitted", to_state=JobState.PENDING, actor=user.username,
-                                    message=f"submitted to queue {job.queue.name}",
-                                    data={"idempotency_key": idempotency_key} if idempotency_key else {})
+            JobEvent.objects.create(
+                job=job,
+                kind="submitted",
+                to_state=JobState.PENDING,
+                actor=user.username,
+                message=f"submitted to queue {job.queue.name}",
+                data={"idempotency_key": idempotency_key} if idempotency_key else {},
+            )
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:
@@ -276,8 +340,11 @@ def job_submit(*, user, data: dict[str, Any], idempotency_key: str | None = None
 
 def _same_request_or_conflict(existing: Job, fingerprint: str) -> Job:
     if existing.request_fingerprint != fingerprint:
-        raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_key_reused",
-                       job_id=str(existing.id))
+        raise Conflict(
+            "this Idempotency-Key was used for a different request",
+            code="idempotency_key_reused",
+            job_id=str(existing.id),
+        )
     return existing
 
 
@@ -290,10 +357,29 @@ def _enqueue_dispatch(queue_id: int) -> None:
 # ------------------------------------------------------------------------------------------- transitions
 
 
-def _event(job: Job, kind: str, *, actor: str, message: str = "", level: str = "info", data=None,
-           attempt: Attempt | None = None, from_state: str = "", to_state: str = "") -> JobEvent:
-    return JobEvent.objects.create(job=job, attempt=attempt, kind=kind, actor=actor, message=message[:2000],
-                                   level=level, data=data or {}, from_state=from_state, to_state=to_state)
+def _event(
+    job: Job,
+    kind: str,
+    *,
+    actor: str,
+    message: str = "",
+    level: str = "info",
+    data=None,
+    attempt: Attempt | None = None,
+    from_state: str = "",
+    to_state: str = "",
+) -> JobEvent:
+    return JobEvent.objects.create(
+        job=job,
+        attempt=attempt,
+        kind=kind,
+        actor=actor,
+        message=message[:2000],
+        level=level,
+        data=data or {},
+        from_state=from_state,
+        to_state=to_state,
+    )
 
 
 def _release(job: Job, *, why: str) -> None:
@@ -306,8 +392,17 @@ def _release(job: Job, *, why: str) -> None:
         transaction.on_commit(lambda: _enqueue_dispatch(queue_id))
 
 
-def job_transition(*, job_id, to: str, actor: str, reason: str = "", message: str = "", data=None,
-                   attempt: Attempt | None = None, level: str = "info") -> Job:
+def job_transition(
+    *,
+    job_id,
+    to: str,
+    actor: str,
+    reason: str = "",
+    message: str = "",
+    data=None,
+    attempt: Attempt | None = None,
+    level: str = "info",
+) -> Job:
     """Move a job to `to`: row lock, allowed-transition table, idempotent, one event, releases on terminal."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
@@ -339,8 +434,17 @@ def job_transition(*, job_id, to: str, actor: str, reason: str = "", message: st
         if to == JobState.RETRYING:
             _release(job, why="retrying")
         job.save()
-        _event(job, "state", actor=actor, from_state=previous, to_state=to, message=message or reason,
-               data=data, attempt=attempt, level=level)
+        _event(
+            job,
+            "state",
+            actor=actor,
+            from_state=previous,
+            to_state=to,
+            message=message or reason,
+            data=data,
+            attempt=attempt,
+            level=level,
+        )
     _broadcast(job)
     return job
 
@@ -387,8 +491,9 @@ def queue_dispatch(*, queue_id: int) -> int:
                 code, message = PendingReason.BEHIND_HIGHER_PRIORITY, "waiting behind an earlier job (strict FIFO)"
             attempt = None
             if code is None:
-                attempt = Attempt.objects.create(job=job, number=job.attempts.count() + 1,
-                                                 backend=settings.TRAINYARD_BACKEND)
+                attempt = Attempt.objects.create(
+                    job=job, number=job.attempts.count() + 1, backend=settings.TRAINYARD_BACKEND
+                )
                 try:
                     with transaction.atomic():
                         devices = pool.slices_place(job=job, attempt=attempt)
@@ -410,9 +515,14 @@ def queue_dispatch(*, queue_id: int) -> int:
             attempt.node = node
             attempt.placement = {"devices": [_device_dict(d) for d in devices]}
             attempt.save(update_fields=["node", "placement"])
-            job_transition(job_id=job.id, to=JobState.ADMITTED, actor="dispatcher", attempt=attempt,
-                           message=f"admitted; placed on {', '.join(sorted({d.gpu.node.name for d in devices}))}",
-                           data=attempt.placement)
+            job_transition(
+                job_id=job.id,
+                to=JobState.ADMITTED,
+                actor="dispatcher",
+                attempt=attempt,
+                message=f"admitted; placed on {', '.join(sorted({d.gpu.node.name for d in devices}))}",
+                data=attempt.placement,
+            )
             for name, value in job.total_request().items():
                 queue_used[name] += value
                 team_used[job.team_id][name] += value
@@ -424,9 +534,16 @@ def queue_dispatch(*, queue_id: int) -> int:
 
 
 def _device_dict(device: LogicalDevice) -> dict:
-    return {"gpu_uuid": device.gpu.uuid, "gpu_index": device.gpu.index, "node": device.gpu.node.name,
-            "model": device.gpu.model, "compute_milli": device.compute_milli, "memory_mib": device.memory_mib,
-            "exclusive": device.exclusive, "slice_id": device.id}
+    return {
+        "gpu_uuid": device.gpu.uuid,
+        "gpu_index": device.gpu.index,
+        "node": device.gpu.node.name,
+        "model": device.gpu.model,
+        "compute_milli": device.compute_milli,
+        "memory_mib": device.memory_mib,
+        "exclusive": device.exclusive,
+        "slice_id": device.id,
+    }
 
 
 def _admission_check(job: Job, queue: Queue, team: Team, queue_used: dict, team_used: dict):
@@ -462,20 +579,46 @@ def _enqueue_start(attempt_id: int) -> None:
 
 def describe_attempt(attempt: Attempt) -> AttemptDescription:
     job = attempt.job
-    devices = [Device(gpu_uuid=d["gpu_uuid"], gpu_index=d["gpu_index"], node=d["node"],
-                      compute_milli=d["compute_milli"], memory_mib=d["memory_mib"], exclusive=d["exclusive"])
-               for d in attempt.placement.get("devices", [])]
+    devices = [
+        Device(
+            gpu_uuid=d["gpu_uuid"],
+            gpu_index=d["gpu_index"],
+            node=d["node"],
+            compute_milli=d["compute_milli"],
+            memory_mib=d["memory_mib"],
+            exclusive=d["exclusive"],
+        )
+        for d in attempt.placement.get("devices", [])
+    ]
     return AttemptDescription(
-        job_id=str(job.id), attempt_id=attempt.id, attempt_number=attempt.number, name=job.name,
-        owner=job.owner.username, team=job.team.slug, namespace=job.team.namespace, queue=job.queue.name,
+        job_id=str(job.id),
+        attempt_id=attempt.id,
+        attempt_number=attempt.number,
+        name=job.name,
+        owner=job.owner.username,
+        team=job.team.slug,
+        namespace=job.team.namespace,
+        queue=job.queue.name,
         volcano_queue=job.queue.volcano_name,
         image=f"{job.image_reference}@{job.image_digest}" if job.image_digest else job.image_reference,
-        command=list(job.command), args=list(job.args), env=dict(job.env), working_dir=job.working_dir,
-        replicas=job.replicas, gpu_count=job.gpu_count, exclusive=job.exclusive, cpu_milli=job.cpu_milli,
-        memory_mib=job.memory_mib, timeout_s=job.timeout_s, priority=job.priority,
-        min_driver_version=job.min_driver_version, tensorboard=job.tensorboard,
-        tensorboard_logdir=job.tensorboard_logdir, devices=devices, mounts=list(job.mounts),
-        labels=dict(job.labels), gang=job.queue.gang and job.replicas > 1,
+        command=list(job.command),
+        args=list(job.args),
+        env=dict(job.env),
+        working_dir=job.working_dir,
+        replicas=job.replicas,
+        gpu_count=job.gpu_count,
+        exclusive=job.exclusive,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        timeout_s=job.timeout_s,
+        priority=job.priority,
+        min_driver_version=job.min_driver_version,
+        tensorboard=job.tensorboard,
+        tensorboard_logdir=job.tensorboard_logdir,
+        devices=devices,
+        mounts=list(job.mounts),
+        labels=dict(job.labels),
+        gang=job.queue.gang and job.replicas > 1,
         secondary_network=job.queue.secondary_network,
     )
 
@@ -483,7 +626,8 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
 def attempt_start(*, attempt_id: int) -> None:
     """Hand an admitted attempt to the backend and record the reproduce record."""
     attempt = Attempt.objects.select_related("job__team", "job__queue", "job__owner", "job__spec", "node").get(
-        pk=attempt_id)
+        pk=attempt_id
+    )
     job = attempt.job
     if job.state != JobState.ADMITTED or attempt.state != AttemptState.PLACED:
         return
@@ -493,30 +637,51 @@ def attempt_start(*, attempt_id: int) -> None:
         ref = backend.submit(desc)
     except Exception as exc:  # noqa: BLE001 - a backend failure is a platform failure of this attempt
         log.exception("attempt_submit_failed", job_id=str(job.id), attempt=attempt.number)
-        attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", reason="SubmitError",
-                                                               message=str(exc)[:500]))
+        attempt_finish(
+            attempt_id=attempt.id, obs=Observation(phase="failed", reason="SubmitError", message=str(exc)[:500])
+        )
         return
     with transaction.atomic():
         now = timezone.now()
         Attempt.objects.filter(pk=attempt.pk, state=AttemptState.PLACED).update(
-            state=AttemptState.STARTING, backend_ref=ref, started_at=now)
+            state=AttemptState.STARTING, backend_ref=ref, started_at=now
+        )
         node = attempt.node
         reproduce = {
-            "image_reference": job.image_reference, "image_digest": job.image_digest,
-            "image_pinned": bool(job.image_digest), "spec": job.spec.name if job.spec else None,
-            "request": {"gpu_count": job.gpu_count, "gpu_milli": job.gpu_milli, "gpu_memory_mib": job.gpu_memory_mib,
-                        "cpu_milli": job.cpu_milli, "memory_mib": job.memory_mib, "replicas": job.replicas},
-            "command": job.command, "args": job.args, "env": job.env, "working_dir": job.working_dir,
-            "placement": attempt.placement, "node": node.name if node else None,
+            "image_reference": job.image_reference,
+            "image_digest": job.image_digest,
+            "image_pinned": bool(job.image_digest),
+            "spec": job.spec.name if job.spec else None,
+            "request": {
+                "gpu_count": job.gpu_count,
+                "gpu_milli": job.gpu_milli,
+                "gpu_memory_mib": job.gpu_memory_mib,
+                "cpu_milli": job.cpu_milli,
+                "memory_mib": job.memory_mib,
+                "replicas": job.replicas,
+            },
+            "command": job.command,
+            "args": job.args,
+            "env": job.env,
+            "working_dir": job.working_dir,
+            "placement": attempt.placement,
+            "node": node.name if node else None,
             "driver_version": node.driver_version if node else None,
             "cuda_version": node.cuda_version if node else None,
-            "emulated_gpus": bool(node and node.emulated), "backend": attempt.backend,
-            "platform_version": settings.PLATFORM_VERSION, "ci": job.ci, "attempt": attempt.number,
+            "emulated_gpus": bool(node and node.emulated),
+            "backend": attempt.backend,
+            "platform_version": settings.PLATFORM_VERSION,
+            "ci": job.ci,
+            "attempt": attempt.number,
         }
-        Job.objects.filter(pk=job.pk).update(
-            reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
-        job_transition(job_id=job.id, to=JobState.STARTING, actor="backend", attempt=attempt,
-                       message=f"handed to the {attempt.backend} backend as {ref}")
+        Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
+        job_transition(
+            job_id=job.id,
+            to=JobState.STARTING,
+            actor="backend",
+            attempt=attempt,
+            message=f"handed to the {attempt.backend} backend as {ref}",
+        )
         if job.tensorboard:
             job_id = str(job.id)
             transaction.on_commit(lambda: _enqueue_tensorboard(job_id))
@@ -531,8 +696,11 @@ def _enqueue_tensorboard(job_id: str) -> None:
 def attempts_observe(*, backend_name: str | None = None) -> int:
     """Observe every live attempt of a backend in one batch and apply what changed."""
     backend_name = backend_name or settings.TRAINYARD_BACKEND
-    live = list(Attempt.objects.filter(
-        backend=backend_name, state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(backend_ref=""))
+    live = list(
+        Attempt.objects.filter(backend=backend_name, state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(
+            backend_ref=""
+        )
+    )
     if not live:
         return 0
     observations = get_backend(backend_name).observe([a.backend_ref for a in live])
@@ -546,8 +714,13 @@ def attempts_observe(*, backend_name: str | None = None) -> int:
                 Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(state=AttemptState.RUNNING)
                 job = Job.objects.get(pk=attempt.job_id)
                 if job.state == JobState.STARTING:
-                    job_transition(job_id=job.id, to=JobState.RUNNING, actor="backend", attempt=attempt,
-                                   message=obs.message or "running")
+                    job_transition(
+                        job_id=job.id,
+                        to=JobState.RUNNING,
+                        actor="backend",
+                        attempt=attempt,
+                        message=obs.message or "running",
+                    )
             changed += 1
         elif obs.finished:
             attempt_finish(attempt_id=attempt.id, obs=obs)
@@ -578,49 +751,91 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             attempt.state = AttemptState.TIMED_OUT if job.reason == "timeout" else AttemptState.CANCELLED
             attempt.save()
             final = JobState.TIMED_OUT if job.reason == "timeout" else JobState.CANCELLED
-            job_transition(job_id=job.id, to=final, actor="backend", attempt=attempt, reason=job.reason,
-                           message="timed out and stopped" if final == JobState.TIMED_OUT else "cancelled")
+            job_transition(
+                job_id=job.id,
+                to=final,
+                actor="backend",
+                attempt=attempt,
+                reason=job.reason,
+                message="timed out and stopped" if final == JobState.TIMED_OUT else "cancelled",
+            )
             return
         if obs.phase == "succeeded":
             attempt.state = AttemptState.SUCCEEDED
             attempt.save()
             Job.objects.filter(pk=job.pk).update(exit_code=obs.exit_code)
-            job_transition(job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt,
-                           message="exit code 0")
+            job_transition(
+                job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message="exit code 0"
+            )
             return
         tail = backend.log_tail(attempt.backend_ref) if attempt.backend_ref else ""
-        verdict = classifier.classify(classifier.Observation(
-            exit_code=obs.exit_code, signal=obs.signal, reason=obs.reason, log_tail=tail,
-            node_unhealthy=node_unhealthy))
+        verdict = classifier.classify(
+            classifier.Observation(
+                exit_code=obs.exit_code,
+                signal=obs.signal,
+                reason=obs.reason,
+                log_tail=tail,
+                node_unhealthy=node_unhealthy,
+            )
+        )
         attempt.state = AttemptState.LOST if obs.phase == "lost" else AttemptState.FAILED
         attempt.failure_class = verdict.failure_class
         attempt.reaction = verdict.reaction
         attempt.rule = verdict.rule
         attempt.save()
         detail = _describe_exit(obs)
-        _event(job, "attempt_failed", actor="classifier", attempt=attempt, level="warning",
-               message=f"attempt {attempt.number} {detail}: {verdict.failure_class} failure ({verdict.rule}); "
-                       f"{verdict.reaction.replace('_', ' ')}",
-               data={"failure_class": verdict.failure_class, "reaction": verdict.reaction, "rule": verdict.rule,
-                     "exit_code": obs.exit_code, "signal": obs.signal, "reason": obs.reason})
+        _event(
+            job,
+            "attempt_failed",
+            actor="classifier",
+            attempt=attempt,
+            level="warning",
+            message=f"attempt {attempt.number} {detail}: {verdict.failure_class} failure ({verdict.rule}); "
+            f"{verdict.reaction.replace('_', ' ')}",
+            data={
+                "failure_class": verdict.failure_class,
+                "reaction": verdict.reaction,
+                "rule": verdict.rule,
+                "exit_code": obs.exit_code,
+                "signal": obs.signal,
+                "reason": obs.reason,
+            },
+        )
         retry = verdict.reaction != "no_retry" and job.retries_used < job.max_retries
-        Job.objects.filter(pk=job.pk).update(exit_code=obs.exit_code, failure_class=verdict.failure_class,
-                                             suggestion=verdict.suggestion)
+        Job.objects.filter(pk=job.pk).update(
+            exit_code=obs.exit_code, failure_class=verdict.failure_class, suggestion=verdict.suggestion
+        )
         if not retry:
-            job_transition(job_id=job.id, to=JobState.FAILED, actor="classifier", attempt=attempt,
-                           reason=f"{verdict.failure_class}_failure", level="error",
-                           message=f"{detail}. {verdict.suggestion}".strip())
+            job_transition(
+                job_id=job.id,
+                to=JobState.FAILED,
+                actor="classifier",
+                attempt=attempt,
+                reason=f"{verdict.failure_class}_failure",
+                level="error",
+                message=f"{detail}. {verdict.suggestion}".strip(),
+            )
             return
-        job = job_transition(job_id=job.id, to=JobState.RETRYING, actor="classifier", attempt=attempt,
-                             reason=verdict.rule,
-                             message=f"{detail}; retry {job.retries_used + 1} of {job.max_retries}")
+        job = job_transition(
+            job_id=job.id,
+            to=JobState.RETRYING,
+            actor="classifier",
+            attempt=attempt,
+            reason=verdict.rule,
+            message=f"{detail}; retry {job.retries_used + 1} of {job.max_retries}",
+        )
         updates: dict[str, Any] = {"retries_used": job.retries_used + 1}
         if verdict.reaction == "retry_elsewhere":
             uuids = [d["gpu_uuid"] for d in attempt.placement.get("devices", [])]
             updates["excluded_gpus"] = sorted(set(job.excluded_gpus) | set(uuids))
         Job.objects.filter(pk=job.pk).update(**updates)
-        job_transition(job_id=job.id, to=JobState.PENDING, actor="classifier", reason=PendingReason.QUEUED,
-                       message="queued for another attempt" + (" on other GPUs" if "excluded_gpus" in updates else ""))
+        job_transition(
+            job_id=job.id,
+            to=JobState.PENDING,
+            actor="classifier",
+            reason=PendingReason.QUEUED,
+            message="queued for another attempt" + (" on other GPUs" if "excluded_gpus" in updates else ""),
+        )
         queue_id = job.queue_id
         transaction.on_commit(lambda: _enqueue_dispatch(queue_id))
 
@@ -647,17 +862,29 @@ def job_cancel(*, job_id, actor: str) -> Job:
         if job.state in TERMINAL or job.state == JobState.CANCELLING:
             if job.state == JobState.CANCELLED or job.state == JobState.CANCELLING:
                 return job
-            raise InvalidTransition(f"the job already {job.state.replace('_', ' ')}", from_state=job.state,
-                                    to_state=JobState.CANCELLED)
-        live = job.attempts.filter(state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(
-            backend_ref="").first()
+            raise InvalidTransition(
+                f"the job already {job.state.replace('_', ' ')}", from_state=job.state, to_state=JobState.CANCELLED
+            )
+        live = (
+            job.attempts.filter(state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(backend_ref="").first()
+        )
         if live is None:
             for attempt in job.attempts.filter(state=AttemptState.PLACED):
                 Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.CANCELLED, ended_at=timezone.now())
-            return job_transition(job_id=job.id, to=JobState.CANCELLED, actor=actor, reason="cancelled_by_user",
-                                  message=f"cancelled by {actor}")
-        job = job_transition(job_id=job.id, to=JobState.CANCELLING, actor=actor, reason="cancelled_by_user",
-                             message=f"cancel requested by {actor}")
+            return job_transition(
+                job_id=job.id,
+                to=JobState.CANCELLED,
+                actor=actor,
+                reason="cancelled_by_user",
+                message=f"cancelled by {actor}",
+            )
+        job = job_transition(
+            job_id=job.id,
+            to=JobState.CANCELLING,
+            actor=actor,
+            reason="cancelled_by_user",
+            message=f"cancel requested by {actor}",
+        )
         _stop_on_commit(live)
         return job
 
@@ -673,16 +900,25 @@ def _stop_on_commit(attempt: Attempt) -> None:
 
 def timeouts_enforce() -> int:
     """Stop every job past its wall-clock limit; it ends as timed_out once the backend confirms."""
-    expired = list(Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING],
-                                      deadline__lt=timezone.now()).values_list("id", flat=True))
+    expired = list(
+        Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING], deadline__lt=timezone.now()).values_list(
+            "id", flat=True
+        )
+    )
     for job_id in expired:
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
             if job.state not in {JobState.STARTING, JobState.RUNNING}:
                 continue
             live = job.attempts.filter(state__in=[AttemptState.STARTING, AttemptState.RUNNING]).first()
-            job_transition(job_id=job.id, to=JobState.CANCELLING, actor="timeout-reaper", reason="timeout",
-                           message=f"ran past its {job.timeout_s} s limit; stopping", level="warning")
+            job_transition(
+                job_id=job.id,
+                to=JobState.CANCELLING,
+                actor="timeout-reaper",
+                reason="timeout",
+                message=f"ran past its {job.timeout_s} s limit; stopping",
+                level="warning",
+            )
             if live is not None and live.backend_ref:
                 _stop_on_commit(live)
             else:
@@ -695,11 +931,23 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     if pin_digest or image is None:
         image = f"{job.image_reference}@{job.image_digest}" if job.image_digest else job.image_reference
     data: dict[str, Any] = {
-        "name": job.name, "team": job.team.slug, "queue": job.queue.name, "image": image,
-        "command": job.command, "args": job.args, "env": job.env, "working_dir": job.working_dir,
-        "replicas": job.replicas, "priority": job.priority, "timeout_s": job.timeout_s,
-        "max_retries": job.max_retries, "tensorboard": job.tensorboard,
-        "tensorboard_logdir": job.tensorboard_logdir, "mounts": job.mounts, "labels": job.labels, "ci": job.ci,
+        "name": job.name,
+        "team": job.team.slug,
+        "queue": job.queue.name,
+        "image": image,
+        "command": job.command,
+        "args": job.args,
+        "env": job.env,
+        "working_dir": job.working_dir,
+        "replicas": job.replicas,
+        "priority": job.priority,
+        "timeout_s": job.timeout_s,
+        "max_retries": job.max_retries,
+        "tensorboard": job.tensorboard,
+        "tensorboard_logdir": job.tensorboard_logdir,
+        "mounts": job.mounts,
+        "labels": job.labels,
+        "ci": job.ci,
     }
     if job.spec:
         data["spec"] = job.spec.name
@@ -724,6 +972,11 @@ def job_reproduce(*, job_id, user) -> Job:
     """A new job with the same pinned image digest, spec, command and env as the original."""
     job = Job.objects.select_related("team", "queue", "spec", "base_image", "project_image").get(pk=job_id)
     new, _ = job_submit(user=user, data=_clone_data(job, pin_digest=True), reproduced_from=job)
-    _event(new, "reproduced", actor=user.username, message=f"reproduces job {job.id}",
-           data={"image_digest": job.image_digest})
+    _event(
+        new,
+        "reproduced",
+        actor=user.username,
+        message=f"reproduces job {job.id}",
+        data={"image_digest": job.image_digest},
+    )
     return new

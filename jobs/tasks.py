@@ -5,8 +5,15 @@ from celery import shared_task
 from jobs import services
 
 
-@shared_task(name="jobs.dispatch_queue", acks_late=True, autoretry_for=(Exception,), retry_backoff=1,
-             retry_backoff_max=30, retry_jitter=True, max_retries=5)
+@shared_task(
+    name="jobs.dispatch_queue",
+    acks_late=True,
+    autoretry_for=(Exception,),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    retry_jitter=True,
+    max_retries=5,
+)
 def dispatch_queue(queue_id: int) -> int:
     return services.queue_dispatch(queue_id=queue_id)
 
@@ -18,8 +25,14 @@ def dispatch_all() -> int:
     return sum(services.queue_dispatch(queue_id=q) for q in Queue.objects.values_list("id", flat=True))
 
 
-@shared_task(name="jobs.start_attempt", acks_late=True, autoretry_for=(Exception,), retry_backoff=2,
-             retry_jitter=True, max_retries=5)
+@shared_task(
+    name="jobs.start_attempt",
+    acks_late=True,
+    autoretry_for=(Exception,),
+    retry_backoff=2,
+    retry_jitter=True,
+    max_retries=5,
+)
 def start_attempt(attempt_id: int) -> None:
     services.attempt_start(attempt_id=attempt_id)
 

@@ -9,8 +9,20 @@ from jobs.models import TensorBoardRoute
 from jobs.selectors import jobs_visible_to
 from jobs.tensorboard import check_signature
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "cookie", "authorization"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "cookie",
+    "authorization",
+}
 COOKIE = "tb_access"
 
 
@@ -22,18 +34,28 @@ def _cookie_name(job_id) -> str:
 def tensorboard_proxy(request, job_id, path=""):
     signed = request.GET.get("tb_sig")
     via_link = bool(signed) and check_signature(job_id, signed)
-    cookie = request.get_signed_cookie(_cookie_name(job_id), default=None, salt="tb",
-                                       max_age=settings.TRAINYARD_TB_LINK_TTL_S)
+    cookie = request.get_signed_cookie(
+        _cookie_name(job_id), default=None, salt="tb", max_age=settings.TRAINYARD_TB_LINK_TTL_S
+    )
     member = request.user.is_authenticated and jobs_visible_to(request.user).filter(pk=job_id).exists()
     if not (member or via_link or cookie == str(job_id)):
         status = 404 if request.user.is_authenticated else 403
-        return JsonResponse({"code": "not_found" if status == 404 else "permission_denied",
-                             "detail": "no such TensorBoard, or you may not open it"}, status=status)
+        return JsonResponse(
+            {
+                "code": "not_found" if status == 404 else "permission_denied",
+                "detail": "no such TensorBoard, or you may not open it",
+            },
+            status=status,
+        )
     route = TensorBoardRoute.objects.filter(job_id=job_id, state=TensorBoardRoute.State.ACTIVE).first()
     if route is None or route.backend != "local" or not route.port:
-        return JsonResponse({"code": "tensorboard_not_running",
-                             "detail": "TensorBoard is not running for this job (off, not started, or revoked)"},
-                            status=404)
+        return JsonResponse(
+            {
+                "code": "tensorboard_not_running",
+                "detail": "TensorBoard is not running for this job (off, not started, or revoked)",
+            },
+            status=404,
+        )
     params = [(k, v) for k, v in request.GET.lists() if k != "tb_sig" for v in v]
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
     upstream = f"http://127.0.0.1:{route.port}/tb/{job_id}/{path}"
@@ -41,16 +63,27 @@ def tensorboard_proxy(request, job_id, path=""):
         with httpx.Client(timeout=30) as client:
             answer = client.request(request.method, upstream, params=params, headers=headers, content=request.body)
     except httpx.TransportError:
-        response = JsonResponse({"code": "tensorboard_starting", "detail": "TensorBoard is starting; retry shortly"},
-                                status=503)
+        response = JsonResponse(
+            {"code": "tensorboard_starting", "detail": "TensorBoard is starting; retry shortly"}, status=503
+        )
         response["Retry-After"] = "2"
         return response
-    response = HttpResponse(answer.content, status=answer.status_code,
-                            content_type=answer.headers.get("content-type", "application/octet-stream"))
+    response = HttpResponse(
+        answer.content,
+        status=answer.status_code,
+        content_type=answer.headers.get("content-type", "application/octet-stream"),
+    )
     for name in ("cache-control", "etag", "last-modified", "content-encoding", "location"):
         if name in answer.headers:
             response[name] = answer.headers[name]
     if via_link:
-        response.set_signed_cookie(_cookie_name(job_id), str(job_id), salt="tb", path=f"/tb/{job_id}/",
-                                   max_age=settings.TRAINYARD_TB_LINK_TTL_S, httponly=True, samesite="Lax")
+        response.set_signed_cookie(
+            _cookie_name(job_id),
+            str(job_id),
+            salt="tb",
+            path=f"/tb/{job_id}/",
+            max_age=settings.TRAINYARD_TB_LINK_TTL_S,
+            httponly=True,
+            samesite="Lax",
+        )
     return response

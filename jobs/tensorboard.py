@@ -54,8 +54,9 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
         from jobs.backends import get_backend
 
         host = get_backend().tensorboard_expose(job_id=str(job.id), namespace=job.team.namespace)
-        return TensorBoardRoute.objects.create(job=job, backend=settings.TRAINYARD_BACKEND,
-                                               logdir=default_logdir(job), host=host)
+        return TensorBoardRoute.objects.create(
+            job=job, backend=settings.TRAINYARD_BACKEND, logdir=default_logdir(job), host=host
+        )
     logdir = default_logdir(job)
     Path(logdir).mkdir(parents=True, exist_ok=True)
     for _ in range(5):
@@ -66,9 +67,25 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
         except IntegrityError:
             continue  # the port (or the job's route) was claimed at the same moment: try another port
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port),
-             "--path_prefix", route_path(job.id).rstrip("/"), "--reload_interval", "15"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                logdir,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--path_prefix",
+                route_path(job.id).rstrip("/"),
+                "--reload_interval",
+                "15",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         TensorBoardRoute.objects.filter(pk=route.pk).update(pid=proc.pid)
         route.pid = proc.pid
@@ -80,7 +97,8 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
 def route_expire(*, job_id) -> None:
     """The job ended: the route stays for the grace period, then the reaper revokes it."""
     TensorBoardRoute.objects.filter(job_id=job_id, state=TensorBoardRoute.State.ACTIVE, expires_at__isnull=True).update(
-        expires_at=timezone.now() + timedelta(seconds=settings.TRAINYARD_TB_GRACE_S))
+        expires_at=timezone.now() + timedelta(seconds=settings.TRAINYARD_TB_GRACE_S)
+    )
 
 
 def route_revoke(*, route_id: int) -> None:
@@ -93,8 +111,7 @@ def route_revoke(*, route_id: int) -> None:
         if route.backend != "local" and route.host:
             from jobs.backends import get_backend
 
-            get_backend(route.backend).tensorboard_remove(job_id=str(route.job_id),
-                                                          namespace=route.job.team.namespace)
+            get_backend(route.backend).tensorboard_remove(job_id=str(route.job_id), namespace=route.job.team.namespace)
         route.state = TensorBoardRoute.State.REVOKED
         route.revoked_at = timezone.now()
         route.save(update_fields=["state", "revoked_at"])
@@ -134,8 +151,11 @@ def _is_child(pid: int) -> bool:
 def routes_reap() -> int:
     """Revoke every route whose grace period is over (and any whose job vanished)."""
     now = timezone.now()
-    due = list(TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE, expires_at__lte=now)
-               .values_list("id", flat=True))
+    due = list(
+        TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE, expires_at__lte=now).values_list(
+            "id", flat=True
+        )
+    )
     for route_id in due:
         route_revoke(route_id=route_id)
     return len(due)

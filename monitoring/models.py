@@ -179,8 +179,22 @@ class MonitorCursor(models.Model):
 
 # What an admin edits on a rule, in the order forms and the API show it.
 RULE_EDITABLE_FIELDS = (
-    "name", "description", "enabled", "level", "metric", "comparator", "threshold", "for_seconds",
-    "window_seconds", "min_samples", "faults", "notify", "webhook", "webhook_url", "quarantine_gpu", "restart_job",
+    "name",
+    "description",
+    "enabled",
+    "level",
+    "metric",
+    "comparator",
+    "threshold",
+    "for_seconds",
+    "window_seconds",
+    "min_samples",
+    "faults",
+    "notify",
+    "webhook",
+    "webhook_url",
+    "quarantine_gpu",
+    "restart_job",
 )
 
 

@@ -18,8 +18,19 @@ VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
 class SpecSerializer(serializers.ModelSerializer):
     class Meta:
         model = ResourceSpec
-        fields = ["name", "tier", "gpu_count", "gpu_milli", "gpu_memory_eighths", "cpu_milli_per_gpu",
-                  "memory_mib_per_gpu", "default_timeout_s", "description", "expected_slowdown", "exclusive"]
+        fields = [
+            "name",
+            "tier",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_memory_eighths",
+            "cpu_milli_per_gpu",
+            "memory_mib_per_gpu",
+            "default_timeout_s",
+            "description",
+            "expected_slowdown",
+            "exclusive",
+        ]
         read_only_fields = fields
 
 
@@ -147,8 +158,21 @@ class QueueSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Queue
-        fields = ["name", "description", "state", "priority", "weight", "ordering", "gang", "max_timeout_s",
-                  "default_timeout_s", "specs", "capability", "usage", "waiting"]
+        fields = [
+            "name",
+            "description",
+            "state",
+            "priority",
+            "weight",
+            "ordering",
+            "gang",
+            "max_timeout_s",
+            "default_timeout_s",
+            "specs",
+            "capability",
+            "usage",
+            "waiting",
+        ]
 
     def get_capability(self, queue) -> dict:
         return queue.vector()
@@ -177,8 +201,13 @@ class QueueDetailSerializer(QueueSerializer):
             job.estimated_wait_s = waits.get(job.id, 0)
             data = WaitingJobSerializer(job).data
             if job.team_id not in visible:  # others' jobs show as anonymous places in the line
-                data = {"position": data["position"], "estimated_wait_s": data["estimated_wait_s"],
-                        "priority": data["priority"], "submitted_at": data["submitted_at"], "team": None}
+                data = {
+                    "position": data["position"],
+                    "estimated_wait_s": data["estimated_wait_s"],
+                    "priority": data["priority"],
+                    "submitted_at": data["submitted_at"],
+                    "team": None,
+                }
             rows.append(data)
         return rows
 
@@ -229,5 +258,3 @@ class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericVi
         with transaction.atomic(durable=True):
             tokens.token_revoke(token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-

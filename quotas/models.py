@@ -85,9 +85,7 @@ class ResourceSpec(models.Model):
     class Meta:
         ordering = ["-gpu_milli", "name"]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(gpu_milli__gte=1, gpu_milli__lte=1000), name="spec_gpu_milli_range"
-            ),
+            models.CheckConstraint(condition=Q(gpu_milli__gte=1, gpu_milli__lte=1000), name="spec_gpu_milli_range"),
             models.CheckConstraint(
                 condition=Q(gpu_memory_eighths__gte=1, gpu_memory_eighths__lte=8), name="spec_memory_eighths_range"
             ),
@@ -96,9 +94,7 @@ class ResourceSpec(models.Model):
                 condition=~Q(tier="guaranteed") | Q(gpu_milli=1000, gpu_memory_eighths=8),
                 name="spec_guaranteed_is_whole",
             ),
-            models.CheckConstraint(
-                condition=Q(tier="guaranteed") | Q(gpu_count=1), name="spec_shares_are_one_card"
-            ),
+            models.CheckConstraint(condition=Q(tier="guaranteed") | Q(gpu_count=1), name="spec_shares_are_one_card"),
         ]
 
     def __str__(self) -> str:

@@ -44,8 +44,10 @@ def team_usage_by_spec(team: Team) -> list[dict]:
         )
         .order_by("spec__name")
     )
-    return [{"spec": r["spec__name"] or "explicit", **{k: r[k] for k in ("jobs", "gpu_milli", "gpu_memory_mib")}}
-            for r in rows]
+    return [
+        {"spec": r["spec__name"] or "explicit", **{k: r[k] for k in ("jobs", "gpu_milli", "gpu_memory_mib")}}
+        for r in rows
+    ]
 
 
 def user_running_jobs(team: Team, user_id: int) -> int:
@@ -69,9 +71,7 @@ def is_member(user, team: Team) -> bool:
 
 
 def is_maintainer(user, team: Team) -> bool:
-    return user.is_staff or Membership.objects.filter(
-        user=user, team=team, role=Membership.Role.MAINTAINER
-    ).exists()
+    return user.is_staff or Membership.objects.filter(user=user, team=team, role=Membership.Role.MAINTAINER).exists()
 
 
 def fits(vector: dict[str, int], used: dict[str, int], limit: dict[str, int]) -> str | None:

@@ -39,8 +39,9 @@ def queue_update(*, queue: Queue, changes: dict, actor) -> Queue:
         queue = Queue.objects.select_for_update().get(pk=queue.pk)
         if _apply(queue, changes, QUEUE_FIELDS, actor, queue=queue):
             if queue.default_timeout_s > queue.max_timeout_s:
-                raise ValidationFailed("default timeout exceeds the maximum", code="invalid_timeout",
-                                       field="default_timeout_s")
+                raise ValidationFailed(
+                    "default timeout exceeds the maximum", code="invalid_timeout", field="default_timeout_s"
+                )
             queue.save()
             _redispatch_all()
             from quotas.volcano_sync import queue_changed

@@ -90,9 +90,7 @@ def vcjob(
                                 "name": "trainer",
                                 "image": "registry.example/train:1.0",
                                 "command": ["python", "train.py"],
-                                "resources": {
-                                    "limits": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"}
-                                },
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "16Gi"}},
                             }
                         ],
                     },
@@ -122,9 +120,7 @@ def status_body(error: client.ApiException) -> JSON:
 # --- core API semantics ---------------------------------------------------------------------------
 
 
-def test_duplicate_vcjob_create_is_409_already_exists(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi
-) -> None:
+def test_duplicate_vcjob_create_is_409_already_exists(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     first = submit(custom, vcjob("dup"))
     assert first["metadata"]["uid"] and first["metadata"]["generation"] == 1
     assert int(first["metadata"]["resourceVersion"]) > 0 and first["metadata"]["creationTimestamp"]
@@ -171,9 +167,7 @@ def test_label_selectors_on_lists(core_only: FakeKubernetes) -> None:
             core.create_namespaced_config_map(NS, {"metadata": {"name": name, "labels": labels}, "data": {}})
 
         def names(selector: str) -> list[str]:
-            return [
-                cm.metadata.name for cm in core.list_namespaced_config_map(NS, label_selector=selector).items
-            ]
+            return [cm.metadata.name for cm in core.list_namespaced_config_map(NS, label_selector=selector).items]
 
         assert names("team=nlp") == ["b", "c"]
         assert names("team==vision") == ["a"]
@@ -193,14 +187,11 @@ def test_field_selectors_and_pagination(core_only: FakeKubernetes) -> None:
         for index in range(5):
             core.create_namespaced_config_map(NS, {"metadata": {"name": f"cm-{index}"}})
         assert [
-            c.metadata.name
-            for c in core.list_namespaced_config_map(NS, field_selector="metadata.name=cm-3").items
+            c.metadata.name for c in core.list_namespaced_config_map(NS, field_selector="metadata.name=cm-3").items
         ] == ["cm-3"]
         with pytest.raises(client.ApiException) as raised:
             core.list_namespaced_config_map(NS, field_selector="status.phase=Running")
-        assert (
-            raised.value.status == 400 and "field label not supported" in status_body(raised.value)["message"]
-        )
+        assert raised.value.status == 400 and "field label not supported" in status_body(raised.value)["message"]
 
         first = core.list_namespaced_config_map(NS, limit=2)
         assert [c.metadata.name for c in first.items] == ["cm-0", "cm-1"]
@@ -235,9 +226,7 @@ def test_stale_resource_version_on_replace_is_409_conflict(
     assert raised.value.status == 422  # custom resources refuse updates without a resourceVersion
 
 
-def test_merge_and_json_patches(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi, api: client.ApiClient
-) -> None:
+def test_merge_and_json_patches(kube: FakeKubernetes, custom: client.CustomObjectsApi, api: client.ApiClient) -> None:
     submit(custom, vcjob("patchy"))
     patched = custom.patch_namespaced_custom_object(
         VC_GROUP, VC_VERSION, NS, JOBS, "patchy", {"metadata": {"labels": {"trainyard.io/attempt": "1"}}}
@@ -275,9 +264,7 @@ def test_merge_and_json_patches(
     assert raised.value.status == 415  # custom resources have no strategic merge patch
 
 
-def test_status_subresource_separates_spec_from_status(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi
-) -> None:
+def test_status_subresource_separates_spec_from_status(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     created = submit(custom, {**vcjob("st"), "status": {"state": {"phase": "Completed"}}})
     assert "status" not in created  # status is dropped on create
     kube.controller.tick()
@@ -432,9 +419,7 @@ def test_watch_sees_live_changes_and_selector_transitions(core_only: FakeKuberne
         ]
 
 
-def test_watch_from_a_compacted_version_gets_410_gone(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi
-) -> None:
+def test_watch_from_a_compacted_version_gets_410_gone(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     old = custom.list_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS)["metadata"]["resourceVersion"]
     submit(custom, vcjob("after-compaction"))
     kube.compact()
@@ -527,9 +512,7 @@ def test_queue_capability_keeps_job_pending_with_unschedulable_podgroup(
     kube.controller.tick(4)
 
     assert get_job(custom, "big")["status"]["state"]["phase"] == "Pending"
-    assert (
-        core.list_namespaced_pod(NS, label_selector="volcano.sh/job-name=big").items == []
-    )  # no pods at all
+    assert core.list_namespaced_pod(NS, label_selector="volcano.sh/job-name=big").items == []  # no pods at all
     uid = get_job(custom, "big")["metadata"]["uid"]
     podgroup = custom.get_namespaced_custom_object(SCHED_GROUP, SCHED_VERSION, NS, "podgroups", f"big-{uid}")
     assert podgroup["status"]["phase"] == "Pending"
@@ -557,10 +540,7 @@ def test_gang_waits_for_enough_nodes(
 
     kube.add_node("gpu-node-1")
     kube.controller.wait_for_job_phase(NS, "gang", "Running")
-    nodes = {
-        p.spec.node_name
-        for p in core.list_namespaced_pod(NS, label_selector="volcano.sh/job-name=gang").items
-    }
+    nodes = {p.spec.node_name for p in core.list_namespaced_pod(NS, label_selector="volcano.sh/job-name=gang").items}
     assert nodes == {"gpu-node-0", "gpu-node-1"}
 
 
@@ -572,16 +552,13 @@ def test_pod_logs(kube: FakeKubernetes, custom: client.CustomObjectsApi, core: c
     with pytest.raises(client.ApiException) as raised:
         core.read_namespaced_pod_log("logs-main-0", NS)
     assert (
-        raised.value.status == 400
-        and "is waiting to start: ContainerCreating" in status_body(raised.value)["message"]
+        raised.value.status == 400 and "is waiting to start: ContainerCreating" in status_body(raised.value)["message"]
     )
 
     kube.controller.wait_for_job_phase(NS, "logs", "Completed")
     assert core.read_namespaced_pod_log("logs-main-0", NS).splitlines() == [f"step {i}" for i in range(10)]
     assert core.read_namespaced_pod_log("logs-main-0", NS, tail_lines=2) == "step 8\nstep 9\n"
-    stamped = core.read_namespaced_pod_log(
-        "logs-main-0", NS, container="trainer", timestamps=True
-    ).splitlines()
+    stamped = core.read_namespaced_pod_log("logs-main-0", NS, container="trainer", timestamps=True).splitlines()
     assert stamped[0].endswith(" step 0") and stamped[0][:4].isdigit()
 
     with pytest.raises(client.ApiException) as raised:
@@ -643,9 +620,7 @@ def test_exit_code_policy_restarts_the_pod_and_scripts_apply_per_attempt(
     assert done["status"]["state"]["phase"] == "Completed"
     assert done["status"]["retryCount"] == 1 and done["status"]["succeeded"] == 2
     assert core.read_namespaced_pod_log("flaky-main-1", NS) == "ok\n"
-    restarts = core.list_namespaced_event(
-        NS, field_selector="involvedObject.name=flaky,reason=ExecuteAction"
-    ).items
+    restarts = core.list_namespaced_event(NS, field_selector="involvedObject.name=flaky,reason=ExecuteAction").items
     assert [e.message.strip() for e in restarts] == ["Start to execute action RestartPod"]
 
 
@@ -663,19 +638,13 @@ def test_lost_node_fails_its_pods(
     assert {t.key for t in node.spec.taints} == {"node.kubernetes.io/unreachable"}
 
 
-def test_foreground_deletion_waits_for_dependents(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi
-) -> None:
+def test_foreground_deletion_waits_for_dependents(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     kube.controller.script("fg", run_ticks=None)
     submit(custom, vcjob("fg"))
     kube.controller.wait_for_job_phase(NS, "fg", "Running")
-    custom.delete_namespaced_custom_object(
-        VC_GROUP, VC_VERSION, NS, JOBS, "fg", propagation_policy="Foreground"
-    )
+    custom.delete_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS, "fg", propagation_policy="Foreground")
     deleting = get_job(custom, "fg")
-    assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["finalizers"] == [
-        "foregroundDeletion"
-    ]
+    assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["finalizers"] == ["foregroundDeletion"]
     kube.controller.tick()  # the kubelet finishes the pod; then the job goes
     with pytest.raises(client.ApiException) as raised:
         get_job(custom, "fg")
@@ -769,9 +738,7 @@ def test_deadline_and_ttl_follow_the_server_clock() -> None:
         assert kube.internal_errors == []
 
 
-def test_plain_pods_run_and_unknown_schedulers_never_bind(
-    kube: FakeKubernetes, core: client.CoreV1Api
-) -> None:
+def test_plain_pods_run_and_unknown_schedulers_never_bind(kube: FakeKubernetes, core: client.CoreV1Api) -> None:
     container = {"name": "c", "image": "busybox:1.36"}
     core.create_namespaced_pod(
         NS, {"metadata": {"name": "plain"}, "spec": {"restartPolicy": "Never", "containers": [container]}}
@@ -786,18 +753,14 @@ def test_plain_pods_run_and_unknown_schedulers_never_bind(
     kube.controller.script("plain", exit_code=2, logs="usage: train.py [-h]")
     kube.controller.tick(3)
     plain = core.read_namespaced_pod("plain", NS)
-    assert (
-        plain.status.phase == "Failed" and plain.status.container_statuses[0].state.terminated.exit_code == 2
-    )
+    assert plain.status.phase == "Failed" and plain.status.container_statuses[0].state.terminated.exit_code == 2
     assert plain.spec.scheduler_name == "default-scheduler"  # defaulted by the API server
     hami = core.read_namespaced_pod("hami", NS)
     assert hami.status.phase == "Pending" and hami.spec.node_name is None
 
     gpu_by_request_only = {**container, "resources": {"requests": {"nvidia.com/gpu": "1"}}}
     with pytest.raises(client.ApiException) as raised:
-        core.create_namespaced_pod(
-            NS, {"metadata": {"name": "bad"}, "spec": {"containers": [gpu_by_request_only]}}
-        )
+        core.create_namespaced_pod(NS, {"metadata": {"name": "bad"}, "spec": {"containers": [gpu_by_request_only]}})
     assert raised.value.status == 422
     assert [c["field"] for c in status_body(raised.value)["details"]["causes"]] == [
         "spec.containers[0].resources.limits"
@@ -806,9 +769,7 @@ def test_plain_pods_run_and_unknown_schedulers_never_bind(
 
 def test_background_controller_with_a_watch(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     kube.controller.script("bg", run_ticks=3)
-    start = custom.list_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS)["metadata"][
-        "resourceVersion"
-    ]
+    start = custom.list_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS)["metadata"]["resourceVersion"]
     kube.controller.start(interval=0.01)
     try:
         submit(custom, vcjob("bg"))
@@ -844,9 +805,7 @@ def test_services_and_ingresses(core_only: FakeKubernetes) -> None:
         service = core.read_namespaced_service("tb-1", NS)
         assert service.spec.cluster_ip.startswith("10.96.") and service.spec.ports[0].target_port == 6006
         with pytest.raises(client.ApiException) as raised:
-            core.create_namespaced_service(
-                NS, {"metadata": {"name": "1-tb"}, "spec": {"ports": [{"port": 1}]}}
-            )
+            core.create_namespaced_service(NS, {"metadata": {"name": "1-tb"}, "spec": {"ports": [{"port": 1}]}})
         assert raised.value.status == 422  # service names are DNS-1035 labels
 
         rule = {
@@ -865,18 +824,13 @@ def test_services_and_ingresses(core_only: FakeKubernetes) -> None:
         regex = copy.deepcopy(rule)
         regex["http"]["paths"][0]["pathType"] = "Regex"
         with pytest.raises(client.ApiException) as raised:
-            networking.create_namespaced_ingress(
-                NS, {"metadata": {"name": "tb-2"}, "spec": {"rules": [regex]}}
-            )
+            networking.create_namespaced_ingress(NS, {"metadata": {"name": "tb-2"}, "spec": {"rules": [regex]}})
         assert raised.value.status == 422
         assert [i.metadata.name for i in networking.list_namespaced_ingress(NS).items] == ["tb-1"]
 
         networking.delete_namespaced_ingress("tb-1", NS)
         core.delete_namespaced_service("tb-1", NS)
-        assert (
-            networking.list_namespaced_ingress(NS).items == []
-            and core.list_namespaced_service(NS).items == []
-        )
+        assert networking.list_namespaced_ingress(NS).items == [] and core.list_namespaced_service(NS).items == []
 
 
 # --- fault injection ------------------------------------------------------------------------------
@@ -891,14 +845,10 @@ def test_injected_500_then_success(kube: FakeKubernetes, custom: client.CustomOb
 
     creates = kube.requests_matching("POST", r"/namespaces/default/jobs$")
     assert [r.status for r in creates] == [500, 201]
-    assert (
-        len(kube.requests_matching("POST", r"/jobs$", handled=True)) == 1
-    )  # exactly one create reached the API
+    assert len(kube.requests_matching("POST", r"/jobs$", handled=True)) == 1  # exactly one create reached the API
 
 
-def test_throttling_answers_429_with_retry_after(
-    kube: FakeKubernetes, custom: client.CustomObjectsApi
-) -> None:
+def test_throttling_answers_429_with_retry_after(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     kube.throttle_next(1, retry_after=3, method="POST")
     with pytest.raises(client.ApiException) as raised:
         submit(custom, vcjob("throttled"))
@@ -916,9 +866,7 @@ def test_throttling_answers_429_with_retry_after(
 def test_hung_create_still_takes_effect(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
     kube.hang_next(1, seconds=1.0, method="POST", path=r"/jobs$")
     with pytest.raises(urllib3.exceptions.HTTPError):
-        custom.create_namespaced_custom_object(
-            VC_GROUP, VC_VERSION, NS, JOBS, vcjob("slow"), _request_timeout=0.2
-        )
+        custom.create_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS, vcjob("slow"), _request_timeout=0.2)
     time.sleep(1.2)
     with pytest.raises(client.ApiException) as raised:
         submit(custom, vcjob("slow"))  # the retry learns that the first attempt went through

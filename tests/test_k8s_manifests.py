@@ -61,9 +61,9 @@ def test_kustomization_lists_every_manifest():
     assert sorted(kustomization["resources"]) == sorted(files)
 
 
-@pytest.mark.parametrize(("filename", "doc"), [
-    pytest.param(f, d, id=f"{f}:{d['kind']}/{d['metadata']['name']}") for f, d in documents()
-])
+@pytest.mark.parametrize(
+    ("filename", "doc"), [pytest.param(f, d, id=f"{f}:{d['kind']}/{d['metadata']['name']}") for f, d in documents()]
+)
 def test_each_object_validates_against_its_schema(filename, doc):
     if doc["apiVersion"].startswith(("scheduling.volcano.sh/", "batch.volcano.sh/", "bus.volcano.sh/")):
         if not crds_available():
@@ -82,8 +82,9 @@ def test_the_three_processes_are_deployed_with_probes_and_resources():
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         host = next(h["value"] for h in container[probe]["httpGet"]["httpHeaders"] if h["name"] == "Host")
         assert host in allowed  # else Django answers the kubelet 400 and the pod never becomes ready
-    assert "inspect ping" in " ".join(worker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]
-                                      ["command"])
+    assert "inspect ping" in " ".join(
+        worker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
+    )
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
     for name, spec in pod_specs():
         for c in spec["containers"]:
@@ -104,8 +105,12 @@ def test_pods_are_locked_down():
             assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False, name
             assert security["readOnlyRootFilesystem"] is True and security["capabilities"] == {"drop": ["ALL"]}, name
     automount = {name: spec.get("automountServiceAccountToken", True) for name, spec in pod_specs()}
-    assert automount == {"trainyard-web": True, "trainyard-worker": True, "trainyard-beat": False,
-                         "trainyard-migrate": False}
+    assert automount == {
+        "trainyard-web": True,
+        "trainyard-worker": True,
+        "trainyard-beat": False,
+        "trainyard-migrate": False,
+    }
     for namespace in kind("Namespace"):
         assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
@@ -125,14 +130,21 @@ def test_volcano_queues_match_the_seeded_platform_queues():
     assert set(queues) == {f"trainyard-{q['name']}" for q in QUEUES}
     for data in QUEUES:
         vector = {k: data[k] for k in ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")}
-        expected = render.render_queue(name=f"trainyard-{data['name']}", vector=vector, weight=1,
-                                       priority=data["priority"], fifo=data["ordering"] == "fifo", sharing="whole",
-                                       platform_queue=data["name"])
+        expected = render.render_queue(
+            name=f"trainyard-{data['name']}",
+            vector=vector,
+            weight=1,
+            priority=data["priority"],
+            fifo=data["ordering"] == "fifo",
+            sharing="whole",
+            platform_queue=data["name"],
+        )
         actual = queues[expected["metadata"]["name"]]
         assert actual["metadata"]["labels"] == expected["metadata"]["labels"]
         spec, want = dict(actual["spec"]), dict(expected["spec"])
-        assert {k: parse_quantity(v) for k, v in spec.pop("capability").items()} == \
-            {k: parse_quantity(v) for k, v in want.pop("capability").items()}
+        assert {k: parse_quantity(v) for k, v in spec.pop("capability").items()} == {
+            k: parse_quantity(v) for k, v in want.pop("capability").items()
+        }
         assert spec == want
 
 
@@ -141,8 +153,10 @@ def test_volcano_queues_match_the_seeded_platform_queues():
 
 def granted() -> set[tuple[str, str, str, str]]:
     """(scope, apiGroup, resource, verb) the service account holds; scope = 'cluster' or a namespace."""
-    roles = {(r["kind"], r["metadata"].get("namespace", ""), r["metadata"]["name"]): r["rules"]
-             for r in kind("ClusterRole") + kind("Role")}
+    roles = {
+        (r["kind"], r["metadata"].get("namespace", ""), r["metadata"]["name"]): r["rules"]
+        for r in kind("ClusterRole") + kind("Role")
+    }
     grants = set()
     for binding in kind("ClusterRoleBinding") + kind("RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard", "namespace": SYSTEM_NS}]
@@ -159,8 +173,10 @@ def granted() -> set[tuple[str, str, str, str]]:
     return grants
 
 
-_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                   r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
+)
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
@@ -187,8 +203,9 @@ class PlatformQueue:
     weight: int = 1
     priority: int = 10
     ordering: str = "fifo"
-    quota: dict = field(default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000,
-                                                 "memory_mib": 262144})
+    quota: dict = field(
+        default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
+    )
 
     @property
     def volcano_name(self) -> str:
@@ -200,11 +217,30 @@ class PlatformQueue:
 
 def describe(replicas: int) -> AttemptDescription:
     return AttemptDescription(
-        job_id=str(uuid.uuid4()), attempt_id=replicas, attempt_number=1, name="rbac", owner="demo", team="demo",
-        namespace=TEAM_NS, queue="train", volcano_queue="trainyard-train", image="registry.local/t@sha256:" + "5" * 64,
-        command=["python", "train.py"], args=[], env={}, working_dir="", replicas=replicas, gpu_count=1,
-        exclusive=True, cpu_milli=1000, memory_mib=1024, timeout_s=600, priority=0, min_driver_version="",
-        tensorboard=False, tensorboard_logdir="",
+        job_id=str(uuid.uuid4()),
+        attempt_id=replicas,
+        attempt_number=1,
+        name="rbac",
+        owner="demo",
+        team="demo",
+        namespace=TEAM_NS,
+        queue="train",
+        volcano_queue="trainyard-train",
+        image="registry.local/t@sha256:" + "5" * 64,
+        command=["python", "train.py"],
+        args=[],
+        env={},
+        working_dir="",
+        replicas=replicas,
+        gpu_count=1,
+        exclusive=True,
+        cpu_milli=1000,
+        memory_mib=1024,
+        timeout_s=600,
+        priority=0,
+        min_driver_version="",
+        tensorboard=False,
+        tensorboard_logdir="",
         devices=[Device(f"GPU-{i}", 0, f"gpu-node-{i}", 1000, 81559, True) for i in range(replicas)],
     )
 
@@ -216,9 +252,18 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
     with FakeKubernetes(nodes=2) as kube:
         for namespace in (TEAM_NS, SYSTEM_NS):
             kube.create("namespaces", {"metadata": {"name": namespace}})
-        backend = VolcanoBackend(kube.api_client(), VolcanoConfig(
-            render=render.RenderOptions(), request_timeout_s=2, retries=2, backoff_s=0.01, start_timeout_s=0,
-            system_namespace=SYSTEM_NS, tb_base_domain="tb.example.org"))
+        backend = VolcanoBackend(
+            kube.api_client(),
+            VolcanoConfig(
+                render=render.RenderOptions(),
+                request_timeout_s=2,
+                retries=2,
+                backoff_s=0.01,
+                start_timeout_s=0,
+                system_namespace=SYSTEM_NS,
+                tb_base_domain="tb.example.org",
+            ),
+        )
         queue = PlatformQueue()
         backend.queue_sync(queue)  # create
         queue.quota["gpu_milli"], queue.state = 8000, "closed"

@@ -116,9 +116,19 @@ def start_postgres(var: Path, running: Embedded) -> str:
     if not (pgdata / "PG_VERSION").exists():
         pgdata.mkdir(parents=True, exist_ok=True)
         result = subprocess.run(
-            [str(_postgres_bin() / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-             "--encoding=UTF8", "--no-instructions"],
-            capture_output=True, text=True, **creds,
+            [
+                str(_postgres_bin() / "initdb"),
+                "-D",
+                str(pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ],
+            capture_output=True,
+            text=True,
+            **creds,
         )
         if result.returncode != 0:
             raise ServiceError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -137,13 +147,30 @@ def start_postgres(var: Path, running: Embedded) -> str:
         os.chown(sockdir, creds["user"], creds["group"])
     logf = open(log, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [str(_postgres_bin() / "postgres"), "-D", str(pgdata), "-p", str(port), "-h", "127.0.0.1",
-         "-k", str(sockdir), "-c", "max_connections=200", "-c", "fsync=on"],
-        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, **creds,
+        [
+            str(_postgres_bin() / "postgres"),
+            "-D",
+            str(pgdata),
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(sockdir),
+            "-c",
+            "max_connections=200",
+            "-c",
+            "fsync=on",
+        ],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **creds,
     )
     running.procs.append(("postgres", proc))
-    _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=30,
-              what="embedded PostgreSQL", log=log)
+    _wait_for(
+        lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=30, what="embedded PostgreSQL", log=log
+    )
     url = f"postgres://postgres@127.0.0.1:{port}/trainyard"
     ensure_database(url)
     return url
@@ -181,13 +208,29 @@ def start_redis(var: Path, running: Embedded) -> str:
     log = var / "redis.log"
     logf = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
-         "--save", "60 1", "--daemonize", "no", "--protected-mode", "yes"],
-        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data),
+            "--appendonly",
+            "yes",
+            "--save",
+            "60 1",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     running.procs.append(("redis", proc))
-    _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=15,
-              what="embedded Redis", log=log)
+    _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=15, what="embedded Redis", log=log)
     return f"redis://127.0.0.1:{port}/0"
 
 

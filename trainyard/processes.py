@@ -14,12 +14,34 @@ PORT = int(os.environ.get("TRAINYARD_PORT", "8000"))
 def command(name: str, *, host: str | None = None, port: int | None = None) -> list[str]:
     """argv (after the interpreter's `-m`) for one process."""
     commands = {
-        "web": ["uvicorn", "trainyard.asgi:application", "--host", host or HOST, "--port", str(port or PORT),
-                "--lifespan", "off", "--no-access-log", "--ws", "websockets",
-                # Open log streams would otherwise hold a stop (SIGTERM) forever.
-                "--timeout-graceful-shutdown", "10"],
-        "worker": ["celery", "-A", "trainyard", "worker", "-l", "INFO", "-n", "worker@%h",
-                   "--concurrency", os.environ.get("TRAINYARD_WORKER_CONCURRENCY", "4")],
+        "web": [
+            "uvicorn",
+            "trainyard.asgi:application",
+            "--host",
+            host or HOST,
+            "--port",
+            str(port or PORT),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--ws",
+            "websockets",
+            # Open log streams would otherwise hold a stop (SIGTERM) forever.
+            "--timeout-graceful-shutdown",
+            "10",
+        ],
+        "worker": [
+            "celery",
+            "-A",
+            "trainyard",
+            "worker",
+            "-l",
+            "INFO",
+            "-n",
+            "worker@%h",
+            "--concurrency",
+            os.environ.get("TRAINYARD_WORKER_CONCURRENCY", "4"),
+        ],
         "beat": ["celery", "-A", "trainyard", "beat", "-l", "INFO"],
     }
     return commands[name]

@@ -91,7 +91,9 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if env.bool("TRAINYARD_DB_POOL", default=False):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # a pooled connection goes back to the pool at the end of each request
     DATABASES["default"]["OPTIONS"]["pool"] = {
-        "min_size": 2, "max_size": env.int("TRAINYARD_DB_POOL_SIZE", default=20), "timeout": 10,
+        "min_size": 2,
+        "max_size": env.int("TRAINYARD_DB_POOL_SIZE", default=20),
+        "timeout": 10,
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -232,8 +234,9 @@ TRAINYARD_K8S_PRIORITY_CLASS = env.str("TRAINYARD_K8S_PRIORITY_CLASS", default="
 TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
 TRAINYARD_K8S_IMAGE_PULL_SECRETS = env.list("TRAINYARD_K8S_IMAGE_PULL_SECRETS", default=[])
-TRAINYARD_K8S_RACK_LABELS = env.list("TRAINYARD_K8S_RACK_LABELS",
-                                     default=["trainyard.io/rack", "topology.kubernetes.io/rack"])
+TRAINYARD_K8S_RACK_LABELS = env.list(
+    "TRAINYARD_K8S_RACK_LABELS", default=["trainyard.io/rack", "topology.kubernetes.io/rack"]
+)
 TRAINYARD_K8S_REQUEST_TIMEOUT_S = env.float("TRAINYARD_K8S_REQUEST_TIMEOUT_S", default=15.0)
 TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
@@ -249,21 +252,24 @@ TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S
 TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
 TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
 TRAINYARD_PROMETHEUS_URL = env.str("TRAINYARD_PROMETHEUS_URL", default="")
-TRAINYARD_FATAL_XIDS = env.list("TRAINYARD_FATAL_XIDS", cast=int,
-                                default=[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140])
+TRAINYARD_FATAL_XIDS = env.list(
+    "TRAINYARD_FATAL_XIDS", cast=int, default=[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
+)
 TRAINYARD_ALERT_WEBHOOK_URL = env.str("TRAINYARD_ALERT_WEBHOOK_URL", default="")
 TRAINYARD_ALERT_EVALUATE_INTERVAL_S = env.float("TRAINYARD_ALERT_EVALUATE_INTERVAL_S", default=30.0)
 TRAINYARD_METRIC_SCAN_INTERVAL_S = env.float("TRAINYARD_METRIC_SCAN_INTERVAL_S", default=10.0)
 TRAINYARD_METRICS_RETENTION_DAYS = env.int("TRAINYARD_METRICS_RETENTION_DAYS", default=14)
 TRAINYARD_METRICS_TOKEN = env.str("TRAINYARD_METRICS_TOKEN", default="")  # when set, /metrics wants a bearer token
-CELERY_BEAT_SCHEDULE.update({
-    "probe-gpus": {"task": "monitoring.probe_gpus", "schedule": TRAINYARD_HEALTH_PROBE_INTERVAL_S},
-    "collect-telemetry": {"task": "monitoring.collect_telemetry", "schedule": TRAINYARD_TELEMETRY_INTERVAL_S},
-    "evaluate-alerts": {"task": "monitoring.evaluate_alerts", "schedule": TRAINYARD_ALERT_EVALUATE_INTERVAL_S},
-    "scan-job-metrics": {"task": "monitoring.scan_job_metrics", "schedule": TRAINYARD_METRIC_SCAN_INTERVAL_S},
-    "sample-scheduling": {"task": "monitoring.sample_scheduling", "schedule": 60.0},
-    "prune-monitoring": {"task": "monitoring.prune", "schedule": 3600.0},
-})
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "probe-gpus": {"task": "monitoring.probe_gpus", "schedule": TRAINYARD_HEALTH_PROBE_INTERVAL_S},
+        "collect-telemetry": {"task": "monitoring.collect_telemetry", "schedule": TRAINYARD_TELEMETRY_INTERVAL_S},
+        "evaluate-alerts": {"task": "monitoring.evaluate_alerts", "schedule": TRAINYARD_ALERT_EVALUATE_INTERVAL_S},
+        "scan-job-metrics": {"task": "monitoring.scan_job_metrics", "schedule": TRAINYARD_METRIC_SCAN_INTERVAL_S},
+        "sample-scheduling": {"task": "monitoring.sample_scheduling", "schedule": 60.0},
+        "prune-monitoring": {"task": "monitoring.prune", "schedule": 3600.0},
+    }
+)
 # Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
 TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
 # Move what the web process loaded at start (and again after its first requests) out of the garbage collector's

@@ -50,8 +50,9 @@ def main() -> int:
     port = processes.PORT
     host = processes.HOST
     if embedded.port_open(host if host != "0.0.0.0" else "127.0.0.1", port, timeout=0.3):
-        print(f"trainyard: port {port} is in use: stop what uses it or set TRAINYARD_PORT to a free port",
-              file=sys.stderr)
+        print(
+            f"trainyard: port {port} is in use: stop what uses it or set TRAINYARD_PORT to a free port", file=sys.stderr
+        )
         return 1
     try:
         say("setup", "starting services (configured, else embedded under var/)")
@@ -76,8 +77,11 @@ def main() -> int:
         for name in processes.NAMES:
             proc = subprocess.Popen(
                 [sys.executable, "-m", *processes.command(name, host=host, port=port)],
-                env={**env, **processes.environment(name, env)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=BASE_DIR,
+                env={**env, **processes.environment(name, env)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=BASE_DIR,
             )
             children.append((name, proc))
             threading.Thread(target=_pump, args=(name, proc), daemon=True).start()

@@ -84,8 +84,11 @@ class LocalBackend:
         (folder / "spec.json").write_text(json.dumps(spec))
         runner = subprocess.Popen(
             [sys.executable, "-m", "jobs.backends.local_runner", str(folder)],
-            cwd=BASE_DIR, stdin=subprocess.DEVNULL, stdout=open(folder / "runner.out", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=BASE_DIR,
+            stdin=subprocess.DEVNULL,
+            stdout=open(folder / "runner.out", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             # The platform first, then whatever path this process was given (an install outside site-packages).
             env={**os.environ, "PYTHONPATH": _runner_path()},
         )
@@ -125,13 +128,15 @@ class LocalBackend:
                 reason = status.get("reason") or (
                     signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
                 )
-                result[ref] = Observation(phase=phase, exit_code=code, signal=sig, reason=reason,
-                                          cancelled=bool(status.get("cancelled")))
+                result[ref] = Observation(
+                    phase=phase, exit_code=code, signal=sig, reason=reason, cancelled=bool(status.get("cancelled"))
+                )
             elif alive:
                 result[ref] = Observation(phase="running")
             else:
-                result[ref] = Observation(phase="lost", reason="Lost",
-                                          message="the local supervisor is gone and left no exit status")
+                result[ref] = Observation(
+                    phase="lost", reason="Lost", message="the local supervisor is gone and left no exit status"
+                )
         return result
 
     def cancel(self, ref: str, *, grace_s: float) -> None:

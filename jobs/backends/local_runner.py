@@ -71,14 +71,21 @@ def main(folder: Path) -> int:
         stop_requested.set()  # cancelled before this supervisor could take signals
     try:
         child = subprocess.Popen(
-            spec["argv"], cwd=cwd, env=spec["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            spec["argv"],
+            cwd=cwd,
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     except OSError as exc:
         writer.write_line(f"[trainyard] could not start the command: {exc}")
         writer.close()
-        _write_json(folder / "status.json", {"exit_code": 127, "signal": None, "cancelled": False,
-                                             "reason": "StartError", "ended_at": time.time()})
+        _write_json(
+            folder / "status.json",
+            {"exit_code": 127, "signal": None, "cancelled": False, "reason": "StartError", "ended_at": time.time()},
+        )
         return 0
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
     if stop_requested.is_set():

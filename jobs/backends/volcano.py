@@ -57,10 +57,17 @@ RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 FINISHED_PHASES = frozenset({"Completed", "Failed", "Terminated", "Aborted"})
 STOPPING_PHASES = frozenset({"Terminating", "Completing", "Aborting", "Restarting"})
 # Container waiting reasons that will not clear up on their own.
-STUCK_REASONS = frozenset({
-    "ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
-    "CreateContainerError", "RunContainerError",
-})
+STUCK_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
@@ -90,7 +97,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
     """`volcano:<namespace>/<job name>` → (namespace, name)."""
     if not ref.startswith(REF_PREFIX) or "/" not in ref:
         raise ValueError(f"not a Volcano backend reference: {ref!r}")
-    namespace, name = ref[len(REF_PREFIX):].split("/", 1)
+    namespace, name = ref[len(REF_PREFIX) :].split("/", 1)
     return namespace, name
 
 
@@ -106,8 +113,9 @@ def _api_client_from_settings() -> k8s.ApiClient:
         configuration.proxy = None
         return k8s.ApiClient(configuration)
     if settings.TRAINYARD_K8S_KUBECONFIG:
-        return k8s_config.new_client_from_config(config_file=str(settings.TRAINYARD_K8S_KUBECONFIG),
-                                                 context=settings.TRAINYARD_K8S_CONTEXT or None)
+        return k8s_config.new_client_from_config(
+            config_file=str(settings.TRAINYARD_K8S_KUBECONFIG), context=settings.TRAINYARD_K8S_CONTEXT or None
+        )
     configuration = k8s.Configuration()
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)
@@ -194,21 +202,25 @@ class VolcanoBackend:
         ref = f"{REF_PREFIX}{namespace}/{name}"
         group, version, plural = render.JOB_API
         try:
-            self._call("create_job", self.custom.create_namespaced_custom_object, group, version, namespace, plural,
-                       manifest)
+            self._call(
+                "create_job", self.custom.create_namespaced_custom_object, group, version, namespace, plural, manifest
+            )
         except ApiException as exc:
             if exc.status == 409:
-                existing = self._call("get_job", self.custom.get_namespaced_custom_object, group, version,
-                                      namespace, plural, name)
+                existing = self._call(
+                    "get_job", self.custom.get_namespaced_custom_object, group, version, namespace, plural, name
+                )
                 owner = (existing.get("metadata", {}).get("labels") or {}).get(render.LABEL_ATTEMPT_ID)
                 if owner != str(desc.attempt_id):
-                    raise VolcanoError(f"Volcano job {namespace}/{name} already exists for another attempt "
-                                       f"({owner})") from None
+                    raise VolcanoError(
+                        f"Volcano job {namespace}/{name} already exists for another attempt ({owner})"
+                    ) from None
                 log.info("volcano_job_exists", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref)
                 return ref
             raise VolcanoError(f"Kubernetes refused the Volcano job {namespace}/{name}: {_message(exc)}") from None
-        log.info("volcano_job_created", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref,
-                 queue=desc.volcano_queue)
+        log.info(
+            "volcano_job_created", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref, queue=desc.volcano_queue
+        )
         return ref
 
     def _node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
@@ -241,9 +253,18 @@ class VolcanoBackend:
 
     def _observe_namespace(self, namespace: str, wanted: list[tuple[str, str]]) -> dict[str, Observation]:
         group, version, plural = render.JOB_API
-        jobs = {j["metadata"]["name"]: j for j in self._call(
-            "list_jobs", self.custom.list_namespaced_custom_object, group, version, namespace, plural,
-            label_selector=SELECTOR)["items"]}
+        jobs = {
+            j["metadata"]["name"]: j
+            for j in self._call(
+                "list_jobs",
+                self.custom.list_namespaced_custom_object,
+                group,
+                version,
+                namespace,
+                plural,
+                label_selector=SELECTOR,
+            )["items"]
+        }
         pods_by_job: dict[str, list[JSON]] = defaultdict(list)
         for pod in self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=SELECTOR)["items"]:
             pods_by_job[(pod["metadata"].get("labels") or {}).get("volcano.sh/job-name", "")].append(pod)
@@ -253,8 +274,9 @@ class VolcanoBackend:
             job = jobs.get(name)
             if job is None:
                 self._collect_logs(name, [], final=True)
-                result[ref] = Observation(phase="lost", reason="Lost",
-                                          message=f"the Volcano job {namespace}/{name} no longer exists")
+                result[ref] = Observation(
+                    phase="lost", reason="Lost", message=f"the Volcano job {namespace}/{name} no longer exists"
+                )
                 continue
             pods = [p for p in pods_by_job.get(name, []) if _owned_by(p, job)]
             obs = self._observation(job, pods, context)
@@ -290,12 +312,18 @@ class VolcanoBackend:
             message = status.get("message") or terminated.get("message") or ""
             if multi:
                 message = f"{_short_pod_name(pod)}: {message or reason}"
-            return Observation(phase="failed", exit_code=terminated.get("exitCode"), reason=reason,
-                               message=message[:1000], node=(pod.get("spec") or {}).get("nodeName", ""))
+            return Observation(
+                phase="failed",
+                exit_code=terminated.get("exitCode"),
+                reason=reason,
+                message=message[:1000],
+                node=(pod.get("spec") or {}).get("nodeName", ""),
+            )
         state = (job.get("status") or {}).get("state") or {}
         reason = "Preempted" if context.pods_preempted(job["metadata"]["name"]) else "Evicted"
         message = state.get("message") or (
-            f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})")
+            f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})"
+        )
         return Observation(phase="failed", reason=reason, message=message, node=_main_node(pods))
 
     def _pending(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
@@ -305,8 +333,12 @@ class VolcanoBackend:
             if waiting.get("reason") in STUCK_REASONS:
                 detail = f"{_short_pod_name(pod)}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
                 if _age_s(pod, now) >= self.config.start_timeout_s:
-                    return Observation(phase="failed", reason=waiting["reason"], message=detail[:1000],
-                                       node=(pod.get("spec") or {}).get("nodeName", ""))
+                    return Observation(
+                        phase="failed",
+                        reason=waiting["reason"],
+                        message=detail[:1000],
+                        node=(pod.get("spec") or {}).get("nodeName", ""),
+                    )
                 return Observation(phase="pending", message=detail[:1000])
         for pod in pods:
             unschedulable = _condition(pod, "PodScheduled")
@@ -316,7 +348,8 @@ class VolcanoBackend:
                     return Observation(phase="failed", reason="Unschedulable", message=detail[:1000])
                 return Observation(phase="pending", message=detail[:1000])
         if any((p.get("status") or {}).get("phase") == "Running" for p in pods) or (
-                pods and all((p.get("spec") or {}).get("nodeName") for p in pods)):
+            pods and all((p.get("spec") or {}).get("nodeName") for p in pods)
+        ):
             return Observation(phase="pending", message="")  # scheduled: containers are starting
         return Observation(phase="pending", message=context.explain_pending(job))
 
@@ -367,14 +400,23 @@ class VolcanoBackend:
         """New lines of the pod's main container since the last copy, and whether the read was complete."""
         meta = pod["metadata"]
         last = _stamp(entry["last"]) if entry.get("last") else None
-        kwargs: dict[str, Any] = {"container": render.MAIN_CONTAINER, "timestamps": True,
-                                  "limit_bytes": LOG_LIMIT_BYTES}
+        kwargs: dict[str, Any] = {
+            "container": render.MAIN_CONTAINER,
+            "timestamps": True,
+            "limit_bytes": LOG_LIMIT_BYTES,
+        }
         if last is not None:
             age = (datetime.now(UTC) - last[2]).total_seconds()
             kwargs["since_seconds"] = max(1, math.ceil(age) + LOG_CLOCK_SLACK_S)
         try:
-            response = self._call("read_pod_log", self.core.read_namespaced_pod_log, meta["name"],
-                                  meta["namespace"], _preload_content=False, **kwargs)
+            response = self._call(
+                "read_pod_log",
+                self.core.read_namespaced_pod_log,
+                meta["name"],
+                meta["namespace"],
+                _preload_content=False,
+                **kwargs,
+            )
         except ApiException as exc:
             if exc.status in (400, 404):  # not started yet, or already gone
                 return None, False
@@ -430,38 +472,58 @@ class VolcanoBackend:
     def _delete_job(self, namespace: str, name: str, *, propagation: str) -> None:
         group, version, plural = render.JOB_API
         try:
-            self._call("delete_job", self.custom.delete_namespaced_custom_object, group, version, namespace, plural,
-                       name, propagation_policy=propagation)
+            self._call(
+                "delete_job",
+                self.custom.delete_namespaced_custom_object,
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                propagation_policy=propagation,
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
     def live_refs(self) -> set[str]:
         group, version, plural = render.JOB_API
-        items = self._call("list_all_jobs", self.custom.list_cluster_custom_object, group, version, plural,
-                           label_selector=SELECTOR)["items"]
-        return {f"{REF_PREFIX}{j['metadata']['namespace']}/{j['metadata']['name']}" for j in items
-                if _phase(j) not in FINISHED_PHASES or j["metadata"].get("deletionTimestamp")}
+        items = self._call(
+            "list_all_jobs", self.custom.list_cluster_custom_object, group, version, plural, label_selector=SELECTOR
+        )["items"]
+        return {
+            f"{REF_PREFIX}{j['metadata']['namespace']}/{j['metadata']['name']}"
+            for j in items
+            if _phase(j) not in FINISHED_PHASES or j["metadata"].get("deletionTimestamp")
+        }
 
     # ------------------------------------------------------------------------------------------- queues
 
     def queue_sync(self, queue: Any) -> JSON:
         """Create or update the Volcano Queue of a platform queue, and open or close it to match."""
         wanted = render.render_queue(
-            name=queue.volcano_name, vector=queue.vector(), weight=queue.weight, priority=queue.priority,
-            fifo=queue.ordering == "fifo", sharing=self.config.render.sharing, platform_queue=queue.name)
+            name=queue.volcano_name,
+            vector=queue.vector(),
+            weight=queue.weight,
+            priority=queue.priority,
+            fifo=queue.ordering == "fifo",
+            sharing=self.config.render.sharing,
+            platform_queue=queue.name,
+        )
         group, version, plural = render.QUEUE_API
         current: JSON | None = None
         for _ in range(5):
             try:
-                current = self._call("get_queue", self.custom.get_cluster_custom_object, group, version, plural,
-                                     queue.volcano_name)
+                current = self._call(
+                    "get_queue", self.custom.get_cluster_custom_object, group, version, plural, queue.volcano_name
+                )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 try:
-                    current = self._call("create_queue", self.custom.create_cluster_custom_object, group, version,
-                                         plural, wanted)
+                    current = self._call(
+                        "create_queue", self.custom.create_cluster_custom_object, group, version, plural, wanted
+                    )
                     break
                 except ApiException as exc2:
                     if exc2.status == 409:
@@ -474,8 +536,15 @@ class VolcanoBackend:
                 break
             current["spec"], current["metadata"]["labels"] = desired, labels
             try:
-                current = self._call("replace_queue", self.custom.replace_cluster_custom_object, group, version,
-                                     plural, queue.volcano_name, current)
+                current = self._call(
+                    "replace_queue",
+                    self.custom.replace_cluster_custom_object,
+                    group,
+                    version,
+                    plural,
+                    queue.volcano_name,
+                    current,
+                )
                 break
             except ApiException as exc:
                 if exc.status != 409:  # 409 here is a stale resourceVersion: read again and retry
@@ -490,8 +559,9 @@ class VolcanoBackend:
             self._queue_command(queue.volcano_name, uid, "OpenQueue")
         elif not want_open and volcano_state not in ("Closed", "Closing"):
             self._queue_command(queue.volcano_name, uid, "CloseQueue")
-        log.info("volcano_queue_synced", queue=queue.volcano_name, capability=wanted["spec"]["capability"],
-                 state=queue.state)
+        log.info(
+            "volcano_queue_synced", queue=queue.volcano_name, capability=wanted["spec"]["capability"], state=queue.state
+        )
         return current
 
     def _queue_command(self, queue: str, uid: str, action: str) -> None:
@@ -500,8 +570,9 @@ class VolcanoBackend:
         body = render.render_queue_command(queue=queue, uid=uid, action=action, namespace=namespace)
         # A generated name: a retry after a lost answer may leave two commands, and opening or closing twice
         # is harmless.
-        self._call("create_queue_command", self.custom.create_namespaced_custom_object, group, version, namespace,
-                   plural, body)
+        self._call(
+            "create_queue_command", self.custom.create_namespaced_custom_object, group, version, namespace, plural, body
+        )
 
     # ------------------------------------------------------------------------------------------- inventory
 
@@ -515,23 +586,33 @@ class VolcanoBackend:
         host = render.tensorboard_host(job_id, self.config.tb_base_domain)
         service = render.render_tensorboard_service(job_id=job_id, namespace=namespace)
         ingress = render.render_tensorboard_ingress(
-            job_id=job_id, namespace=namespace, host=host, ingress_class=self.config.tb_ingress_class,
-            auth_url=self.config.tb_auth_url, tls_secret=self.config.tb_tls_secret)
-        for what, fn, body in (("create_tb_service", self.core.create_namespaced_service, service),
-                               ("create_tb_ingress", self.networking.create_namespaced_ingress, ingress)):
+            job_id=job_id,
+            namespace=namespace,
+            host=host,
+            ingress_class=self.config.tb_ingress_class,
+            auth_url=self.config.tb_auth_url,
+            tls_secret=self.config.tb_tls_secret,
+        )
+        for what, fn, body in (
+            ("create_tb_service", self.core.create_namespaced_service, service),
+            ("create_tb_ingress", self.networking.create_namespaced_ingress, ingress),
+        ):
             try:
                 self._call(what, fn, namespace, body, _preload_content=False)
             except ApiException as exc:
                 if exc.status != 409:
-                    raise VolcanoError(f"Kubernetes refused the TensorBoard route of job {job_id}: "
-                                       f"{_message(exc)}") from None
+                    raise VolcanoError(
+                        f"Kubernetes refused the TensorBoard route of job {job_id}: {_message(exc)}"
+                    ) from None
         log.info("tensorboard_exposed", job_id=job_id, host=host)
         return host
 
     def tensorboard_remove(self, *, job_id: str, namespace: str) -> None:
         name = render.tensorboard_name(job_id)
-        for what, fn in (("delete_tb_ingress", self.networking.delete_namespaced_ingress),
-                         ("delete_tb_service", self.core.delete_namespaced_service)):
+        for what, fn in (
+            ("delete_tb_ingress", self.networking.delete_namespaced_ingress),
+            ("delete_tb_service", self.core.delete_namespaced_service),
+        ):
             try:
                 self._call(what, fn, name, namespace, _preload_content=False)
             except ApiException as exc:
@@ -554,15 +635,21 @@ class _NamespaceContext:
     def podgroups(self) -> dict[str, JSON]:
         if self._podgroups is None:
             group, version, plural = render.PODGROUP_API
-            items = self.backend._call("list_podgroups", self.backend.custom.list_namespaced_custom_object, group,
-                                       version, self.namespace, plural)["items"]
+            items = self.backend._call(
+                "list_podgroups",
+                self.backend.custom.list_namespaced_custom_object,
+                group,
+                version,
+                self.namespace,
+                plural,
+            )["items"]
             self._podgroups = {pg["metadata"]["name"]: pg for pg in items}
         return self._podgroups
 
     def events(self) -> list[JSON]:
         if self._events is None:
             items = self.backend._raw("list_events", self.backend.core.list_namespaced_event, self.namespace)["items"]
-            self._events = sorted(items, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or ""))
+            self._events = sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return self._events
 
     def explain_pending(self, job: JSON) -> str:
@@ -579,8 +666,9 @@ class _NamespaceContext:
         for condition in (podgroup.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
                 return f"waiting in Volcano queue {queue}: {condition.get('message') or condition.get('reason')}"
-        pending = [m for e, m in zip(mine, messages, strict=True) if e.get("reason") in ("PodGroupPending",
-                                                                                          "Unschedulable")]
+        pending = [
+            m for e, m in zip(mine, messages, strict=True) if e.get("reason") in ("PodGroupPending", "Unschedulable")
+        ]
         if pending:
             return f"waiting in Volcano queue {queue}: {pending[-1]}"
         return ""
@@ -588,8 +676,8 @@ class _NamespaceContext:
     def pods_preempted(self, job_name: str) -> bool:
         prefix = f"{job_name}-"
         return any(
-            "preempt" in str(e.get("reason", "")).lower() and
-            str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
+            "preempt" in str(e.get("reason", "")).lower()
+            and str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
             for e in self.events()
         )
 
@@ -654,8 +742,10 @@ def _condition(pod: JSON, kind: str) -> JSON | None:
 
 def _task_order(pod: JSON) -> tuple[int, int]:
     labels = pod["metadata"].get("labels") or {}
-    return (0 if labels.get("volcano.sh/task-spec") in ("master", "main") else 1,
-            int(labels.get("volcano.sh/task-index") or 0))
+    return (
+        0 if labels.get("volcano.sh/task-spec") in ("master", "main") else 1,
+        int(labels.get("volcano.sh/task-index") or 0),
+    )
 
 
 def _main_node(pods: list[JSON]) -> str:
@@ -734,16 +824,27 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
     model = labels.get("nvidia.com/gpu.product", "NVIDIA GPU").replace("-", " ")
     memory = _quantity_int(labels.get("nvidia.com/gpu.memory", 0))
     uuids = _published_uuids(meta.get("annotations") or {})
-    gpus = tuple(
-        GpuInfo(uuid=uuids[i] if i < len(uuids) else f"{render.SYNTHETIC_UUID_PREFIX}{name}-{i}", index=i,
-                model=model, memory_mib=memory)
-        for i in range(count)
-    ) if ready else ()  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
+    gpus = (
+        tuple(
+            GpuInfo(
+                uuid=uuids[i] if i < len(uuids) else f"{render.SYNTHETIC_UUID_PREFIX}{name}-{i}",
+                index=i,
+                model=model,
+                memory_mib=memory,
+            )
+            for i in range(count)
+        )
+        if ready
+        else ()
+    )  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
     driver = labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
-        labels[k] for k in render.DRIVER_LABELS if labels.get(k))
+        labels[k] for k in render.DRIVER_LABELS if labels.get(k)
+    )
     cuda = labels.get("nvidia.com/cuda.runtime-version.full") or ".".join(
-        labels[k] for k in ("nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor")
-        if labels.get(k))
+        labels[k]
+        for k in ("nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor")
+        if labels.get(k)
+    )
     pool_labels = {k: v for k, v in labels.items() if k.startswith(("nvidia.com/", "topology.kubernetes.io/"))}
     for key in rack_labels:
         if labels.get(key):
@@ -753,10 +854,14 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
     if (node.get("spec") or {}).get("unschedulable"):
         pool_labels["trainyard.io/k8s-cordoned"] = "true"
     return NodeInfo(
-        name=name, emulated=False, driver_version=driver, cuda_version=cuda,
+        name=name,
+        emulated=False,
+        driver_version=driver,
+        cuda_version=cuda,
         cpu_milli=_quantity_int(allocatable.get("cpu", 0), 1000),
         memory_mib=_quantity_int(allocatable.get("memory", 0)) // (1024 * 1024),
-        gpus=gpus, labels=pool_labels,
+        gpus=gpus,
+        labels=pool_labels,
     )
 
 

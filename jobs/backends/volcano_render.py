@@ -127,8 +127,9 @@ def _quantity_milli(milli: int) -> str:
 # ------------------------------------------------------------------------------------------------ job
 
 
-def render_job(desc: AttemptDescription, options: RenderOptions, *,
-               node_labels: Mapping[str, Mapping[str, str]] | None = None) -> JSON:
+def render_job(
+    desc: AttemptDescription, options: RenderOptions, *, node_labels: Mapping[str, Mapping[str, str]] | None = None
+) -> JSON:
     """The Volcano Job of one attempt. `node_labels` (node name → labels) lets multi-node jobs stay in a rack."""
     name = job_name(desc.job_id, desc.attempt_number)
     distributed = desc.replicas > 1
@@ -144,10 +145,33 @@ def render_job(desc: AttemptDescription, options: RenderOptions, *,
     if distributed:
         groups = _devices_by_replica(desc)
         tasks = [
-            _task("master", 1, desc, options, labels, annotations, groups[:1], volumes, mounts, node_labels,
-                  tensorboard=desc.tensorboard, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}]),
-            _task("worker", desc.replicas - 1, desc, options, labels, annotations, groups[1:], volumes, mounts,
-                  node_labels, tensorboard=False),
+            _task(
+                "master",
+                1,
+                desc,
+                options,
+                labels,
+                annotations,
+                groups[:1],
+                volumes,
+                mounts,
+                node_labels,
+                tensorboard=desc.tensorboard,
+                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
+            ),
+            _task(
+                "worker",
+                desc.replicas - 1,
+                desc,
+                options,
+                labels,
+                annotations,
+                groups[1:],
+                volumes,
+                mounts,
+                node_labels,
+                tensorboard=False,
+            ),
         ]
         plugins = {
             "pytorch": ["--master=master", "--worker=worker", f"--port={PYTORCH_PORT}"],
@@ -155,8 +179,21 @@ def render_job(desc: AttemptDescription, options: RenderOptions, *,
             "svc": [],
         }
     else:
-        tasks = [_task("main", 1, desc, options, labels, annotations, _devices_by_replica(desc), volumes, mounts,
-                       node_labels, tensorboard=desc.tensorboard)]
+        tasks = [
+            _task(
+                "main",
+                1,
+                desc,
+                options,
+                labels,
+                annotations,
+                _devices_by_replica(desc),
+                volumes,
+                mounts,
+                node_labels,
+                tensorboard=desc.tensorboard,
+            )
+        ]
         plugins = {}
     spec: JSON = {
         "schedulerName": "volcano",
@@ -202,13 +239,24 @@ def _devices_by_replica(desc: AttemptDescription) -> list[list[Device]]:
     devices = list(desc.devices)
     if not devices:
         return [[] for _ in range(desc.replicas)]
-    return [devices[i * per:(i + 1) * per] for i in range(desc.replicas)]
+    return [devices[i * per : (i + 1) * per] for i in range(desc.replicas)]
 
 
-def _task(task_name: str, replicas: int, desc: AttemptDescription, options: RenderOptions, labels: dict[str, str],
-          annotations: dict[str, str], device_groups: Sequence[list[Device]], volumes: list[JSON],
-          mounts: list[JSON], node_labels: Mapping[str, Mapping[str, str]] | None, *, tensorboard: bool,
-          policies: list[JSON] | None = None) -> JSON:
+def _task(
+    task_name: str,
+    replicas: int,
+    desc: AttemptDescription,
+    options: RenderOptions,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    device_groups: Sequence[list[Device]],
+    volumes: list[JSON],
+    mounts: list[JSON],
+    node_labels: Mapping[str, Mapping[str, str]] | None,
+    *,
+    tensorboard: bool,
+    policies: list[JSON] | None = None,
+) -> JSON:
     devices = [d for group in device_groups for d in group]
     pod_labels = dict(labels)
     if tensorboard:
@@ -243,8 +291,9 @@ def _task(task_name: str, replicas: int, desc: AttemptDescription, options: Rend
     if desc.args:
         container["args"] = list(desc.args)
     if desc.working_dir:
-        container["workingDir"] = (desc.working_dir if desc.working_dir.startswith("/")
-                                   else posixpath.join("/workspace", desc.working_dir))
+        container["workingDir"] = (
+            desc.working_dir if desc.working_dir.startswith("/") else posixpath.join("/workspace", desc.working_dir)
+        )
     spec: JSON = {
         "restartPolicy": "Never",
         "schedulerName": "volcano",
@@ -334,15 +383,21 @@ def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: Ren
     if options.sharing == "whole":
         return {options.shared_resource: "1"}
     if options.sharing == "volcano-vgpu":
-        return {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(share.memory_mib),
-                "volcano.sh/vgpu-cores": cores}
+        return {
+            "volcano.sh/vgpu-number": "1",
+            "volcano.sh/vgpu-memory": str(share.memory_mib),
+            "volcano.sh/vgpu-cores": cores,
+        }
     return {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(share.memory_mib), "nvidia.com/gpucores": cores}
 
 
 def _resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> JSON:
     # Per replica: requests equal limits (Guaranteed QoS: the last to be evicted under node pressure).
-    amounts = {"cpu": _quantity_milli(desc.cpu_milli), "memory": _quantity_mib(desc.memory_mib),
-               **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options)}
+    amounts = {
+        "cpu": _quantity_milli(desc.cpu_milli),
+        "memory": _quantity_mib(desc.memory_mib),
+        **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options),
+    }
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
@@ -408,8 +463,10 @@ def _claim_mount(mount: Mapping[str, Any], index: int) -> tuple[JSON, JSON]:
     unknown = set(mount) - _MOUNT_KEYS
     if unknown:
         # hostPath and every other volume source are refused: a job only reaches storage through a claim.
-        raise ManifestError(f"mount {index}: unsupported key(s) {', '.join(sorted(unknown))}; "
-                            "only PersistentVolumeClaims can be mounted (claim, path, read_only, sub_path)")
+        raise ManifestError(
+            f"mount {index}: unsupported key(s) {', '.join(sorted(unknown))}; "
+            "only PersistentVolumeClaims can be mounted (claim, path, read_only, sub_path)"
+        )
     claim, path = str(mount.get("claim") or ""), str(mount.get("path") or "")
     if not _CLAIM_NAME.match(claim):
         raise ManifestError(f"mount {index}: '{claim}' is not a PersistentVolumeClaim name")
@@ -445,8 +502,9 @@ def _number_spellings(value: int) -> list[str]:
     return sorted({str(value), f"{value:02d}"})
 
 
-def shared_rack(nodes: Sequence[str], node_labels: Mapping[str, Mapping[str, str]] | None,
-                rack_labels: Sequence[str]) -> tuple[str, str] | None:
+def shared_rack(
+    nodes: Sequence[str], node_labels: Mapping[str, Mapping[str, str]] | None, rack_labels: Sequence[str]
+) -> tuple[str, str] | None:
     """The first rack label that every node carries with one common value, as (key, value)."""
     if not nodes or not node_labels:
         return None
@@ -457,8 +515,12 @@ def shared_rack(nodes: Sequence[str], node_labels: Mapping[str, Mapping[str, str
     return None
 
 
-def _node_affinity(desc: AttemptDescription, devices: list[Device],
-                   node_labels: Mapping[str, Mapping[str, str]] | None, options: RenderOptions) -> JSON | None:
+def _node_affinity(
+    desc: AttemptDescription,
+    devices: list[Device],
+    node_labels: Mapping[str, Mapping[str, str]] | None,
+    options: RenderOptions,
+) -> JSON | None:
     base: list[JSON] = []
     fields: list[JSON] = []
     nodes = sorted({d.node for d in devices if d.node})
@@ -488,8 +550,10 @@ def _node_affinity(desc: AttemptDescription, devices: list[Device],
 
 def queue_capability(vector: Mapping[str, int], sharing: str) -> dict[str, str]:
     """The platform quota vector as the resources Volcano can cap for this provider."""
-    capability = {"cpu": _quantity_milli(vector.get("cpu_milli", 0)),
-                  "memory": _quantity_mib(vector.get("memory_mib", 0))}
+    capability = {
+        "cpu": _quantity_milli(vector.get("cpu_milli", 0)),
+        "memory": _quantity_mib(vector.get("memory_mib", 0)),
+    }
     if sharing == "whole":
         capability["nvidia.com/gpu"] = str(int(vector.get("gpu_milli", 0)) // 1000)
     elif sharing == "volcano-vgpu":
@@ -498,8 +562,16 @@ def queue_capability(vector: Mapping[str, int], sharing: str) -> dict[str, str]:
     return capability
 
 
-def render_queue(*, name: str, vector: Mapping[str, int], weight: int, priority: int, fifo: bool,
-                 sharing: str, platform_queue: str = "") -> JSON:
+def render_queue(
+    *,
+    name: str,
+    vector: Mapping[str, int],
+    weight: int,
+    priority: int,
+    fifo: bool,
+    sharing: str,
+    platform_queue: str = "",
+) -> JSON:
     """A cluster-scoped Volcano Queue whose capability is the platform queue's hard quota."""
     labels = {MANAGED_BY: MANAGER}
     if platform_queue:
@@ -523,13 +595,23 @@ def render_queue_command(*, queue: str, uid: str, action: str, namespace: str) -
     """A bus Command that opens or closes a queue (what `vcctl queue operate` creates)."""
     if action not in ("OpenQueue", "CloseQueue"):
         raise ManifestError(f"unknown queue action {action}")
-    target = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "name": queue, "uid": uid,
-              "controller": True, "blockOwnerDeletion": True}
+    target = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "name": queue,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     return {
         "apiVersion": "bus.volcano.sh/v1alpha1",
         "kind": "Command",
-        "metadata": {"generateName": f"{queue}-{action.lower()}-", "namespace": namespace,
-                     "labels": {MANAGED_BY: MANAGER}, "ownerReferences": [target]},
+        "metadata": {
+            "generateName": f"{queue}-{action.lower()}-",
+            "namespace": namespace,
+            "labels": {MANAGED_BY: MANAGER},
+            "ownerReferences": [target],
+        },
         "target": target,
         "action": action,
         "reason": "TrainyardQueueSync",
@@ -544,8 +626,11 @@ def render_tensorboard_service(*, job_id: str, namespace: str) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": tensorboard_name(job_id), "namespace": namespace,
-                     "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id}},
+        "metadata": {
+            "name": tensorboard_name(job_id),
+            "namespace": namespace,
+            "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id},
+        },
         "spec": {
             "selector": {LABEL_JOB: job_id, LABEL_TENSORBOARD: "true"},
             "ports": [{"name": "http", "port": 80, "targetPort": TENSORBOARD_PORT, "protocol": "TCP"}],
@@ -553,25 +638,38 @@ def render_tensorboard_service(*, job_id: str, namespace: str) -> JSON:
     }
 
 
-def render_tensorboard_ingress(*, job_id: str, namespace: str, host: str, ingress_class: str = "",
-                               auth_url: str = "", tls_secret: str = "") -> JSON:
+def render_tensorboard_ingress(
+    *, job_id: str, namespace: str, host: str, ingress_class: str = "", auth_url: str = "", tls_secret: str = ""
+) -> JSON:
     annotations: dict[str, str] = {}
     if auth_url:
         # ingress-nginx asks the platform whether the browser may see this job's TensorBoard.
         annotations["nginx.ingress.kubernetes.io/auth-url"] = auth_url.replace("{job_id}", job_id)
     spec: JSON = {
-        "rules": [{
-            "host": host,
-            "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {
-                "service": {"name": tensorboard_name(job_id), "port": {"number": 80}}}}]},
-        }],
+        "rules": [
+            {
+                "host": host,
+                "http": {
+                    "paths": [
+                        {
+                            "path": "/",
+                            "pathType": "Prefix",
+                            "backend": {"service": {"name": tensorboard_name(job_id), "port": {"number": 80}}},
+                        }
+                    ]
+                },
+            }
+        ],
     }
     if ingress_class:
         spec["ingressClassName"] = ingress_class
     if tls_secret:
         spec["tls"] = [{"hosts": [host], "secretName": tls_secret}]
-    metadata: JSON = {"name": tensorboard_name(job_id), "namespace": namespace,
-                      "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id}}
+    metadata: JSON = {
+        "name": tensorboard_name(job_id),
+        "namespace": namespace,
+        "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_id},
+    }
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}

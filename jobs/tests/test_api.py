@@ -35,8 +35,15 @@ def client_for(username):
 
 
 def body(**overrides):
-    data = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11",
-            "command": ["python", "train.py"], "env": {"EPOCHS": "3"}, "labels": {"exp": "a"}}
+    data = {
+        "team": "demo",
+        "queue": "train",
+        "spec": "shared",
+        "image": "python-3.11",
+        "command": ["python", "train.py"],
+        "env": {"EPOCHS": "3"},
+        "labels": {"exp": "a"},
+    }
     data.update(overrides)
     return data
 
@@ -90,8 +97,13 @@ def test_request_over_the_team_quota_is_rejected(world):
 def test_image_needing_a_newer_driver_than_every_node_is_rejected(world):
     from images.models import BaseImage
 
-    BaseImage.objects.create(name="future", reference="nvcr.io/nvidia/pytorch:99.01-py3",
-                             digest="sha256:" + "9" * 64, cuda_version="14.0", min_driver_version="999.1")
+    BaseImage.objects.create(
+        name="future",
+        reference="nvcr.io/nvidia/pytorch:99.01-py3",
+        digest="sha256:" + "9" * 64,
+        cuda_version="14.0",
+        min_driver_version="999.1",
+    )
     response = client_for("demo").post("/api/v1/jobs/", body(image="future"), format="json")
     assert response.status_code == 400
     assert response.json()["code"] == "image_incompatible_with_all_nodes"
@@ -133,7 +145,11 @@ def test_only_staff_change_quotas_and_maintainers_manage_members(world):
 
     change = QuotaChange.objects.get()
     assert (change.actor.username, change.field, change.old_value, change.new_value) == (
-        "admin", "gpu_milli", "4000", "9000")
+        "admin",
+        "gpu_milli",
+        "4000",
+        "9000",
+    )
     assert demo.post("/api/v1/teams/demo/members/", {"username": "outsider"}, format="json").status_code == 201
     outsider = client_for("outsider")
     assert outsider.post("/api/v1/teams/demo/members/", {"username": "admin"}, format="json").status_code == 403
@@ -166,8 +182,10 @@ def test_rate_limit_answers_429_with_retry_after(world, settings):
 
     # A fresh key prefix instead of flushing Redis: other users of the same Redis keep their data.
     settings.CACHES = {"default": {**settings.CACHES["default"], "KEY_PREFIX": f"test-{uuid.uuid4().hex}"}}
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "DEFAULT_THROTTLE_RATES": {"submit": "3/min", "read": "100/min", "write": "100/min"}}
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"submit": "3/min", "read": "100/min", "write": "100/min"},
+    }
     from rest_framework.settings import api_settings
     from rest_framework.throttling import SimpleRateThrottle
 
@@ -196,8 +214,11 @@ def test_batch_submit_is_all_or_nothing(world):
 
 def test_list_filters_cursor_pagination_and_bounded_queries(world):
     demo = client_for("demo")
-    demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"j{i}", labels={"exp": str(i % 2)}) for i in range(60)]},
-              format="json")
+    demo.post(
+        "/api/v1/jobs/batch/",
+        {"jobs": [body(name=f"j{i}", labels={"exp": str(i % 2)}) for i in range(60)]},
+        format="json",
+    )
     with CaptureQueriesContext(connection) as queries:
         page = demo.get("/api/v1/jobs/?page_size=25")
     assert page.status_code == 200 and len(page.json()["results"]) == 25
@@ -257,15 +278,23 @@ def test_fast_job_output_matches_drfs_field_by_field_output(world):
     client = client_for("demo")
     first = client.post("/api/v1/jobs/", body(), format="json").json()
     Queue.objects.filter(name="debug").update(allow_explicit_request=True)
-    explicit_body = body(queue="debug", gpu_milli=300, gpu_memory_mib=4096, image="docker.io/library/python:3.11",
-                         ci={"commit": "abc"})
+    explicit_body = body(
+        queue="debug", gpu_milli=300, gpu_memory_mib=4096, image="docker.io/library/python:3.11", ci={"commit": "abc"}
+    )
     del explicit_body["spec"]
     explicit = client.post("/api/v1/jobs/", explicit_body, format="json")
     now = timezone.now()
     Job.objects.filter(pk=first["id"]).update(
-        state=JobState.FAILED, exit_code=3, failure_class="user", started_at=now - timedelta(minutes=5),
-        finished_at=now, admitted_at=now - timedelta(minutes=6), deadline=now + timedelta(hours=1),
-        reproduce={"image_digest": "sha256:" + "4" * 64}, excluded_gpus=["GPU-1"])
+        state=JobState.FAILED,
+        exit_code=3,
+        failure_class="user",
+        started_at=now - timedelta(minutes=5),
+        finished_at=now,
+        admitted_at=now - timedelta(minutes=6),
+        deadline=now + timedelta(hours=1),
+        reproduce={"image_digest": "sha256:" + "4" * 64},
+        excluded_gpus=["GPU-1"],
+    )
     assert client.post(f"/api/v1/jobs/{first['id']}/reproduce/").status_code == 201
     assert explicit.status_code == 201, explicit.json()
     jobs = list(Job.objects.select_related("owner", "team", "queue", "spec").order_by("submitted_at"))

@@ -16,8 +16,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def submit(user, **overrides):
-    data = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11",
-            "command": ["sh", "-c", "echo hello from $TRAINYARD_JOB_ID; echo gpus=$CUDA_VISIBLE_DEVICES"]}
+    data = {
+        "team": "demo",
+        "queue": "train",
+        "spec": "shared",
+        "image": "python-3.11",
+        "command": ["sh", "-c", "echo hello from $TRAINYARD_JOB_ID; echo gpus=$CUDA_VISIBLE_DEVICES"],
+    }
     data.update(overrides)
     job, created = services.job_submit(user=user, data=data)
     assert created
@@ -43,9 +48,15 @@ def active_slices():
 
 
 def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_worker_thread):
-    job = submit(platform, spec="shared", command=[
-        "sh", "-c",
-        "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT; sleep 1"])
+    job = submit(
+        platform,
+        spec="shared",
+        command=[
+            "sh",
+            "-c",
+            "echo limit=$CUDA_DEVICE_MEMORY_LIMIT sm=$CUDA_DEVICE_SM_LIMIT attempt=$TRAINYARD_ATTEMPT; sleep 1",
+        ],
+    )
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.SUCCEEDED
     assert "limit=6144m sm=25 attempt=1" in log_text(job)
@@ -54,8 +65,10 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
     assert not active_slices().exists()
     kinds = list(job.events.values_list("to_state", flat=True))
     # A job can end between two observe passes; then it goes from starting straight to succeeded.
-    assert [k for k in kinds if k] in (["pending", "admitted", "starting", "running", "succeeded"],
-                                       ["pending", "admitted", "starting", "succeeded"])
+    assert [k for k in kinds if k] in (
+        ["pending", "admitted", "starting", "running", "succeeded"],
+        ["pending", "admitted", "starting", "succeeded"],
+    )
 
 
 def test_user_error_fails_without_retry(platform, celery_worker_thread):
@@ -189,8 +202,9 @@ def test_exclusive_handout_reclaims_a_stale_slice(platform, settings):
     gpu = GPU.objects.get()
     debug = submit(platform, queue="debug", spec="shared", command=["true"])
     services.job_cancel(job_id=debug.id, actor="test")
-    stale_attempt = Attempt.objects.create(job=debug, number=1, backend="local", state="succeeded",
-                                           ended_at=debug.submitted_at)
+    stale_attempt = Attempt.objects.create(
+        job=debug, number=1, backend="local", state="succeeded", ended_at=debug.submitted_at
+    )
     stale = LogicalDevice.objects.create(gpu=gpu, attempt=stale_attempt, compute_milli=250, memory_mib=6144)
     exclusive = submit(platform, spec="guaranteed", command=["true"])
     from quotas.models import Queue

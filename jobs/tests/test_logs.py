@@ -84,8 +84,10 @@ def job_with_log(settings, tmp_path, db):
     from django.contrib.auth import get_user_model
 
     demo = get_user_model().objects.get(username="demo")
-    job, _ = job_submit(user=demo, data={"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11",
-                                         "command": ["echo"]})
+    job, _ = job_submit(
+        user=demo,
+        data={"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["echo"]},
+    )
     from jobs.models import Attempt
 
     Attempt.objects.create(job=job, number=1, backend="local")
@@ -144,8 +146,9 @@ def test_stream_sends_tail_then_live_lines_and_resumes_without_gaps(job_with_log
         await asyncio.to_thread(job_changed, job_id=str(job.id), state="running")
         assert (await _receive_until(live, "state"))["state"] == "running"
         await live.disconnect()
-        await asyncio.to_thread(lambda: (writer.write_line("epoch 302"), writer.write_line("epoch 303"),
-                                         writer.flush()))
+        await asyncio.to_thread(
+            lambda: (writer.write_line("epoch 302"), writer.write_line("epoch 303"), writer.flush())
+        )
         resumed = _communicator(job.id, demo, "after=301")
         await resumed.connect()
         got = await _receive_until(resumed, "lines")

@@ -65,13 +65,15 @@ def _smi_rows() -> list[dict]:
         return []
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout
     rows = []
     for line in out.strip().splitlines():
         index, gpu_uuid, name, memory, driver = (part.strip() for part in line.split(","))
-        rows.append({"index": int(index), "uuid": gpu_uuid, "name": name, "memory_mib": int(memory),
-                     "driver": driver})
+        rows.append({"index": int(index), "uuid": gpu_uuid, "name": name, "memory_mib": int(memory), "driver": driver})
     return rows
 
 
@@ -89,8 +91,13 @@ def test_inventory_reads_the_real_cards_as_nvidia_smi_reports_them():
         assert node.driver_version == smi[0]["driver"]
         for gpu, row in zip(node.gpus, smi, strict=True):
             assert abs(gpu.memory_mib - row["memory_mib"]) <= 1  # NVML bytes // MiB vs nvidia-smi's rounding
-    print("inventory:", node.name, node.driver_version, node.cuda_version,
-          [(g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus])
+    print(
+        "inventory:",
+        node.name,
+        node.driver_version,
+        node.cuda_version,
+        [(g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus],
+    )
 
 
 HOLDER = (
@@ -110,7 +117,9 @@ def test_collector_reads_memory_utilization_temperature_power_and_the_job_holdin
     before = {r.uuid: r for r in collector.collect()}
     card = inventory.read_nvml().gpus[0]
     holder = subprocess.Popen(
-        [JOB_PYTHON, "-c", HOLDER, "2048", "30"], stdout=subprocess.PIPE, text=True,
+        [JOB_PYTHON, "-c", HOLDER, "2048", "30"],
+        stdout=subprocess.PIPE,
+        text=True,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid, "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1"},
     )
     try:
@@ -157,14 +166,21 @@ def _log(job) -> str:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("spec", "expect_limit"), [("guaranteed", False), ("shared", True)])
 def test_a_job_runs_cuda_work_on_the_card_it_was_placed_on(platform, celery_worker_thread, spec, expect_limit):
-    job, created = services.job_submit(user=platform, data={
-        "team": "demo", "queue": "train", "spec": spec, "image": "python-3.11",
-        "command": [JOB_PYTHON, "-c", CUDA_JOB],
-    })
+    job, created = services.job_submit(
+        user=platform,
+        data={
+            "team": "demo",
+            "queue": "train",
+            "spec": spec,
+            "image": "python-3.11",
+            "command": [JOB_PYTHON, "-c", CUDA_JOB],
+        },
+    )
     assert created
     try:
-        job = wait_for(lambda: (lambda j: j if j.is_terminal else None)(Job.objects.get(pk=job.pk)), timeout=150,
-                       every=0.5)
+        job = wait_for(
+            lambda: (lambda j: j if j.is_terminal else None)(Job.objects.get(pk=job.pk)), timeout=150, every=0.5
+        )
     finally:
         fresh = Job.objects.get(pk=job.pk)
         print(f"{spec} job: {fresh.state} {fresh.reason} {fresh.message!r}")

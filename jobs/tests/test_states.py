@@ -21,14 +21,19 @@ def job(settings):
     settings.TRAINYARD_LOCAL_GPUS = "2x24GiB"
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     demo = get_user_model().objects.get(username="demo")
-    job, _ = services.job_submit(user=demo, data={"team": "demo", "queue": "train", "spec": "shared",
-                                                  "image": "python-3.11", "command": ["true"]})
+    job, _ = services.job_submit(
+        user=demo,
+        data={"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]},
+    )
     return job
 
 
 def _put(job, state):
-    Job.objects.filter(pk=job.pk).update(state=state, finished_at=timezone.now() if state in TERMINAL else None,
-                                         reserved=state in {"admitted", "starting", "running", "cancelling"})
+    Job.objects.filter(pk=job.pk).update(
+        state=state,
+        finished_at=timezone.now() if state in TERMINAL else None,
+        reserved=state in {"admitted", "starting", "running", "cancelling"},
+    )
 
 
 @pytest.mark.parametrize(("source", "target"), PAIRS)

@@ -45,9 +45,21 @@ def _get_until_ok(client, url, timeout=60):
 
 
 def test_several_routes_at_once_are_isolated_authenticated_and_freed(platform):
-    jobs = [services.job_submit(user=platform, data={
-        "team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"],
-        "tensorboard": True, "name": f"tb{i}"})[0] for i in range(3)]
+    jobs = [
+        services.job_submit(
+            user=platform,
+            data={
+                "team": "demo",
+                "queue": "train",
+                "spec": "shared",
+                "image": "python-3.11",
+                "command": ["true"],
+                "tensorboard": True,
+                "name": f"tb{i}",
+            },
+        )[0]
+        for i in range(3)
+    ]
     routes = [tensorboard.route_issue(job_id=job.id) for job in jobs]
     assert tensorboard.route_issue(job_id=jobs[0].id).pk == routes[0].pk  # issued once
     ports = {r.port for r in routes}

@@ -29,8 +29,11 @@ DRIVER = "550.90.07"
 
 def gfd_labels(rack: str) -> dict[str, str]:
     # The fake labels only the driver's major version and `.full`; GPU Feature Discovery also sets these.
-    return {"nvidia.com/cuda.driver-version.minor": "90", "nvidia.com/cuda.driver-version.revision": "07",
-            "trainyard.io/rack": rack}
+    return {
+        "nvidia.com/cuda.driver-version.minor": "90",
+        "nvidia.com/cuda.driver-version.revision": "07",
+        "trainyard.io/rack": rack,
+    }
 
 
 @pytest.fixture
@@ -39,8 +42,13 @@ def kube():
         pytest.skip(unavailable_reason())
     with FakeKubernetes(nodes=0) as fake:
         for index, rack in enumerate(("r1", "r1")):
-            fake.add_node(f"gpu-node-{index}", driver_version=DRIVER, labels=gfd_labels(rack),
-                          gpu_product="NVIDIA-L4", gpu_memory_mib=24576)
+            fake.add_node(
+                f"gpu-node-{index}",
+                driver_version=DRIVER,
+                labels=gfd_labels(rack),
+                gpu_product="NVIDIA-L4",
+                gpu_memory_mib=24576,
+            )
         for namespace in (TEAM_NS, "trainyard"):
             fake.create("namespaces", {"metadata": {"name": namespace}})
         yield fake
@@ -54,9 +62,16 @@ def logs(settings, tmp_path):
 
 
 def make_backend(kube: FakeKubernetes, **overrides) -> VolcanoBackend:
-    config = dict(render=render.RenderOptions(grace_s=1), request_timeout_s=0.5, retries=4, backoff_s=0.01,
-                  backoff_max_s=0.05, start_timeout_s=3600, system_namespace="trainyard",
-                  tb_base_domain="tb.example.org")
+    config = dict(
+        render=render.RenderOptions(grace_s=1),
+        request_timeout_s=0.5,
+        retries=4,
+        backoff_s=0.01,
+        backoff_max_s=0.05,
+        start_timeout_s=3600,
+        system_namespace="trainyard",
+        tb_base_domain="tb.example.org",
+    )
     config.update(overrides)
     return VolcanoBackend(kube.api_client(), VolcanoConfig(**config))
 
@@ -70,8 +85,9 @@ class PlatformQueue:
     weight: int = 2
     priority: int = 10
     ordering: str = "fifo"
-    quota: dict = field(default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304,
-                                                 "cpu_milli": 64000, "memory_mib": 262144})
+    quota: dict = field(
+        default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
+    )
 
     @property
     def volcano_name(self) -> str:
@@ -88,17 +104,48 @@ def backend(kube, logs):
     return backend
 
 
-def describe(*, replicas: int = 1, gpus: int = 1, number: int = 1, job_id: str | None = None,
-             **overrides) -> AttemptDescription:
-    devices = [Device(gpu_uuid=f"GPU-{r}{g}", gpu_index=g, node=f"gpu-node-{r % 2}", compute_milli=1000,
-                      memory_mib=81559, exclusive=True) for r in range(replicas) for g in range(gpus)]
+def describe(
+    *, replicas: int = 1, gpus: int = 1, number: int = 1, job_id: str | None = None, **overrides
+) -> AttemptDescription:
+    devices = [
+        Device(
+            gpu_uuid=f"GPU-{r}{g}",
+            gpu_index=g,
+            node=f"gpu-node-{r % 2}",
+            compute_milli=1000,
+            memory_mib=81559,
+            exclusive=True,
+        )
+        for r in range(replicas)
+        for g in range(gpus)
+    ]
     fields = dict(
-        job_id=job_id or str(uuid.uuid4()), attempt_id=number * 10, attempt_number=number, name="t", owner="demo",
-        team="demo", namespace=TEAM_NS, queue="train", volcano_queue="trainyard-train",
-        image="docker.io/library/python:3.11-slim@sha256:" + "4" * 64, command=["python", "train.py"], args=[],
-        env={}, working_dir="", replicas=replicas, gpu_count=gpus, exclusive=True, cpu_milli=4000,
-        memory_mib=16384, timeout_s=3600, priority=0, min_driver_version="550.54", tensorboard=False,
-        tensorboard_logdir="", devices=devices, gang=replicas > 1,
+        job_id=job_id or str(uuid.uuid4()),
+        attempt_id=number * 10,
+        attempt_number=number,
+        name="t",
+        owner="demo",
+        team="demo",
+        namespace=TEAM_NS,
+        queue="train",
+        volcano_queue="trainyard-train",
+        image="docker.io/library/python:3.11-slim@sha256:" + "4" * 64,
+        command=["python", "train.py"],
+        args=[],
+        env={},
+        working_dir="",
+        replicas=replicas,
+        gpu_count=gpus,
+        exclusive=True,
+        cpu_milli=4000,
+        memory_mib=16384,
+        timeout_s=3600,
+        priority=0,
+        min_driver_version="550.54",
+        tensorboard=False,
+        tensorboard_logdir="",
+        devices=devices,
+        gang=replicas > 1,
     )
     fields.update(overrides)
     return AttemptDescription(**fields)
@@ -160,11 +207,14 @@ def test_success_with_logs_copied_once_in_order(kube, backend):
     assert len(pod_log_reads) >= 3  # copied incrementally while it ran, not once at the end
 
 
-@pytest.mark.parametrize(("script", "expected"), [
-    (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
-    (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
-    (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
-])
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
+        (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
+        (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
+    ],
+)
 def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, script, expected):
     kube.controller.script("ty-", **script)
     desc = describe()
@@ -192,8 +242,9 @@ def test_eviction_and_lost_node_are_reported_as_such(kube, backend):
 
 def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
     kube.controller.script("ty-", run_ticks=None)
-    backend.queue_sync(PlatformQueue(quota={"gpu_milli": 2000, "gpu_memory_mib": 1, "cpu_milli": 64000,
-                                            "memory_mib": 262144}))
+    backend.queue_sync(
+        PlatformQueue(quota={"gpu_milli": 2000, "gpu_memory_mib": 1, "cpu_milli": 64000, "memory_mib": 262144})
+    )
     first, second = describe(gpus=2), describe()
     refs = [backend.submit(first), backend.submit(second)]
     kube.controller.tick(3)
@@ -225,13 +276,19 @@ def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backe
     assert obs.phase == "succeeded"
     pods = kube.controller.job_pods(TEAM_NS, parse_ref(ref)[1])
     assert {p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] for p in pods} == {"kube-system/rdma"}
-    env = {e["name"]: e["value"] for p in pods for e in p["spec"]["containers"][0]["env"]
-           if p["metadata"]["labels"]["volcano.sh/task-spec"] == "master"}
+    env = {
+        e["name"]: e["value"]
+        for p in pods
+        for e in p["spec"]["containers"][0]["env"]
+        if p["metadata"]["labels"]["volcano.sh/task-spec"] == "master"
+    }
     assert env["WORLD_SIZE"] == "3" and env["RANK"] == "0"  # the pytorch plugin wired master and workers
     job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS)
     assert {"key": "trainyard.io/rack", "operator": "In", "values": ["r1"]} in (
-        job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"]
-        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"])
+        job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"][0]["matchExpressions"]
+    )
     assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-0] rank up", "[worker-1] rank up"]
 
 
@@ -308,11 +365,28 @@ def test_queue_sync_creates_updates_closes_and_reopens(kube, backend):
 
 def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backend):
     kube.add_node("cpu-node", gpus=0)
-    kube.add_node("hami-node", gpus=2, gpu_product="NVIDIA-A100-SXM4-40GB", gpu_memory_mib=40960,
-                  labels={"topology.kubernetes.io/rack": "r9"})
-    kube.mutate("nodes", "hami-node", None, lambda n: n["metadata"].setdefault("annotations", {}).update({
-        "hami.io/node-nvidia-register": "GPU-aaa,10,40960,100,NVIDIA-A100,0,true:GPU-bbb,10,40960,100,NVIDIA-A100,0,"
-                                        "true:"}))
+    kube.add_node(
+        "hami-node",
+        gpus=2,
+        gpu_product="NVIDIA-A100-SXM4-40GB",
+        gpu_memory_mib=40960,
+        labels={"topology.kubernetes.io/rack": "r9"},
+    )
+    kube.mutate(
+        "nodes",
+        "hami-node",
+        None,
+        lambda n: (
+            n["metadata"]
+            .setdefault("annotations", {})
+            .update(
+                {
+                    "hami.io/node-nvidia-register": "GPU-aaa,10,40960,100,NVIDIA-A100,0,true:"
+                    "GPU-bbb,10,40960,100,NVIDIA-A100,0,true:"
+                }
+            )
+        ),
+    )
     kube.controller.lose_node("gpu-node-1")
     nodes = {n.name: n for n in backend.inventory()}
     assert set(nodes) == {"gpu-node-0", "gpu-node-1", "hami-node"}
@@ -326,9 +400,13 @@ def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backen
 
 
 def test_node_info_divides_time_sliced_cards():
-    node = {"metadata": {"name": "ts", "labels": {"nvidia.com/gpu.replicas": "4"}},
-            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "500m", "memory": "2Gi"},
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    node = {
+        "metadata": {"name": "ts", "labels": {"nvidia.com/gpu.replicas": "4"}},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "500m", "memory": "2Gi"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
     info = node_info(node, ["trainyard.io/rack"])
     assert len(info.gpus) == 2 and info.cpu_milli == 500 and info.memory_mib == 2048
     assert info.gpus[0].uuid == "K8S-ts-0"
@@ -402,8 +480,13 @@ def drive(kube, predicate, *, timeout=30.0):
 def submit(user, **overrides):
     from jobs import services
 
-    data = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "pytorch-2.5-cuda12.4",
-            "command": ["python", "train.py"]}
+    data = {
+        "team": "demo",
+        "queue": "train",
+        "spec": "guaranteed",
+        "image": "pytorch-2.5-cuda12.4",
+        "command": ["python", "train.py"],
+    }
     data.update(overrides)
     job, created = services.job_submit(user=user, data=data)
     assert created
@@ -427,8 +510,6 @@ def state_path(job) -> list[str]:
 
 def attempt_ref(job, number=1) -> str:
     return reload(job).attempts.get(number=number).backend_ref
-
-
 
 
 @pytest.mark.django_db(transaction=True)
@@ -553,10 +634,14 @@ def test_e2e_closing_a_platform_queue_closes_its_volcano_queue(kube, platform, c
     from quotas.models import Queue
     from quotas.services import queue_update
 
-    queue_update(queue=Queue.objects.get(name="debug"), changes={"state": "closed", "gpu_milli": 3000},
-                 actor=None)
-    volcano = drive(kube, lambda: (kube.get(QUEUES, "trainyard-debug").get("status") or {}).get("state") == "Closed"
-                    and kube.get(QUEUES, "trainyard-debug"))
+    queue_update(queue=Queue.objects.get(name="debug"), changes={"state": "closed", "gpu_milli": 3000}, actor=None)
+    volcano = drive(
+        kube,
+        lambda: (
+            (kube.get(QUEUES, "trainyard-debug").get("status") or {}).get("state") == "Closed"
+            and kube.get(QUEUES, "trainyard-debug")
+        ),
+    )
     assert volcano["spec"]["capability"]["nvidia.com/gpu"] == "3"
 
 
@@ -572,8 +657,10 @@ def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, plat
     assert vcjob["spec"]["minAvailable"] == 2 and "pytorch" in vcjob["spec"]["plugins"]
     assert vcjob["spec"]["queue"] == "trainyard-distributed"
     lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
-    assert sorted(line.text for line in lines) == ["[master-0] rank 0: all-reduce ok",
-                                                   "[worker-0] rank 1: all-reduce ok"]
+    assert sorted(line.text for line in lines) == [
+        "[master-0] rank 0: all-reduce ok",
+        "[worker-0] rank 1: all-reduce ok",
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -583,16 +670,21 @@ def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_
     from jobs.models import TensorBoardRoute
 
     kube.controller.script("ty-", run_ticks=None)
-    job = submit(platform, tensorboard=True, mounts=[{"claim": "demo-ckpt", "path": "/ckpt", "kind": "checkpoint"}],
-                 tensorboard_logdir="/ckpt/tb")
+    job = submit(
+        platform,
+        tensorboard=True,
+        mounts=[{"claim": "demo-ckpt", "path": "/ckpt", "kind": "checkpoint"}],
+        tensorboard_logdir="/ckpt/tb",
+    )
     route = drive(kube, lambda: TensorBoardRoute.objects.filter(job=job, state="active").first())
     name = render.tensorboard_name(str(job.id))
     assert route.host == f"{name}.tb.example.org"
     assert kube.get("ingresses.networking.k8s.io", name, TEAM_NS)["spec"]["rules"][0]["host"] == route.host
     pod_spec = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)["spec"]["tasks"][0]["template"]["spec"]
     assert pod_spec["initContainers"][0]["command"][:3] == ["tensorboard", "--logdir", "/ckpt/tb"]
-    assert {"name": "ckpt-0", "persistentVolumeClaim": {"claimName": "demo-ckpt", "readOnly": False}} in \
-        pod_spec["volumes"]
+    assert {"name": "ckpt-0", "persistentVolumeClaim": {"claimName": "demo-ckpt", "readOnly": False}} in pod_spec[
+        "volumes"
+    ]
 
     from jobs import services
 

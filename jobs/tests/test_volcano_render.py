@@ -42,33 +42,75 @@ def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = Fals
     devices = []
     for replica in range(replicas):
         for card in range(count if exclusive else 1):
-            devices.append(Device(gpu_uuid=f"GPU-{replica:02d}{card:02d}aaaa-0000-0000-0000-000000000000",
-                                  gpu_index=card, node=f"gpu-node-{replica}", compute_milli=milli,
-                                  memory_mib=CARD_MIB * eighths // 8, exclusive=exclusive))
+            devices.append(
+                Device(
+                    gpu_uuid=f"GPU-{replica:02d}{card:02d}aaaa-0000-0000-0000-000000000000",
+                    gpu_index=card,
+                    node=f"gpu-node-{replica}",
+                    compute_milli=milli,
+                    memory_mib=CARD_MIB * eighths // 8,
+                    exclusive=exclusive,
+                )
+            )
     fields = dict(
-        job_id=JOB_ID, attempt_id=41, attempt_number=2, name="resnet sweep", owner="alice", team="vision",
-        namespace="team-vision", queue="distributed" if replicas > 1 else "train",
-        volcano_queue="trainyard-distributed" if replicas > 1 else "trainyard-train", image=DIGEST_IMAGE,
-        command=["python", "train.py"], args=["--epochs", "3"], env={"WANDB_MODE": "offline"}, working_dir="",
-        replicas=replicas, gpu_count=count, exclusive=exclusive, cpu_milli=8000 * count, memory_mib=65536 * count,
-        timeout_s=7200, priority=0, min_driver_version="", tensorboard=False, tensorboard_logdir="",
-        devices=devices, mounts=[], labels={}, gang=replicas > 1, secondary_network="", read_only_root=False,
+        job_id=JOB_ID,
+        attempt_id=41,
+        attempt_number=2,
+        name="resnet sweep",
+        owner="alice",
+        team="vision",
+        namespace="team-vision",
+        queue="distributed" if replicas > 1 else "train",
+        volcano_queue="trainyard-distributed" if replicas > 1 else "trainyard-train",
+        image=DIGEST_IMAGE,
+        command=["python", "train.py"],
+        args=["--epochs", "3"],
+        env={"WANDB_MODE": "offline"},
+        working_dir="",
+        replicas=replicas,
+        gpu_count=count,
+        exclusive=exclusive,
+        cpu_milli=8000 * count,
+        memory_mib=65536 * count,
+        timeout_s=7200,
+        priority=0,
+        min_driver_version="",
+        tensorboard=False,
+        tensorboard_logdir="",
+        devices=devices,
+        mounts=[],
+        labels={},
+        gang=replicas > 1,
+        secondary_network="",
+        read_only_root=False,
     )
     if extras:
         fields.update(
-            tensorboard=True, tensorboard_logdir="/ckpt/tb", min_driver_version="550.54.15",
-            mounts=[{"claim": "imagenet", "path": "/data", "read_only": True},
-                    {"claim": "vision-ckpt", "path": "/ckpt", "kind": "checkpoint", "sub_path": "resnet"}],
-            labels={"sweep": "lr-0.1", "git": "abc123"}, secondary_network="kube-system/rdma-net",
-            read_only_root=True, working_dir="src",
+            tensorboard=True,
+            tensorboard_logdir="/ckpt/tb",
+            min_driver_version="550.54.15",
+            mounts=[
+                {"claim": "imagenet", "path": "/data", "read_only": True},
+                {"claim": "vision-ckpt", "path": "/ckpt", "kind": "checkpoint", "sub_path": "resnet"},
+            ],
+            labels={"sweep": "lr-0.1", "git": "abc123"},
+            secondary_network="kube-system/rdma-net",
+            read_only_root=True,
+            working_dir="src",
         )
     fields.update(overrides)
     return AttemptDescription(**fields)
 
 
 def options(provider: str = "whole", **overrides) -> render.RenderOptions:
-    return render.RenderOptions(sharing=provider, ttl_s=900, priority_class="trainyard-batch", grace_s=20,
-                                image_pull_secrets=("registry-cred",), **overrides)
+    return render.RenderOptions(
+        sharing=provider,
+        ttl_s=900,
+        priority_class="trainyard-batch",
+        grace_s=20,
+        image_pull_secrets=("registry-cred",),
+        **overrides,
+    )
 
 
 def templates(job: dict) -> dict[str, dict]:
@@ -80,8 +122,11 @@ def trainer(template: dict) -> dict:
 
 
 def validate_pod_template(template: dict) -> None:
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                  "template": template}, K8S_VERSION, strict=True)
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+        K8S_VERSION,
+        strict=True,
+    )
 
 
 # ------------------------------------------------------------------------------------------ every manifest
@@ -106,8 +151,10 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
     assert spec_["ttlSecondsAfterFinished"] == 900 and spec_["priorityClassName"] == "trainyard-batch"
     assert spec_["minAvailable"] == replicas == sum(t["replicas"] for t in spec_["tasks"])
     assert all(t["minAvailable"] == t["replicas"] and t["maxRetry"] == 0 for t in spec_["tasks"])
-    assert {p["event"]: p["action"] for p in spec_["policies"]} == {"PodFailed": "TerminateJob",
-                                                                     "PodEvicted": "TerminateJob"}
+    assert {p["event"]: p["action"] for p in spec_["policies"]} == {
+        "PodFailed": "TerminateJob",
+        "PodEvicted": "TerminateJob",
+    }
     labels = job["metadata"]["labels"]
     assert labels["trainyard.io/job-id"] == JOB_ID and labels["trainyard.io/attempt"] == "2"
     assert labels["trainyard.io/attempt-id"] == "41" and labels["app.kubernetes.io/managed-by"] == "trainyard"
@@ -154,18 +201,41 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
 # ------------------------------------------------------------------------------------------ GPU providers
 
 
-@pytest.mark.parametrize(("provider", "spec", "expected", "pin"), [
-    ("whole", "guaranteed-x4", {"nvidia.com/gpu": "4"}, None),
-    ("whole", "shared", {"nvidia.com/gpu.shared": "1"}, None),
-    ("volcano-vgpu", "guaranteed", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(CARD_MIB),
-                                    "volcano.sh/vgpu-cores": "100"}, "volcano.sh/vgpu-use-gpuuuid"),
-    ("volcano-vgpu", "shared", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(CARD_MIB * 2 // 8),
-                                "volcano.sh/vgpu-cores": "25"}, "volcano.sh/vgpu-use-gpuuuid"),
-    ("hami", "performance", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(CARD_MIB * 6 // 8),
-                             "nvidia.com/gpucores": "75"}, "nvidia.com/use-gpuuuid"),
-    ("hami", "guaranteed-x4", {"nvidia.com/gpu": "4", "nvidia.com/gpumem": str(CARD_MIB),
-                               "nvidia.com/gpucores": "100"}, "nvidia.com/use-gpuuuid"),
-])
+@pytest.mark.parametrize(
+    ("provider", "spec", "expected", "pin"),
+    [
+        ("whole", "guaranteed-x4", {"nvidia.com/gpu": "4"}, None),
+        ("whole", "shared", {"nvidia.com/gpu.shared": "1"}, None),
+        (
+            "volcano-vgpu",
+            "guaranteed",
+            {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(CARD_MIB), "volcano.sh/vgpu-cores": "100"},
+            "volcano.sh/vgpu-use-gpuuuid",
+        ),
+        (
+            "volcano-vgpu",
+            "shared",
+            {
+                "volcano.sh/vgpu-number": "1",
+                "volcano.sh/vgpu-memory": str(CARD_MIB * 2 // 8),
+                "volcano.sh/vgpu-cores": "25",
+            },
+            "volcano.sh/vgpu-use-gpuuuid",
+        ),
+        (
+            "hami",
+            "performance",
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(CARD_MIB * 6 // 8), "nvidia.com/gpucores": "75"},
+            "nvidia.com/use-gpuuuid",
+        ),
+        (
+            "hami",
+            "guaranteed-x4",
+            {"nvidia.com/gpu": "4", "nvidia.com/gpumem": str(CARD_MIB), "nvidia.com/gpucores": "100"},
+            "nvidia.com/use-gpuuuid",
+        ),
+    ],
+)
 def test_gpu_requests_follow_the_sharing_provider(provider, spec, expected, pin):
     desc = describe(spec)
     template = templates(render.render_job(desc, options(provider)))["main"]
@@ -218,14 +288,24 @@ def _schedulable(template: dict, name: str, labels: dict[str, str]) -> bool:
 
 def _driver_labels(version: str) -> dict[str, str]:
     major, minor, revision = version.split(".")
-    return {"nvidia.com/cuda.driver-version.major": major, "nvidia.com/cuda.driver-version.minor": minor,
-            "nvidia.com/cuda.driver-version.revision": revision}
+    return {
+        "nvidia.com/cuda.driver-version.major": major,
+        "nvidia.com/cuda.driver-version.minor": minor,
+        "nvidia.com/cuda.driver-version.revision": revision,
+    }
 
 
-@pytest.mark.parametrize(("node_driver", "fits"), [
-    ("550.54.15", True), ("550.54.14", False), ("550.90.07", True), ("550.40.99", False), ("560.28.03", True),
-    ("535.183.01", False),
-])
+@pytest.mark.parametrize(
+    ("node_driver", "fits"),
+    [
+        ("550.54.15", True),
+        ("550.54.14", False),
+        ("550.90.07", True),
+        ("550.40.99", False),
+        ("560.28.03", True),
+        ("535.183.01", False),
+    ],
+)
 def test_node_affinity_pins_the_placed_node_and_the_images_minimum_driver(node_driver, fits):
     template = templates(render.render_job(describe(min_driver_version="550.54.15"), options()))["main"]
     assert _schedulable(template, "gpu-node-0", _driver_labels(node_driver)) is fits
@@ -234,8 +314,7 @@ def test_node_affinity_pins_the_placed_node_and_the_images_minimum_driver(node_d
 
 def test_distributed_workers_stay_in_the_rack_of_their_placement():
     desc = describe("guaranteed", replicas=3)
-    racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"}
-             for i in range(3)}
+    racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"} for i in range(3)}
     job = render.render_job(desc, options(), node_labels=racks)
     master, worker = templates(job)["master"], templates(job)["worker"]
     assert _schedulable(master, "gpu-node-0", {"trainyard.io/rack": "r12"})
@@ -263,14 +342,17 @@ def test_names_are_deterministic_and_fit_kubernetes_limits():
     assert render.job_name(JOB_ID, 3) != name
 
 
-@pytest.mark.parametrize("mount", [
-    {"host_path": "/var/run/docker.sock", "path": "/sock"},
-    {"hostPath": {"path": "/"}, "path": "/host"},
-    {"claim": "data", "path": "relative/path"},
-    {"claim": "data", "path": "/"},
-    {"claim": "Data_Set", "path": "/data"},
-    {"claim": "data", "path": "/data", "sub_path": "../other-team"},
-])
+@pytest.mark.parametrize(
+    "mount",
+    [
+        {"host_path": "/var/run/docker.sock", "path": "/sock"},
+        {"hostPath": {"path": "/"}, "path": "/host"},
+        {"claim": "data", "path": "relative/path"},
+        {"claim": "data", "path": "/"},
+        {"claim": "Data_Set", "path": "/data"},
+        {"claim": "data", "path": "/data", "sub_path": "../other-team"},
+    ],
+)
 def test_mounts_other_than_claims_at_absolute_paths_are_refused(mount):
     with pytest.raises(render.ManifestError):
         render.render_job(describe(mounts=[mount]), options())
@@ -296,17 +378,27 @@ def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_queues_validate_and_carry_the_platform_quota(provider):
     vector = {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
-    queue = render.render_queue(name="trainyard-train", vector=vector, weight=3, priority=-5, fifo=True,
-                                sharing=provider, platform_queue="train")
+    queue = render.render_queue(
+        name="trainyard-train",
+        vector=vector,
+        weight=3,
+        priority=-5,
+        fifo=True,
+        sharing=provider,
+        platform_queue="train",
+    )
     crds.validate(copy.deepcopy(queue))
     spec = queue["spec"]
     assert spec["reclaimable"] is False and spec["priority"] == 0 and spec["dequeueStrategy"] == "fifo"
     assert spec["capability"]["cpu"] == "64000m" and spec["capability"]["memory"] == "262144Mi"
     gpu = {k: v for k, v in spec["capability"].items() if k not in ("cpu", "memory")}
-    assert gpu == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"},
-                   "hami": {}}[provider]
-    command = render.render_queue_command(queue="trainyard-train", uid="5e1f-uid", action="CloseQueue",
-                                          namespace="trainyard")
+    assert (
+        gpu
+        == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"}, "hami": {}}[provider]
+    )
+    command = render.render_queue_command(
+        queue="trainyard-train", uid="5e1f-uid", action="CloseQueue", namespace="trainyard"
+    )
     crds.validate(copy.deepcopy(command))
     assert command["target"]["kind"] == "Queue" and command["target"]["name"] == "trainyard-train"
     assert command["target"]["uid"] == "5e1f-uid" and command["action"] == "CloseQueue"
@@ -316,9 +408,14 @@ def test_tensorboard_route_objects_validate_against_kubernetes():
     host = render.tensorboard_host(JOB_ID, "tb.example.org.")
     assert host == "tb-0f1e2d3c4b5a49688776a5b4c3d2e1f0.tb.example.org"
     service = render.render_tensorboard_service(job_id=JOB_ID, namespace="team-vision")
-    ingress = render.render_tensorboard_ingress(job_id=JOB_ID, namespace="team-vision", host=host,
-                                                ingress_class="nginx", auth_url="https://ty.example.org/tb/{job_id}/",
-                                                tls_secret="tb-wildcard")
+    ingress = render.render_tensorboard_ingress(
+        job_id=JOB_ID,
+        namespace="team-vision",
+        host=host,
+        ingress_class="nginx",
+        auth_url="https://ty.example.org/tb/{job_id}/",
+        tls_secret="tb-wildcard",
+    )
     for obj in (service, ingress):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     assert service["spec"]["selector"] == {"trainyard.io/job-id": JOB_ID, "trainyard.io/tensorboard": "true"}
@@ -332,6 +429,9 @@ def test_driver_alternatives_cover_each_precision():
     major = render.DRIVER_LABELS[0]
     assert render.driver_alternatives("550") == [[{"key": major, "operator": "Gt", "values": ["549"]}]]
     two = render.driver_alternatives("520.61")
-    assert [len(a) for a in two] == [1, 2] and two[1][-1] == {"key": render.DRIVER_LABELS[1], "operator": "Gt",
-                                                              "values": ["60"]}
+    assert [len(a) for a in two] == [1, 2] and two[1][-1] == {
+        "key": render.DRIVER_LABELS[1],
+        "operator": "Gt",
+        "values": ["60"],
+    }
     assert list(itertools.chain.from_iterable(render.driver_alternatives("550.54.15")))[-1]["values"] == ["14"]

@@ -129,8 +129,6 @@ def api_as(username: str) -> APIClient:
     return client
 
 
-
-
 @pytest.fixture
 def live_platform(transactional_db, platform_settings, celery_worker_thread, tmp_path):
     """A seeded platform whose jobs run as real processes, with a real Celery worker."""

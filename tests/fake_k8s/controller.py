@@ -248,9 +248,7 @@ class VolcanoController:
         rule scripts (e.g. only the first attempt fails). The latest matching rule wins.
         """
         rule = ScriptRule(
-            PodScript(
-                exit_code, reason, message, logs, run_ticks, start_ticks, waiting_reason, waiting_message
-            ),
+            PodScript(exit_code, reason, message, logs, run_ticks, start_ticks, waiting_reason, waiting_message),
             job=match if isinstance(match, str) else None,
             labels=match if isinstance(match, Mapping) else None,
             predicate=match if callable(match) else None,
@@ -378,14 +376,10 @@ class VolcanoController:
 
             def unreachable(node: JSON) -> None:
                 taints = [
-                    t
-                    for t in node["spec"].get("taints") or []
-                    if t.get("key") != "node.kubernetes.io/unreachable"
+                    t for t in node["spec"].get("taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"
                 ]
                 for effect in ("NoSchedule", "NoExecute"):
-                    taints.append(
-                        {"key": "node.kubernetes.io/unreachable", "effect": effect, "timeAdded": now}
-                    )
+                    taints.append({"key": "node.kubernetes.io/unreachable", "effect": effect, "timeAdded": now})
                 node["spec"]["taints"] = taints
 
             def unknown(node: JSON) -> None:
@@ -400,9 +394,7 @@ class VolcanoController:
 
             self.kube.mutate("nodes", name, None, unreachable)
             node = self.kube.mutate("nodes", name, None, unknown, subresource="status")
-            self._event(
-                node, "NodeNotReady", f"Node {name} status is now: NodeNotReady", "Normal", "node-controller"
-            )
+            self._event(node, "NodeNotReady", f"Node {name} status is now: NodeNotReady", "Normal", "node-controller")
             for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
@@ -426,9 +418,7 @@ class VolcanoController:
 
             def reachable(node: JSON) -> None:
                 node["spec"]["taints"] = [
-                    t
-                    for t in node["spec"].get("taints") or []
-                    if t.get("key") != "node.kubernetes.io/unreachable"
+                    t for t in node["spec"].get("taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"
                 ]
                 if not node["spec"]["taints"]:
                     del node["spec"]["taints"]
@@ -508,9 +498,7 @@ class VolcanoController:
                 counts[((pg.get("status") or {}).get("phase") or "Pending").lower()] += 1
             allocated = _sum(_pod_request(pod) for pod in pods if self._counts_against_queue(pod, mine))
             state = (queue.get("status") or {}).get("state") or "Open"
-            if state == "Closing" and not [
-                pg for pg in mine if (pg.get("status") or {}).get("phase") != "Completed"
-            ]:
+            if state == "Closing" and not [pg for pg in mine if (pg.get("status") or {}).get("phase") != "Completed"]:
                 state = "Closed"
             status = {
                 "state": state,
@@ -520,9 +508,7 @@ class VolcanoController:
                     if k != "pods"
                 },
                 **{
-                    key: counts[key]
-                    for key in ("pending", "inqueue", "running", "unknown", "completed")
-                    if counts[key]
+                    key: counts[key] for key in ("pending", "inqueue", "running", "unknown", "completed") if counts[key]
                 },
                 "reservation": {},
             }
@@ -539,8 +525,7 @@ class VolcanoController:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             return False
         return any(
-            pg["metadata"]["name"] == group
-            and pg["metadata"].get("namespace") == pod["metadata"].get("namespace")
+            pg["metadata"]["name"] == group and pg["metadata"].get("namespace") == pod["metadata"].get("namespace")
             for pg in podgroups
         )
 
@@ -618,9 +603,7 @@ class VolcanoController:
             job = self.kube.get(JOB, job["metadata"]["name"], job["metadata"]["namespace"])
             status = job.get("status") or {}
             if int(status.get("retryCount", 0)) >= int(job["spec"].get("maxRetry", 3)):
-                self._write_status(
-                    job, "Failed", reason="", message="the job has reached its maximum retries"
-                )
+                self._write_status(job, "Failed", reason="", message="the job has reached its maximum retries")
             elif _total_replicas(job) - int(status.get("terminating", 0)) >= _min_available(job) and not [
                 p for p in self._pods(job) if p["metadata"].get("deletionTimestamp")
             ]:
@@ -648,9 +631,7 @@ class VolcanoController:
         job = self.kube.get(JOB, job["metadata"]["name"], job["metadata"]["namespace"])
         counts = self._counts(job)
         phase = _phase(job) or "Pending"
-        if phase == "Pending" and counts["running"] + counts["succeeded"] + counts[
-            "failed"
-        ] >= _min_available(job):
+        if phase == "Pending" and counts["running"] + counts["succeeded"] + counts["failed"] >= _min_available(job):
             phase = "Running"
         if phase == "Running":
             phase = _finished_phase(job, counts) or "Running"
@@ -699,9 +680,7 @@ class VolcanoController:
         self.kube.mutate(JOB, meta["name"], meta["namespace"], apply, subresource="status")
 
     def _counts(self, job: JSON) -> dict[str, Any]:
-        counts: dict[str, Any] = {
-            k: 0 for k in ("pending", "running", "succeeded", "failed", "terminating", "unknown")
-        }
+        counts: dict[str, Any] = {k: 0 for k in ("pending", "running", "succeeded", "failed", "terminating", "unknown")}
         tasks: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for pod in self._pods(job):
             task = (pod["metadata"].get("labels") or {}).get(TASK_SPEC, "")
@@ -876,13 +855,9 @@ class VolcanoController:
 
                 def scale(pg: JSON) -> None:
                     pg["spec"]["minMember"] = _min_available(job)
-                    pg["spec"]["minResources"] = {
-                        k: format_quantity(v) for k, v in sorted(_min_resources(job).items())
-                    }
+                    pg["spec"]["minResources"] = {k: format_quantity(v) for k, v in sorted(_min_resources(job).items())}
 
-                return self.kube.mutate(
-                    PODGROUP, existing["metadata"]["name"], job["metadata"]["namespace"], scale
-                )
+                return self.kube.mutate(PODGROUP, existing["metadata"]["name"], job["metadata"]["namespace"], scale)
             return existing
         meta, spec = job["metadata"], job["spec"]
         min_available = _min_available(job)
@@ -960,9 +935,7 @@ class VolcanoController:
                         "clusterIP": "None",
                         "selector": {JOB_NAME: meta["name"], JOB_NAMESPACE: meta["namespace"]},
                         "publishNotReadyAddresses": True,
-                        "ports": [
-                            {"name": "placeholder-volcano", "port": 1, "protocol": "TCP", "targetPort": 1}
-                        ],
+                        "ports": [{"name": "placeholder-volcano", "port": 1, "protocol": "TCP", "targetPort": 1}],
                     },
                 },
             )
@@ -1040,9 +1013,7 @@ class VolcanoController:
             if not _fits(_add(min_resources, used), capability, unlimited_missing=True):
                 refusal = "queue resource quota insufficient"
             else:
-                total = _sum(
-                    resource_list((n.get("status") or {}).get("allocatable")) for n in nodes if _ready(n)
-                )
+                total = _sum(resource_list((n.get("status") or {}).get("allocatable")) for n in nodes if _ready(n))
                 cluster_used = _sum(_pod_request(p) for p in pods if _holds_resources(p))
                 inqueue = _sum(
                     resource_list((other.get("spec") or {}).get("minResources"))
@@ -1078,9 +1049,7 @@ class VolcanoController:
         def apply(current: JSON) -> None:
             status = current.setdefault("status", {})
             conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Unschedulable"]
-            previous = next(
-                (c for c in status.get("conditions") or [] if c.get("type") == "Unschedulable"), {}
-            )
+            previous = next((c for c in status.get("conditions") or [] if c.get("type") == "Unschedulable"), {})
             conditions.append(
                 {
                     "type": "Unschedulable",
@@ -1205,9 +1174,7 @@ class VolcanoController:
         node, why = _pick_node(pod, nodes, usage)
         if node is None:
             detail = ", ".join(why) if why else "no nodes available to schedule pods"
-            self._unschedulable_pod(
-                pod, f"0/{len(nodes)} nodes are available: {detail}.", "default-scheduler"
-            )
+            self._unschedulable_pod(pod, f"0/{len(nodes)} nodes are available: {detail}.", "default-scheduler")
             return
         self._bind(pod, node, "default-scheduler")
         usage[node] = _add(usage.get(node, {}), _pod_request(pod))
@@ -1215,9 +1182,7 @@ class VolcanoController:
     def _bind(self, pod: JSON, node: str, scheduler: str) -> None:
         meta = pod["metadata"]
         now = rfc3339(self.kube.now())
-        self.kube.mutate(
-            "pods", meta["name"], meta["namespace"], lambda p: p["spec"].__setitem__("nodeName", node)
-        )
+        self.kube.mutate("pods", meta["name"], meta["namespace"], lambda p: p["spec"].__setitem__("nodeName", node))
 
         def scheduled(p: JSON) -> None:
             _set_condition(p["status"], "PodScheduled", "True", now)
@@ -1274,11 +1239,7 @@ class VolcanoController:
         now = rfc3339(self.kube.now())
         node = self.kube.try_get("nodes", pod["spec"]["nodeName"]) or {}
         host_ip = next(
-            (
-                a["address"]
-                for a in (node.get("status") or {}).get("addresses") or []
-                if a.get("type") == "InternalIP"
-            ),
+            (a["address"] for a in (node.get("status") or {}).get("addresses") or [] if a.get("type") == "InternalIP"),
             "192.168.0.2",
         )
 
@@ -1297,8 +1258,7 @@ class VolcanoController:
                     f"containers with unready status: [{' '.join(_container_names(p))}]",
                 )
             status["containerStatuses"] = [
-                _container_status(c, {"waiting": {"reason": "ContainerCreating"}})
-                for c in p["spec"]["containers"]
+                _container_status(c, {"waiting": {"reason": "ContainerCreating"}}) for c in p["spec"]["containers"]
             ]
 
         self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
@@ -1326,11 +1286,7 @@ class VolcanoController:
             return
         deadline = pod["spec"].get("activeDeadlineSeconds")
         started = (pod.get("status") or {}).get("startTime")
-        if (
-            deadline is not None
-            and started
-            and self.kube.now() >= parse_time(started) + timedelta(seconds=deadline)
-        ):
+        if deadline is not None and started and self.kube.now() >= parse_time(started) + timedelta(seconds=deadline):
             text = f"Pod was active on the node longer than the specified deadline ({deadline}s)"
             self._event(pod, "DeadlineExceeded", text, "Normal", "kubelet")
             self._terminate_pod(
@@ -1369,14 +1325,10 @@ class VolcanoController:
         now = rfc3339(self.kube.now())
         run.started_at = now
         main = _main_container(pod)
-        run.pending_logs = {
-            c["name"]: run.script.log_lines(c["name"], main) for c in pod["spec"]["containers"]
-        }
+        run.pending_logs = {c["name"]: run.script.log_lines(c["name"], main) for c in pod["spec"]["containers"]}
         for container in pod["spec"]["containers"]:
             image = container.get("image", "")
-            self._event(
-                pod, "Pulled", f'Container image "{image}" already present on machine', "Normal", "kubelet"
-            )
+            self._event(pod, "Pulled", f'Container image "{image}" already present on machine', "Normal", "kubelet")
             self._event(pod, "Created", f"Created container: {container['name']}", "Normal", "kubelet")
             self._event(pod, "Started", f"Started container {container['name']}", "Normal", "kubelet")
         pod_ip = self.kube.next_ip("10.244.0")
@@ -1422,9 +1374,7 @@ class VolcanoController:
         if container_reason == "OOMKilled" and exit_code == 0:
             exit_code = 137
         if pod_reason is None and (policy == "Always" or (policy == "OnFailure" and exit_code != 0)):
-            self._restart(
-                pod, run, exit_code, container_reason or ("Completed" if exit_code == 0 else "Error")
-            )
+            self._restart(pod, run, exit_code, container_reason or ("Completed" if exit_code == 0 else "Error"))
             return
         run.stage = "done"
         self._terminate_pod(
@@ -1442,9 +1392,7 @@ class VolcanoController:
         run.restarts += 1
         run.ticks = 0
         main = _main_container(pod)
-        run.pending_logs = {
-            c["name"]: run.script.log_lines(c["name"], main) for c in pod["spec"]["containers"]
-        }
+        run.pending_logs = {c["name"]: run.script.log_lines(c["name"], main) for c in pod["spec"]["containers"]}
         for container in pod["spec"]["containers"]:
             self.kube.rotate_log(meta["namespace"], meta["name"], container["name"])
 
@@ -1509,11 +1457,7 @@ class VolcanoController:
             for container in p["spec"]["containers"]:
                 is_main = container["name"] == main
                 code = exit_code if is_main else 0
-                reason = (
-                    container_reason
-                    if is_main and container_reason
-                    else ("Completed" if code == 0 else "Error")
-                )
+                reason = container_reason if is_main and container_reason else ("Completed" if code == 0 else "Error")
                 terminated: JSON = {
                     "exitCode": code,
                     "reason": reason,
@@ -1549,9 +1493,7 @@ class VolcanoController:
 
     # -- events ------------------------------------------------------------------------------------
 
-    def _event(
-        self, obj: JSON, reason: str, message: str, kind: str, component: str = CONTROLLER_COMPONENT
-    ) -> None:
+    def _event(self, obj: JSON, reason: str, message: str, kind: str, component: str = CONTROLLER_COMPONENT) -> None:
         self.kube.record_event(obj, reason=reason, message=message, type=kind, component=component)
 
 
@@ -1586,8 +1528,7 @@ class VolcanoAdmission:
                 raise ApiError(
                     422 if op != "DELETE" else 403,
                     f'queues.scheduling.volcano.sh "{name}" is forbidden: ValidatingAdmissionPolicy '
-                    f"'validate-queue' with binding 'validate-queue-binding' denied request: "
-                    + "; ".join(problems),
+                    f"'validate-queue' with binding 'validate-queue-binding' denied request: " + "; ".join(problems),
                     reason="Invalid" if op != "DELETE" else "Forbidden",
                 )
 
@@ -1615,24 +1556,20 @@ class VolcanoAdmission:
             if task_min is not None and _int(task_min) < 0:
                 problems.append(f"'minAvailable' < 0 in task: {task_name}, job: {name}")
             elif task_min is not None and _int(task_min) > replicas:
-                problems.append(
-                    f"'minAvailable' is greater than 'replicas' in task: {task_name}, job: {name}"
-                )
+                problems.append(f"'minAvailable' is greater than 'replicas' in task: {task_name}, job: {name}")
             if task_name in seen:
                 problems.append(f"duplicated task name {task_name}")
             seen.add(task_name)
             problems += [f"task name {task_name!r}: {p}" for p in name_problems(task_name, "label")]
             pod_name = f"{name}-{task_name}-{max(replicas - 1, 0)}"
             problems += [
-                f"create pod with name {pod_name} validate failed {p}"
-                for p in name_problems(pod_name, "label")
+                f"create pod with name {pod_name} validate failed {p}" for p in name_problems(pod_name, "label")
             ]
             total += replicas
             problems += _policy_problems(task.get("policies") or [])
             template = task.get("template") or {}
             problems += [
-                c.message
-                for c in pod_spec_causes(template.get("spec") or {}, f"spec.task[{index}].template.spec")
+                c.message for c in pod_spec_causes(template.get("spec") or {}, f"spec.task[{index}].template.spec")
             ]
             for value in ((template.get("metadata") or {}).get("labels") or {}).values():
                 problems += [
@@ -1656,21 +1593,16 @@ class VolcanoAdmission:
         queue_name = spec.get("queue") or "default"
         queue = self.kube.try_get(QUEUE, queue_name)
         if queue is None:
-            problems.append(
-                f'unable to find job queue: queues.scheduling.volcano.sh "{queue_name}" not found'
-            )
+            problems.append(f'unable to find job queue: queues.scheduling.volcano.sh "{queue_name}" not found')
         else:
             state = (queue.get("status") or {}).get("state", "")
             if state != "Open":
                 problems.append(
-                    f"can only submit job to queue with state `Open`, queue `{queue_name}` status is "
-                    f"`{state}`"
+                    f"can only submit job to queue with state `Open`, queue `{queue_name}` status is `{state}`"
                 )
             children = [q for q in self.kube.list(QUEUE) if (q.get("spec") or {}).get("parent") == queue_name]
             if queue_name == "root" or children:
-                problems.append(
-                    f"can only submit job to leaf queue, queue `{queue_name}` is not a leaf queue"
-                )
+                problems.append(f"can only submit job to leaf queue, queue `{queue_name}` is not a leaf queue")
         return problems
 
 
@@ -1693,9 +1625,7 @@ def _default_job(job: JSON) -> None:
         if not _int(task.get("maxRetry")):
             task["maxRetry"] = 3
     if not _int(spec.get("minAvailable")):
-        spec["minAvailable"] = sum(
-            _int(t.get("minAvailable", t.get("replicas"))) for t in tasks if isinstance(t, dict)
-        )
+        spec["minAvailable"] = sum(_int(t.get("minAvailable", t.get("replicas"))) for t in tasks if isinstance(t, dict))
     plugins = spec.get("plugins")
     if isinstance(plugins, dict):
         if any(name in plugins for name in ("pytorch", "tensorflow", "mpi", "ray")):
@@ -1755,9 +1685,7 @@ def _job_update_problems(new: JSON, old: JSON) -> list[str]:
     if len(new_spec.get("tasks") or []) != len(old_spec.get("tasks") or []):
         problems.append("job updates may not add or remove tasks")
     elif frozen(new_spec) != frozen(old_spec):
-        problems.append(
-            "job updates may not change fields other than `minAvailable`, `tasks[*].replicas under spec`"
-        )
+        problems.append("job updates may not change fields other than `minAvailable`, `tasks[*].replicas under spec`")
     if _int(new_spec.get("minAvailable")) > sum(_int(t.get("replicas")) for t in new_spec.get("tasks") or []):
         problems.append("job 'minAvailable' must not be greater than total replicas")
     return problems
@@ -2130,9 +2058,7 @@ def _apply_plugins(job: JSON, task: JSON, index: int, pod_spec: JSON, pod_name: 
         pod_spec.setdefault("subdomain", job_name)
         for other in job["spec"].get("tasks") or []:
             other_name = str(other.get("name", ""))
-            hosts = ",".join(
-                f"{job_name}-{other_name}-{i}.{job_name}" for i in range(_int(other.get("replicas")))
-            )
+            hosts = ",".join(f"{job_name}-{other_name}-{i}.{job_name}" for i in range(_int(other.get("replicas"))))
             key = other_name.upper().replace("-", "_")
             env += [
                 {"name": f"VC_{key}_HOSTS", "value": hosts},
@@ -2146,9 +2072,7 @@ def _apply_plugins(job: JSON, task: JSON, index: int, pod_spec: JSON, pod_name: 
             args.get("port", "23456"),
         )
         world = sum(
-            _int(t.get("replicas"))
-            for t in job["spec"].get("tasks") or []
-            if t.get("name") in (master, worker)
+            _int(t.get("replicas")) for t in job["spec"].get("tasks") or [] if t.get("name") in (master, worker)
         )
         rank = 0 if task.get("name") == master else index + 1
         env += [

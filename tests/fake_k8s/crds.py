@@ -126,8 +126,7 @@ class UnknownFieldsError(CrdValidationError):
         # For this error `name` holds the version, as in the server's own wording.
         listed = ", ".join(f'unknown field "{cause.field}"' for cause in self.causes)
         return (
-            f'{self.kind} in version "{self.name}" cannot be handled as a {self.kind}: '
-            f"strict decoding error: {listed}"
+            f'{self.kind} in version "{self.name}" cannot be handled as a {self.kind}: strict decoding error: {listed}'
         )
 
 
@@ -204,18 +203,14 @@ class CrdCatalog:
         """Prune, default and validate a copy of `obj`; raise `CrdValidationError` when it is refused."""
         if field_validation not in FIELD_VALIDATION_MODES:
             raise ValueError(f"fieldValidation must be one of {FIELD_VALIDATION_MODES}")
-        name = str(
-            (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or ""
-        )
+        name = str((obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or "")
         work = copy.deepcopy(obj)
         unknown = _prune(work, resource.schema, "", root=True)
         unknown += model_unknown_fields("V1ObjectMeta", work.get("metadata"), "metadata")
         warnings: list[str] = []
         if unknown:
             if field_validation == "Strict":
-                causes = [
-                    FieldCause(path, "FieldValueUnknown", f'unknown field "{path}"') for path in unknown
-                ]
+                causes = [FieldCause(path, "FieldValueUnknown", f'unknown field "{path}"') for path in unknown]
                 raise UnknownFieldsError(resource.kind, resource.version, causes)
             if field_validation == "Warn":
                 warnings = [f'unknown field "{path}"' for path in unknown]
@@ -423,9 +418,7 @@ def _schema_causes(obj: JSON, schema: Mapping[str, Any]) -> list[FieldCause]:
     validator = _validator(schema)
     causes: list[FieldCause] = []
     seen: set[tuple[str, str]] = set()
-    for error in sorted(
-        validator.iter_errors(body), key=lambda e: (list(map(str, e.absolute_path)), e.validator)
-    ):
+    for error in sorted(validator.iter_errors(body), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         cause = _cause_from_error(error)
         if (cause.field, cause.message) not in seen:
             seen.add((cause.field, cause.message))
@@ -460,9 +453,7 @@ def _cause_from_error(error: jsonschema.ValidationError) -> FieldCause:
     if kind == "maxLength":
         return FieldCause(where, "FieldValueTooLong", f"{where}: Too long: may not be more than {arg} bytes")
     if kind == "maxItems":
-        return FieldCause(
-            where, "FieldValueTooMany", f"{where}: Too many: {len(value)}: must have at most {arg} items"
-        )
+        return FieldCause(where, "FieldValueTooMany", f"{where}: Too many: {len(value)}: must have at most {arg} items")
     details = {
         "minimum": f"{where} in body should be greater than or equal to {arg}",
         "maximum": f"{where} in body should be less than or equal to {arg}",
@@ -495,9 +486,7 @@ def _list_type_causes(value: Any, schema: Mapping[str, Any], path: str) -> list[
                 marker = json.dumps(identity, sort_keys=True)
                 if marker in seen:
                     causes.append(
-                        FieldCause(
-                            where, "FieldValueDuplicate", f"{where}: Duplicate value: {_render(identity)}"
-                        )
+                        FieldCause(where, "FieldValueDuplicate", f"{where}: Duplicate value: {_render(identity)}")
                     )
                 seen.add(marker)
             if isinstance(schema.get("items"), dict):
@@ -527,16 +516,10 @@ def model_unknown_fields(model: str, value: Any, path: str = "") -> list[str]:
 def _typed_unknown_fields(type_name: str, value: Any, path: str) -> list[str]:
     if type_name.startswith("List[") and isinstance(value, list):
         inner = type_name[5:-1]
-        return [
-            found
-            for i, item in enumerate(value)
-            for found in _typed_unknown_fields(inner, item, f"{path}[{i}]")
-        ]
+        return [found for i, item in enumerate(value) for found in _typed_unknown_fields(inner, item, f"{path}[{i}]")]
     if type_name.startswith("Dict[str, ") and isinstance(value, dict):
         inner = type_name[10:-1]
-        return [
-            found for k, item in value.items() for found in _typed_unknown_fields(inner, item, f"{path}[{k}]")
-        ]
+        return [found for k, item in value.items() for found in _typed_unknown_fields(inner, item, f"{path}[{k}]")]
     if hasattr(k8s_models, type_name):
         return model_unknown_fields(type_name, value, path)
     return []

@@ -120,15 +120,11 @@ def not_found(rt: ResourceType, name: str) -> ApiError:
 
 
 def already_exists(rt: ResourceType, name: str) -> ApiError:
-    return ApiError(
-        409, f'{rt.qualified} "{name}" already exists', reason="AlreadyExists", details=_details(rt, name)
-    )
+    return ApiError(409, f'{rt.qualified} "{name}" already exists', reason="AlreadyExists", details=_details(rt, name))
 
 
 def conflict(rt: ResourceType, name: str, why: str) -> ApiError:
-    return ApiError(
-        409, f'Operation cannot be fulfilled on {rt.qualified} "{name}": {why}', details=_details(rt, name)
-    )
+    return ApiError(409, f'Operation cannot be fulfilled on {rt.qualified} "{name}": {why}', details=_details(rt, name))
 
 
 def invalid(rt: ResourceType, name: str, causes: list[crds.FieldCause]) -> ApiError:
@@ -311,9 +307,7 @@ def label_value_problems(value: str) -> list[str]:
     return problems
 
 
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE])|[eE]([+-]?\d+))?$"
-)
+_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE])|[eE]([+-]?\d+))?$")
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _DECIMAL_SUFFIX = {exp: suffix for suffix, exp in _DECIMAL.items()}
@@ -622,9 +616,7 @@ def strategic_merge_patch(target: Any, patch: Any, field_name: str = "") -> Any:
         if merge_key and all(isinstance(item, dict) for item in [*target, *patch]):
             result = [copy.deepcopy(item) for item in target]
             for item in patch:
-                index = next(
-                    (i for i, old in enumerate(result) if old.get(merge_key) == item.get(merge_key)), None
-                )
+                index = next((i for i, old in enumerate(result) if old.get(merge_key) == item.get(merge_key)), None)
                 if item.get("$patch") == "delete":
                     if index is not None:
                         result.pop(index)
@@ -1501,16 +1493,12 @@ class FakeKubernetes:
         self._rv += 1
         final = copy.deepcopy(obj)
         final["metadata"]["resourceVersion"] = str(self._rv)
-        self._record(
-            WatchEvent(self._rv, "DELETED", rt.key, namespace, copy.deepcopy(final), copy.deepcopy(obj))
-        )
+        self._record(WatchEvent(self._rv, "DELETED", rt.key, namespace, copy.deepcopy(final), copy.deepcopy(obj)))
         if rt.key == ("", "pods"):
             for store in (self._logs, self._previous_logs):
                 for log_key in [k for k in store if k[:2] == (namespace, meta["name"])]:
                     del store[log_key]
-            self._finished_containers = {
-                k for k in self._finished_containers if k[:2] != (namespace, meta["name"])
-            }
+            self._finished_containers = {k for k in self._finished_containers if k[:2] != (namespace, meta["name"])}
         self._collect_dependents(meta.get("uid", ""))
         self._release_foreground_owners(meta.get("ownerReferences") or [])
         if rt.namespaced:
@@ -1574,12 +1562,7 @@ class FakeKubernetes:
         ns = self._objects[("", "namespaces")].get(("", namespace))
         if ns is None or not ns["metadata"].get("deletionTimestamp"):
             return
-        if any(
-            key[0] == namespace
-            for rt in self._types.values()
-            if rt.namespaced
-            for key in self._objects[rt.key]
-        ):
+        if any(key[0] == namespace for rt in self._types.values() if rt.namespaced for key in self._objects[rt.key]):
             return
         self._remove(self.resource("namespaces"), ns)
 
@@ -1640,8 +1623,7 @@ class FakeKubernetes:
         if field_validation == "Strict":
             listed = ", ".join(f'unknown field "{path}"' for path in unknown)
             raise bad_request(
-                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict '
-                f"decoding error: {listed}"
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {listed}'
             )
         if field_validation == "Warn":
             warnings.extend(f'unknown field "{path}"' for path in unknown)
@@ -1762,8 +1744,7 @@ class FakeKubernetes:
         new_meta = new["metadata"]
         if url_name is not None and new_meta.get("name") not in (None, url_name):
             raise bad_request(
-                f"the name of the object ({new_meta.get('name')}) does not match the name on the URL "
-                f"({url_name})"
+                f"the name of the object ({new_meta.get('name')}) does not match the name on the URL ({url_name})"
             )
         new_meta["name"] = old_meta["name"]
         new = self._strict_decode(rt, new, field_validation, warnings)
@@ -1772,8 +1753,7 @@ class FakeKubernetes:
             raise conflict(
                 rt,
                 old_meta["name"],
-                f"Precondition failed: UID in precondition: {new_meta['uid']}, UID in "
-                f"object meta: {old_meta['uid']}",
+                f"Precondition failed: UID in precondition: {new_meta['uid']}, UID in object meta: {old_meta['uid']}",
             )
         rv = new_meta.get("resourceVersion")
         if not rv and require_rv and rt.crd is not None:
@@ -1871,9 +1851,7 @@ class FakeKubernetes:
                 f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in "
                 f"object meta: {meta.get('uid')}",
             )
-        if preconditions.get("resourceVersion") and preconditions["resourceVersion"] != meta.get(
-            "resourceVersion"
-        ):
+        if preconditions.get("resourceVersion") and preconditions["resourceVersion"] != meta.get("resourceVersion"):
             raise conflict(
                 rt,
                 name,
@@ -1923,9 +1901,7 @@ class FakeKubernetes:
                 for dep_rt, dep in self._dependents(meta["uid"]):
                     dep_meta = dep["metadata"]
                     if not dep_meta.get("deletionTimestamp"):
-                        self._delete(
-                            dep_rt, dep_meta.get("namespace"), dep_meta["name"], "Foreground", None, {}, False
-                        )
+                        self._delete(dep_rt, dep_meta.get("namespace"), dep_meta["name"], "Foreground", None, {}, False)
                 self._release_foreground_owners([{"uid": meta["uid"]}])
                 current = self._find_by_uid(meta["uid"])
                 return copy.deepcopy(current[1]) if current else marked
@@ -1947,9 +1923,7 @@ class FakeKubernetes:
         phase = (pod.get("status") or {}).get("phase")
         return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
-    def _mark_deleting(
-        self, rt: ResourceType, obj: JSON, seconds: int, finalizers: list[str] | None = None
-    ) -> JSON:
+    def _mark_deleting(self, rt: ResourceType, obj: JSON, seconds: int, finalizers: list[str] | None = None) -> JSON:
         old = copy.deepcopy(obj)
         new = copy.deepcopy(obj)
         meta = new["metadata"]
@@ -2350,8 +2324,7 @@ class FakeKubernetes:
             items = [
                 self._list_item(rt, self._objects[rt.key][k])
                 for k in keys
-                if (start_after is None or k > start_after)
-                and self._selected(self._objects[rt.key][k], labels, fields)
+                if (start_after is None or k > start_after) and self._selected(self._objects[rt.key][k], labels, fields)
             ]
         meta: JSON = {"resourceVersion": str(rv)}
         if limit and len(items) > limit:
@@ -2447,9 +2420,7 @@ class FakeKubernetes:
             return (json.dumps({"type": event_type, "object": obj}) + "\n").encode()
 
         def gone(rv: int) -> bytes:
-            error = ApiError(
-                410, f"too old resource version: {rv} ({self._compacted_rv + 1})", reason="Expired"
-            )
+            error = ApiError(410, f"too old resource version: {rv} ({self._compacted_rv + 1})", reason="Expired")
             return line("ERROR", error.status())
 
         with self._lock:
@@ -2567,9 +2538,7 @@ class FakeKubernetes:
             if limit_bytes is not None:
                 payload = payload[:limit_bytes]
             return _Response(200, payload, content_type="text/plain")
-        return _Response(
-            200, stream=self._follow(key, render(lines), sent, render), content_type="text/plain"
-        )
+        return _Response(200, stream=self._follow(key, render(lines), sent, render), content_type="text/plain")
 
     def _since(self, param: _Params) -> datetime | None:
         if param.get("sinceTime") and param.get("sinceSeconds"):
@@ -2769,24 +2738,18 @@ def _same_content(new: JSON, old: JSON) -> bool:
 
 def _spec_changed(rt: ResourceType, new: JSON, old: JSON) -> bool:
     ignored = {"metadata", "status"} if rt.status_subresource else {"metadata"}
-    return {k: v for k, v in new.items() if k not in ignored} != {
-        k: v for k, v in old.items() if k not in ignored
-    }
+    return {k: v for k, v in new.items() if k not in ignored} != {k: v for k, v in old.items() if k not in ignored}
 
 
 def _meta_causes(rt: ResourceType, meta: JSON, old: JSON | None) -> list[crds.FieldCause]:
     causes: list[crds.FieldCause] = []
     name = str(meta.get("name", ""))
     for problem in name_problems(name, rt.name_format):
-        causes.append(
-            cause("metadata.name", "FieldValueInvalid", f"Invalid value: {json.dumps(name)}: {problem}")
-        )
+        causes.append(cause("metadata.name", "FieldValueInvalid", f"Invalid value: {json.dumps(name)}: {problem}"))
     for section in ("labels", "annotations"):
         values = meta.get(section) or {}
         if not isinstance(values, dict):
-            causes.append(
-                cause(f"metadata.{section}", "FieldValueTypeInvalid", "Invalid value: must be a map")
-            )
+            causes.append(cause(f"metadata.{section}", "FieldValueTypeInvalid", "Invalid value: must be a map"))
             continue
         for key, value in values.items():
             for problem in qualified_name_problems(str(key)):
@@ -3007,9 +2970,7 @@ def _service_causes(spec: JSON) -> list[crds.FieldCause]:
         if len(ports) > 1 and not pname:
             causes.append(cause(f"{where}.name", "FieldValueRequired", "Required value"))
         if pname in names:
-            causes.append(
-                cause(f"{where}.name", "FieldValueDuplicate", f"Duplicate value: {json.dumps(pname)}")
-            )
+            causes.append(cause(f"{where}.name", "FieldValueDuplicate", f"Duplicate value: {json.dumps(pname)}"))
         names.add(pname)
     stype = spec.get("type", "ClusterIP")
     if stype not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
@@ -3033,9 +2994,7 @@ def _ingress_causes(spec: JSON) -> list[crds.FieldCause]:
             bare = host[2:] if host.startswith("*.") else host
             for problem in name_problems(bare, "subdomain"):
                 causes.append(
-                    cause(
-                        f"{where}.host", "FieldValueInvalid", f"Invalid value: {json.dumps(host)}: {problem}"
-                    )
+                    cause(f"{where}.host", "FieldValueInvalid", f"Invalid value: {json.dumps(host)}: {problem}")
                 )
         for pindex, item in enumerate(((rule.get("http") or {}).get("paths")) or []):
             pwhere = f"{where}.http.paths[{pindex}]"

@@ -85,8 +85,10 @@ def test_seed_sizes_queues_and_the_demo_team_to_big_local_cards(settings):
     assert Team.objects.get(slug="demo").gpu_memory_mib == 8 * 141 * 1024
     from django.contrib.auth import get_user_model
 
-    job, _ = services.job_submit(user=get_user_model().objects.get(username="demo"), data={
-        "team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]})
+    job, _ = services.job_submit(
+        user=get_user_model().objects.get(username="demo"),
+        data={"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]},
+    )
     assert job.gpu_memory_mib == 141 * 1024
 
 
@@ -111,7 +113,10 @@ def test_launcher_refuses_a_port_in_use():
         port = s.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "trainyard.standalone"],
-            env={**os.environ, "TRAINYARD_PORT": str(port)}, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "TRAINYARD_PORT": str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
             cwd=BASE_DIR,
         )
     assert result.returncode == 1
@@ -122,7 +127,10 @@ def test_launcher_refuses_a_port_in_use():
 def test_bootstrap_explains_a_missing_python(tmp_path):
     result = subprocess.run(
         ["/bin/bash", str(BASE_DIR / "scripts" / "bootstrap.sh")],
-        env={"PATH": str(tmp_path), "PYTHON": ""}, capture_output=True, text=True, timeout=30,
+        env={"PATH": str(tmp_path), "PYTHON": ""},
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 1
     assert "Python 3.11 is required" in result.stderr
