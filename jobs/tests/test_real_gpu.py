@@ -203,3 +203,34 @@ def test_a_job_runs_cuda_work_on_the_card_it_was_placed_on(platform, celery_work
     assert "NVIDIA" in card_line and visible[1].removeprefix("GPU-") in card_line
     limit = next(line for line in text.splitlines() if line.startswith("limit ")).split()[1]
     assert (limit != "none") is expect_limit
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_platform_probes_samples_and_exports_the_real_cards(platform, client):
+    """The seeded node is the NVML one: the pre-placement probe passes on each card, a telemetry pass records a
+    sample per card with what the card reports, and /metrics counts them as real (not emulated) healthy cards."""
+    from cluster.models import GPU
+    from monitoring import services as monitoring
+    from monitoring.models import GpuSample
+
+    cards = list(GPU.objects.select_related("node"))
+    assert cards and not any(g.node.emulated for g in cards)
+    report = monitoring.gpu_probe_all()
+    assert (report.probed, report.failed) == (len(cards), 0)
+    collected = monitoring.telemetry_collect()
+    print("telemetry:", collected)
+    assert collected.source == "nvml" and not collected.error and collected.samples == len(cards)
+    for gpu in cards:
+        sample = GpuSample.objects.filter(gpu=gpu).latest("at")
+        assert sample.memory_total_mib == pytest.approx(gpu.memory_mib, abs=1)
+        assert sample.temperature_c and sample.power_w and sample.utilization_pct is not None
+    body = client.get("/metrics").content.decode()
+    line = next(
+        row
+        for row in body.splitlines()
+        if row.startswith("trainyard_gpus{")
+        and 'emulated="false"' in row
+        and 'health="healthy"' in row
+        and 'quarantined="false"' in row
+    )
+    assert float(line.rsplit(" ", 1)[1]) == len(cards)
