@@ -29,6 +29,10 @@ class _SharedClient(RedisCacheClient):
 
 
 class SharedRedisCache(RedisCache):
+    def redis_client(self):
+        """The process's redis-py client for this cache's server (for atomic scripts the cache API lacks)."""
+        return self._cache.get_client(write=True)
+
     @property
     def _cache(self):
         key = (tuple(self._servers), tuple(sorted((k, repr(v)) for k, v in self._options.items())))

@@ -1,9 +1,38 @@
-"""Rate limits per token (or per user for browser sessions), answered with 429 and Retry-After."""
+"""Rate limits per token (or per user for browser sessions), answered with 429 and Retry-After.
 
+Each limit is a sliding window kept in Redis as a sorted set of request times, trimmed, counted and extended by
+one server-side script. DRF's stock throttle reads the whole history, appends in Python and writes it back, so
+two requests arriving together (threads or web processes) could both take the last slot; the script makes the
+check-and-take one atomic step, on the Redis server's clock, and costs one round trip.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.core.cache import cache
 from rest_framework.throttling import ScopedRateThrottle
+
+# KEYS[1]: the window; ARGV: limit, window in seconds, a unique member. Returns {allowed, seconds to wait}.
+_SLIDING_WINDOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) < limit then
+    redis.call('ZADD', KEYS[1], now, ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+    return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
 
 
 class PerTokenThrottle(ScopedRateThrottle):
+    _wait: float | None = None
+
     def get_cache_key(self, request, view):
         token = getattr(request, "api_token", None)
         if token is not None:
@@ -13,3 +42,26 @@ class PerTokenThrottle(ScopedRateThrottle):
         else:
             ident = self.get_ident(request)
         return self.cache_format % {"scope": self.scope, "ident": ident}
+
+    def allow_request(self, request, view):
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        if not hasattr(cache, "redis_client"):  # a cache without Redis (a test's locmem): DRF's own window
+            return super().allow_request(request, view)
+        client = cache.redis_client()
+        allowed, wait = client.eval(
+            _SLIDING_WINDOW, 1, cache.make_key(key), self.num_requests, self.duration, secrets.token_hex(8)
+        )
+        self._wait = None if allowed else max(0.0, float(wait))
+        return bool(allowed)
+
+    def wait(self):
+        return self._wait if self._wait is not None or not hasattr(self, "history") else super().wait()
