@@ -2,8 +2,9 @@
 
 Ingestion: K real local runners (the same supervisor the local backend uses), each running a process
 that prints as fast as it can; lines/s = all lines stored / wall time. Delivery: K runners printing at a
-fixed rate with the print time in each line, K WebSocket clients on the real ASGI server (uvicorn, the
-`make run` web process); latency = time shown in the client - time printed.
+fixed rate with the print time in each line, K WebSocket clients on the real ASGI server (uvicorn, one of
+the web processes `make run` starts: the harder case, every socket lands on it); latency = time shown in the
+client - time printed.
 
 Run with `make bench-logs`; prints a table and writes bench/results/logs.json.
 """
