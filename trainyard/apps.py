@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class TrainyardConfig(AppConfig):
+    name = "trainyard"
+    verbose_name = "Trainyard"
+
+    def ready(self) -> None:
+        # Every process that sets Django up (web, worker, beat, tests) gets the Celery app, so `.delay()` reaches
+        # Redis; the CLI, which never sets Django up, does not pay for importing Celery.
+        from trainyard import celery  # noqa: F401
