@@ -30,6 +30,17 @@ return {0, tostring(tonumber(oldest[2]) + window - now)}
 """
 
 
+_scripts: dict[int, object] = {}
+
+
+def _script(client):
+    """The window script registered with this client: sent by its SHA (EVALSHA), in full only when Redis lacks it."""
+    script = _scripts.get(id(client))
+    if script is None:
+        script = _scripts[id(client)] = client.register_script(_SLIDING_WINDOW)
+    return script
+
+
 class PerTokenThrottle(ScopedRateThrottle):
     _wait: float | None = None
 
@@ -56,9 +67,8 @@ class PerTokenThrottle(ScopedRateThrottle):
             return True
         if not hasattr(cache, "redis_client"):  # a cache without Redis (a test's locmem): DRF's own window
             return super().allow_request(request, view)
-        client = cache.redis_client()
-        allowed, wait = client.eval(
-            _SLIDING_WINDOW, 1, cache.make_key(key), self.num_requests, self.duration, secrets.token_hex(8)
+        allowed, wait = _script(cache.redis_client())(
+            keys=[cache.make_key(key)], args=[self.num_requests, self.duration, secrets.token_hex(8)]
         )
         self._wait = None if allowed else max(0.0, float(wait))
         return bool(allowed)
