@@ -266,33 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     _setup_django()
     from django.conf import settings
 
+    from trainyard import processes
+
     user, jobs = _make_jobs(max(levels))
     root = Path(settings.TRAINYARD_WORK_ROOT) / "bench"
     ingestion = [] if args.no_ingestion else [bench_ingestion(jobs, level, root) for level in levels]
 
     port = _free_port()
     web = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "trainyard.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "off",
-            "--no-access-log",
-            "--ws",
-            "websockets",
-            "--timeout-graceful-shutdown",
-            "10",
-            "--log-level",
-            "warning",
-        ],
+        # The web process as `make run` starts it, but one of it: every socket lands on the same process.
+        [sys.executable, "-m", *processes.command("web", host="127.0.0.1", port=port), "--log-level", "warning"],
         cwd=BASE,
-        env=os.environ.copy(),
+        env={**os.environ, "WEB_CONCURRENCY": "1"},
         start_new_session=True,
     )
     try:
