@@ -66,7 +66,8 @@ class _Tailer:
                         consumer.wake.set()
                 await asyncio.sleep(POLL_S)
         finally:
-            if self._by_loop.get(loop) is self and not self.watched:
+            # Done (nobody left) or cancelled with its loop: forget it; a later socket starts a fresh one.
+            if self._by_loop.get(loop) is self:
                 del self._by_loop[loop]
 
 
