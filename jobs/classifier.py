@@ -11,6 +11,15 @@ from jobs.models import FailureRule
 
 DEFAULT_RULES = [
     dict(
+        name="gpu-share-exceeded",
+        order=5,
+        reason_pattern=r"^GpuShareExceeded$",
+        failure_class="user",
+        reaction="no_retry",
+        suggestion="The job held more GPU memory than its share of the card, so the platform stopped it to protect "
+        "the jobs sharing that card: use a larger spec (performance or guaranteed) or a smaller batch size.",
+    ),
+    dict(
         name="oom-killed",
         order=10,
         reason_pattern=r"^OOMKilled$",

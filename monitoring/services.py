@@ -23,7 +23,7 @@ from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from cluster import services as pool
-from cluster.models import GPU
+from cluster.models import GPU, LogicalDevice
 from jobs import logstore
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ACTIVE, AttemptState, JobState
@@ -212,6 +212,7 @@ class CollectReport:
     samples: int = 0
     unknown: int = 0
     error: str = ""
+    stopped: list[str] = field(default_factory=list)  # attempts stopped for holding more than their GPU share
 
 
 def telemetry_collect(*, now: datetime | None = None) -> CollectReport:
@@ -309,12 +310,62 @@ def telemetry_record(*, readings: list[GpuReading], source: str, now: datetime |
                 )
         GpuSample.objects.bulk_create(samples)
         JobGpuSample.objects.bulk_create(job_samples)
+        report.stopped = _enforce_memory_shares(job_samples)
         for gpu, outcome in faults:
             _health_apply(gpu_id=gpu.id, outcome=outcome, actor=f"telemetry:{source}", now=moment, probed=False)
         if faults:
             _evaluate(now=moment, gpu_ids=[g.id for g, _ in faults], metrics=[AlertRule.Metric.GPU_FAULT])
     report.samples = len(samples)
     return report
+
+
+def _enforce_memory_shares(job_samples: list[JobGpuSample]) -> list[str]:
+    """Stop each running attempt whose processes hold more memory on a shared card than its slice's share
+    (plus `TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB`): its neighbours on that card were promised the rest. The backend
+    stops it with the reason `GpuShareExceeded`, which the classifier fails as the user's, without a retry, and
+    with a suggestion. Whole (exclusive) cards are never policed: the job owns all of their memory."""
+    if not settings.TRAINYARD_SHARE_MEMORY_ENFORCE:
+        return []
+    tolerance = settings.TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB
+    stopped = []
+    for sample in job_samples:
+        slices = LogicalDevice.objects.filter(
+            gpu_id=sample.gpu_id, released_at__isnull=True, exclusive=False, attempt__job_id=sample.job_id
+        ).select_related("attempt", "gpu")
+        if sample.attempt_number is not None:
+            slices = slices.filter(attempt__number=sample.attempt_number)
+        slices = list(slices)
+        share = sum(d.memory_mib for d in slices)
+        if not slices or sample.memory_used_mib <= share + tolerance:
+            continue
+        attempt, gpu = slices[0].attempt, slices[0].gpu
+        if attempt.state not in {AttemptState.STARTING, AttemptState.RUNNING} or not attempt.backend_ref:
+            continue
+        if JobEvent.objects.filter(attempt=attempt, kind="gpu_share_exceeded").exists():
+            continue  # already being stopped
+        used = round(sample.memory_used_mib)
+        JobEvent.objects.create(
+            job_id=attempt.job_id,
+            attempt=attempt,
+            kind="gpu_share_exceeded",
+            level="error",
+            actor="monitoring",
+            message=f"attempt {attempt.number} held {used} MiB of GPU memory on {gpu}, over its share of {share} MiB; "
+            "stopping it",
+            data={"gpu": gpu.uuid, "used_mib": used, "share_mib": share, "tolerance_mib": tolerance},
+        )
+        backend, ref = attempt.backend, attempt.backend_ref
+        transaction.on_commit(lambda b=backend, r=ref: _stop_attempt(b, r, reason="GpuShareExceeded"))
+        stopped.append(f"{attempt.job_id}#{attempt.number}")
+        log.warning(
+            "gpu_share_exceeded",
+            job_id=str(attempt.job_id),
+            attempt=attempt.number,
+            used_mib=used,
+            share_mib=share,
+            gpu=gpu.uuid,
+        )
+    return stopped
 
 
 def _uuids(values) -> list[str]:
@@ -472,11 +523,11 @@ def _restart(attempts: list[Attempt], *, rule: AlertRule, summary: str) -> dict[
     return {"action": "restart_job", "detail": detail, "attempts": stopped}
 
 
-def _stop_attempt(backend_name: str, ref: str) -> None:
+def _stop_attempt(backend_name: str, ref: str, *, reason: str = "") -> None:
     from jobs.backends import get_backend
 
     try:
-        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S)
+        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
     except Exception:  # noqa: BLE001 - the attempt may already be gone; the observer settles it either way
         log.exception("alert_restart_stop_failed", ref=ref)
 

@@ -209,6 +209,10 @@ TRAINYARD_EMULATED_CUDA = env.str("TRAINYARD_EMULATED_CUDA", default="12.4")
 TRAINYARD_DEFAULT_GPU_MEMORY_MIB = env.int("TRAINYARD_DEFAULT_GPU_MEMORY_MIB", default=24576)
 TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
 TRAINYARD_NVML_PROBE = env.bool("TRAINYARD_NVML_PROBE", default=True)
+# A job on a shared slice of a card NVML can read (local backend) is stopped when its processes hold more GPU memory
+# than the slice's share plus this tolerance (monitoring/services.py); the classifier fails it as the user's.
+TRAINYARD_SHARE_MEMORY_ENFORCE = env.bool("TRAINYARD_SHARE_MEMORY_ENFORCE", default=True)
+TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB = env.int("TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB", default=512)
 TRAINYARD_LOG_DAILY_BYTES = env.int("TRAINYARD_LOG_DAILY_BYTES", default=512 * 1024 * 1024)
 TRAINYARD_LOG_DAILY_LINES = env.int("TRAINYARD_LOG_DAILY_LINES", default=2_000_000)
 

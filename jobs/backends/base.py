@@ -89,8 +89,9 @@ class Backend(Protocol):
     def observe(self, refs: list[str]) -> dict[str, Observation]:
         """Observe many attempts at once; a ref the backend does not know maps to phase `lost`."""
 
-    def cancel(self, ref: str, *, grace_s: float) -> None:
-        """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period)."""
+    def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
+        """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). `reason`, when given, is the
+        reason its observation reports once it has stopped (the classifier's `reason_pattern` sees it)."""
 
     def cleanup(self, ref: str) -> None:
         """Remove what the backend keeps for a finished attempt (idempotent)."""

@@ -139,11 +139,12 @@ class LocalBackend:
                 )
         return result
 
-    def cancel(self, ref: str, *, grace_s: float) -> None:
+    def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
         folder = self._folder(ref)
         if (folder / "status.json").exists():
             return
-        (folder / "cancel").touch()  # seen by a supervisor that starts after this signal
+        # Seen by a supervisor that starts after this signal; it reports the reason written here.
+        (folder / "cancel").write_text(reason)
         try:
             pid = int((folder / "runner.pid").read_text())
         except (OSError, ValueError):

@@ -112,13 +112,19 @@ def main(folder: Path) -> int:
     except (ProcessLookupError, PermissionError):
         pass
     writer.close()
+    reason = ""
+    if stop_requested.is_set():
+        try:  # the platform may say why it stopped the command (e.g. GpuShareExceeded)
+            reason = (folder / "cancel").read_text().strip()[:100]
+        except OSError:
+            pass
     _write_json(
         folder / "status.json",
         {
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
             "cancelled": stop_requested.is_set(),
-            "reason": "",
+            "reason": reason,
             "ended_at": time.time(),
         },
     )

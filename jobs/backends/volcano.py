@@ -458,7 +458,8 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- stop
 
-    def cancel(self, ref: str, *, grace_s: float) -> None:
+    def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
+        # `reason` is not carried: on Kubernetes the device plugin enforces shares, and a deleted job is lost.
         namespace, name = parse_ref(ref)
         # Foreground: the Volcano job stays (being deleted) until its pods are gone, so the attempt ends and
         # frees its GPUs only once nothing of it runs any more.

@@ -234,3 +234,43 @@ def test_the_platform_probes_samples_and_exports_the_real_cards(platform, client
         and 'quarantined="false"' in row
     )
     assert float(line.rsplit(" ", 1)[1]) == len(cards)
+
+
+GREEDY_JOB = (
+    "import sys, time, torch\n"
+    "x = torch.empty(int(sys.argv[1]) * 1024 * 1024, dtype=torch.uint8, device='cuda')\n"
+    "torch.cuda.synchronize(); print('holding', sys.argv[1], 'MiB', flush=True); time.sleep(120)\n"
+)
+
+
+@needs_torch
+@pytest.mark.django_db(transaction=True)
+def test_a_shared_job_holding_more_than_its_share_is_stopped_by_the_platform(platform, celery_worker_thread):
+    """A shared job (2/8 of the card) allocates 1.2x its share: the telemetry pass reads its real per-process
+    memory through NVML, and the platform stops it as a user failure, without a retry."""
+    from monitoring import services as monitoring
+
+    card_mib = inventory.read_nvml().gpus[0].memory_mib
+    share = card_mib * 2 // 8
+    greedy = int(share * 1.2)
+    job, _ = services.job_submit(
+        user=platform,
+        data={
+            "team": "demo",
+            "queue": "train",
+            "spec": "shared",
+            "image": "python-3.11",
+            "max_retries": 2,
+            "command": [JOB_PYTHON, "-c", GREEDY_JOB, str(greedy)],
+        },
+    )
+    wait_for(lambda: "holding" in _log(job), timeout=150, every=0.5)
+    report = monitoring.telemetry_collect()
+    print("telemetry:", report)
+    assert report.stopped == [f"{job.id}#1"]
+    job = wait_for(lambda: (lambda j: j if j.is_terminal else None)(Job.objects.get(pk=job.pk)), timeout=60)
+    attempt = job.attempts.get()
+    event = job.events.get(kind="gpu_share_exceeded")
+    print("stopped:", event.message, "|", attempt.reason, attempt.rule)
+    assert job.state == JobState.FAILED and attempt.rule == "gpu-share-exceeded" and attempt.failure_class == "user"
+    assert event.data["share_mib"] == share and event.data["used_mib"] >= greedy

@@ -89,3 +89,54 @@ def test_celery_task_latency_from_a_real_worker(live_platform):
     metrics = Client().get("/metrics").content.decode()
     assert 'trainyard_celery_task_runtime_seconds_count{task="jobs.dispatch_queue"}' in metrics
     assert 'trainyard_celery_task_queue_wait_seconds_count{task="jobs.start_attempt"}' in metrics
+
+
+def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_user_failure(
+    live_platform, settings, fake_nvml, tmp_path
+):
+    """NVML is faked at its boundary (it reports the job's real process holding 30 GiB of a 20 GiB share); the
+    rest is real: the worker, the local runner, the stop, the classification."""
+    import json
+
+    from cluster.models import Node
+    from monitoring.tests.conftest import REAL_UUIDS
+
+    node = Node.objects.create(
+        name="gpu-host-1",
+        backend="local",
+        emulated=False,
+        driver_version="550.54.15",
+        cuda_version="12.4",
+        cpu_milli=64000,
+        memory_mib=512 * 1024,
+    )
+    for i, card in enumerate(REAL_UUIDS):
+        GPU.objects.create(node=node, uuid=card, index=i, model="NVIDIA A100-SXM4-80GB", memory_mib=81920)
+    GPU.objects.filter(node__emulated=True).update(quarantined=True, quarantine_reason="kept out of this test")
+    job = submit(live_platform, ["sh", "-c", "echo holding; sleep 60"], max_retries=2)
+    attempt = wait_for(lambda: running_attempt(job, 1))
+    device = attempt.placement["devices"][0]
+    assert device["gpu_uuid"] in REAL_UUIDS and device["memory_mib"] == 20480 and not device["exclusive"]
+    child = settings.TRAINYARD_WORK_ROOT / str(job.id) / "attempt-1" / "child.json"
+    pid = wait_for(lambda: child.exists() and json.loads(child.read_text())["pid"])
+    card = next(c for c in fake_nvml.cards if c.uuid == device["gpu_uuid"])
+
+    card.processes = [(pid, 20480 + 400)]  # over the share, within the tolerance: left alone
+    assert services.telemetry_collect().stopped == []
+    card.processes = [(pid, 30000)]
+    report = services.telemetry_collect()
+    assert report.stopped == [f"{job.id}#1"]
+    assert services.telemetry_collect().stopped == []  # once is enough
+
+    job = wait_for(lambda: (lambda j: j if j.is_terminal else None)(Job.objects.get(pk=job.pk)), timeout=60)
+    attempt.refresh_from_db()
+    assert job.state == "failed" and job.retries_used == 0 and job.attempts.count() == 1
+    assert (attempt.reason, attempt.failure_class, attempt.reaction, attempt.rule) == (
+        "GpuShareExceeded",
+        "user",
+        "no_retry",
+        "gpu-share-exceeded",
+    )
+    assert "larger spec" in job.suggestion
+    event = job.events.get(kind="gpu_share_exceeded")
+    assert event.data["used_mib"] == 30000 and event.data["share_mib"] == 20480
