@@ -78,8 +78,7 @@ def outsider(db_platform):
     return user
 
 
-@pytest.fixture
-def real_node(db_platform):
+def make_real_node() -> list[GPU]:
     """A node with two real-looking A100s (read through the fake NVML); the emulated cards are taken out of
     placement so jobs land here."""
     node = Node.objects.create(
@@ -97,6 +96,11 @@ def real_node(db_platform):
     ]
     GPU.objects.filter(node__emulated=True).update(quarantined=True, quarantine_reason="kept out of this test")
     return cards
+
+
+@pytest.fixture
+def real_node(db_platform):
+    return make_real_node()
 
 
 @pytest.fixture

@@ -98,22 +98,10 @@ def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_use
     rest is real: the worker, the local runner, the stop, the classification."""
     import json
 
-    from cluster.models import Node
-    from monitoring.tests.conftest import REAL_UUIDS
+    from monitoring.tests.conftest import REAL_UUIDS, make_real_node
     from monitoring.tests.test_collectors import wait_for_environ
 
-    node = Node.objects.create(
-        name="gpu-host-1",
-        backend="local",
-        emulated=False,
-        driver_version="550.54.15",
-        cuda_version="12.4",
-        cpu_milli=64000,
-        memory_mib=512 * 1024,
-    )
-    for i, card in enumerate(REAL_UUIDS):
-        GPU.objects.create(node=node, uuid=card, index=i, model="NVIDIA A100-SXM4-80GB", memory_mib=81920)
-    GPU.objects.filter(node__emulated=True).update(quarantined=True, quarantine_reason="kept out of this test")
+    make_real_node()
     job = submit(live_platform, ["sh", "-c", "echo holding; sleep 60"], max_retries=2)
     attempt = wait_for(lambda: running_attempt(job, 1))
     device = attempt.placement["devices"][0]
