@@ -13,7 +13,6 @@ validation needs of them in one query.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from django.db import connection
@@ -50,7 +49,6 @@ class Snapshot:
 
 
 _cached: Snapshot | None = None
-_lock = threading.Lock()
 
 
 def _version() -> int | None:
@@ -92,8 +90,7 @@ def current() -> Snapshot:
         return snapshot
     snapshot = _load(version)
     if version is not None:  # no version row (a flushed test database): never reuse what was read
-        with _lock:
-            _cached = snapshot
+        _cached = snapshot  # one assignment publishes the whole immutable snapshot to every thread
     return snapshot
 
 

@@ -126,13 +126,18 @@ def _command(value: Any) -> list[str]:
     return argv
 
 
+def _name(value: Any) -> str | None:
+    """A name to look up, or None for anything that is not a string (a list is not even a dict key)."""
+    return value if isinstance(value, str) else None
+
+
 def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     """Check a submission up front; raise ValidationFailed (400, with field and code) or NotFound."""
     ref = reference.current()
-    team = ref.teams.get(data.get("team")) if isinstance(data.get("team"), str) else None
+    team = ref.teams.get(_name(data.get("team")))
     if team is None or not ref.is_member(user, team):
         raise NotFound("team not found (or you are not a member)", code="unknown_team")
-    queue = ref.queues.get(data.get("queue")) if isinstance(data.get("queue"), str) else None
+    queue = ref.queues.get(_name(data.get("queue")))
     if queue is None:
         raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
     if not ref.queue_allows_team(queue, team):
@@ -159,7 +164,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 code="spec_and_explicit_request",
                 field="spec",
             )
-        spec = ref.specs.get(spec_name) if isinstance(spec_name, str) else None
+        spec = ref.specs.get(_name(spec_name))
         if spec is None:
             raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
         if not ref.queue_allows_spec(queue, spec):
@@ -885,17 +890,19 @@ def job_cancel(*, job_id, actor: str) -> Job:
             reason="cancelled_by_user",
             message=f"cancel requested by {actor}",
         )
-        _stop_on_commit(live)
+        attempt_stop_on_commit(live)
         return job
 
 
-def _stop_on_commit(attempt: Attempt) -> None:
+def attempt_stop_on_commit(attempt: Attempt, *, reason: str = "", robust: bool = False) -> None:
+    """Ask the backend to stop the attempt once this transaction commits; `reason` is what its observation will
+    report (see Backend.cancel). `robust`: a failing stop is logged instead of raised (the observer settles it)."""
     backend_name, ref = attempt.backend, attempt.backend_ref
 
     def stop() -> None:
-        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S)
+        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
 
-    transaction.on_commit(stop)
+    transaction.on_commit(stop, robust=robust)
 
 
 def timeouts_enforce() -> int:
@@ -920,7 +927,7 @@ def timeouts_enforce() -> int:
                 level="warning",
             )
             if live is not None and live.backend_ref:
-                _stop_on_commit(live)
+                attempt_stop_on_commit(live)
             else:
                 job_transition(job_id=job.id, to=JobState.TIMED_OUT, actor="timeout-reaper", reason="timeout")
     return len(expired)

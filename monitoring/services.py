@@ -25,6 +25,7 @@ from django.utils import timezone
 from cluster import services as pool
 from cluster.models import GPU, LogicalDevice
 from jobs import logstore
+from jobs import services as jobs_services
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ACTIVE, AttemptState, JobState
 from monitoring import business, collectors, health, rules, selectors
@@ -327,21 +328,34 @@ def _enforce_memory_shares(job_samples: list[JobGpuSample]) -> list[str]:
     if not settings.TRAINYARD_SHARE_MEMORY_ENFORCE:
         return []
     tolerance = settings.TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB
+    # The live shared slices of the sampled jobs, and the attempts already being stopped: one query each.
+    slices_by_key: dict[tuple, list[LogicalDevice]] = defaultdict(list)
+    for device in LogicalDevice.objects.filter(
+        gpu_id__in={s.gpu_id for s in job_samples},
+        attempt__job_id__in={s.job_id for s in job_samples},
+        released_at__isnull=True,
+        exclusive=False,
+    ).select_related("attempt", "gpu"):
+        slices_by_key[(device.gpu_id, str(device.attempt.job_id))].append(device)
+    flagged = set(
+        JobEvent.objects.filter(
+            kind="gpu_share_exceeded", attempt__in=[d.attempt_id for ds in slices_by_key.values() for d in ds]
+        ).values_list("attempt_id", flat=True)
+    )
     stopped = []
     for sample in job_samples:
-        slices = LogicalDevice.objects.filter(
-            gpu_id=sample.gpu_id, released_at__isnull=True, exclusive=False, attempt__job_id=sample.job_id
-        ).select_related("attempt", "gpu")
-        if sample.attempt_number is not None:
-            slices = slices.filter(attempt__number=sample.attempt_number)
-        slices = list(slices)
+        slices = [
+            d
+            for d in slices_by_key.get((sample.gpu_id, str(sample.job_id)), [])
+            if sample.attempt_number is None or d.attempt.number == sample.attempt_number
+        ]
         share = sum(d.memory_mib for d in slices)
         if not slices or sample.memory_used_mib <= share + tolerance:
             continue
         attempt, gpu = slices[0].attempt, slices[0].gpu
         if attempt.state not in {AttemptState.STARTING, AttemptState.RUNNING} or not attempt.backend_ref:
             continue
-        if JobEvent.objects.filter(attempt=attempt, kind="gpu_share_exceeded").exists():
+        if attempt.pk in flagged:
             continue  # already being stopped
         used = round(sample.memory_used_mib)
         JobEvent.objects.create(
@@ -354,8 +368,7 @@ def _enforce_memory_shares(job_samples: list[JobGpuSample]) -> list[str]:
             "stopping it",
             data={"gpu": gpu.uuid, "used_mib": used, "share_mib": share, "tolerance_mib": tolerance},
         )
-        backend, ref = attempt.backend, attempt.backend_ref
-        transaction.on_commit(lambda b=backend, r=ref: _stop_attempt(b, r, reason="GpuShareExceeded"))
+        jobs_services.attempt_stop_on_commit(attempt, reason="GpuShareExceeded", robust=True)
         stopped.append(f"{attempt.job_id}#{attempt.number}")
         log.warning(
             "gpu_share_exceeded",
@@ -516,20 +529,10 @@ def _restart(attempts: list[Attempt], *, rule: AlertRule, summary: str) -> dict[
             actor=f"alert:{rule.name}",
             message=f"stopping attempt {attempt.number} so the job is retried: {summary}"[:2000],
         )
-        backend, ref = attempt.backend, attempt.backend_ref
-        transaction.on_commit(lambda b=backend, r=ref: _stop_attempt(b, r))
+        jobs_services.attempt_stop_on_commit(attempt, robust=True)
         stopped.append(f"{attempt.job_id}#{attempt.number}")
     detail = f"stopped {', '.join(stopped)} for a retry" if stopped else "no running attempt to stop"
     return {"action": "restart_job", "detail": detail, "attempts": stopped}
-
-
-def _stop_attempt(backend_name: str, ref: str, *, reason: str = "") -> None:
-    from jobs.backends import get_backend
-
-    try:
-        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
-    except Exception:  # noqa: BLE001 - the attempt may already be gone; the observer settles it either way
-        log.exception("alert_restart_stop_failed", ref=ref)
 
 
 def _notify(alert: Alert, *, owners: list[int]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
+from django.utils.functional import cached_property
 
 _clients: dict[tuple, RedisCacheClient] = {}
 _lock = threading.Lock()
@@ -33,7 +34,7 @@ class SharedRedisCache(RedisCache):
         """The process's redis-py client for this cache's server (for atomic scripts the cache API lacks)."""
         return self._cache.get_client(write=True)
 
-    @property
+    @cached_property
     def _cache(self):
         key = (tuple(self._servers), tuple(sorted((k, repr(v)) for k, v in self._options.items())))
         client = _clients.get(key)
