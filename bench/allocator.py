@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.placement import (
+from scheduler.policy import (
     DEFAULT_PACK_WEIGHT,
     FULL_MILLI,
     POLICIES,

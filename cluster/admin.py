@@ -54,9 +54,9 @@ def _redispatch_on_commit() -> None:
     """Capacity came back: let waiting jobs in now rather than at the next dispatch beat."""
 
     def send() -> None:
-        from jobs.tasks import dispatch_all
+        from trainyard.wake import dispatch_soon
 
-        dispatch_all.delay()
+        dispatch_soon()
 
     transaction.on_commit(send)
 

@@ -63,6 +63,10 @@ class LogicalDevice(models.Model):
     compute_milli = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     exclusive = models.BooleanField(default=False)
+    # The share of the node's host CPU and memory that comes with this device (a replica's request split over
+    # its devices), so the ledger alone says what each node has left.
+    cpu_milli = models.PositiveIntegerField(default=0)
+    host_memory_mib = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=100, blank=True)

@@ -10,10 +10,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cluster import placement as policy
 from cluster.inventory import NodeInfo
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
-from cluster.probes import probe_gpu
 from trainyard.errors import Conflict
 
 log = structlog.get_logger(__name__)
@@ -124,9 +122,9 @@ def node_uncordon(*, node_id: int, actor: str) -> tuple[Node, bool]:
 
 
 def _dispatch_all() -> None:
-    from jobs.tasks import dispatch_all
+    from trainyard.wake import dispatch_soon
 
-    dispatch_all.delay()
+    dispatch_soon()
 
 
 def gpu_return_to_service(*, gpu: GPU) -> GPU:
@@ -138,14 +136,7 @@ def gpu_return_to_service(*, gpu: GPU) -> GPU:
     return gpu
 
 
-# ---------------------------------------------------------------------------------------------- placement
-
-
-class NoPlacement(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+# ---------------------------------------------------------------------------------------------- the cards
 
 
 @dataclass
@@ -196,150 +187,6 @@ def pool_cards(*, min_driver: str = "", exclude_gpus=(), exclude_nodes=()) -> tu
         used_mem = sum(d.memory_mib for d in live)
         cards.append(CardState(gpu, 1000 - used_milli, gpu.memory_mib - used_mem, live, stale))
     return cards, too_old
-
-
-def _slice_memory(job, gpu: GPU) -> int:
-    if job.exclusive:
-        return gpu.memory_mib
-    if job.gpu_memory_eighths:
-        return gpu.memory_mib * job.gpu_memory_eighths // 8
-    return job.gpu_memory_mib
-
-
-def _choose_whole(cards: list[CardState], count: int, prefer_rack: str | None) -> list[CardState] | None:
-    by_node: dict[int, list[CardState]] = defaultdict(list)
-    for card in cards:
-        if card.whole_free:
-            by_node[card.gpu.node_id].append(card)
-    fitting = [(node_id, free) for node_id, free in by_node.items() if len(free) >= count]
-    if not fitting:
-        return None
-
-    def rank(item):
-        node_id, free = item
-        node = free[0].gpu.node
-        same_rack = prefer_rack is not None and node.rack == prefer_rack
-        return (not same_rack, len(free), node.name)  # same rack first, then best fit (fewest free cards)
-
-    _, free = min(fitting, key=rank)
-    # Within the node, keep the cards in one NVLink domain where the node labels them; else lowest indexes.
-    domains: dict[str, list[CardState]] = defaultdict(list)
-    for card in free:
-        domains[card.gpu.node.labels.get(f"trainyard.io/nvlink-domain-gpu{card.gpu.index}", "")].append(card)
-    for cards_in_domain in sorted(domains.values(), key=len):
-        if len(cards_in_domain) >= count:
-            return sorted(cards_in_domain, key=lambda c: c.gpu.index)[:count]
-    return sorted(free, key=lambda c: c.gpu.index)[:count]
-
-
-def _share_workload() -> policy.Workload:
-    """The request mix the pool serves, one shape per enabled spec (whole cards for the guaranteed tier)."""
-    from quotas.models import ResourceSpec
-
-    shapes: dict[policy.Request, float] = {}
-    for spec in ResourceSpec.objects.filter(enabled=True):
-        if spec.exclusive:
-            shapes[policy.Request.whole(spec.gpu_count, cpu_milli=0, memory_mib=0)] = 1.0
-        else:
-            shapes[policy.Request.fraction(spec.gpu_milli, cpu_milli=0, memory_mib=0)] = 1.0
-    return policy.Workload(shapes or {policy.Request.fraction(250, cpu_milli=0, memory_mib=0): 1.0})
-
-
-def _choose_share(cards: list[CardState], milli: int, memory_for) -> CardState | None:
-    """The card for one slice: the benchmarked FGD policy over the eligible cards (fragmentation grows least)."""
-    by_node: dict[str, list[CardState]] = defaultdict(list)
-    for card in cards:
-        by_node[card.gpu.node.name].append(card)
-    nodes, lookup = [], {}
-    for name, node_cards in sorted(by_node.items()):
-        gpus = []
-        for card in node_cards:
-            fits = not card.exclusive_held and card.free_memory >= memory_for(card.gpu)
-            gpus.append(policy.GPU(index=card.gpu.index, milli_free=max(0, card.free_milli), eligible=fits))
-            lookup[(name, card.gpu.index)] = card
-        nodes.append(policy.Node(name=name, cpu_free_milli=1 << 30, gpus=gpus))
-    request = policy.Request.fraction(milli, cpu_milli=0, memory_mib=0)
-    placement = policy.choose("fgd", nodes, request, _share_workload())
-    if placement is None:
-        return None
-    return lookup[(placement.node, placement.gpu_indices[0])]
-
-
-def slices_place(*, job, attempt) -> list[LogicalDevice]:
-    """Hand the attempt its devices (inside the caller's transaction, under the pool lock) or raise NoPlacement."""
-    pool_lock()
-    cards, too_old = pool_cards(
-        min_driver=job.min_driver_version, exclude_gpus=job.excluded_gpus, exclude_nodes=job.excluded_nodes
-    )
-    if not cards:
-        if too_old:
-            raise NoPlacement(
-                "image_incompatible_with_all_nodes",
-                f"the image needs driver >= {job.min_driver_version}; no healthy node has it",
-            )
-        raise NoPlacement("no_capacity", "no healthy GPU is available")
-    chosen: list[tuple[CardState, int, int]] = []
-    if job.exclusive:
-        rack = None
-        remaining = list(cards)
-        for _replica in range(job.replicas):
-            while True:
-                picked = _choose_whole(remaining, job.gpu_count, rack)
-                if picked is None:
-                    raise NoPlacement("no_capacity", f"{job.gpu_count} whole free GPU(s) on one node are not available")
-                failed = _first_failed_probe(picked)
-                if failed is None:
-                    break
-                remaining = [c for c in remaining if c is not failed]
-            rack = picked[0].gpu.node.rack
-            for card in picked:
-                remaining.remove(card)
-                chosen.append((card, 1000, card.gpu.memory_mib))
-    else:
-        for _replica in range(job.replicas):
-            while True:
-                card = _choose_share(cards, job.gpu_milli, lambda g: _slice_memory(job, g))
-                if card is None:
-                    raise NoPlacement("no_capacity", "no GPU has the compute and memory free for this share")
-                if _first_failed_probe([card]) is None:
-                    break
-                cards = [c for c in cards if c is not card]
-            memory = _slice_memory(job, card.gpu)
-            chosen.append((card, job.gpu_milli, memory))
-            card.free_milli -= job.gpu_milli
-            card.free_memory -= memory
-            card.live.append(LogicalDevice(compute_milli=job.gpu_milli, memory_mib=memory))
-    devices = []
-    now = timezone.now()
-    for card, milli, memory in chosen:
-        if job.exclusive and card.stale:
-            # Reclaim what finished jobs left on the card before handing it out whole.
-            LogicalDevice.objects.filter(pk__in=[d.pk for d in card.stale]).update(
-                released_at=now, release_reason="reclaimed_for_exclusive"
-            )
-            PoolRepair.objects.create(
-                kind="reclaimed_stale_slices",
-                gpu=card.gpu,
-                detail=f"{len(card.stale)} stale slice(s) freed before exclusive hand-out to job {job.id}",
-            )
-            card.stale = []
-        devices.append(
-            LogicalDevice(
-                gpu=card.gpu, attempt=attempt, compute_milli=milli, memory_mib=memory, exclusive=job.exclusive
-            )
-        )
-    return LogicalDevice.objects.bulk_create(devices)
-
-
-def _first_failed_probe(cards: list[CardState]) -> CardState | None:
-    for card in cards:
-        if card.gpu.node.backend != "local":
-            continue  # cluster cards are probed by their node's device plugin and the health monitor, not from here
-        result = probe_gpu(uuid=card.gpu.uuid, emulated=card.gpu.node.emulated)
-        if not result.ok:
-            gpu_mark_suspect(gpu=card.gpu, reason=result.reason)
-            return card
-    return None
 
 
 def slices_release(*, attempt_id: int, reason: str) -> int:

@@ -41,6 +41,9 @@ class Job(models.Model):
     base_image = models.ForeignKey("images.BaseImage", null=True, blank=True, on_delete=models.SET_NULL)
     project_image = models.ForeignKey("images.ProjectImage", null=True, blank=True, on_delete=models.SET_NULL)
     min_driver_version = models.CharField(max_length=30, blank=True)
+    gpu_models = models.JSONField(
+        default=list, blank=True, help_text="GPU models (or families, e.g. A100) the job may run on; empty = any"
+    )
     command = models.JSONField(help_text="argv list")
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)

@@ -21,13 +21,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from cluster import services as pool
-from cluster.models import GPU, LogicalDevice
+from cluster.models import GPU
 from jobs import classifier, reference
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED, TERMINAL, AttemptState, JobState, PendingReason
 from quotas import selectors as quota
-from quotas.models import Queue, Team
+from quotas.models import Team
 from trainyard.errors import Conflict, NotFound, ValidationFailed
 
 log = structlog.get_logger(__name__)
@@ -354,9 +354,10 @@ def _same_request_or_conflict(existing: Job, fingerprint: str) -> Job:
 
 
 def _enqueue_dispatch(queue_id: int) -> None:
-    from jobs.tasks import dispatch_queue
+    """Ask for a pass; requests coalesce (one queued pass at most), so a burst of submissions costs one pass."""
+    from trainyard.wake import dispatch_soon
 
-    dispatch_queue.delay(queue_id)
+    dispatch_soon()
 
 
 # ------------------------------------------------------------------------------------------- transitions
@@ -471,106 +472,12 @@ def _broadcast(job: Job) -> None:
 # ------------------------------------------------------------------------------------------- dispatch
 
 
-def queue_dispatch(*, queue_id: int) -> int:
-    """Admit what fits from one queue, in priority then FIFO order; returns how many were admitted."""
-    admitted_attempts: list[int] = []
-    with transaction.atomic(durable=True):
-        pool.pool_lock()
-        queue = Queue.objects.select_for_update().get(pk=queue_id)
-        pending = list(
-            Job.objects.filter(queue=queue, state=JobState.PENDING)
-            .select_related("team", "owner")
-            .order_by("-priority", "submitted_at", "id")
-        )
-        if not pending:
-            return 0
-        team_ids = sorted({j.team_id for j in pending})
-        teams = {t.id: t for t in Team.objects.select_for_update().filter(id__in=team_ids).order_by("id")}
-        queue_used = quota.queue_usage(queue)
-        team_used = {tid: quota.team_usage(t) for tid, t in teams.items()}
-        position = 0
-        blocked = False
-        for job in pending:
-            code, message = _admission_check(job, queue, teams[job.team_id], queue_used, team_used[job.team_id])
-            if code is None and blocked and queue.ordering == Queue.Ordering.FIFO:
-                code, message = PendingReason.BEHIND_HIGHER_PRIORITY, "waiting behind an earlier job (strict FIFO)"
-            attempt = None
-            if code is None:
-                attempt = Attempt.objects.create(
-                    job=job, number=job.attempts.count() + 1, backend=settings.TRAINYARD_BACKEND
-                )
-                try:
-                    with transaction.atomic():
-                        devices = pool.slices_place(job=job, attempt=attempt)
-                except pool.NoPlacement as exc:
-                    attempt.delete()
-                    attempt = None
-                    code, message = exc.reason, exc.message
-            if code is not None:
-                position += 1
-                if code != PendingReason.QUEUE_CLOSED:
-                    blocked = True
-                if job.reason != code or job.queue_position != position:
-                    if job.reason != code:
-                        _event(job, "waiting", actor="dispatcher", message=message, data={"reason": code})
-                    Job.objects.filter(pk=job.pk).update(reason=code, message=message, queue_position=position)
-                continue
-            assert attempt is not None
-            node = devices[0].gpu.node if devices else None
-            attempt.node = node
-            attempt.placement = {"devices": [_device_dict(d) for d in devices]}
-            attempt.save(update_fields=["node", "placement"])
-            job_transition(
-                job_id=job.id,
-                to=JobState.ADMITTED,
-                actor="dispatcher",
-                attempt=attempt,
-                message=f"admitted; placed on {', '.join(sorted({d.gpu.node.name for d in devices}))}",
-                data=attempt.placement,
-            )
-            for name, value in job.total_request().items():
-                queue_used[name] += value
-                team_used[job.team_id][name] += value
-            team_used[job.team_id]["jobs"] += 1
-            admitted_attempts.append(attempt.id)
-        for attempt_id in admitted_attempts:
-            transaction.on_commit(lambda a=attempt_id: _enqueue_start(a))
-    return len(admitted_attempts)
+def queue_dispatch(*, queue_id: int | None = None) -> int:
+    """Run one dispatch pass (over one queue, or every queue when None); returns how many jobs it admitted."""
+    from jobs.dispatch import dispatch
 
-
-def _device_dict(device: LogicalDevice) -> dict:
-    return {
-        "gpu_uuid": device.gpu.uuid,
-        "gpu_index": device.gpu.index,
-        "node": device.gpu.node.name,
-        "model": device.gpu.model,
-        "compute_milli": device.compute_milli,
-        "memory_mib": device.memory_mib,
-        "exclusive": device.exclusive,
-        "slice_id": device.id,
-    }
-
-
-def _admission_check(job: Job, queue: Queue, team: Team, queue_used: dict, team_used: dict):
-    if queue.state == Queue.State.CLOSED:
-        return PendingReason.QUEUE_CLOSED, f"queue {queue.name} is closed"
-    request = job.total_request()
-    over = quota.fits(request, queue_used, queue.vector())
-    if over:
-        return PendingReason.QUEUE_QUOTA_EXHAUSTED, (
-            f"queue {queue.name} has {queue.vector()[over] - queue_used[over]} {over} free; "
-            f"the job needs {request[over]}"
-        )
-    over = quota.fits(request, team_used, team.vector())
-    if over:
-        return PendingReason.TEAM_QUOTA_EXHAUSTED, (
-            f"team {team.slug} has {team.vector()[over] - team_used[over]} {over} left; the job needs {request[over]}"
-        )
-    if team_used["jobs"] >= team.max_running_jobs:
-        return PendingReason.TEAM_JOB_LIMIT, f"team {team.slug} already runs {team.max_running_jobs} jobs"
-    if quota.user_running_jobs(team, job.owner_id) >= team.max_jobs_per_user:
-        return PendingReason.USER_JOB_LIMIT, f"you already run {team.max_jobs_per_user} jobs in {team.slug}"
-    return None, ""
+    report = dispatch(queue_ids=None if queue_id is None else [queue_id])
+    return report.admitted
 
 
 def _enqueue_start(attempt_id: int) -> None:

@@ -14,15 +14,21 @@ from jobs import services
     retry_jitter=True,
     max_retries=5,
 )
-def dispatch_queue(queue_id: int) -> int:
-    return services.queue_dispatch(queue_id=queue_id)
+def dispatch_queue(queue_id: int | None = None) -> int:
+    """A requested pass (trainyard.wake): one pass over every queue, whatever queue asked."""
+    from jobs.dispatch import dispatch
+    from trainyard.wake import dispatch_started
+
+    dispatch_started()
+    return dispatch().admitted
 
 
 @shared_task(name="jobs.dispatch_all", acks_late=True)
 def dispatch_all() -> int:
-    from quotas.models import Queue
+    """The beat's pass: level-triggered, so a lost wake-up costs one period."""
+    from jobs.dispatch import dispatch
 
-    return sum(services.queue_dispatch(queue_id=q) for q in Queue.objects.values_list("id", flat=True))
+    return dispatch().admitted
 
 
 @shared_task(

@@ -199,9 +199,9 @@ def gpu_return_to_service(
 
 
 def _enqueue_dispatch_all() -> None:
-    from jobs.tasks import dispatch_all
+    from trainyard.wake import dispatch_soon
 
-    dispatch_all.delay()
+    dispatch_soon()
 
 
 # --------------------------------------------------------------------------------------------- telemetry

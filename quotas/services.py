@@ -52,9 +52,9 @@ def queue_update(*, queue: Queue, changes: dict, actor) -> Queue:
 
 def _redispatch_all() -> None:
     def send() -> None:
-        from jobs.tasks import dispatch_all
+        from trainyard.wake import dispatch_soon
 
-        dispatch_all.delay()
+        dispatch_soon()
 
     transaction.on_commit(send)
 

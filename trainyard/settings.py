@@ -190,6 +190,13 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 # Platform behaviour
 TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")
 TRAINYARD_LOCAL_GPUS = env.str("TRAINYARD_LOCAL_GPUS", default="4x24GiB")
+# Reserve host CPU and memory per job on local nodes too (cluster nodes always are): off by default, because
+# local jobs share the machine's cores and a laptop rarely has the 8 cores per GPU the specs ask for.
+TRAINYARD_LOCAL_ACCOUNT_HOST = env.bool("TRAINYARD_LOCAL_ACCOUNT_HOST", default=False)
+# The request mix the placement policy keeps room for: shapes of the jobs submitted in this window, re-read at
+# most this often (scheduler/dispatch.py).
+TRAINYARD_WORKLOAD_WINDOW_H = env.float("TRAINYARD_WORKLOAD_WINDOW_H", default=72.0)
+TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default=300.0)
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
 TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)

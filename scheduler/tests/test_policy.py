@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import allocator as bench
-from cluster.placement import (
+from scheduler.policy import (
     FULL_MILLI,
     GPU,
     POLICIES,

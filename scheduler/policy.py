@@ -62,8 +62,9 @@ _MAX_REQUEST_SHAPES = 10_000
 # Random draws the ``random`` policy tries before it falls back to scanning every feasible node.
 _RANDOM_DRAWS = 64
 
-# A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free).
-GpuState = tuple[int, int, bool]
+# A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free, total memory
+# or _UNTRACKED). The total only matters to requests that ask for a share of the card's memory in eighths.
+GpuState = tuple[int, int, bool, int]
 # A node's free state: (free CPU milli, free memory or _UNTRACKED, GPU model, sorted eligible GPU states).
 NodeState = tuple[int, int, str, tuple[GpuState, ...]]
 
@@ -88,7 +89,8 @@ class GPU:
 
     def state(self) -> GpuState:
         mem = _UNTRACKED if self.memory_free_mib is None else self.memory_free_mib
-        return (self.milli_free, mem, self.fully_free)
+        total = _UNTRACKED if self.memory_total_mib is None else self.memory_total_mib
+        return (self.milli_free, mem, self.fully_free, total)
 
 
 @dataclass
@@ -131,8 +133,9 @@ class Request:
 
     ``num_gpus == 0``: CPU only. ``num_gpus >= 1`` with ``gpu_milli == 1000``: that many whole GPUs,
     exclusively. ``num_gpus == 1`` with ``gpu_milli < 1000``: a share of one GPU (and ``gpu_memory_mib`` of
-    its memory, where the pool tracks GPU memory). ``gpu_model`` restricts GPU requests to nodes of that
-    model.
+    its memory, where the pool tracks GPU memory; or ``gpu_memory_eighths`` of whichever card it lands on).
+    ``gpu_model`` restricts GPU requests to nodes of one of the given models: a name, or a set of names (the
+    trace's ``V100M16|V100M32``); it is stored as a frozenset.
     """
 
     num_gpus: int = 0
@@ -140,15 +143,25 @@ class Request:
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_memory_mib: int = 0
-    gpu_model: str | None = None
+    gpu_model: frozenset[str] | str | None = None
+    gpu_memory_eighths: int = 0
 
     def __post_init__(self) -> None:
         if self.num_gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
             raise ValueError("request amounts must not be negative")
+        if not 0 <= self.gpu_memory_eighths <= 8:
+            raise ValueError("gpu_memory_eighths must be in 0..8")
+        model = self.gpu_model
+        if isinstance(model, str):
+            model = frozenset(m.strip() for m in model.split("|") if m.strip()) or None
+        elif model is not None:
+            model = frozenset(model) or None
+        object.__setattr__(self, "gpu_model", model)
         if self.num_gpus == 0:
             # A CPU-only request carries no GPU share; normalise so equal requests hash equal.
             object.__setattr__(self, "gpu_milli", 0)
             object.__setattr__(self, "gpu_memory_mib", 0)
+            object.__setattr__(self, "gpu_memory_eighths", 0)
             object.__setattr__(self, "gpu_model", None)
             return
         if not 0 < self.gpu_milli <= FULL_MILLI:
@@ -156,6 +169,9 @@ class Request:
         if self.num_gpus > 1 and self.gpu_milli != FULL_MILLI:
             raise ValueError("a share of a GPU (gpu_milli < 1000) is only possible with num_gpus == 1")
         if self.gpu_milli == FULL_MILLI:
+            object.__setattr__(self, "gpu_memory_mib", 0)
+            object.__setattr__(self, "gpu_memory_eighths", 0)
+        elif self.gpu_memory_eighths:
             object.__setattr__(self, "gpu_memory_mib", 0)
 
     @classmethod
@@ -165,7 +181,7 @@ class Request:
         *,
         cpu_milli: int = 0,
         memory_mib: int = 0,
-        gpu_model: str | None = None,
+        gpu_model: frozenset[str] | str | None = None,
     ) -> Request:
         if num_gpus < 1:
             raise ValueError("a whole-GPU request needs at least one GPU")
@@ -179,9 +195,10 @@ class Request:
         cpu_milli: int = 0,
         memory_mib: int = 0,
         gpu_memory_mib: int = 0,
-        gpu_model: str | None = None,
+        gpu_model: frozenset[str] | str | None = None,
+        gpu_memory_eighths: int = 0,
     ) -> Request:
-        return cls(1, gpu_milli, cpu_milli, memory_mib, gpu_memory_mib, gpu_model)
+        return cls(1, gpu_milli, cpu_milli, memory_mib, gpu_memory_mib, gpu_model, gpu_memory_eighths)
 
     @classmethod
     def cpu_only(cls, cpu_milli: int, memory_mib: int = 0) -> Request:
@@ -194,6 +211,12 @@ class Request:
     @property
     def fractional(self) -> bool:
         return self.num_gpus == 1 and self.gpu_milli < FULL_MILLI
+
+    def memory_on(self, total_mib: int) -> int:
+        """GPU memory this request takes from a card with ``total_mib`` (untracked totals give 0)."""
+        if self.gpu_memory_eighths:
+            return 0 if total_mib >= _UNTRACKED else total_mib * self.gpu_memory_eighths // 8
+        return self.gpu_memory_mib
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -229,17 +252,17 @@ class Workload:
         total = float(sum(w for w in weights.values() if w > 0))
         if total <= 0:
             raise ValueError("a workload needs at least one request type with a positive weight")
-        classes: dict[tuple[int, int, int], int] = {}
-        raw: list[tuple[int, int, str | None, int, float]] = []
+        classes: dict[tuple[int, int, int, int], int] = {}
+        raw: list[tuple[int, int, frozenset[str] | None, int, float]] = []
         for req, w in weights.items():
             if w <= 0:
                 continue
-            key = (req.num_gpus, req.gpu_milli, req.gpu_memory_mib)
+            key = (req.num_gpus, req.gpu_milli, req.gpu_memory_mib, req.gpu_memory_eighths)
             cls_idx = classes.setdefault(key, len(classes))
             model = req.gpu_model if req.num_gpus else None
             raw.append((req.cpu_milli, req.memory_mib, model, cls_idx, w / total))
-        # GPU classes: (num_gpus, milli per GPU, GPU memory per GPU); index == position.
-        self._classes: tuple[tuple[int, int, int], ...] = tuple(classes)
+        # GPU classes: (num_gpus, milli per GPU, GPU memory per GPU, eighths of the card); index == position.
+        self._classes: tuple[tuple[int, int, int, int], ...] = tuple(classes)
         # Whether a type fits a node's CPU and memory only depends on how many of the distinct CPU (memory)
         # amounts of the workload the node can cover, so host weights are cached by those two counts.
         self._cpu_levels = sorted({t[0] for t in raw})
@@ -286,7 +309,7 @@ class Workload:
             return hit
         acc = [0.0] * len(self._classes)
         for t_cpu, t_mem, t_model, cls_idx, w in self._types:
-            if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or t_model == model):
+            if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or model in t_model):
                 acc[cls_idx] += w
         res = (math.fsum(acc), tuple(acc))
         if len(self._host_cache) > _MAX_WORKLOAD_CACHE:
@@ -301,12 +324,12 @@ class Workload:
             return hit
         total = 0
         full = 0
-        for milli, _mem, is_full in gpus:
+        for milli, _mem, is_full, _total in gpus:
             total += milli
             if is_full:
                 full += 1
         out: list[int] = []
-        for num, milli_req, mem_req in self._classes:
+        for num, milli_req, mem_req, eighths in self._classes:
             if num == 0:
                 out.append(0)
             elif milli_req == FULL_MILLI:
@@ -315,8 +338,9 @@ class Workload:
             else:
                 usable = 0
                 fits = False
-                for milli, mem, _f in gpus:
-                    if milli >= milli_req and mem >= mem_req:
+                for milli, mem, _f, card in gpus:
+                    need = (0 if card >= _UNTRACKED else card * eighths // 8) if eighths else mem_req
+                    if milli >= milli_req and mem >= need:
                         usable += milli
                         fits = True
                 out.append(total - usable if fits else total)
@@ -361,13 +385,13 @@ def _node_admits(state: NodeState, req: Request) -> bool:
     cpu, mem, model, _gpus = state
     if cpu < req.cpu_milli or mem < req.memory_mib:
         return False
-    return not (req.num_gpus and req.gpu_model is not None and req.gpu_model != model)
+    return not (req.num_gpus and req.gpu_model is not None and model not in req.gpu_model)
 
 
 def _gpu_fits(g: GpuState, req: Request) -> bool:
     if req.gpu_milli == FULL_MILLI:
         return g[2]
-    return g[0] >= req.gpu_milli and g[1] >= req.gpu_memory_mib
+    return g[0] >= req.gpu_milli and g[1] >= req.memory_on(g[3])
 
 
 def _feasible(state: NodeState, req: Request) -> bool:
@@ -391,7 +415,7 @@ def _after(state: NodeState, req: Request) -> list[tuple[GpuState | None, tuple[
         taken = 0
         for i, g in enumerate(out):
             if g[2]:
-                out[i] = (0, g[1] if g[1] == _UNTRACKED else 0, False)
+                out[i] = (0, g[1] if g[1] == _UNTRACKED else 0, False, g[3])
                 taken += 1
                 if taken == req.num_gpus:
                     break
@@ -402,9 +426,9 @@ def _after(state: NodeState, req: Request) -> list[tuple[GpuState | None, tuple[
         if g == prev or not _gpu_fits(g, req):
             continue
         prev = g
-        mem = g[1] if g[1] == _UNTRACKED else g[1] - req.gpu_memory_mib
+        mem = g[1] if g[1] == _UNTRACKED else g[1] - req.memory_on(g[3])
         out = list(gpus)
-        out[i] = (g[0] - req.gpu_milli, mem, False)
+        out[i] = (g[0] - req.gpu_milli, mem, False, g[3])
         res.append((g, tuple(sorted(out))))
     return res
 
@@ -616,7 +640,7 @@ class Allocator:
         _free, full_cards, top = self._group_gpu[gid]
         if req.exclusive:
             return full_cards >= req.num_gpus
-        return top >= req.gpu_milli and (not req.gpu_memory_mib or _feasible(state, req))
+        return top >= req.gpu_milli and (not (req.gpu_memory_mib or req.gpu_memory_eighths) or _feasible(state, req))
 
     def _fgd(self, gid: int, req: Request) -> tuple[float, GpuState | None]:
         """Growth of expected fragmentation (plus the packing term) and the card to use for a share."""
@@ -731,12 +755,17 @@ class Allocator:
         assert gid is not None
         want = self._fgd(gid, request)[1] if self.policy in _FGD_POLICIES and request.fractional else None
         node = self.nodes[node_index]
+        indices = _pick_gpus(node, request, self.policy, want, self._rng)
+        gpu_memory = request.gpu_memory_mib
+        if request.gpu_memory_eighths and indices:
+            card = next(g for g in node.gpus if g.index == indices[0])
+            gpu_memory = request.memory_on(_UNTRACKED if card.memory_total_mib is None else card.memory_total_mib)
         return Placement(
             node=node.name,
             node_index=node_index,
-            gpu_indices=_pick_gpus(node, request, self.policy, want, self._rng),
+            gpu_indices=indices,
             gpu_milli=request.gpu_milli if request.num_gpus else 0,
-            gpu_memory_mib=request.gpu_memory_mib,
+            gpu_memory_mib=gpu_memory,
             cpu_milli=request.cpu_milli,
             memory_mib=request.memory_mib,
             exclusive=request.exclusive,

@@ -1,0 +1,372 @@
+"""The job side of a dispatch pass: what the scheduler reads of the job tables, and how its decisions are written.
+
+`JobStore.backlog` reads every waiting line and the quota in use with a handful of aggregate queries (no model
+objects). `JobStore.write` records a pass's decisions in the caller's transaction with bulk statements: the
+admitted jobs (pending -> admitted, the same fields and event a single transition writes), their attempts and
+slices, and the reason and position of every waiting job whose reason or place changed. Nothing is written for a
+job that does not fit and whose reason stays the same.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import timedelta
+
+from asgiref.sync import async_to_sync
+from celery import current_app
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
+
+from cluster.models import GPU, LogicalDevice, PoolRepair
+from cluster.services import gpu_mark_suspect
+from jobs.models import Attempt, Job, JobEvent
+from jobs.states import JobState
+from quotas.models import Queue, Team
+from scheduler import dispatch as scheduler
+from scheduler import policy
+
+SHAPE_FIELDS = (
+    "replicas",
+    "gpu_count",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "gpu_memory_eighths",
+    "exclusive",
+    "cpu_milli",
+    "memory_mib",
+)
+WAITING_FIELDS = (
+    "id",
+    "queue_id",
+    "team_id",
+    "owner_id",
+    *SHAPE_FIELDS,
+    "total_gpu_milli",
+    "total_gpu_memory_mib",
+    "total_cpu_milli",
+    "total_memory_mib",
+    "min_driver_version",
+    "excluded_gpus",
+    "excluded_nodes",
+    "gpu_models",
+    "reason",
+    "queue_position",
+)
+SUMS = {
+    "gpu_milli": Sum("total_gpu_milli"),
+    "gpu_memory_mib": Sum("total_gpu_memory_mib"),
+    "cpu_milli": Sum("total_cpu_milli"),
+    "memory_mib": Sum("total_memory_mib"),
+}
+
+
+def _vector(row: dict) -> dict[str, int]:
+    return {k: int(row[k] or 0) for k in scheduler.VECTOR}
+
+
+def _waiting(row: tuple) -> scheduler.Waiting:
+    (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
+    tg, tgm, tc, tm, driver, ex_gpus, ex_nodes, models, reason, position = row[12:]
+    return scheduler.Waiting(
+        id=jid,
+        queue_id=queue_id,
+        team_id=team_id,
+        owner_id=owner_id,
+        replicas=replicas,
+        gpu_count=count,
+        gpu_milli=milli,
+        gpu_memory_mib=mem,
+        gpu_memory_eighths=eighths or 0,
+        exclusive=exclusive,
+        cpu_milli=cpu,
+        memory_mib=host_mem,
+        total={"gpu_milli": tg, "gpu_memory_mib": tgm, "cpu_milli": tc, "memory_mib": tm},
+        min_driver=driver or "",
+        excluded_gpus=tuple(sorted(ex_gpus or ())),
+        excluded_nodes=tuple(sorted(ex_nodes or ())),
+        gpu_models=tuple(models or ()),
+        reason=reason,
+        position=position,
+    )
+
+
+class JobStore:
+    """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
+
+    def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
+        queues = Queue.objects.order_by("-priority", "id")
+        if queue_ids is not None:
+            queues = queues.filter(id__in=list(queue_ids))
+        rules = [
+            scheduler.QueueRules(
+                id=q["id"],
+                name=q["name"],
+                open=q["state"] == Queue.State.OPEN,
+                fifo=q["ordering"] == Queue.Ordering.FIFO,
+                limit=_vector(q),
+            )
+            for q in queues.values("id", "name", "state", "ordering", *scheduler.VECTOR)
+        ]
+        pending = Job.objects.filter(state=JobState.PENDING).order_by("queue_id", "-priority", "submitted_at", "id")
+        if queue_ids is not None:
+            pending = pending.filter(queue_id__in=[q.id for q in rules])
+        waiting: dict[int, list[scheduler.Waiting]] = defaultdict(list)
+        for row in pending.values_list(*WAITING_FIELDS):
+            waiting[row[1]].append(_waiting(row))
+        team_ids = {w.team_id for line in waiting.values() for w in line}
+        teams = {
+            t["id"]: scheduler.TeamRules(
+                id=t["id"],
+                slug=t["slug"],
+                limit=_vector(t),
+                max_running_jobs=t["max_running_jobs"],
+                max_jobs_per_user=t["max_jobs_per_user"],
+            )
+            for t in Team.objects.filter(id__in=team_ids).values(
+                "id", "slug", "max_running_jobs", "max_jobs_per_user", *scheduler.VECTOR
+            )
+        }
+        reserved = Job.objects.filter(reserved=True)
+        queue_used = {
+            r["queue_id"]: _vector(r) for r in reserved.values("queue_id").annotate(**SUMS).order_by("queue_id")
+        }
+        team_used = {
+            r["team_id"]: {**_vector(r), "jobs": r["jobs"]}
+            for r in reserved.filter(team_id__in=team_ids)
+            .values("team_id")
+            .annotate(**SUMS, jobs=Count("id"))
+            .order_by("team_id")
+        }
+        user_jobs = {
+            (r["team_id"], r["owner_id"]): r["n"]
+            for r in reserved.filter(team_id__in=team_ids)
+            .values("team_id", "owner_id")
+            .annotate(n=Count("id"))
+            .order_by("team_id", "owner_id")
+        }
+        return scheduler.Backlog(
+            queues=rules,
+            teams=teams,
+            waiting=dict(waiting),
+            queue_used=queue_used,
+            team_used=team_used,
+            user_jobs=user_jobs,
+        )
+
+    def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
+        """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""
+        since = timezone.now() - timedelta(hours=settings.TRAINYARD_WORKLOAD_WINDOW_H)
+        rows = (
+            Job.objects.filter(submitted_at__gte=since)
+            .values(*SHAPE_FIELDS, "gpu_models")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        out = []
+        for r in rows:
+            shape = scheduler.Waiting(
+                id=None,
+                queue_id=0,
+                team_id=0,
+                owner_id=0,
+                replicas=r["replicas"],
+                gpu_count=r["gpu_count"],
+                gpu_milli=r["gpu_milli"],
+                gpu_memory_mib=r["gpu_memory_mib"],
+                gpu_memory_eighths=r["gpu_memory_eighths"] or 0,
+                exclusive=r["exclusive"],
+                cpu_milli=r["cpu_milli"],
+                memory_mib=r["memory_mib"],
+                total={},
+                gpu_models=tuple(r["gpu_models"] or ()),
+            )
+            out.append((shape, float(r["n"] * r["replicas"])))
+        return out
+
+    def write(self, plan: scheduler.Plan) -> set:
+        now = timezone.now()
+        for gpu_id, _uuid, why in plan.probe_failures:
+            gpu_mark_suspect(gpu=GPU(pk=gpu_id, uuid=_uuid), reason=why)
+        admitted = self._admit(plan.admissions, now)
+        self._waits(plan.waits)
+        return admitted
+
+    def _admit(self, admissions: list[scheduler.Admission], now) -> set:
+        if not admissions:
+            return set()
+        ids = [a.job.id for a in admissions]
+        still = set(
+            Job.objects.select_for_update()
+            .filter(id__in=ids, state=JobState.PENDING)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        admissions = [a for a in admissions if a.job.id in still]
+        if not admissions:
+            return set()
+        numbers = dict(
+            Attempt.objects.filter(job_id__in=still)
+            .values("job_id")
+            .annotate(n=Max("number"))
+            .values_list("job_id", "n")
+        )
+        attempts = Attempt.objects.bulk_create(
+            [
+                Attempt(
+                    job_id=a.job.id,
+                    number=numbers.get(a.job.id, 0) + 1,
+                    backend=settings.TRAINYARD_BACKEND,
+                    node_id=a.node_id,
+                    placement={"devices": [s.as_dict() for s in a.slices]},
+                )
+                for a in admissions
+            ]
+        )
+        reclaim = defaultdict(list)
+        for a in admissions:
+            for s in a.slices:
+                if s.reclaim:
+                    reclaim[s.gpu_id].extend(s.reclaim)
+        if reclaim:
+            # Free what finished jobs left on a card before handing it out whole.
+            LogicalDevice.objects.filter(
+                pk__in=[d for ds in reclaim.values() for d in ds], released_at__isnull=True
+            ).update(released_at=now, release_reason="reclaimed_for_exclusive")
+            PoolRepair.objects.bulk_create(
+                [
+                    PoolRepair(
+                        kind="reclaimed_stale_slices",
+                        gpu_id=gpu_id,
+                        detail=f"{len(ds)} stale slice(s) freed before an exclusive hand-out",
+                    )
+                    for gpu_id, ds in reclaim.items()
+                ]
+            )
+        devices = LogicalDevice.objects.bulk_create(
+            [
+                LogicalDevice(
+                    gpu_id=s.gpu_id,
+                    attempt=attempt,
+                    compute_milli=s.compute_milli,
+                    memory_mib=s.memory_mib,
+                    exclusive=s.exclusive,
+                    cpu_milli=s.cpu_milli,
+                    host_memory_mib=s.host_memory_mib,
+                )
+                for a, attempt in zip(admissions, attempts, strict=True)
+                for s in a.slices
+            ]
+        )
+        k = 0
+        for attempt in attempts:
+            for entry in attempt.placement["devices"]:
+                entry["slice_id"] = devices[k].id
+                k += 1
+        Attempt.objects.bulk_update(attempts, ["placement"], batch_size=500)
+        messages = [(a.job.id, f"admitted; placed on {', '.join(a.node_names)}") for a in admissions]
+        _update_values(
+            "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
+            "message = v.message FROM (VALUES {values}) AS v(id, message) WHERE j.id = v.id",
+            [JobState.ADMITTED, now],
+            messages,
+            "(%s::uuid, %s)",
+        )
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=a.job.id,
+                    attempt=attempt,
+                    kind="state",
+                    actor="dispatcher",
+                    from_state=JobState.PENDING,
+                    to_state=JobState.ADMITTED,
+                    message=message,
+                    data=attempt.placement,
+                )
+                for a, attempt, (_id, message) in zip(admissions, attempts, messages, strict=True)
+            ]
+        )
+        self._attempts = {a.job.id: attempt.id for a, attempt in zip(admissions, attempts, strict=True)}
+        return still
+
+    def _waits(self, waits: list[scheduler.Wait]) -> None:
+        changed = [w for w in waits if w.job.reason != w.code or w.job.position != w.position]
+        if not changed:
+            return
+        updated = set(
+            _update_values(
+                "UPDATE jobs_job AS j SET reason = v.reason, message = v.message, queue_position = v.position "
+                "FROM (VALUES {values}) AS v(id, reason, message, position) "
+                "WHERE j.id = v.id AND j.state = %s RETURNING j.id",
+                [],
+                [(w.job.id, w.code, w.message, w.position) for w in changed],
+                "(%s::uuid, %s, %s, %s::integer)",
+                tail=[JobState.PENDING],
+            )
+        )
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=w.job.id, kind="waiting", actor="dispatcher", message=w.message, data={"reason": w.code}
+                )
+                for w in changed
+                if w.job.reason != w.code and w.job.id in updated
+            ]
+        )
+
+    def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
+        """After commit: start the admitted attempts and tell the browsers."""
+        attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        self._attempts = {}
+        if attempts:
+            from jobs.tasks import start_attempt
+
+            with current_app.producer_or_acquire() as producer:
+                for attempt_id in attempts:
+                    start_attempt.apply_async((attempt_id,), producer=producer)
+        if admitted:
+            _broadcast_admitted([str(j) for j in admitted])
+
+
+def _update_values(sql: str, head: list, rows: list[tuple], row_sql: str, tail: list | None = None) -> list:
+    """Run an UPDATE ... FROM (VALUES ...) in chunks; returns what RETURNING gave (if anything)."""
+    out = []
+    for start in range(0, len(rows), 1000):
+        chunk = rows[start : start + 1000]
+        values = ", ".join([row_sql] * len(chunk))
+        params = [*head, *(p for row in chunk for p in row), *(tail or [])]
+        with connection.cursor() as cursor:
+            cursor.execute(sql.format(values=values), params)
+            if cursor.description:
+                out.extend(r[0] for r in cursor.fetchall())
+    return out
+
+
+def _broadcast_admitted(job_ids: list[str]) -> None:
+    from channels.layers import get_channel_layer
+
+    from jobs.realtime import job_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    async def send_all() -> None:
+        for job_id in job_ids:
+            await layer.group_send(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": "admitted"})
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # noqa: BLE001 - a missing listener must never fail an admission
+        pass
+
+
+def dispatch(*, queue_ids: Sequence[int] | None = None) -> scheduler.PassReport:
+    """One dispatch pass over the given queues (all when None)."""
+    return scheduler.run_pass(store=JobStore(), queue_ids=queue_ids)
+
+
+__all__ = ["JobStore", "dispatch", "policy"]

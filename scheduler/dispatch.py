@@ -1,0 +1,545 @@
+"""The dispatch loop: one pass over every queue's waiting line against the pool in memory.
+
+A pass (`run_pass`) reads what waits and what is used (the store: jobs/dispatch.py, the only place that knows
+the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
+(`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store to write
+in one transaction with bulk writes. Only that write holds the pool lock. One pass runs at a time per
+database (a session advisory lock); a pass asked for while one runs is queued once, never more
+(`trainyard.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
+
+The module imports nothing from `jobs`: the store comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import structlog
+from django.conf import settings
+from django.db import connection, transaction
+
+from cluster.probes import probe_gpu
+from cluster.services import pool_lock
+from scheduler import policy
+from scheduler.pool import Pool, current
+from trainyard import wake
+
+log = structlog.get_logger(__name__)
+
+PASS_LOCK_KEY = 0x7472_6170  # session lock: one dispatch pass at a time
+
+
+# Reason codes (the same strings as jobs.states.PendingReason; kept here so the scheduler needs nothing above).
+QUEUE_CLOSED = "queue_closed"
+QUEUE_QUOTA = "queue_quota_exhausted"
+TEAM_QUOTA = "team_quota_exhausted"
+TEAM_JOB_LIMIT = "team_job_limit"
+USER_JOB_LIMIT = "user_job_limit"
+NO_CAPACITY = "no_capacity"
+IMAGE_INCOMPATIBLE = "image_incompatible_with_all_nodes"
+GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
+BEHIND = "behind_earlier_job"
+
+VECTOR = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
+
+
+@dataclass(frozen=True)
+class QueueRules:
+    id: int
+    name: str
+    open: bool
+    fifo: bool
+    limit: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TeamRules:
+    id: int
+    slug: str
+    limit: dict[str, int]
+    max_running_jobs: int
+    max_jobs_per_user: int
+
+
+@dataclass
+class Waiting:
+    """One pending job, as the scheduler needs it."""
+
+    id: object
+    queue_id: int
+    team_id: int
+    owner_id: int
+    replicas: int
+    gpu_count: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    gpu_memory_eighths: int
+    exclusive: bool
+    cpu_milli: int
+    memory_mib: int
+    total: dict[str, int]
+    min_driver: str = ""
+    excluded_gpus: tuple[str, ...] = ()
+    excluded_nodes: tuple[str, ...] = ()
+    gpu_models: tuple[str, ...] = ()
+    reason: str = ""
+    position: int | None = None
+
+    def shape(self) -> tuple:
+        """What placement depends on: jobs with the same shape fit or fail together within a pass."""
+        return (
+            self.replicas,
+            self.gpu_count,
+            self.gpu_milli,
+            self.gpu_memory_mib,
+            self.gpu_memory_eighths,
+            self.exclusive,
+            self.cpu_milli,
+            self.memory_mib,
+            self.min_driver,
+            self.excluded_gpus,
+            self.excluded_nodes,
+            self.gpu_models,
+        )
+
+
+@dataclass
+class Backlog:
+    """What a pass reads: queues in dispatch order, their waiting lines in order, and what is in use."""
+
+    queues: list[QueueRules]
+    teams: dict[int, TeamRules]
+    waiting: dict[int, list[Waiting]]
+    queue_used: dict[int, dict[str, int]]
+    team_used: dict[int, dict[str, int]]  # also "jobs": how many the team runs
+    user_jobs: dict[tuple[int, int], int]  # (team, owner) -> running jobs
+
+
+@dataclass
+class Slice:
+    """One device handed to an admitted job: which card, and what of it and of its node."""
+
+    gpu_id: int
+    gpu_uuid: str
+    gpu_index: int
+    node_id: int
+    node: str
+    model: str
+    compute_milli: int
+    memory_mib: int
+    exclusive: bool
+    cpu_milli: int
+    host_memory_mib: int
+    reclaim: tuple[int, ...] = ()  # slices of finished attempts to free before an exclusive hand-out
+
+    def as_dict(self) -> dict:
+        return {
+            "gpu_uuid": self.gpu_uuid,
+            "gpu_index": self.gpu_index,
+            "node": self.node,
+            "model": self.model,
+            "compute_milli": self.compute_milli,
+            "memory_mib": self.memory_mib,
+            "exclusive": self.exclusive,
+        }
+
+
+@dataclass
+class Admission:
+    job: Waiting
+    slices: list[Slice]
+    placements: list[policy.Placement]
+
+    @property
+    def node_id(self) -> int:
+        return self.slices[0].node_id
+
+    @property
+    def node_names(self) -> list[str]:
+        return sorted({s.node for s in self.slices})
+
+
+@dataclass
+class Wait:
+    job: Waiting
+    code: str
+    message: str
+    position: int
+
+
+@dataclass
+class Plan:
+    admissions: list[Admission] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
+    placement_calls: int = 0
+    shape_hits: int = 0
+
+
+class Store(Protocol):
+    """Where the waiting jobs come from and where the decisions go (jobs/dispatch.py)."""
+
+    def backlog(self, *, queue_ids: Sequence[int] | None) -> Backlog: ...
+
+    def shapes(self) -> list[tuple[Waiting, float]]: ...
+
+    def write(self, plan: Plan) -> set: ...  # ids of the jobs it admitted (those still pending)
+
+    def after_write(self, plan: Plan, admitted: set) -> None: ...
+
+
+# -------------------------------------------------------------------------------------------- decisions
+
+
+def request_of(job: Waiting, models: frozenset[str] | None) -> policy.Request:
+    """One replica of the job as a placement request."""
+    if job.exclusive:
+        return policy.Request.whole(job.gpu_count, cpu_milli=job.cpu_milli, memory_mib=job.memory_mib, gpu_model=models)
+    return policy.Request.fraction(
+        job.gpu_milli,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        gpu_memory_mib=0 if job.gpu_memory_eighths else job.gpu_memory_mib,
+        gpu_memory_eighths=job.gpu_memory_eighths or 0,
+        gpu_model=models,
+    )
+
+
+def _quota_check(job: Waiting, queue: QueueRules, team: TeamRules, backlog: Backlog) -> tuple[str, str] | None:
+    if not queue.open:
+        return QUEUE_CLOSED, f"queue {queue.name} is closed"
+    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+    for name in VECTOR:
+        if used[name] + job.total[name] > queue.limit[name]:
+            return QUEUE_QUOTA, (
+                f"queue {queue.name} has {queue.limit[name] - used[name]} {name} free; the job needs {job.total[name]}"
+            )
+    tused = backlog.team_used.setdefault(team.id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
+    for name in VECTOR:
+        if tused[name] + job.total[name] > team.limit[name]:
+            return TEAM_QUOTA, (
+                f"team {team.slug} has {team.limit[name] - tused[name]} {name} left; the job needs {job.total[name]}"
+            )
+    if tused["jobs"] >= team.max_running_jobs:
+        return TEAM_JOB_LIMIT, f"team {team.slug} already runs {team.max_running_jobs} jobs"
+    if backlog.user_jobs.get((team.id, job.owner_id), 0) >= team.max_jobs_per_user:
+        return USER_JOB_LIMIT, f"you already run {team.max_jobs_per_user} jobs in {team.slug}"
+    return None
+
+
+def _charge(job: Waiting, queue: QueueRules, backlog: Backlog) -> None:
+    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+    tused = backlog.team_used.setdefault(job.team_id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
+    for name in VECTOR:
+        used[name] += job.total[name]
+        tused[name] += job.total[name]
+    tused["jobs"] += 1
+    key = (job.team_id, job.owner_id)
+    backlog.user_jobs[key] = backlog.user_jobs.get(key, 0) + 1
+
+
+def _nvlink_indices(pool: Pool, i: int, placement: policy.Placement, count: int) -> tuple[int, ...]:
+    """Whole cards on one node: keep them in one NVLink domain where the node labels domains."""
+    labels = pool.meta[i].labels
+    if not any(k.startswith("trainyard.io/nvlink-domain-gpu") for k in labels):
+        return placement.gpu_indices
+    free = [g.index for g in pool.nodes[i].gpus if g.eligible and g.fully_free]
+    domains: dict[str, list[int]] = {}
+    for index in free:
+        domains.setdefault(labels.get(f"trainyard.io/nvlink-domain-gpu{index}", ""), []).append(index)
+    for members in sorted(domains.values(), key=len):
+        if len(members) >= count:
+            return tuple(sorted(members)[:count])
+    return placement.gpu_indices
+
+
+def _slices(pool: Pool, job: Waiting, placement: policy.Placement) -> list[Slice]:
+    i = placement.node_index
+    meta = pool.meta[i]
+    n = len(placement.gpu_indices)
+    out = []
+    for k, index in enumerate(placement.gpu_indices):
+        card = meta.cards[index]
+        # The replica's host CPU and memory, split over its devices (the first takes the remainder).
+        cpu = job.cpu_milli // n + (job.cpu_milli % n if k == 0 else 0)
+        mem = job.memory_mib // n + (job.memory_mib % n if k == 0 else 0)
+        use = pool.usage.get(card.id)
+        out.append(
+            Slice(
+                gpu_id=card.id,
+                gpu_uuid=card.uuid,
+                gpu_index=index,
+                node_id=meta.id,
+                node=meta.name,
+                model=card.model,
+                compute_milli=policy.FULL_MILLI if job.exclusive else placement.gpu_milli,
+                memory_mib=card.memory_mib if job.exclusive else placement.gpu_memory_mib,
+                exclusive=job.exclusive,
+                cpu_milli=cpu,
+                host_memory_mib=mem,
+                reclaim=use.stale if (job.exclusive and use is not None) else (),
+            )
+        )
+    return out
+
+
+def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> int | None:
+    meta = pool.meta[placement.node_index]
+    if meta.backend != "local":
+        return None  # cluster cards are probed by their node's device plugin and the health monitor
+    for index in placement.gpu_indices:
+        card = meta.cards[index]
+        result = probe_gpu(uuid=card.uuid, emulated=meta.emulated)
+        if not result.ok:
+            plan.probe_failures.append((card.id, card.uuid, result.reason))
+            return index
+    return None
+
+
+def _no_capacity(job: Waiting) -> tuple[str, str]:
+    if job.exclusive:
+        return NO_CAPACITY, f"{job.gpu_count} whole free GPU(s) on one node are not available"
+    return NO_CAPACITY, "no GPU has the compute and memory free for this share"
+
+
+def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+    """Place every replica (all or nothing) or say why not."""
+    models = None
+    if job.gpu_models:
+        models = pool.resolve_models(job.gpu_models)
+        if not models:
+            return GPU_MODEL_UNAVAILABLE, f"no GPU of model {' or '.join(job.gpu_models)} is in the pool"
+    masked_nodes: list[int] = []
+    if job.min_driver:
+        masked_nodes = pool.too_old(job.min_driver)
+        if masked_nodes and len(masked_nodes) == len(pool.meta):
+            return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
+    masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
+    masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]
+    request = request_of(job, models)
+    done: list[tuple[policy.Placement, list[Slice]]] = []
+    with pool.masked(nodes=masked_nodes, gpus=masked_gpus):
+        assert pool.allocator is not None
+        rack: str | None = None
+        for _replica in range(job.replicas):
+            while True:
+                plan.placement_calls += 1
+                placement = None
+                if rack is not None:
+                    others = [i for i, m in enumerate(pool.meta) if m.rack != rack]
+                    with pool.masked(nodes=others):
+                        placement = pool.allocator.choose(request)
+                if placement is None:
+                    placement = pool.allocator.choose(request)
+                if placement is None:
+                    for p, s in reversed(done):
+                        pool.give_back(p, s)
+                    return _why_not(job, pool, models)
+                if job.exclusive:
+                    indices = _nvlink_indices(pool, placement.node_index, placement, job.gpu_count)
+                    placement = replace(placement, gpu_indices=indices)
+                failed = _first_failed_probe(pool, placement, plan)
+                if failed is None:
+                    break
+                pool.mark_unusable(placement.node_index, failed)
+            slices = _slices(pool, job, placement)
+            pool.take(placement, slices)
+            done.append((placement, slices))
+            if job.replicas > 1 and rack is None:
+                rack = pool.meta[placement.node_index].rack
+    return done
+
+
+def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[str, str]:
+    ready = [
+        (i, c)
+        for i, m in enumerate(pool.meta)
+        if m.ready and m.name not in job.excluded_nodes
+        for c in m.cards.values()
+        if c.healthy and c.uuid not in job.excluded_gpus
+    ]
+    if not ready:
+        return NO_CAPACITY, "no healthy GPU is available"
+    if job.min_driver:
+        old = set(pool.too_old(job.min_driver))
+        if all(i in old for i, _ in ready):
+            return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
+    if models is not None and not any(c.model in models for _, c in ready):
+        return GPU_MODEL_UNAVAILABLE, f"no healthy GPU of model {' or '.join(sorted(models))} is ready"
+    code, message = _no_capacity(job)
+    if models is not None:
+        message += f" among {' / '.join(sorted(models))}"
+    return code, message
+
+
+def plan(backlog: Backlog, pool: Pool) -> Plan:
+    """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes."""
+    out = Plan()
+    for queue in backlog.queues:
+        position = 0
+        blocked = False
+        failed_shapes: dict[tuple, tuple[str, str]] = {}
+        for job in backlog.waiting.get(queue.id, ()):
+            team = backlog.teams[job.team_id]
+            why = _quota_check(job, queue, team, backlog)
+            if why is None and blocked and queue.fifo:
+                why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
+            placed = None
+            if why is None:
+                shape = job.shape()
+                why = failed_shapes.get(shape)
+                if why is not None:
+                    out.shape_hits += 1
+                else:
+                    result = _place(job, pool, out)
+                    if isinstance(result, tuple):
+                        why = failed_shapes[shape] = result
+                    else:
+                        placed = result
+            if why is not None:
+                position += 1
+                if why[0] != QUEUE_CLOSED:
+                    blocked = True
+                out.waits.append(Wait(job, why[0], why[1], position))
+                continue
+            assert placed is not None
+            out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
+            _charge(job, queue, backlog)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the pass
+
+
+@dataclass
+class PassReport:
+    admitted: int = 0
+    waiting: int = 0
+    skipped: bool = False  # another pass held the lock; one more was queued
+    read_s: float = 0.0
+    decide_s: float = 0.0
+    write_s: float = 0.0  # the pool lock is held for this long, no longer
+    total_s: float = 0.0
+    placement_calls: int = 0
+    shape_hits: int = 0
+    by_queue: dict[int, int] = field(default_factory=dict)
+
+
+_workload: tuple[float, tuple, policy.Workload] | None = None
+
+
+def workload(store: Store, pool: Pool) -> policy.Workload:
+    """The request mix the policy keeps room for: the shapes of recent jobs (TRAINYARD_WORKLOAD_WINDOW_H), re-read
+    at most every TRAINYARD_WORKLOAD_REFRESH_S, and the same object while the mix and the pool's models stay."""
+    global _workload
+    now = time.monotonic()
+    fresh = _workload is not None and now - _workload[0] <= settings.TRAINYARD_WORKLOAD_REFRESH_S
+    if fresh and _workload[1][1] == pool.models:
+        return _workload[2]
+    rows = store.shapes()
+    key = (tuple(sorted((repr(w.shape()), n) for w, n in rows)), pool.models)
+    if _workload is not None and _workload[1] == key:
+        _workload = (now, key, _workload[2])
+        return _workload[2]
+    weights: dict[policy.Request, float] = {}
+    for shape, n in rows:
+        models = pool.resolve_models(shape.gpu_models) if shape.gpu_models else None
+        if shape.gpu_models and not models:
+            continue
+        request = request_of(shape, models)
+        weights[request] = weights.get(request, 0.0) + n
+    if not weights:
+        weights = {policy.Request.fraction(250): 1.0, policy.Request.whole(1): 1.0}
+    _workload = (now, key, policy.Workload(weights))
+    return _workload[2]
+
+
+def reset() -> None:
+    """Forget the process's pool and workload (tests, and after the schema changes under a running process)."""
+    global _workload
+    _workload = None
+    current().invalidate()
+
+
+def _try_pass_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_KEY])
+        return bool(cursor.fetchone()[0])
+
+
+def _pass_unlock() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
+
+
+def run_pass(*, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool | None = None) -> PassReport:
+    """One pass: read, decide in memory, write in one transaction. Returns what it did and how long each took."""
+    report = PassReport()
+    t0 = time.perf_counter()
+    if not _try_pass_lock():
+        report.skipped = True
+        wake.dispatch_soon()
+        return report
+    pool = pool or current()
+    try:
+        backlog = store.backlog(queue_ids=queue_ids)
+        if not any(backlog.waiting.values()):
+            report.total_s = time.perf_counter() - t0
+            return report
+        pool.sync(lambda p: workload(store, p))
+        t1 = time.perf_counter()
+        report.read_s = t1 - t0
+        decided = plan(backlog, pool)
+        t2 = time.perf_counter()
+        report.decide_s = t2 - t1
+        try:
+            with transaction.atomic(durable=True):
+                pool_lock()
+                before = pool.read_versions()
+                admitted = store.write(decided)
+                after = pool.read_versions()
+        except Exception:
+            pool.invalidate()
+            raise
+        dropped = [a for a in decided.admissions if a.job.id not in admitted]
+        for a in dropped:
+            for p, s in zip(a.placements, _by_placement(a), strict=True):
+                pool.give_back(p, s)
+        if dropped:
+            pool.ledger_version = None
+        else:
+            pool.wrote(before, after)
+        store.after_write(decided, admitted)
+        report.write_s = time.perf_counter() - t2
+        report.admitted = len(admitted)
+        report.waiting = len(decided.waits)
+        report.placement_calls = decided.placement_calls
+        report.shape_hits = decided.shape_hits
+        for a in decided.admissions:
+            if a.job.id in admitted:
+                report.by_queue[a.job.queue_id] = report.by_queue.get(a.job.queue_id, 0) + 1
+    finally:
+        _pass_unlock()
+    report.total_s = time.perf_counter() - t0
+    if report.admitted or report.total_s > 1.0:
+        log.info(
+            "dispatch_pass",
+            admitted=report.admitted,
+            waiting=report.waiting,
+            read_ms=round(report.read_s * 1000, 1),
+            decide_ms=round(report.decide_s * 1000, 1),
+            write_ms=round(report.write_s * 1000, 1),
+        )
+    return report
+
+
+def _by_placement(a: Admission) -> list[list[Slice]]:
+    out, k = [], 0
+    for p in a.placements:
+        n = len(p.gpu_indices)
+        out.append(a.slices[k : k + n])
+        k += n
+    return out

@@ -1,0 +1,369 @@
+"""The GPU pool in memory: nodes (host CPU and memory, GPUs, live slices) in the structures the placement
+policy works on, loaded once per process and kept current from the ledger.
+
+Two version numbers (migration cluster/0004) say when to look again: the structure number moves when nodes or
+GPUs change in a way placement cares about (state, health, driver, capacity), the ledger number when a slice is
+handed out or released or an attempt finishes. A pass that finds both unchanged reads nothing else; a changed
+ledger costs one query over the live slices and refreshes only the nodes whose use changed; a changed structure
+reloads the pool (a few hundred milliseconds for a 6,000-GPU fleet, and it happens when an admin or the
+inventory changes a node, not per job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import structlog
+from django.conf import settings
+from django.db import connection
+
+from cluster.services import version_tuple
+from scheduler import policy
+
+log = structlog.get_logger(__name__)
+
+UNTRACKED = 1 << 40  # host CPU/memory of a node whose capacity is not reserved (see `host_accounted`)
+FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost")
+
+
+def model_key(name: str) -> str:
+    """A GPU model name as matching compares it: case and spacing folded, the vendor prefix dropped."""
+    key = " ".join(name.replace("-", " ").replace("_", " ").lower().split())
+    return key.removeprefix("nvidia ").strip()
+
+
+def model_matches(wanted: str, model: str) -> bool:
+    """`A100` (a family) matches `NVIDIA A100-SXM4-80GB`; `A100-SXM4-80GB` matches only that model."""
+    w, m = model_key(wanted), model_key(model)
+    return bool(w) and (m == w or m.startswith(w + " "))
+
+
+@dataclass
+class Card:
+    id: int
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool
+
+
+@dataclass
+class NodeMeta:
+    id: int
+    name: str
+    backend: str
+    emulated: bool
+    driver_version: str
+    driver: tuple[int, ...]
+    rack: str
+    labels: dict
+    ready: bool
+    cpu_milli: int
+    memory_mib: int
+    host_accounted: bool
+    cards: dict[int, Card] = field(default_factory=dict)  # by index
+
+
+@dataclass
+class Usage:
+    """What live slices take from one card, and the slices of finished attempts still on it (stale)."""
+
+    milli: int = 0
+    memory: int = 0
+    cpu: int = 0
+    host_memory: int = 0
+    stale: tuple[int, ...] = ()
+
+
+def host_accounted(backend: str) -> bool:
+    """Whether a node's host CPU and memory are reserved per job: always on a cluster, where the kubelet refuses
+    pods that do not fit; on the local backend only when asked, since local jobs share the machine's cores."""
+    return backend != "local" or settings.TRAINYARD_LOCAL_ACCOUNT_HOST
+
+
+class Pool:
+    """The pool as the policy sees it (`nodes`, `allocator`), with what the database calls each thing (`meta`)."""
+
+    def __init__(self) -> None:
+        self.structure_version: int | None = None
+        self.ledger_version: int | None = None
+        self.nodes: list[policy.Node] = []
+        self.meta: list[NodeMeta] = []
+        self.by_name: dict[str, int] = {}
+        self.gpu_at: dict[int, tuple[int, int]] = {}  # GPU id -> (node position, card index)
+        self.gpu_by_uuid: dict[str, tuple[int, int]] = {}
+        self.usage: dict[int, Usage] = {}  # GPU id -> use
+        self.models: frozenset[str] = frozenset()
+        self.allocator: policy.Allocator | None = None
+        self.workload: policy.Workload | None = None
+        self.loads = 0  # full reloads so far (the benchmark reports them)
+        self.ledger_reads = 0
+
+    # -- keeping current ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def read_versions() -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id, n FROM trainyard_pool_version")
+            rows = dict(cursor.fetchall())
+        return rows.get(1, 0), rows.get(2, 0)
+
+    def sync(self, workload_for: Callable[[Pool], policy.Workload]) -> None:
+        """Bring the pool up to the committed state: nothing to read when neither number moved.
+        `workload_for(pool)` gives the request mix the policy keeps room for (it may resolve GPU models)."""
+        structure, ledger = self.read_versions()
+        if structure != self.structure_version or self.allocator is None:
+            self._load_structure()
+            self._load_ledger()
+            self.workload = workload_for(self)
+            self._rebuild_all()
+            self.structure_version, self.ledger_version = structure, ledger
+            return
+        workload = workload_for(self)
+        if workload is not self.workload:
+            self.workload = workload
+            self.allocator = policy.Allocator(self.nodes, "fgd", workload)
+        elif ledger != self.ledger_version:
+            changed = self._load_ledger()
+            for i in changed:
+                self._apply(i)
+                assert self.allocator is not None
+                self.allocator.refresh(i)
+        self.structure_version, self.ledger_version = structure, ledger
+
+    def invalidate(self) -> None:
+        """Forget everything: the next `sync` reloads (after a failed write, say)."""
+        self.structure_version = self.ledger_version = None
+        self.allocator = None
+
+    def wrote(self, before: tuple[int, int], after: tuple[int, int]) -> None:
+        """Our own write moved the numbers from `before` to `after`: if nobody else changed the pool in between,
+        the pool in memory (which already holds our placements) is current at `after`."""
+        if before == (self.structure_version, self.ledger_version):
+            self.structure_version, self.ledger_version = after
+        else:
+            self.ledger_version = None  # someone else wrote too: read the ledger again next time
+
+    def _load_structure(self) -> None:
+        self.loads += 1
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, name, backend, emulated, driver_version, rack, labels, state, cpu_milli, memory_mib "
+                "FROM cluster_node ORDER BY name"
+            )
+            node_rows = cursor.fetchall()
+            cursor.execute(
+                "SELECT id, node_id, uuid, index, model, memory_mib, health = 'healthy' AND NOT quarantined "
+                "FROM cluster_gpu ORDER BY node_id, index"
+            )
+            gpu_rows = cursor.fetchall()
+        self.meta, self.by_name, position = [], {}, {}
+        for nid, name, backend, emulated, driver, rack, labels, state, cpu, mem in node_rows:
+            if isinstance(labels, str):
+                import json
+
+                labels = json.loads(labels)
+            position[nid] = len(self.meta)
+            self.by_name[name] = len(self.meta)
+            self.meta.append(
+                NodeMeta(
+                    id=nid,
+                    name=name,
+                    backend=backend,
+                    emulated=emulated,
+                    driver_version=driver,
+                    driver=version_tuple(driver) if driver else (),
+                    rack=rack,
+                    labels=labels or {},
+                    ready=state == "ready",
+                    cpu_milli=cpu,
+                    memory_mib=mem,
+                    host_accounted=host_accounted(backend),
+                )
+            )
+        self.gpu_at, self.gpu_by_uuid = {}, {}
+        models = set()
+        for gid, nid, uuid, index, model, mem, healthy in gpu_rows:
+            i = position[nid]
+            self.meta[i].cards[index] = Card(gid, uuid, index, model, mem, bool(healthy))
+            self.gpu_at[gid] = (i, index)
+            self.gpu_by_uuid[uuid] = (i, index)
+            models.add(model)
+        self.models = frozenset(models)
+        self.nodes = [self._node(m) for m in self.meta]
+
+    def _load_ledger(self) -> set[int]:
+        """Read the live slices; returns the positions of the nodes whose use changed."""
+        self.ledger_reads += 1
+        fresh: dict[int, Usage] = defaultdict(Usage)
+        stale: dict[int, list[int]] = defaultdict(list)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT d.id, d.gpu_id, d.compute_milli, d.memory_mib, d.cpu_milli, d.host_memory_mib, "
+                "a.id IS NULL OR a.state = ANY(%s) "
+                "FROM cluster_logicaldevice d LEFT JOIN jobs_attempt a ON a.id = d.attempt_id "
+                "WHERE d.released_at IS NULL",
+                [list(FINISHED_ATTEMPT)],
+            )
+            for did, gid, milli, mem, cpu, host_mem, is_stale in cursor.fetchall():
+                if is_stale:
+                    stale[gid].append(did)
+                    continue
+                u = fresh[gid]
+                u.milli += milli
+                u.memory += mem
+                u.cpu += cpu
+                u.host_memory += host_mem
+        for gid, ids in stale.items():
+            fresh[gid].stale = tuple(sorted(ids))
+        changed = set()
+        for gid in set(fresh) | set(self.usage):
+            if self.usage.get(gid) != fresh.get(gid):
+                at = self.gpu_at.get(gid)
+                if at is not None:
+                    changed.add(at[0])
+        self.usage = dict(fresh)
+        return changed
+
+    def _node(self, m: NodeMeta) -> policy.Node:
+        cpu_used = mem_used = 0
+        gpus = []
+        model = ""
+        for index in sorted(m.cards):
+            card = m.cards[index]
+            use = self.usage.get(card.id) or Usage()
+            cpu_used += use.cpu
+            mem_used += use.host_memory
+            model = model or card.model
+            gpus.append(
+                policy.GPU(
+                    index=index,
+                    milli_free=max(0, policy.FULL_MILLI - use.milli),
+                    memory_free_mib=max(0, card.memory_mib - use.memory),
+                    memory_total_mib=card.memory_mib,
+                    eligible=card.healthy,
+                )
+            )
+        cpu_total = m.cpu_milli if m.host_accounted else UNTRACKED
+        mem_total = m.memory_mib if m.host_accounted else UNTRACKED
+        return policy.Node(
+            name=m.name,
+            cpu_free_milli=max(0, cpu_total - cpu_used),
+            gpus=gpus,
+            memory_free_mib=max(0, mem_total - mem_used),
+            gpu_model=model,
+            eligible=m.ready,
+            cpu_total_milli=max(cpu_total, 1),
+            memory_total_mib=mem_total,
+        )
+
+    def _apply(self, i: int) -> None:
+        fresh = self._node(self.meta[i])
+        node = self.nodes[i]
+        node.cpu_free_milli, node.memory_free_mib, node.gpus, node.eligible = (
+            fresh.cpu_free_milli,
+            fresh.memory_free_mib,
+            fresh.gpus,
+            fresh.eligible,
+        )
+
+    def _rebuild_all(self) -> None:
+        for i in range(len(self.nodes)):
+            self._apply(i)
+        assert self.workload is not None
+        self.allocator = policy.Allocator(self.nodes, "fgd", self.workload)
+
+    # -- per-job views ---------------------------------------------------------------------------------
+
+    def resolve_models(self, wanted: Iterable[str]) -> frozenset[str]:
+        """The pool's models that the names or families a job asks for cover."""
+        wanted = list(wanted)
+        return frozenset(m for m in self.models if any(model_matches(w, m) for w in wanted))
+
+    def too_old(self, min_driver: str) -> list[int]:
+        want = version_tuple(min_driver)
+        return [i for i, m in enumerate(self.meta) if m.driver < want]
+
+    @contextlib.contextmanager
+    def masked(self, *, nodes: Iterable[int] = (), gpus: Iterable[tuple[int, int]] = ()) -> Iterator[None]:
+        """Within the block, the given nodes (positions) and cards ((position, index)) cannot be chosen."""
+        assert self.allocator is not None
+        saved_nodes = [(i, self.nodes[i].eligible) for i in set(nodes)]
+        saved_gpus = []
+        for i, index in set(gpus):
+            for g in self.nodes[i].gpus:
+                if g.index == index:
+                    saved_gpus.append((i, g, g.eligible))
+                    g.eligible = False
+        for i, _ in saved_nodes:
+            self.nodes[i].eligible = False
+        touched = {i for i, _ in saved_nodes} | {i for i, _, _ in saved_gpus}
+        for i in touched:
+            self.allocator.refresh(i)
+        try:
+            yield
+        finally:
+            for i, eligible in saved_nodes:
+                self.nodes[i].eligible = eligible
+            for _i, g, eligible in saved_gpus:
+                g.eligible = eligible
+            for i in touched:
+                self.allocator.refresh(i)
+
+    def mark_unusable(self, i: int, index: int) -> None:
+        """A card failed its probe: out of placement until the structure is read again."""
+        self.meta[i].cards[index].healthy = False
+        for g in self.nodes[i].gpus:
+            if g.index == index:
+                g.eligible = False
+        assert self.allocator is not None
+        self.allocator.refresh(i)
+
+    def take(self, placement: policy.Placement, slices: list) -> None:
+        """Record a placement in memory (the policy's node and the ledger's use) before it is written."""
+        assert self.allocator is not None
+        self.allocator.commit(placement)
+        for s in slices:
+            u = self.usage.get(s.gpu_id) or Usage()
+            self.usage[s.gpu_id] = Usage(
+                u.milli + s.compute_milli,
+                u.memory + s.memory_mib,
+                u.cpu + s.cpu_milli,
+                u.host_memory + s.host_memory_mib,
+                () if s.reclaim else u.stale,
+            )
+
+    def give_back(self, placement: policy.Placement, slices: list) -> None:
+        """Undo `take` for a placement that was not written (its job left the queue meanwhile)."""
+        assert self.allocator is not None
+        self.allocator.release(placement)
+        for s in slices:
+            u = self.usage.get(s.gpu_id) or Usage()
+            self.usage[s.gpu_id] = Usage(
+                u.milli - s.compute_milli,
+                u.memory - s.memory_mib,
+                u.cpu - s.cpu_milli,
+                u.host_memory - s.host_memory_mib,
+                u.stale,
+            )
+
+    def card(self, i: int, index: int) -> Card:
+        return self.meta[i].cards[index]
+
+    def eligible_cards(self) -> int:
+        return sum(1 for i, m in enumerate(self.meta) if m.ready for c in m.cards.values() if c.healthy)
+
+
+_pool: Pool | None = None
+
+
+def current() -> Pool:
+    """This process's pool (one per process; `sync` keeps it current)."""
+    global _pool
+    if _pool is None:
+        _pool = Pool()
+    return _pool
