@@ -30,6 +30,7 @@ FIELD_FOR: dict[str, str] = {
     "timeout_s": "timeout_s",
     "max_retries": "max_retries",
     "labels": "labels",
+    "gpu_models": "gpu_models",
     "name": "name",
     "tensorboard": "tensorboard",
 }
@@ -70,6 +71,11 @@ class SubmitForm(forms.Form):
     max_retries = forms.CharField(label=_("Retries on platform failures"), required=False)
     tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
     labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
+    gpu_models = forms.MultipleChoiceField(label=_("GPU models"), required=False, choices=())
+
+    def __init__(self, *args, gpu_models: list[str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_models"].choices = [(m, m) for m in (gpu_models or [])]
 
     def clean_env(self) -> dict[str, str]:
         return _key_value_lines(self.cleaned_data["env"], code="invalid_env")
@@ -92,6 +98,8 @@ class SubmitForm(forms.Form):
             body["env"] = data["env"]
         if data["labels"]:
             body["labels"] = data["labels"]
+        if data.get("gpu_models"):
+            body["gpu_models"] = list(data["gpu_models"])
         body["tensorboard"] = data["tensorboard"]
         return body
 

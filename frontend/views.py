@@ -18,7 +18,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, Max, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -221,8 +221,16 @@ def _submit_choices(user) -> dict[str, Any]:
                 "team": image.team.slug if isinstance(image, ProjectImage) else "",
             }
         )
+    gpu_models = [
+        {"model": r["model"], "cards": r["cards"], "memory_gib": r["memory"] // 1024}
+        for r in GPU.objects.filter(node__state=Node.State.READY)
+        .values("model")
+        .annotate(cards=Count("id"), memory=Max("memory_mib"))
+        .order_by("model")
+    ]
     return {
         "teams": teams,
+        "gpu_models": gpu_models,
         "queue_rows": queue_rows,
         "spec_rows": spec_rows,
         "images": images,
@@ -241,14 +249,16 @@ def _serializer_errors(form: SubmitForm, errors: dict) -> None:
 def job_submit(request: HttpRequest) -> HttpResponse:
     choices = _submit_choices(request.user)
     if request.method == "POST":
-        form = SubmitForm(request.POST)
+        form = SubmitForm(request.POST, gpu_models=[r["model"] for r in choices["gpu_models"]])
         if form.is_valid():
             job = _submit(request, form)
             if job is not None:
                 messages.success(request, _("Job submitted."))
                 return redirect("frontend:job-detail", job_id=job.id)
     else:
-        form = SubmitForm(initial=_submit_defaults(request, choices))
+        form = SubmitForm(
+            initial=_submit_defaults(request, choices), gpu_models=[r["model"] for r in choices["gpu_models"]]
+        )
     return render(
         request,
         "frontend/job_submit.html",

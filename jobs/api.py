@@ -43,6 +43,12 @@ class JobSubmitSerializer(serializers.Serializer):
     tensorboard_logdir = serializers.CharField(max_length=500, required=False, allow_blank=True)
     mounts = serializers.ListField(child=serializers.DictField(), required=False)
     labels = serializers.DictField(child=serializers.CharField(), required=False)
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        max_length=16,
+        help_text="GPU models or families the job may run on (e.g. A100-SXM4-80GB, H100); empty = any",
+    )
     ci = serializers.DictField(required=False, help_text="whatever the pipeline passes, e.g. git commit")
 
     def validate(self, attrs):
@@ -81,6 +87,7 @@ class JobSerializer(serializers.ModelSerializer):
             "memory_mib",
             "exclusive",
             "replicas",
+            "gpu_models",
             "image_reference",
             "image_digest",
             "command",

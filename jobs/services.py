@@ -269,6 +269,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     labels = data.get("labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise ValidationFailed("labels must map strings to strings", code="invalid_labels", field="labels")
+    gpu_models = _gpu_models(data.get("gpu_models"))
     max_retries = int(data.get("max_retries") if data.get("max_retries") is not None else 2)
     if not 0 <= max_retries <= 10:
         raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
@@ -293,9 +294,39 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             tensorboard_logdir=str(data.get("tensorboard_logdir") or ""),
             mounts=list(data.get("mounts") or []),
             labels=labels,
+            gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
         )
     )
+
+
+def _gpu_models(value: Any) -> list[str]:
+    """The GPU models (or families, `A100`) a job may run on, each matching at least one model the pool has
+    or had; `"a|b"` and a list are both accepted. Empty: any model."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, str):
+        value = value.split("|")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValidationFailed(
+            "gpu_models must be a list of GPU model names", code="invalid_gpu_models", field="gpu_models"
+        )
+    wanted = list(dict.fromkeys(v.strip() for v in value if v.strip()))
+    if len(wanted) > 16 or any(len(v) > 100 or "\x00" in v for v in wanted):
+        raise ValidationFailed(
+            "gpu_models takes at most 16 names of at most 100 characters", code="invalid_gpu_models", field="gpu_models"
+        )
+    from scheduler.pool import model_matches
+
+    known = sorted(set(GPU.objects.values_list("model", flat=True)))
+    unknown = [w for w in wanted if not any(model_matches(w, m) for m in known)]
+    if unknown:
+        raise ValidationFailed(
+            f"no GPU of model {', '.join(unknown)} is in the pool; it has {', '.join(known) or 'no GPUs'}",
+            code="unknown_gpu_model",
+            field="gpu_models",
+        )
+    return wanted
 
 
 def request_fingerprint(data: dict[str, Any]) -> str:
@@ -532,7 +563,16 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         labels=dict(job.labels),
         gang=job.queue.gang and job.replicas > 1,
         secondary_network=job.queue.secondary_network,
+        gpu_products=_gpu_products(job, attempt),
     )
+
+
+def _gpu_products(job: Job, attempt: Attempt) -> list[str]:
+    """The product labels of the models a model-pinned job was placed on (GFD writes spaces as dashes)."""
+    if not job.gpu_models:
+        return []
+    models = {d.get("model", "") for d in attempt.placement.get("devices", [])}
+    return sorted(m.replace(" ", "-") for m in models if m)
 
 
 def attempt_start(*, attempt_id: int) -> None:
@@ -571,6 +611,7 @@ def attempt_start(*, attempt_id: int) -> None:
                 "cpu_milli": job.cpu_milli,
                 "memory_mib": job.memory_mib,
                 "replicas": job.replicas,
+                "gpu_models": job.gpu_models,
             },
             "command": job.command,
             "args": job.args,

@@ -178,6 +178,15 @@ class Plan:
     placement_calls: int = 0
     shape_hits: int = 0
 
+    def changes_anything(self) -> bool:
+        """Whether writing this plan would change a row: nothing to lock or write for a pass that only
+        confirms every waiting job's reason and place."""
+        return bool(
+            self.admissions
+            or self.probe_failures
+            or any(w.job.reason != w.code or w.job.position != w.position for w in self.waits)
+        )
+
 
 class Store(Protocol):
     """Where the waiting jobs come from and where the decisions go (jobs/dispatch.py)."""
@@ -495,6 +504,12 @@ def run_pass(*, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool
         decided = plan(backlog, pool)
         t2 = time.perf_counter()
         report.decide_s = t2 - t1
+        if not decided.changes_anything():
+            report.waiting = len(decided.waits)
+            report.placement_calls = decided.placement_calls
+            report.shape_hits = decided.shape_hits
+            report.total_s = time.perf_counter() - t0
+            return report
         try:
             with transaction.atomic(durable=True):
                 pool_lock()

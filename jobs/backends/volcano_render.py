@@ -487,6 +487,9 @@ def _claim_mount(mount: Mapping[str, Any], index: int) -> tuple[JSON, JSON]:
 # ------------------------------------------------------------------------------------------------ affinity
 
 
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
 def driver_alternatives(minimum: str) -> list[list[JSON]]:
     """Node-selector expressions (ORed lists) for "driver >= minimum" on GFD's numeric version labels."""
     parts = [int(p) for p in re.findall(r"\d+", minimum or "")][: len(DRIVER_LABELS)]
@@ -531,6 +534,8 @@ def _node_affinity(
         rack = shared_rack(all_nodes, node_labels, options.rack_labels)
         if rack is not None:
             base.append({"key": rack[0], "operator": "In", "values": [rack[1]]})
+    if desc.gpu_products:
+        base.append({"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(desc.gpu_products)})
     alternatives = driver_alternatives(desc.min_driver_version) or [[]]
     terms = []
     for alternative in alternatives:

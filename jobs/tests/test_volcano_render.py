@@ -312,6 +312,21 @@ def test_node_affinity_pins_the_placed_node_and_the_images_minimum_driver(node_d
     assert not _schedulable(template, "gpu-node-7", _driver_labels("560.28.03"))  # never off the placement
 
 
+@needs_crds
+def test_a_model_pinned_job_requires_the_gpu_product_label():
+    desc = describe(gpu_products=["NVIDIA-A100-SXM4-80GB"], min_driver_version="550.54.15")
+    job = render.render_job(desc, options())
+    crds.validate(copy.deepcopy(job))
+    template = templates(job)["main"]
+    validate_pod_template(template)
+    a100 = {**_driver_labels("560.28.03"), "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    h100 = {**_driver_labels("560.28.03"), "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert _schedulable(template, "gpu-node-0", a100)
+    assert not _schedulable(template, "gpu-node-0", h100)
+    unpinned = templates(render.render_job(describe(), options()))["main"]
+    assert "nvidia.com/gpu.product" not in json.dumps(unpinned)
+
+
 def test_distributed_workers_stay_in_the_rack_of_their_placement():
     desc = describe("guaranteed", replicas=3)
     racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"} for i in range(3)}

@@ -1,0 +1,233 @@
+"""The live dispatcher against real PostgreSQL: GPU-model constraints, host CPU and memory, one pass that reads
+nothing when the pool did not change, coalesced wake-ups, and the same placements as the in-memory allocator."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from cluster.inventory import GpuInfo, NodeInfo
+from cluster.models import GPU, LogicalDevice, Node
+from cluster.services import inventory_sync, node_cordon
+from jobs import services
+from jobs.dispatch import JobStore
+from jobs.models import Job
+from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from quotas.models import Queue, Team
+from scheduler import dispatch as scheduler
+from scheduler import policy
+from scheduler.pool import current, model_matches
+from trainyard.errors import ValidationFailed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+GIB = 1024
+
+
+def node(name: str, count: int, model: str, *, mib: int = 80 * GIB, cpu: int = 64000, mem: int = 512 * GIB):
+    gpus = tuple(GpuInfo(uuid=f"GPU-{name}-{i}", index=i, model=model, memory_mib=mib) for i in range(count))
+    return NodeInfo(
+        name=name,
+        emulated=True,
+        driver_version="550.54.15",
+        cuda_version="12.4",
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
+    )
+
+
+def fresh_pool(*infos: NodeInfo, backend: str = "volcano") -> None:
+    """Replace the seeded emulated node with the given nodes."""
+    Node.objects.all().delete()
+    for info in infos:
+        inventory_sync(info=info, backend=backend)
+
+
+def open_up(queue: str = "train", *, ordering: str = "backfill", explicit: bool = False) -> Queue:
+    big = {"gpu_milli": 10**7, "gpu_memory_mib": 10**10, "cpu_milli": 10**9, "memory_mib": 10**10}
+    Team.objects.filter(slug="demo").update(**big, max_running_jobs=10**6, max_jobs_per_user=10**6)
+    Queue.objects.filter(name=queue).update(**big, ordering=ordering, allow_explicit_request=explicit)
+    return Queue.objects.get(name=queue)
+
+
+def submit(user, **data) -> Job:
+    body = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]}
+    body.update(data)
+    job, _ = services.job_submit(user=user, data=body)
+    return job
+
+
+def placed_on(job: Job) -> list[tuple[str, int]]:
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    return [(d["node"], d["gpu_index"]) for d in attempt.placement["devices"]]
+
+
+@pytest.fixture(autouse=True)
+def _forget_pool():
+    scheduler.reset()
+    yield
+    scheduler.reset()
+
+
+def test_model_names_and_families_match_as_users_write_them():
+    assert model_matches("A100", "NVIDIA A100-SXM4-80GB")
+    assert model_matches("a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB")
+    assert not model_matches("A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB")
+    assert not model_matches("A10", "NVIDIA A100-SXM4-80GB")
+    assert model_matches("A10", "NVIDIA A10")
+    assert policy.Request.whole(1, gpu_model="V100M16|V100M32").gpu_model == frozenset({"V100M16", "V100M32"})
+
+
+def test_a_model_pinned_job_lands_on_that_model_and_waits_with_a_reason(platform):  # noqa: F811
+    fresh_pool(node("a100-0", 2, "NVIDIA A100-SXM4-80GB"), node("h100-0", 2, "NVIDIA H100 80GB HBM3"))
+    train = open_up()
+    jobs = [submit(platform, gpu_models=["H100"]) for _ in range(3)]
+    anywhere = submit(platform)
+    assert services.queue_dispatch(queue_id=train.id) == 3
+    assert {n for j in jobs[:2] for n, _ in placed_on(j)} == {"h100-0"}
+    assert placed_on(anywhere)[0][0] == "a100-0"
+    third = Job.objects.get(pk=jobs[2].pk)
+    assert third.state == "pending" and third.reason == "no_capacity"
+    assert "NVIDIA H100 80GB HBM3" in third.message
+
+    node_cordon(node_id=Node.objects.get(name="h100-0").id, actor="test")
+    services.queue_dispatch(queue_id=train.id)
+    third.refresh_from_db()
+    assert third.reason == "gpu_model_unavailable" and "H100" in third.message
+
+    with pytest.raises(ValidationFailed) as refused:
+        submit(platform, gpu_models=["B200"])
+    assert refused.value.code == "unknown_gpu_model" and "NVIDIA A100-SXM4-80GB" in str(refused.value)
+    with pytest.raises(ValidationFailed) as bad:
+        submit(platform, gpu_models={"model": "a100"})
+    assert bad.value.code == "invalid_gpu_models"
+    assert submit(platform, gpu_models="A100|H100").gpu_models == ["A100", "H100"]
+
+
+def test_host_cpu_and_memory_are_accounted_on_cluster_nodes(platform):  # noqa: F811
+    # 8 free cards but 20 cores: the guaranteed spec asks 8 cores per card, so only two 1-card jobs fit.
+    fresh_pool(node("small-cpu", 8, "NVIDIA A100-SXM4-80GB", cpu=20000))
+    train = open_up()
+    jobs = [submit(platform) for _ in range(3)]
+    assert services.queue_dispatch(queue_id=train.id) == 2
+    waiting = Job.objects.get(pk=jobs[2].pk)
+    assert waiting.state == "pending" and waiting.reason == "no_capacity"
+    devices = LogicalDevice.objects.filter(released_at__isnull=True)
+    assert sum(devices.values_list("cpu_milli", flat=True)) == 16000
+    # One finishes: its CPU comes back, and the waiting job fits.
+    services.job_cancel(job_id=jobs[0].id, actor="test")
+    assert services.queue_dispatch(queue_id=train.id) == 1
+
+
+def test_local_nodes_share_host_cpu_unless_asked(platform, settings):  # noqa: F811
+    fresh_pool(node("laptop", 4, "NVIDIA RTX 4090", mib=24 * GIB, cpu=2000), backend="local")
+    train = open_up()
+    jobs = [submit(platform) for _ in range(3)]
+    assert services.queue_dispatch(queue_id=train.id) == 3  # 8 cores per card asked, 2 cores present: shared
+    settings.TRAINYARD_LOCAL_ACCOUNT_HOST = True
+    scheduler.reset()
+    more = submit(platform)
+    assert services.queue_dispatch(queue_id=train.id) == 0
+    assert Job.objects.get(pk=more.pk).reason == "no_capacity"
+    assert len(jobs) == 3
+
+
+def test_a_pass_over_jobs_that_do_not_fit_reads_no_pool_rows_and_writes_nothing(platform):  # noqa: F811
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    train = open_up()
+    for _ in range(2):
+        submit(platform)
+    assert services.queue_dispatch(queue_id=train.id) == 2
+    for _ in range(40):
+        submit(platform, gpus=2)
+    services.queue_dispatch(queue_id=train.id)  # records their reasons and positions once
+    with CaptureQueriesContext(connection) as queries:
+        assert services.queue_dispatch(queue_id=train.id) == 0
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert not any("cluster_gpu" in s or "cluster_logicaldevice" in s or 'FROM "cluster_node"' in s for s in sql)
+    assert not any(s.lstrip().upper().startswith(("UPDATE", "INSERT")) for s in sql)
+    assert len(sql) <= 12, "\n".join(s[:90] for s in sql)
+    assert list(
+        Job.objects.filter(state="pending").order_by("queue_position").values_list("queue_position", flat=True)
+    ) == list(range(1, 41))
+
+
+def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue):  # noqa: F811
+    import redis
+    from django.conf import settings as dj_settings
+    from django.core.cache import cache
+
+    from trainyard import wake
+
+    client = redis.Redis.from_url(dj_settings.CELERY_BROKER_URL)
+    client.delete(_isolated_broker_queue)
+    cache.delete(wake.WAKE_KEY)
+    for _ in range(50):
+        wake.dispatch_soon()
+    assert client.llen(_isolated_broker_queue) == 1
+    wake.dispatch_started()  # the queued pass begins: the next request queues one more
+    wake.dispatch_soon()
+    assert client.llen(_isolated_broker_queue) == 2
+    client.delete(_isolated_broker_queue)
+    cache.delete(wake.WAKE_KEY)
+
+
+def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(platform):  # noqa: F811
+    """A small made-up trace (mixed models, shares, multi-card jobs, CPU-heavy jobs) through job_submit and the
+    live dispatcher, and through the in-memory Allocator with the same workload: placement by placement."""
+    specs = [
+        node("a-0", 8, "NVIDIA A100-SXM4-80GB", cpu=96000, mem=1024 * GIB),
+        node("a-1", 8, "NVIDIA A100-SXM4-80GB", cpu=64000, mem=512 * GIB),
+        node("v-0", 4, "Tesla V100-SXM2-32GB", mib=32 * GIB, cpu=32000, mem=256 * GIB),
+        node("v-1", 2, "Tesla V100-SXM2-32GB", mib=32 * GIB, cpu=16000, mem=128 * GIB),
+        node("t-0", 2, "Tesla T4", mib=16 * GIB, cpu=24000, mem=96 * GIB),
+    ]
+    fresh_pool(*specs)
+    open_up(explicit=True)
+    rng = random.Random(7)
+    jobs = []
+    for i in range(70):
+        kind = rng.random()
+        models = rng.choice([[], [], ["A100"], ["Tesla V100-SXM2-32GB", "Tesla T4"]])
+        if kind < 0.5:
+            milli = rng.choice([250, 300, 500, 750])
+            data = {"spec": None, "gpu_milli": milli, "gpu_memory_mib": rng.choice([2048, 8192, 12288])}
+            data.update(cpu_milli=rng.choice([2000, 4000, 12000]), memory_mib=rng.choice([8192, 32768]))
+        elif kind < 0.8:
+            data = {"spec": None, "gpu_milli": 1000, "gpu_memory_mib": 16 * GIB, "cpu_milli": rng.choice([4000, 30000])}
+        else:
+            data = {"spec": "guaranteed", "gpus": rng.choice([2, 4])}
+        if models:
+            data["gpu_models"] = models
+        jobs.append(submit(platform, name=f"trace-{i}", **data))
+
+    pool = current()
+    store = JobStore()
+    backlog = store.backlog(queue_ids=None)
+    pool.sync(lambda p: scheduler.workload(store, p))
+    weights = dict(pool.workload.weights)
+    waiting = [w for line in backlog.waiting.values() for w in line]
+
+    nodes = [
+        policy.Node.empty(s.name, len(s.gpus), s.cpu_milli, s.memory_mib, s.gpus[0].model, s.gpus[0].memory_mib)
+        for s in sorted(specs, key=lambda s: s.name)
+    ]
+    alloc = policy.Allocator(nodes, "fgd", policy.Workload(weights))
+    expected = {}
+    for w in waiting:
+        models = pool.resolve_models(w.gpu_models) if w.gpu_models else None
+        placement = alloc.place(scheduler.request_of(w, models))
+        expected[w.id] = None if placement is None else [(placement.node, i) for i in placement.gpu_indices]
+
+    scheduler.reset()
+    services.queue_dispatch()
+    live = {}
+    for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
+        live[job.id] = placed_on(job) if job.state == "admitted" else None
+    assert sum(1 for v in live.values() if v) >= 12 and any(v is None for v in live.values())
+    mismatches = [(str(k)[:8], expected[k], live[k]) for k in expected if expected[k] != live[k]]
+    assert not mismatches
+    assert GPU.objects.count() == 24
