@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-logs lock
+.PHONY: run test test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-logs lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -35,10 +35,14 @@ migrations: venv
 web worker beat: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
 
-bench: bench-allocator bench-api bench-logs
+bench: bench-allocator bench-scheduler bench-api bench-logs
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
+
+# The live dispatch path on the trace's whole cluster (real PostgreSQL, job_submit, the dispatcher, a worker).
+bench-scheduler: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.scheduler
 
 bench-api: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.api

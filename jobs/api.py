@@ -30,6 +30,12 @@ class JobSubmitSerializer(serializers.Serializer):
     gpus = serializers.IntegerField(required=False, min_value=1, max_value=16, help_text="guaranteed tier only")
     gpu_milli = serializers.IntegerField(required=False, help_text="explicit request, where the queue allows")
     gpu_memory_mib = serializers.IntegerField(required=False)
+    cpu_milli = serializers.IntegerField(
+        required=False, min_value=1, help_text="explicit request: host CPU per replica"
+    )
+    memory_mib = serializers.IntegerField(
+        required=False, min_value=1, help_text="explicit request: host memory per replica"
+    )
     replicas = serializers.IntegerField(required=False, min_value=1, max_value=64)
     image = serializers.CharField(max_length=300, help_text="a catalog image name or registry/repo:tag[@digest]")
     command = serializers.JSONField(help_text="argv list, or one shell-like string")

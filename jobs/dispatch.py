@@ -9,6 +9,8 @@ job that does not fit and whose reason stays the same.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -28,6 +30,7 @@ from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
 from scheduler import policy
 
+START_BATCH = 20  # attempts per start message
 SHAPE_FIELDS = (
     "replicas",
     "gpu_count",
@@ -213,18 +216,11 @@ class JobStore:
             .annotate(n=Max("number"))
             .values_list("job_id", "n")
         )
-        attempts = Attempt.objects.bulk_create(
-            [
-                Attempt(
-                    job_id=a.job.id,
-                    number=numbers.get(a.job.id, 0) + 1,
-                    backend=settings.TRAINYARD_BACKEND,
-                    node_id=a.node_id,
-                    placement={"devices": [s.as_dict() for s in a.slices]},
-                )
-                for a in admissions
-            ]
-        )
+        attempt_ids = _next_ids("jobs_attempt", len(admissions))
+        device_ids = iter(_next_ids("cluster_logicaldevice", sum(len(a.slices) for a in admissions)))
+        placements = [
+            {"devices": [{**s.as_dict(), "slice_id": next(device_ids)} for s in a.slices]} for a in admissions
+        ]
         reclaim = defaultdict(list)
         for a in admissions:
             for s in a.slices:
@@ -245,27 +241,40 @@ class JobStore:
                     for gpu_id, ds in reclaim.items()
                 ]
             )
-        devices = LogicalDevice.objects.bulk_create(
+        # COPY rather than INSERT: thousands of rows per pass cost milliseconds, not a second of SQL building.
+        _copy(
+            Attempt,
             [
-                LogicalDevice(
-                    gpu_id=s.gpu_id,
-                    attempt=attempt,
-                    compute_milli=s.compute_milli,
-                    memory_mib=s.memory_mib,
-                    exclusive=s.exclusive,
-                    cpu_milli=s.cpu_milli,
-                    host_memory_mib=s.host_memory_mib,
-                )
-                for a, attempt in zip(admissions, attempts, strict=True)
-                for s in a.slices
-            ]
+                {
+                    "id": attempt_id,
+                    "job_id": a.job.id,
+                    "number": numbers.get(a.job.id, 0) + 1,
+                    "backend": settings.TRAINYARD_BACKEND,
+                    "node_id": a.node_id,
+                    "placement": json.dumps(placement),
+                    "created_at": now,
+                }
+                for a, attempt_id, placement in zip(admissions, attempt_ids, placements, strict=True)
+            ],
         )
-        k = 0
-        for attempt in attempts:
-            for entry in attempt.placement["devices"]:
-                entry["slice_id"] = devices[k].id
-                k += 1
-        Attempt.objects.bulk_update(attempts, ["placement"], batch_size=500)
+        _copy(
+            LogicalDevice,
+            [
+                {
+                    "id": entry["slice_id"],
+                    "gpu_id": s.gpu_id,
+                    "attempt_id": attempt_id,
+                    "compute_milli": s.compute_milli,
+                    "memory_mib": s.memory_mib,
+                    "exclusive": s.exclusive,
+                    "cpu_milli": s.cpu_milli,
+                    "host_memory_mib": s.host_memory_mib,
+                    "created_at": now,
+                }
+                for a, attempt_id, placement in zip(admissions, attempt_ids, placements, strict=True)
+                for s, entry in zip(a.slices, placement["devices"], strict=True)
+            ],
+        )
         messages = [(a.job.id, f"admitted; placed on {', '.join(a.node_names)}") for a in admissions]
         _update_values(
             "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
@@ -274,22 +283,26 @@ class JobStore:
             messages,
             "(%s::uuid, %s)",
         )
-        JobEvent.objects.bulk_create(
+        _copy(
+            JobEvent,
             [
-                JobEvent(
-                    job_id=a.job.id,
-                    attempt=attempt,
-                    kind="state",
-                    actor="dispatcher",
-                    from_state=JobState.PENDING,
-                    to_state=JobState.ADMITTED,
-                    message=message,
-                    data=attempt.placement,
+                {
+                    "job_id": a.job.id,
+                    "attempt_id": attempt_id,
+                    "kind": "state",
+                    "actor": "dispatcher",
+                    "from_state": JobState.PENDING,
+                    "to_state": JobState.ADMITTED,
+                    "message": message,
+                    "data": json.dumps(placement),
+                    "at": now,
+                }
+                for a, attempt_id, placement, (_id, message) in zip(
+                    admissions, attempt_ids, placements, messages, strict=True
                 )
-                for a, attempt, (_id, message) in zip(admissions, attempts, messages, strict=True)
-            ]
+            ],
         )
-        self._attempts = {a.job.id: attempt.id for a, attempt in zip(admissions, attempts, strict=True)}
+        self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
 
     def _waits(self, waits: list[scheduler.Wait]) -> None:
@@ -322,13 +335,49 @@ class JobStore:
         attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
         self._attempts = {}
         if attempts:
-            from jobs.tasks import start_attempt
+            from jobs.tasks import start_attempts
 
+            # A message per batch: publishing costs about a millisecond each, and a pass may admit thousands.
             with current_app.producer_or_acquire() as producer:
-                for attempt_id in attempts:
-                    start_attempt.apply_async((attempt_id,), producer=producer)
+                queue = settings.TRAINYARD_START_QUEUE or None
+                for k in range(0, len(attempts), START_BATCH):
+                    start_attempts.apply_async((attempts[k : k + START_BATCH],), producer=producer, queue=queue)
         if admitted:
-            _broadcast_admitted([str(j) for j in admitted])
+            # Browsers learn of admissions a moment later, never at the cost of the next pass.
+            threading.Thread(
+                target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
+            ).start()
+
+
+def _next_ids(table: str, count: int) -> list[int]:
+    """`count` fresh ids from a table's own sequence."""
+    if not count:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
+        return [r[0] for r in cursor.fetchall()]
+
+
+def _copy(model, rows: list[dict]) -> None:
+    """Insert rows with COPY. Columns a row leaves out get the field's default, prepared once per column; JSON
+    values come as text. Every concrete column is written, so a field added later cannot be silently skipped."""
+    if not rows:
+        return
+    fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.attname not in rows[0])]
+    defaults = {}
+    for f in fields:
+        if f.attname not in rows[0]:
+            value = f.get_db_prep_save(f.get_default(), connection)
+            defaults[f.attname] = value.obj if hasattr(value, "obj") and f.get_internal_type() == "JSONField" else value
+            if f.get_internal_type() == "JSONField":
+                defaults[f.attname] = json.dumps(defaults[f.attname])
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    names = [f.attname for f in fields]
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        with raw.copy(f"COPY {model._meta.db_table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([row[n] if n in row else defaults[n] for n in names])
 
 
 def _update_values(sql: str, head: list, rows: list[tuple], row_sql: str, tail: list | None = None) -> list:

@@ -203,15 +203,27 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             raise ValidationFailed(
                 f"gpu_memory_mib must be 1..{card_mib}", code="invalid_gpu_memory", field="gpu_memory_mib"
             )
+        gpu_count = int(data.get("gpus") or 1)
+        if gpu_count < 1 or gpu_count > 16 or (gpu_count > 1 and milli != 1000):
+            raise ValidationFailed(
+                "an explicit request takes 1..16 whole GPUs (gpu_milli 1000), or a share of one",
+                code="invalid_gpus",
+                field="gpus",
+            )
+        cpu_milli, host_memory = int(data.get("cpu_milli") or 2000), int(data.get("memory_mib") or 8192)
+        if cpu_milli < 1 or host_memory < 1:
+            raise ValidationFailed(
+                "cpu_milli and memory_mib must be positive", code="invalid_host_request", field="cpu_milli"
+            )
         request = dict(
             spec=None,
-            gpu_count=1,
+            gpu_count=gpu_count,
             gpu_milli=milli,
             exclusive=milli == 1000,
             gpu_memory_eighths=None,
             gpu_memory_mib=card_mib if milli == 1000 else memory,
-            cpu_milli=int(data.get("cpu_milli") or 2000),
-            memory_mib=int(data.get("memory_mib") or 8192),
+            cpu_milli=cpu_milli,
+            memory_mib=host_memory,
         )
         default_timeout = queue.default_timeout_s
     else:

@@ -43,6 +43,16 @@ def start_attempt(attempt_id: int) -> None:
     services.attempt_start(attempt_id=attempt_id)
 
 
+@shared_task(name="jobs.start_attempts", acks_late=True)
+def start_attempts(attempt_ids: list[int]) -> None:
+    """Start a dispatch pass's admitted attempts; one that fails to start is retried on its own."""
+    for attempt_id in attempt_ids:
+        try:
+            services.attempt_start(attempt_id=attempt_id)
+        except Exception:  # noqa: BLE001 - the others of the batch still start
+            start_attempt.apply_async((attempt_id,), countdown=2)
+
+
 @shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
 def observe_attempts() -> int:
     return services.attempts_observe()

@@ -197,6 +197,8 @@ TRAINYARD_LOCAL_ACCOUNT_HOST = env.bool("TRAINYARD_LOCAL_ACCOUNT_HOST", default=
 # most this often (scheduler/dispatch.py).
 TRAINYARD_WORKLOAD_WINDOW_H = env.float("TRAINYARD_WORKLOAD_WINDOW_H", default=72.0)
 TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default=300.0)
+# Celery queue for attempt starts (empty: the default queue), so start workers can be scaled apart from dispatch.
+TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
 TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)

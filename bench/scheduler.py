@@ -1,0 +1,451 @@
+"""Live scheduler benchmark: the dispatch path production runs, on the trace's whole GPU cluster.
+
+What runs: a dedicated database (``<db>_bench_scheduler`` on the server of ``$DATABASE_URL``, dropped and created
+afresh, migrated, seeded); the openb trace's 1,213 GPU nodes and 6,212 GPUs as Node/GPU rows (cluster nodes: host
+CPU and memory reserved per job); jobs submitted through ``job_submit`` (full validation, Job and event rows), and
+the real dispatcher (``jobs.dispatch`` -> ``scheduler.dispatch.run_pass``) deciding and writing.
+
+1. Replay: the trace's GPU pods (CPU-only pods are not jobs on this platform and are left out; the in-memory side
+   leaves them out too) inflated by resampling to 105% of the GPU capacity and shuffled (seed 0), submitted in
+   arrival order to one backfill queue, then dispatched until a pass admits nothing. Reported: admissions per
+   second of dispatch time, and the unallocated GPU share when the arrived GPU requests reach 100% of capacity,
+   next to the in-memory ``Allocator`` fed the same requests in the same order with the same workload.
+2. Backlog passes: 1,000 / 5,000 / 20,000 waiting jobs that do not fit (trace shapes on the full cluster, copied
+   from submitted jobs by bulk insert to keep the set-up short), a pass each: total time, the pool lock's hold
+   time (the write), queries per pass. The first pass writes every reason and position; the second is steady.
+3. Latency: 5,000 jobs waiting, the cluster emptied, 100 submissions/s for 20 s through ``job_submit`` in this
+   process while a real Celery worker process runs the coalesced dispatch passes; submit-to-admitted p50/p99
+   from the rows' own timestamps.
+
+Run: ``make bench-scheduler`` (``--quick`` for a smaller replay). Results: ``bench/results/scheduler.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as py_platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.allocator import NODE_FILE, POD_FILE, arrivals, load_trace, trace_dir_from_env, write_json
+from bench.api import bench_database_url, drop_database, recreate_database, setup_django
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "scheduler.json"
+TARGETS = {"admissions_per_s": 1000.0, "pass_5000_ms": 250.0, "submit_p99_s": 1.0, "share_gap_pp": 0.1}
+GPU_MIB = 32 * 1024
+
+
+class QueryCounter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.n += 1
+        return execute(sql, params, many, context)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    k = max(0, min(len(ordered) - 1, int(round(pct / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def load_cluster(nodes) -> None:
+    from cluster.models import GPU, Node
+
+    Node.objects.all().delete()
+    rows = Node.objects.bulk_create(
+        [
+            Node(
+                name=n.name,
+                backend="volcano",
+                driver_version="550.54.15",
+                cuda_version="12.4",
+                cpu_milli=n.cpu_milli,
+                memory_mib=n.memory_mib or 0,
+            )
+            for n in nodes
+        ]
+    )
+    GPU.objects.bulk_create(
+        [
+            GPU(node=row, uuid=f"GPU-{n.name}-{i}", index=i, model=n.gpu_model or "unknown", memory_mib=GPU_MIB)
+            for n, row in zip(nodes, rows, strict=True)
+            for i in range(n.num_gpus)
+        ]
+    )
+
+
+def job_body(req) -> dict:
+    body = {
+        "team": "demo",
+        "queue": "train",
+        "image": "python-3.11",
+        "command": ["true"],
+        "spec": None,
+        "gpu_milli": req.gpu_milli,
+        "gpu_memory_mib": 1,
+        "cpu_milli": max(1, req.cpu_milli),
+        "memory_mib": max(1, req.memory_mib),
+    }
+    if req.num_gpus > 1:
+        body["gpus"] = req.num_gpus
+    if req.gpu_model:
+        body["gpu_models"] = sorted(req.gpu_model)
+    return body
+
+
+def open_queue() -> None:
+    from quotas.models import Queue, Team
+
+    big = {"gpu_milli": 2 * 10**9, "gpu_memory_mib": 10**12, "cpu_milli": 2 * 10**9, "memory_mib": 10**12}
+    Team.objects.filter(slug="demo").update(**big, max_running_jobs=10**7, max_jobs_per_user=10**7)
+    Queue.objects.filter(name="train").update(**big, ordering="backfill", allow_explicit_request=True)
+
+
+def run_passes(*, max_passes: int = 50) -> list:
+    from jobs.dispatch import dispatch
+
+    reports = []
+    for _ in range(max_passes):
+        report = dispatch()
+        reports.append(report)
+        if report.admitted == 0:
+            break
+    return reports
+
+
+def replay(user, nodes, pods, seed: int, limit: int | None) -> dict:
+    from django.db import connection
+
+    from jobs.models import Job
+    from jobs.services import job_submit
+    from scheduler import dispatch as scheduler
+    from scheduler import policy
+    from scheduler.pool import current
+
+    gpu_pods = [p for p in pods if p.num_gpus]
+    capacity = policy.FULL_MILLI * sum(n.num_gpus for n in nodes)
+    sequence = arrivals(gpu_pods, capacity, random.Random(seed))
+    if limit:
+        sequence = sequence[:limit]
+    t0 = time.perf_counter()
+    ids = []
+    for req in sequence:
+        job, _ = job_submit(user=user, data=job_body(req))
+        ids.append(job.id)
+    submit_s = time.perf_counter() - t0
+    print(f"replay: submitted {len(ids)} jobs through job_submit in {submit_s:.1f} s", flush=True)
+
+    counter = QueryCounter()
+    scheduler.reset()
+    with connection.execute_wrapper(counter):
+        t1 = time.perf_counter()
+        reports = run_passes()
+        dispatch_s = time.perf_counter() - t1
+    admitted = sum(r.admitted for r in reports)
+
+    # The unallocated share at 100% arrived, live: from the admitted rows, in arrival order.
+    state = dict(Job.objects.filter(id__in=ids).values_list("id", "state"))
+    live_share = share_at_capacity(sequence, [state[i] == "admitted" for i in ids], capacity)
+
+    # The in-memory allocator on the same requests, order and workload.
+    pool = current()
+    weights = dict(pool.workload.weights)
+    cluster = [policy.Node.empty(n.name, n.num_gpus, n.cpu_milli, n.memory_mib, n.gpu_model, GPU_MIB) for n in nodes]
+    cluster.sort(key=lambda n: n.name)
+    alloc = policy.Allocator(cluster, "fgd", policy.Workload(weights))
+    c0 = time.process_time()
+    t2 = time.perf_counter()
+    placed = []
+    for req in sequence:
+        request = policy.Request(
+            req.num_gpus,
+            req.gpu_milli,
+            max(1, req.cpu_milli),
+            max(1, req.memory_mib),
+            1 if req.gpu_milli < 1000 else 0,
+            req.gpu_model,
+        )
+        placed.append(alloc.place(request) is not None)
+    mem_s, mem_cpu_s = time.perf_counter() - t2, time.process_time() - c0
+    memory_share = share_at_capacity(sequence, placed, capacity)
+    same = sum(1 for a, b in zip(placed, [state[i] == "admitted" for i in ids], strict=True) if a == b)
+    return {
+        "jobs_submitted": len(ids),
+        "submit_s": round(submit_s, 1),
+        "passes": len(reports),
+        "admitted": admitted,
+        "dispatch_s": round(dispatch_s, 3),
+        "admissions_per_s": round(admitted / dispatch_s, 1) if dispatch_s else None,
+        "first_pass": {
+            "read_ms": round(reports[0].read_s * 1000, 1),
+            "decide_ms": round(reports[0].decide_s * 1000, 1),
+            "write_ms": round(reports[0].write_s * 1000, 1),
+        },
+        "queries": counter.n,
+        "queries_per_pass": round(counter.n / len(reports), 1),
+        "live_unallocated_pct_at_100": round(live_share, 3),
+        "in_memory_unallocated_pct_at_100": round(memory_share, 3),
+        "gap_pp": round(abs(live_share - memory_share), 3),
+        "same_outcome_jobs": same,
+        "in_memory_decisions_per_s": round(len(sequence) / mem_s, 1),
+        "in_memory_decisions_per_cpu_s": round(len(sequence) / mem_cpu_s, 1) if mem_cpu_s else None,
+    }
+
+
+def share_at_capacity(sequence, placed: list[bool], capacity: int) -> float:
+    arrived = allocated = 0
+    for req, ok in zip(sequence, placed, strict=True):
+        demand = req.gpu_demand_milli
+        if arrived + demand >= capacity:
+            got = allocated + ((capacity - arrived) if ok else 0)
+            return 100.0 * (capacity - got) / capacity
+        arrived += demand
+        if ok:
+            allocated += demand
+    return 100.0 * (capacity - allocated) / capacity
+
+
+def backlog(user, pods, sizes: list[int]) -> list[dict]:
+    """Waiting jobs that do not fit, copied (bulk insert) from jobs submitted through job_submit."""
+    from django.db import connection
+
+    from jobs.dispatch import dispatch
+    from jobs.models import Job
+    from jobs.services import job_submit
+    from scheduler import dispatch as scheduler
+
+    rng = random.Random(1)
+    templates = []
+    for req in rng.sample([p for p in pods if p.num_gpus], 200):
+        job, _ = job_submit(user=user, data=job_body(req))
+        templates.append(job)
+    run_passes()  # whatever of them fits is admitted; the rest wait
+    waiting = list(Job.objects.filter(state="pending"))
+    if not waiting:
+        raise SystemExit("bench: the cluster took every template job; nothing to build a backlog from")
+    rows = []
+    out = []
+    have = Job.objects.filter(state="pending").count()
+    for size in sizes:
+        need = size - have
+        fields = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at"}]
+        while need > 0:
+            batch = []
+            for _ in range(min(need, 2000)):
+                src = rng.choice(waiting)
+                clone = Job(**{f: getattr(src, f) for f in fields})
+                clone.pk = None
+                clone.idempotency_key = None
+                clone.queue_position = None
+                clone.reason = "queued"
+                batch.append(clone)
+            for clone in batch:
+                import uuid
+
+                clone.id = uuid.uuid4()
+            Job.objects.bulk_create(batch)
+            need -= len(batch)
+        have = Job.objects.filter(state="pending").count()
+        scheduler.reset()
+        row = {"waiting": have}
+        for label in ("first", "steady", "steady_again"):
+            counter = QueryCounter()
+            with connection.execute_wrapper(counter):
+                report = dispatch()
+            row[label] = {
+                "pass_ms": round(report.total_s * 1000, 1),
+                "lock_hold_ms": round(report.write_s * 1000, 1),
+                "read_ms": round(report.read_s * 1000, 1),
+                "decide_ms": round(report.decide_s * 1000, 1),
+                "admitted": report.admitted,
+                "placement_calls": report.placement_calls,
+                "shape_cache_hits": report.shape_hits,
+                "queries": counter.n,
+            }
+        print(
+            f"backlog {have:>6}: first pass {row['first']['pass_ms']:8.1f} ms "
+            f"(lock {row['first']['lock_hold_ms']:.1f} ms), steady {row['steady']['pass_ms']:7.1f} ms "
+            f"({row['steady']['queries']} queries)",
+            flush=True,
+        )
+        rows.append(row)
+        out = rows
+    del rows
+    return out
+
+
+def latency(user, pods, *, rate: float, seconds: float, waiting: int) -> dict:
+    """100 submissions/s while `waiting` jobs wait; a real worker process runs the dispatch passes."""
+    from django.conf import settings
+    from django.db import connection
+
+    from jobs.models import Job
+
+    # Empty the cluster: every admitted job is cancelled (its slices released), the waiting ones stay.
+    from jobs.services import job_cancel, job_submit
+    from scheduler import dispatch as scheduler
+
+    for jid in list(Job.objects.filter(state="admitted").values_list("id", flat=True)):
+        job_cancel(job_id=jid, actor="bench")
+    big = [p for p in pods if p.num_gpus == 8]
+    pending = Job.objects.filter(state="pending").count()
+    # Waiting jobs that cannot fit even on an empty cluster (more than a node's 8 cards), so the empty cluster
+    # admits only the new submissions and the backlog stays `waiting` long.
+    Job.objects.filter(state="pending").update(gpu_count=16, exclusive=True, gpu_milli=1000, total_gpu_milli=16000)
+    scheduler.reset()
+    env = {**os.environ, "TRAINYARD_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE}
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "trainyard",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+            "-Q",
+            settings.CELERY_TASK_DEFAULT_QUEUE,
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        time.sleep(6)
+        rng = random.Random(2)
+        small = [p for p in pods if p.num_gpus == 1 and p.gpu_milli < 1000] or big
+        ids, lag = [], []
+        start = time.perf_counter()
+        n = int(rate * seconds)
+        for k in range(n):
+            due = start + k / rate
+            now = time.perf_counter()
+            if due > now:
+                time.sleep(due - now)
+            lag.append(max(0.0, time.perf_counter() - due))
+            job, _ = job_submit(user=user, data=job_body(rng.choice(small)))
+            ids.append(job.id)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not Job.objects.filter(id__in=ids, state="pending").exists():
+                break
+            time.sleep(0.2)
+        rows = list(Job.objects.filter(id__in=ids).values_list("submitted_at", "admitted_at"))
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+    connection.close()
+    waits = [(a - s).total_seconds() for s, a in rows if a is not None]
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "waiting_before": pending,
+        "waiting_jobs_do_not_fit": True,
+        "submitted": len(ids),
+        "admitted": len(waits),
+        "p50_s": round(percentile(waits, 50), 3),
+        "p99_s": round(percentile(waits, 99), 3),
+        "max_s": round(max(waits), 3) if waits else None,
+        "submitter_lag_p99_s": round(percentile(lag, 99), 3),
+        "note": "submit-to-admitted from the Job rows' submitted_at and admitted_at; the dispatch passes run in a "
+        "separate Celery worker process woken by the coalesced requests",
+        "waiting": waiting,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 2,000-job replay and smaller backlogs")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--keep-database", action="store_true")
+    args = parser.parse_args(argv)
+
+    trace_dir = trace_dir_from_env()
+    missing = [f for f in (NODE_FILE, POD_FILE) if not (trace_dir / f).is_file()]
+    if missing:
+        print(f"scheduler benchmark skipped: trace not found ({', '.join(missing)} missing in {trace_dir})")
+        return 1 if os.environ.get("CI") == "true" else 0
+    configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
+    url = bench_database_url(configured, f"{(configured.rsplit('/', 1)[-1] or 'trainyard')}_bench_scheduler")
+    recreate_database(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ["TRAINYARD_START_QUEUE"] = "bench-scheduler-starts"  # nobody starts the attempts: no backend here
+    os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-scheduler-{os.getpid()}"
+    os.environ["TRAINYARD_WORKLOAD_REFRESH_S"] = "3600"
+    setup_django()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from trainyard.seed import seed
+
+    call_command("migrate", verbosity=0, interactive=False)
+    seed(admin_password="bench-admin-pass", demo_password="bench-demo-pass")
+    user = get_user_model().objects.get(username="demo")
+    nodes, pods = load_trace(trace_dir)
+    load_cluster(nodes)
+    open_queue()
+    print(f"cluster: {len(nodes)} nodes, {sum(n.num_gpus for n in nodes)} GPUs as rows", flush=True)
+    results: dict = {"benchmark": "scheduler (live path)"}
+    try:
+        results["replay"] = replay(user, nodes, pods, 0, 2000 if args.quick else None)
+        r = results["replay"]
+        print(
+            f"replay: {r['admitted']} admitted in {r['dispatch_s']} s of dispatch = {r['admissions_per_s']}/s; "
+            f"unallocated at 100%: live {r['live_unallocated_pct_at_100']}% vs in-memory "
+            f"{r['in_memory_unallocated_pct_at_100']}% (gap {r['gap_pp']} pp); {r['queries_per_pass']} queries/pass",
+            flush=True,
+        )
+        sizes = [1000, 5000] if args.quick else [1000, 5000, 20000]
+        results["backlog"] = backlog(user, pods, sizes)
+        # Latency with 5,000 waiting: trim the backlog to 5,000 first.
+        from jobs.models import Job
+
+        extra = list(Job.objects.filter(state="pending").values_list("id", flat=True)[5000:])
+        for start in range(0, len(extra), 5000):
+            Job.objects.filter(id__in=extra[start : start + 5000]).delete()
+        results["latency"] = latency(user, pods, rate=100.0, seconds=10.0 if args.quick else 20.0, waiting=5000)
+        lat = results["latency"]
+        print(f"latency at 100/s with {lat['waiting_before']} waiting: p50 {lat['p50_s']} s, p99 {lat['p99_s']} s")
+    finally:
+        if not args.keep_database:
+            drop_database(url)
+    pass5000 = next((b for b in results.get("backlog", []) if b["waiting"] >= 5000), None)
+    results["targets"] = {
+        **TARGETS,
+        "admissions_per_s_met": (results["replay"]["admissions_per_s"] or 0) >= TARGETS["admissions_per_s"],
+        "pass_5000_met": pass5000 is not None and pass5000["steady"]["pass_ms"] <= TARGETS["pass_5000_ms"],
+        "submit_p99_met": results["latency"]["p99_s"] <= TARGETS["submit_p99_s"],
+        "share_gap_met": results["replay"]["gap_pp"] <= TARGETS["share_gap_pp"],
+    }
+    results["environment"] = {
+        "python": py_platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "quick": args.quick,
+    }
+    write_json(args.output, results)
+    print(json.dumps(results["targets"], indent=1))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
