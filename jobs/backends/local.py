@@ -183,7 +183,7 @@ class LocalBackend:
                 else:
                     result[ref] = Observation(
                         phase="lost",
-                        reason="SupervisorLost",
+                        reason="Lost",
                         message="the local supervisor died without an exit status; every process of the attempt "
                         "was killed",
                         ended_at=time.time(),
