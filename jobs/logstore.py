@@ -73,7 +73,8 @@ class LogWriter:
         self.budget_lines = budget_lines if budget_lines is not None else settings.TRAINYARD_LOG_DAILY_LINES
         self.meta = LogMeta.read(folder)
         self.meta.closed = False
-        self._job_budget = folder.parent / "budget.json"
+        # In the store's layout (<job>/attempt-<n>) the day's counts are the job's, shared by its attempts.
+        self._job_budget = folder.parent / "budget.json" if folder.name.startswith("attempt-") else None
         self._load_job_budget()
         self._file = open(folder / "log", "ab")  # noqa: SIM115 - lives as long as the writer
         self._ring: deque[bytes] | None = None
@@ -88,6 +89,8 @@ class LogWriter:
 
     def _load_job_budget(self) -> None:
         """Start today's counts from what earlier attempts of the job used today."""
+        if self._job_budget is None:
+            return
         try:
             used = json.loads(self._job_budget.read_text())
         except (OSError, ValueError):
@@ -167,7 +170,7 @@ class LogWriter:
             self.meta.first_line = 1
         self._last_meta = time.monotonic()
         _atomic_write(self.folder / "meta.json", json.dumps(asdict(self.meta)).encode())
-        if self.meta.day:
+        if self.meta.day and self._job_budget is not None:
             used = {"day": self.meta.day, "lines": self.meta.day_lines, "bytes": self.meta.day_bytes}
             _atomic_write(self._job_budget, json.dumps(used).encode())
 
