@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-logs lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-logs lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -13,6 +13,10 @@ run: venv
 
 test: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fault suite alone (also part of `make test`): real processes, PostgreSQL and Redis stopped and started.
+test-faults: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -m faults $(PYTEST_ARGS) tests/faults
 
 # Real-GPU checks (NVML inventory and collector, CUDA jobs on the cards they were placed on); skipped without a GPU.
 test-gpu: venv

@@ -15,8 +15,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from jobs.lifecycle import job_cancel
 from jobs.models import Attempt, FailureRule, Job, JobEvent
-from jobs.services import job_cancel
 from jobs.states import JobState
 from trainyard.errors import DomainError
 

@@ -14,7 +14,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs import logstore, selectors, services
+from jobs import lifecycle, logstore, selectors, services
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobState
 from quotas.models import Queue, ResourceSpec, Team
@@ -340,7 +340,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         """Cancel a pending or running job (409 when it already finished)."""
         job = self.get_object()
         with transaction.atomic(durable=True):
-            job = services.job_cancel(job_id=job.id, actor=request.user.username)
+            job = lifecycle.job_cancel(job_id=job.id, actor=request.user.username)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={201: JobDetailSerializer})

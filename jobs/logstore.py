@@ -6,8 +6,9 @@ Layout of `<root>/<job_id>/attempt-<n>/`:
 - `meta.json`: counts, and `first_line`: the number of the first kept line (1 until lines were dropped).
   A lazy flush (the runner's, after each read) rewrites it at most every `RING_FLUSH_S`; `close` always does.
 
-Each job has a daily budget (bytes and lines, settings). Past it the writer switches to a ring: it keeps
-only the last `RING_LINES` lines (in memory, bounded) and rewrites `log` with them now and then and on
+Each job has a daily budget (bytes and lines, settings), counted per job per UTC day across its attempts in
+`<root>/<job_id>/budget.json` (attempts of a job never write at once). Past it the writer switches to a ring: it
+keeps only the last `RING_LINES` lines (in memory, bounded) and rewrites `log` with them now and then and on
 close, recording how many lines and bytes were dropped. Memory stays bounded however much a job prints.
 """
 
@@ -72,6 +73,9 @@ class LogWriter:
         self.budget_lines = budget_lines if budget_lines is not None else settings.TRAINYARD_LOG_DAILY_LINES
         self.meta = LogMeta.read(folder)
         self.meta.closed = False
+        # In the store's layout (<job>/attempt-<n>) the day's counts are the job's, shared by its attempts.
+        self._job_budget = folder.parent / "budget.json" if folder.name.startswith("attempt-") else None
+        self._load_job_budget()
         self._file = open(folder / "log", "ab")  # noqa: SIM115 - lives as long as the writer
         self._ring: deque[bytes] | None = None
         self._last_flush = 0.0
@@ -82,6 +86,21 @@ class LogWriter:
 
     def _today(self) -> str:
         return datetime.now(UTC).strftime("%Y-%m-%d")
+
+    def _load_job_budget(self) -> None:
+        """Start today's counts from what earlier attempts of the job used today."""
+        if self._job_budget is None:
+            return
+        try:
+            used = json.loads(self._job_budget.read_text())
+        except (OSError, ValueError):
+            return
+        day = used.get("day")
+        if day == self._today():
+            same = self.meta.day == day
+            self.meta.day_lines = max(self.meta.day_lines if same else 0, int(used.get("lines", 0)))
+            self.meta.day_bytes = max(self.meta.day_bytes if same else 0, int(used.get("bytes", 0)))
+            self.meta.day = day
 
     def write_line(self, line: bytes | str) -> None:
         data = line.encode("utf-8", "replace") if isinstance(line, str) else line
@@ -151,6 +170,16 @@ class LogWriter:
             self.meta.first_line = 1
         self._last_meta = time.monotonic()
         _atomic_write(self.folder / "meta.json", json.dumps(asdict(self.meta)).encode())
+        if self.meta.day and self._job_budget is not None:
+            used = {"day": self.meta.day, "lines": self.meta.day_lines, "bytes": self.meta.day_bytes}
+            _atomic_write(self._job_budget, json.dumps(used).encode())
+
+    def abandon(self) -> None:
+        """Drop the open file after a write failed (a full disk): nothing more is flushed."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self._file.closed:

@@ -11,6 +11,7 @@ from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 # Sorted: a frozenset's order changes between processes and would make migrations flap.
 TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
 FINISHED_VALUES = sorted(s.value for s in ATTEMPT_FINISHED)
+LIVE_VALUES = sorted(s.value for s in AttemptState if s not in ATTEMPT_FINISHED)
 
 
 class Job(models.Model):
@@ -134,7 +135,8 @@ class Attempt(models.Model):
     node = models.ForeignKey("cluster.Node", null=True, blank=True, on_delete=models.SET_NULL)
     placement = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="when its main process ended")
+    stop_requested_at = models.DateTimeField(null=True, blank=True, help_text="the last time a stop was asked")
     exit_code = models.IntegerField(null=True, blank=True)
     signal = models.IntegerField(null=True, blank=True)
     failure_class = models.CharField(max_length=10, choices=FailureClass.choices, blank=True)
@@ -151,6 +153,10 @@ class Attempt(models.Model):
                 condition=Q(state__in=FINISHED_VALUES, ended_at__isnull=False)
                 | (~Q(state__in=FINISHED_VALUES) & Q(ended_at__isnull=True)),
                 name="attempt_finished_iff_ended",
+            ),
+            # Fencing: a job never has two attempts placed, starting or running at once.
+            models.UniqueConstraint(
+                fields=["job"], condition=Q(state__in=LIVE_VALUES), name="attempt_one_live_per_job"
             ),
         ]
         indexes = [models.Index(fields=["state", "backend"], name="attempt_live_by_backend")]

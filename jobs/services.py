@@ -1,5 +1,5 @@
-"""Every change of a job's state: submit, transition, dispatch (admission + placement), start, observe,
-finish (classify, retry), cancel, time out, resubmit and reproduce.
+"""Every change of a job's state: submit, transition, dispatch (admission + placement), resubmit and reproduce.
+The attempt lifecycle (start, observe, finish, cancel, time out, reconcile) lives in `jobs.lifecycle`.
 
 `job_transition` is the only writer of `Job.state`. Dispatch runs under the pool lock with the queue and
 team rows locked, so concurrent submissions can never over-admit a hard quota.
@@ -12,7 +12,6 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -22,10 +21,9 @@ from django.utils import timezone
 
 from cluster import services as pool
 from cluster.models import GPU
-from jobs import classifier, reference
-from jobs.backends import AttemptDescription, Device, Observation, get_backend
+from jobs import reference
 from jobs.models import Attempt, Job, JobEvent
-from jobs.states import ALLOWED, TERMINAL, AttemptState, JobState, PendingReason
+from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
 from quotas import selectors as quota
 from quotas.models import Team
 from trainyard.errors import Conflict, NotFound, ValidationFailed
@@ -381,7 +379,8 @@ def job_submit(
             raise
         return _same_request_or_conflict(existing, fingerprint), False
     queue_id = job.queue_id
-    transaction.on_commit(lambda: _enqueue_dispatch(queue_id))
+    # The row is the promise: a broker that is down only delays the wake-up (the dispatcher's beat finds the job).
+    transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
     log.info("job_submitted", job_id=str(job.id), team=team.slug, queue=job.queue.name)
     return job, True
 
@@ -438,7 +437,7 @@ def _release(job: Job, *, why: str) -> None:
     if job.reserved:
         job.reserved = False
         queue_id = job.queue_id
-        transaction.on_commit(lambda: _enqueue_dispatch(queue_id))
+        transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
 
 
 def job_transition(
@@ -529,370 +528,6 @@ def _enqueue_start(attempt_id: int) -> None:
     start_attempt.delay(attempt_id)
 
 
-# ------------------------------------------------------------------------------------------- execution
-
-
-def describe_attempt(attempt: Attempt) -> AttemptDescription:
-    job = attempt.job
-    devices = [
-        Device(
-            gpu_uuid=d["gpu_uuid"],
-            gpu_index=d["gpu_index"],
-            node=d["node"],
-            compute_milli=d["compute_milli"],
-            memory_mib=d["memory_mib"],
-            exclusive=d["exclusive"],
-        )
-        for d in attempt.placement.get("devices", [])
-    ]
-    return AttemptDescription(
-        job_id=str(job.id),
-        attempt_id=attempt.id,
-        attempt_number=attempt.number,
-        name=job.name,
-        owner=job.owner.username,
-        team=job.team.slug,
-        namespace=job.team.namespace,
-        queue=job.queue.name,
-        volcano_queue=job.queue.volcano_name,
-        image=f"{job.image_reference}@{job.image_digest}" if job.image_digest else job.image_reference,
-        command=list(job.command),
-        args=list(job.args),
-        env=dict(job.env),
-        working_dir=job.working_dir,
-        replicas=job.replicas,
-        gpu_count=job.gpu_count,
-        exclusive=job.exclusive,
-        cpu_milli=job.cpu_milli,
-        memory_mib=job.memory_mib,
-        timeout_s=job.timeout_s,
-        priority=job.priority,
-        min_driver_version=job.min_driver_version,
-        tensorboard=job.tensorboard,
-        tensorboard_logdir=job.tensorboard_logdir,
-        devices=devices,
-        mounts=list(job.mounts),
-        labels=dict(job.labels),
-        gang=job.queue.gang and job.replicas > 1,
-        secondary_network=job.queue.secondary_network,
-        gpu_products=_gpu_products(job, attempt),
-    )
-
-
-def _gpu_products(job: Job, attempt: Attempt) -> list[str]:
-    """The product labels of the models a model-pinned job was placed on (GFD writes spaces as dashes)."""
-    if not job.gpu_models:
-        return []
-    models = {d.get("model", "") for d in attempt.placement.get("devices", [])}
-    return sorted(m.replace(" ", "-") for m in models if m)
-
-
-def attempt_start(*, attempt_id: int) -> None:
-    """Hand an admitted attempt to the backend and record the reproduce record."""
-    attempt = Attempt.objects.select_related("job__team", "job__queue", "job__owner", "job__spec", "node").get(
-        pk=attempt_id
-    )
-    job = attempt.job
-    if job.state != JobState.ADMITTED or attempt.state != AttemptState.PLACED:
-        return
-    desc = describe_attempt(attempt)
-    backend = get_backend(attempt.backend)
-    try:
-        ref = backend.submit(desc)
-    except Exception as exc:  # noqa: BLE001 - a backend failure is a platform failure of this attempt
-        log.exception("attempt_submit_failed", job_id=str(job.id), attempt=attempt.number)
-        attempt_finish(
-            attempt_id=attempt.id, obs=Observation(phase="failed", reason="SubmitError", message=str(exc)[:500])
-        )
-        return
-    with transaction.atomic():
-        now = timezone.now()
-        Attempt.objects.filter(pk=attempt.pk, state=AttemptState.PLACED).update(
-            state=AttemptState.STARTING, backend_ref=ref, started_at=now
-        )
-        node = attempt.node
-        reproduce = {
-            "image_reference": job.image_reference,
-            "image_digest": job.image_digest,
-            "image_pinned": bool(job.image_digest),
-            "spec": job.spec.name if job.spec else None,
-            "request": {
-                "gpu_count": job.gpu_count,
-                "gpu_milli": job.gpu_milli,
-                "gpu_memory_mib": job.gpu_memory_mib,
-                "cpu_milli": job.cpu_milli,
-                "memory_mib": job.memory_mib,
-                "replicas": job.replicas,
-                "gpu_models": job.gpu_models,
-            },
-            "command": job.command,
-            "args": job.args,
-            "env": job.env,
-            "working_dir": job.working_dir,
-            "placement": attempt.placement,
-            "node": node.name if node else None,
-            "driver_version": node.driver_version if node else None,
-            "cuda_version": node.cuda_version if node else None,
-            "emulated_gpus": bool(node and node.emulated),
-            "backend": attempt.backend,
-            "platform_version": settings.PLATFORM_VERSION,
-            "ci": job.ci,
-            "attempt": attempt.number,
-        }
-        Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
-        job_transition(
-            job_id=job.id,
-            to=JobState.STARTING,
-            actor="backend",
-            attempt=attempt,
-            message=f"handed to the {attempt.backend} backend as {ref}",
-        )
-        if job.tensorboard:
-            job_id = str(job.id)
-            transaction.on_commit(lambda: _enqueue_tensorboard(job_id))
-
-
-def _enqueue_tensorboard(job_id: str) -> None:
-    from jobs.tasks import issue_tensorboard
-
-    issue_tensorboard.delay(job_id)
-
-
-def attempts_observe(*, backend_name: str | None = None) -> int:
-    """Observe every live attempt of a backend in one batch and apply what changed."""
-    backend_name = backend_name or settings.TRAINYARD_BACKEND
-    live = list(
-        Attempt.objects.filter(backend=backend_name, state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(
-            backend_ref=""
-        )
-    )
-    if not live:
-        return 0
-    observations = get_backend(backend_name).observe([a.backend_ref for a in live])
-    changed = 0
-    for attempt in live:
-        obs = observations.get(attempt.backend_ref)
-        if obs is None:
-            continue
-        if obs.phase == "running" and attempt.state == AttemptState.STARTING:
-            with transaction.atomic():
-                Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(state=AttemptState.RUNNING)
-                job = Job.objects.get(pk=attempt.job_id)
-                if job.state == JobState.STARTING:
-                    job_transition(
-                        job_id=job.id,
-                        to=JobState.RUNNING,
-                        actor="backend",
-                        attempt=attempt,
-                        message=obs.message or "running",
-                    )
-            changed += 1
-        elif obs.finished:
-            attempt_finish(attempt_id=attempt.id, obs=obs)
-            changed += 1
-        elif obs.phase == "pending" and obs.message:
-            job = attempt.job
-            if job.message != obs.message:
-                Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
-                _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
-    return changed
-
-
-def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
-    """Record how an attempt ended; classify failures; retry, or finish the job."""
-    with transaction.atomic():
-        attempt = Attempt.objects.select_for_update().select_related("job").get(pk=attempt_id)
-        if attempt.is_finished:
-            return
-        job = Job.objects.select_for_update().get(pk=attempt.job_id)
-        now = timezone.now()
-        attempt.ended_at = now
-        attempt.exit_code = obs.exit_code
-        attempt.signal = obs.signal
-        attempt.reason = (obs.reason or "")[:200]
-        backend = get_backend(attempt.backend)
-        node_unhealthy = _attempt_hit_unhealthy_gpu(attempt)
-        if job.state == JobState.CANCELLING:
-            attempt.state = AttemptState.TIMED_OUT if job.reason == "timeout" else AttemptState.CANCELLED
-            attempt.save()
-            final = JobState.TIMED_OUT if job.reason == "timeout" else JobState.CANCELLED
-            job_transition(
-                job_id=job.id,
-                to=final,
-                actor="backend",
-                attempt=attempt,
-                reason=job.reason,
-                message="timed out and stopped" if final == JobState.TIMED_OUT else "cancelled",
-            )
-            return
-        if obs.phase == "succeeded":
-            attempt.state = AttemptState.SUCCEEDED
-            attempt.save()
-            Job.objects.filter(pk=job.pk).update(exit_code=obs.exit_code)
-            job_transition(
-                job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message="exit code 0"
-            )
-            return
-        tail = backend.log_tail(attempt.backend_ref) if attempt.backend_ref else ""
-        verdict = classifier.classify(
-            classifier.Observation(
-                exit_code=obs.exit_code,
-                signal=obs.signal,
-                reason=obs.reason,
-                log_tail=tail,
-                node_unhealthy=node_unhealthy,
-            )
-        )
-        attempt.state = AttemptState.LOST if obs.phase == "lost" else AttemptState.FAILED
-        attempt.failure_class = verdict.failure_class
-        attempt.reaction = verdict.reaction
-        attempt.rule = verdict.rule
-        attempt.save()
-        detail = _describe_exit(obs)
-        _event(
-            job,
-            "attempt_failed",
-            actor="classifier",
-            attempt=attempt,
-            level="warning",
-            message=f"attempt {attempt.number} {detail}: {verdict.failure_class} failure ({verdict.rule}); "
-            f"{verdict.reaction.replace('_', ' ')}",
-            data={
-                "failure_class": verdict.failure_class,
-                "reaction": verdict.reaction,
-                "rule": verdict.rule,
-                "exit_code": obs.exit_code,
-                "signal": obs.signal,
-                "reason": obs.reason,
-            },
-        )
-        retry = verdict.reaction != "no_retry" and job.retries_used < job.max_retries
-        Job.objects.filter(pk=job.pk).update(
-            exit_code=obs.exit_code, failure_class=verdict.failure_class, suggestion=verdict.suggestion
-        )
-        if not retry:
-            job_transition(
-                job_id=job.id,
-                to=JobState.FAILED,
-                actor="classifier",
-                attempt=attempt,
-                reason=f"{verdict.failure_class}_failure",
-                level="error",
-                message=f"{detail}. {verdict.suggestion}".strip(),
-            )
-            return
-        job = job_transition(
-            job_id=job.id,
-            to=JobState.RETRYING,
-            actor="classifier",
-            attempt=attempt,
-            reason=verdict.rule,
-            message=f"{detail}; retry {job.retries_used + 1} of {job.max_retries}",
-        )
-        updates: dict[str, Any] = {"retries_used": job.retries_used + 1}
-        if verdict.reaction == "retry_elsewhere":
-            uuids = [d["gpu_uuid"] for d in attempt.placement.get("devices", [])]
-            updates["excluded_gpus"] = sorted(set(job.excluded_gpus) | set(uuids))
-        Job.objects.filter(pk=job.pk).update(**updates)
-        job_transition(
-            job_id=job.id,
-            to=JobState.PENDING,
-            actor="classifier",
-            reason=PendingReason.QUEUED,
-            message="queued for another attempt" + (" on other GPUs" if "excluded_gpus" in updates else ""),
-        )
-        queue_id = job.queue_id
-        transaction.on_commit(lambda: _enqueue_dispatch(queue_id))
-
-
-def _describe_exit(obs: Observation) -> str:
-    if obs.signal:
-        return f"was killed by signal {obs.signal}"
-    if obs.exit_code is not None:
-        return f"exited with code {obs.exit_code}" + (f" ({obs.reason})" if obs.reason not in {"", "Error"} else "")
-    return f"ended: {obs.reason or 'unknown'}" + (f" — {obs.message}" if obs.message else "")
-
-
-def _attempt_hit_unhealthy_gpu(attempt: Attempt) -> bool:
-    uuids = [d["gpu_uuid"] for d in attempt.placement.get("devices", [])]
-    return GPU.objects.filter(uuid__in=uuids).exclude(health=GPU.Health.HEALTHY).exists()
-
-
-# ------------------------------------------------------------------------------------------- user actions
-
-
-def job_cancel(*, job_id, actor: str) -> Job:
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state in TERMINAL or job.state == JobState.CANCELLING:
-            if job.state == JobState.CANCELLED or job.state == JobState.CANCELLING:
-                return job
-            raise InvalidTransition(
-                f"the job already {job.state.replace('_', ' ')}", from_state=job.state, to_state=JobState.CANCELLED
-            )
-        live = (
-            job.attempts.filter(state__in=[AttemptState.STARTING, AttemptState.RUNNING]).exclude(backend_ref="").first()
-        )
-        if live is None:
-            for attempt in job.attempts.filter(state=AttemptState.PLACED):
-                Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.CANCELLED, ended_at=timezone.now())
-            return job_transition(
-                job_id=job.id,
-                to=JobState.CANCELLED,
-                actor=actor,
-                reason="cancelled_by_user",
-                message=f"cancelled by {actor}",
-            )
-        job = job_transition(
-            job_id=job.id,
-            to=JobState.CANCELLING,
-            actor=actor,
-            reason="cancelled_by_user",
-            message=f"cancel requested by {actor}",
-        )
-        attempt_stop_on_commit(live)
-        return job
-
-
-def attempt_stop_on_commit(attempt: Attempt, *, reason: str = "", robust: bool = False) -> None:
-    """Ask the backend to stop the attempt once this transaction commits; `reason` is what its observation will
-    report (see Backend.cancel). `robust`: a failing stop is logged instead of raised (the observer settles it)."""
-    backend_name, ref = attempt.backend, attempt.backend_ref
-
-    def stop() -> None:
-        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
-
-    transaction.on_commit(stop, robust=robust)
-
-
-def timeouts_enforce() -> int:
-    """Stop every job past its wall-clock limit; it ends as timed_out once the backend confirms."""
-    expired = list(
-        Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING], deadline__lt=timezone.now()).values_list(
-            "id", flat=True
-        )
-    )
-    for job_id in expired:
-        with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            if job.state not in {JobState.STARTING, JobState.RUNNING}:
-                continue
-            live = job.attempts.filter(state__in=[AttemptState.STARTING, AttemptState.RUNNING]).first()
-            job_transition(
-                job_id=job.id,
-                to=JobState.CANCELLING,
-                actor="timeout-reaper",
-                reason="timeout",
-                message=f"ran past its {job.timeout_s} s limit; stopping",
-                level="warning",
-            )
-            if live is not None and live.backend_ref:
-                attempt_stop_on_commit(live)
-            else:
-                job_transition(job_id=job.id, to=JobState.TIMED_OUT, actor="timeout-reaper", reason="timeout")
-    return len(expired)
-
-
 def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     image = job.base_image.name if job.base_image else (job.project_image.name if job.project_image else None)
     if pin_digest or image is None:
@@ -947,3 +582,25 @@ def job_reproduce(*, job_id, user) -> Job:
         data={"image_digest": job.image_digest},
     )
     return new
+
+
+_LIFECYCLE = frozenset(
+    {
+        "describe_attempt",
+        "attempt_start",
+        "attempts_observe",
+        "attempt_finish",
+        "job_cancel",
+        "attempt_stop_on_commit",
+        "timeouts_enforce",
+    }
+)
+
+
+def __getattr__(name: str):
+    # The lifecycle moved to jobs.lifecycle; callers that still say services.<name> get it from there.
+    if name in _LIFECYCLE:
+        from jobs import lifecycle
+
+        return getattr(lifecycle, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,15 @@
 """Celery tasks of the lifecycle: each takes ids, loads, and calls one service."""
 
+import structlog
 from celery import shared_task
+from celery.signals import worker_ready
+from django.db import DatabaseError
+from kombu.exceptions import OperationalError as BrokerError
 
-from jobs import services
+from jobs import lifecycle
+from trainyard import loops  # noqa: F401 - records each beat loop's last run (task_postrun)
+
+log = structlog.get_logger(__name__)
 
 
 @shared_task(
@@ -31,36 +38,60 @@ def dispatch_all() -> int:
     return dispatch().admitted
 
 
+# Idempotent (see lifecycle.attempt_start), so redelivery is safe; an outage is waited out (about 20 minutes of
+# retries), and past that the reconciler starts the attempt anyway: a lost message never strands a job.
 @shared_task(
     name="jobs.start_attempt",
     acks_late=True,
-    autoretry_for=(Exception,),
+    reject_on_worker_lost=True,
+    autoretry_for=(DatabaseError, BrokerError, ConnectionError, TimeoutError),
     retry_backoff=2,
+    retry_backoff_max=60,
     retry_jitter=True,
-    max_retries=5,
+    max_retries=25,
 )
 def start_attempt(attempt_id: int) -> None:
-    services.attempt_start(attempt_id=attempt_id)
+    lifecycle.attempt_start(attempt_id=attempt_id)
 
 
-@shared_task(name="jobs.start_attempts", acks_late=True)
+@shared_task(name="jobs.start_attempts", acks_late=True, reject_on_worker_lost=True)
 def start_attempts(attempt_ids: list[int]) -> None:
-    """Start a dispatch pass's admitted attempts; one that fails to start is retried on its own."""
+    """Start a dispatch pass's admitted attempts (each start is idempotent, so a redelivered batch is safe);
+    one that fails to start is retried on its own, and the reconciler covers a lost batch."""
     for attempt_id in attempt_ids:
         try:
-            services.attempt_start(attempt_id=attempt_id)
+            lifecycle.attempt_start(attempt_id=attempt_id)
         except Exception:  # noqa: BLE001 - the others of the batch still start
             start_attempt.apply_async((attempt_id,), countdown=2)
 
 
 @shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
 def observe_attempts() -> int:
-    return services.attempts_observe()
+    return lifecycle.attempts_observe()
 
 
 @shared_task(name="jobs.enforce_timeouts", soft_time_limit=60, time_limit=90)
 def enforce_timeouts() -> int:
-    return services.timeouts_enforce()
+    return lifecycle.timeouts_enforce()
+
+
+@shared_task(name="jobs.reconcile_lifecycle", soft_time_limit=120, time_limit=180)
+def reconcile_lifecycle() -> dict:
+    return lifecycle.lifecycle_reconcile()
+
+
+@shared_task(name="trainyard.heartbeat")
+def heartbeat() -> str:
+    return "beat"  # its run is recorded by trainyard.loops, like every beat loop's
+
+
+@worker_ready.connect
+def _reconcile_on_worker_start(**_kwargs) -> None:
+    # A restarted worker re-drives what its predecessor left half done, without waiting for beat.
+    try:
+        reconcile_lifecycle.delay()
+    except Exception:  # noqa: BLE001 - the broker may be down; beat's pass will do it
+        log.warning("reconcile_on_start_not_sent")
 
 
 @shared_task(name="cluster.reconcile_pool", soft_time_limit=300, time_limit=360)

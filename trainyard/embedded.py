@@ -41,6 +41,17 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def _die_with_parent(sig: int):
+    """A preexec_fn: the server gets `sig` when the process that started it dies (even by SIGKILL)."""
+
+    def setup() -> None:
+        from jobs.backends.proctree import die_with_parent
+
+        die_with_parent(sig)
+
+    return setup
+
+
 def _wait_for(check, *, seconds: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -165,6 +176,7 @@ def start_postgres(var: Path, running: Embedded) -> str:
         stdout=logf,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGINT),  # PostgreSQL's fast shutdown
         **creds,
     )
     running.procs.append(("postgres", proc))
@@ -228,6 +240,7 @@ def start_redis(var: Path, running: Embedded) -> str:
         stdout=logf,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGTERM),
     )
     running.procs.append(("redis", proc))
     _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=15, what="embedded Redis", log=log)

@@ -1,9 +1,14 @@
-"""Domain errors and the one DRF exception handler that turns every error into JSON with a stable code."""
+"""Domain errors and the one DRF exception handler that turns every error into JSON with a stable code.
 
+An outage of PostgreSQL or Redis is a 503 with `database_unavailable` / `broker_unavailable` and `Retry-After`,
+from the API's handler and, for errors raised outside a view (middleware, sessions), from `server_error`.
+"""
+
+import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -51,7 +56,47 @@ def _codes(detail: Any) -> Any:
     return {"message": str(detail), "code": getattr(detail, "code", "invalid")}
 
 
+OUTAGE_RETRY_AFTER_S = 5
+
+
+def outage_code(exc: BaseException | None) -> str | None:
+    """`database_unavailable` / `broker_unavailable` when `exc` means that service cannot be reached, else None."""
+    import redis
+    from django.db import InterfaceError, OperationalError
+    from kombu.exceptions import OperationalError as KombuOperationalError
+
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return "database_unavailable"
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, KombuOperationalError)):
+        return "broker_unavailable"
+    return None
+
+
+def _outage_body(code: str) -> dict[str, Any]:
+    what = "the database" if code == "database_unavailable" else "the message broker (Redis)"
+    detail = f"{what} cannot be reached right now; try again shortly"
+    return {"code": code, "detail": detail, "retry_after": OUTAGE_RETRY_AFTER_S}
+
+
+def server_error(request, *args, **kwargs) -> HttpResponse:
+    """Django's handler500: JSON for the API (503 during an outage, else 500); a short page for the portal."""
+    code = outage_code(sys.exc_info()[1])
+    status_code = 503 if code else 500
+    if request.path.startswith("/api/"):
+        body = _outage_body(code) if code else {"code": "server_error", "detail": "internal error"}
+        response: HttpResponse = JsonResponse(body, status=status_code)
+    else:
+        text = _outage_body(code)["detail"] if code else "internal error"
+        response = HttpResponse(f"Trainyard: {text}\n", status=status_code, content_type="text/plain; charset=utf-8")
+    if code:
+        response["Retry-After"] = str(OUTAGE_RETRY_AFTER_S)
+    return response
+
+
 def exception_handler(exc: Exception, context: dict) -> Response | None:
+    code = outage_code(exc)
+    if code:
+        return Response(_outage_body(code), status=503, headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)})
     if isinstance(exc, DomainError):
         body: dict[str, Any] = {"code": exc.code, "detail": exc.detail, **exc.extra}
         if exc.field:

@@ -1,4 +1,5 @@
-"""Liveness (`/healthz`) and readiness (`/readyz`: database, Redis, a Celery worker) probes."""
+"""Liveness (`/healthz`) and readiness (`/readyz`: database, Redis, a Celery worker, beat's heartbeat, and when
+each control loop last ran) probes."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,9 +63,23 @@ def readyz(request):
             except Exception as exc:  # noqa: BLE001
                 results[name] = {"ok": False, "error": str(exc).strip().splitlines()[0][:200] or type(exc).__name__}
             results[name]["ms"] = round((time.monotonic() - t0) * 1000, 1)
+    loops_report: dict = {}
+    try:
+        from trainyard import loops
+
+        loops_report = loops.loops_status()
+        beat = loops_report[loops.HEARTBEAT]
+        if beat["last_run"] is None:
+            results["beat"] = {"ok": False, "error": "no heartbeat from beat yet"}
+        elif beat["overdue"]:
+            results["beat"] = {"ok": False, "error": f"last heartbeat {beat['age_s']:g} s ago"}
+        else:
+            results["beat"] = {"ok": True, "age_s": beat["age_s"]}
+    except Exception as exc:  # noqa: BLE001
+        results["beat"] = {"ok": False, "error": str(exc).strip().splitlines()[0][:200] or type(exc).__name__}
     ready = all(r["ok"] for r in results.values())
     failed = [name for name, r in results.items() if not r["ok"]]
     return JsonResponse(
-        {"status": "ready" if ready else "not_ready", "failed": failed, "checks": results},
+        {"status": "ready" if ready else "not_ready", "failed": failed, "checks": results, "loops": loops_report},
         status=200 if ready else 503,
     )

@@ -217,6 +217,13 @@ TRAINYARD_EMULATED_DRIVER = env.str("TRAINYARD_EMULATED_DRIVER", default="550.54
 TRAINYARD_EMULATED_CUDA = env.str("TRAINYARD_EMULATED_CUDA", default="12.4")
 TRAINYARD_DEFAULT_GPU_MEMORY_MIB = env.int("TRAINYARD_DEFAULT_GPU_MEMORY_MIB", default=24576)
 TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
+# The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
+TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
+TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
+TRAINYARD_STOP_OVERDUE_S = env.float("TRAINYARD_STOP_OVERDUE_S", default=30.0)
+# Readiness: beat's heartbeat task runs this often and is stale after TRAINYARD_BEAT_STALE_S.
+TRAINYARD_HEARTBEAT_S = env.float("TRAINYARD_HEARTBEAT_S", default=5.0)
+TRAINYARD_BEAT_STALE_S = env.float("TRAINYARD_BEAT_STALE_S", default=45.0)
 TRAINYARD_NVML_PROBE = env.bool("TRAINYARD_NVML_PROBE", default=True)
 # A job on a shared slice of a card NVML can read (local backend) is stopped when its processes hold more GPU memory
 # than the slice's share plus this tolerance (monitoring/services.py); the classifier fails it as the user's.
@@ -232,6 +239,11 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-pool": {"task": "cluster.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
     "sync-inventory": {"task": "cluster.sync_inventory", "schedule": 300.0},
 }
+CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
+    "task": "jobs.reconcile_lifecycle",
+    "schedule": TRAINYARD_LIFECYCLE_RECONCILE_S,
+}
+CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)
 

@@ -2,7 +2,10 @@
 
 Uses the PostgreSQL and Redis named by DATABASE_URL / REDIS_URL, or embedded ones kept under var/;
 migrates, seeds, then runs web (ASGI), a Celery worker and Celery beat as children with prefixed
-output. Ctrl-C or SIGTERM stops every child and the embedded servers.
+output. A child that dies is started again after a backoff (1 s, doubling to 30 s; back to 1 s once it has
+run for a minute), with a log line. Ctrl-C or SIGTERM stops every child and the embedded servers; the signal
+handler only sets a flag (no lock can deadlock it). Every child, embedded servers included, gets a parent-death
+signal, so even a launcher killed with SIGKILL leaves nothing behind holding the port.
 """
 
 from __future__ import annotations
@@ -20,6 +23,58 @@ from trainyard.paths import BASE_DIR, VAR_DIR
 
 COLORS = {"web": "36", "worker": "33", "beat": "35", "setup": "32"}
 _print_lock = threading.Lock()
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0  # a child that ran this long starts again from the first backoff step
+
+
+def _die_with_launcher() -> None:
+    # SIGTERM: each child shuts down its own workers (uvicorn's, Celery's pool) when the launcher is gone.
+    from jobs.backends.proctree import die_with_parent
+
+    die_with_parent(signal.SIGTERM)
+
+
+class Child:
+    """One supervised process: started, watched, and started again after a backoff when it dies."""
+
+    def __init__(self, name: str, argv: list[str], env: dict):
+        self.name, self.argv, self.env = name, argv, env
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.failures = 0
+        self.restart_at: float | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=BASE_DIR,
+            preexec_fn=_die_with_launcher,
+        )
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        threading.Thread(target=_pump, args=(self.name, self.proc), daemon=True).start()
+
+    def tend(self) -> None:
+        """Start the child again when it died and its backoff is over."""
+        now = time.monotonic()
+        if self.proc is not None and self.proc.poll() is not None and self.restart_at is None:
+            if now - self.started_at >= HEALTHY_AFTER_S:
+                self.failures = 0
+            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**self.failures)
+            self.failures += 1
+            self.restart_at = now + delay
+            say("setup", f"{self.name} exited with status {self.proc.returncode}; restarting it in {delay:g} s")
+        if self.restart_at is not None and now >= self.restart_at:
+            say("setup", f"restarting {self.name}")
+            self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
 
 def say(who: str, line: str) -> None:
@@ -61,11 +116,11 @@ def main() -> int:
         print(f"trainyard: {exc}", file=sys.stderr)
         return 1
     env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
-    children: list[tuple[str, subprocess.Popen]] = []
-    stopping = threading.Event()
+    children: list[Child] = []
+    stop_signals: list[int] = []
 
-    def stop(*_args) -> None:
-        stopping.set()
+    def stop(signum, _frame) -> None:
+        stop_signals.append(signum)  # only a flag: a handler that takes a lock can deadlock the loop it interrupts
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -75,57 +130,52 @@ def main() -> int:
         _manage("collectstatic", "--noinput", "-v", "0", env=env)
         _manage("seed", env=env)
         for name in processes.NAMES:
-            proc = subprocess.Popen(
+            child = Child(
+                name,
                 [sys.executable, "-m", *processes.command(name, host=host, port=port)],
-                env={**env, **processes.environment(name, env)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=BASE_DIR,
+                {**env, **processes.environment(name, env)},
             )
-            children.append((name, proc))
-            threading.Thread(target=_pump, args=(name, proc), daemon=True).start()
+            child.start()
+            children.append(child)
         url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/"
         deadline = time.monotonic() + 60
-        while not stopping.is_set() and time.monotonic() < deadline:
+        while not stop_signals and time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(url + "readyz", timeout=3) as resp:
                     if resp.status == 200:
                         break
             except Exception:  # noqa: BLE001 - not up yet
                 pass
-            if any(p.poll() is not None for _, p in children):
-                break
+            for child in children:
+                child.tend()
             time.sleep(0.5)
-        if not stopping.is_set() and all(p.poll() is None for _, p in children):
+        if not stop_signals:
             say("setup", f"Trainyard is ready at {url}  (API {url}api/docs/, admin {url}admin/)")
             say("setup", "login: admin (staff) and demo (demo team); passwords were printed when first created,")
             say("setup", "       or set TRAINYARD_ADMIN_PASSWORD / TRAINYARD_DEMO_PASSWORD")
             say("setup", f"data lives in {VAR_DIR} ({'embedded' if services.procs else 'configured'} services)")
             say("setup", "press Ctrl-C to stop")
-        while not stopping.is_set():
-            dead = [(n, p) for n, p in children if p.poll() is not None]
-            if dead:
-                name, proc = dead[0]
-                say("setup", f"{name} exited with status {proc.returncode}; stopping everything")
-                code = 1
-                break
-            stopping.wait(0.5)
+        while not stop_signals:
+            for child in children:
+                child.tend()
+            time.sleep(0.2)
     except embedded.ServiceError as exc:
         print(f"trainyard: {exc}", file=sys.stderr)
         code = 1
     finally:
         say("setup", "stopping")
-        for _name, proc in children:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+        for child in children:
+            if child.alive():
+                os.killpg(child.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
-        for _name, proc in children:
+        for child in children:
+            if child.proc is None:
+                continue
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
         services.stop()
         say("setup", "stopped")
     return code

@@ -8,6 +8,8 @@ from jobs.tb_proxy import tensorboard_proxy
 from monitoring.metrics import metrics_view
 from trainyard import health
 
+handler500 = "trainyard.errors.server_error"
+
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -74,7 +74,7 @@ BACKWARD = [
 class Migration(migrations.Migration):
     dependencies = [
         ("cluster", "0003_logicaldevice_cpu_milli_and_more"),
-        ("jobs", "0006_job_gpu_models"),
+        ("jobs", "0007_job_gpu_models"),
     ]
 
     operations = [migrations.RunSQL(sql=FORWARD, reverse_sql=BACKWARD)]

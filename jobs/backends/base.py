@@ -77,6 +77,9 @@ class Observation:
     message: str = ""
     node: str = ""
     cancelled: bool = False
+    ended_at: float | None = None  # the process's own end time (epoch seconds), where the backend knows it
+    log_lines_lost: int = 0  # lines the log store could not keep (unwritable or full)
+    log_error: str = ""
 
     @property
     def finished(self) -> bool:
@@ -90,7 +93,8 @@ class Backend(Protocol):
         """Start the attempt; returns its backend reference. Submitting the same attempt twice is a no-op."""
 
     def observe(self, refs: list[str]) -> dict[str, Observation]:
-        """Observe many attempts at once; a ref the backend does not know maps to phase `lost`."""
+        """Observe many attempts at once; a ref the backend does not know maps to phase `lost`. `lost` is only
+        reported once every process of the attempt is known dead (fencing: a retry never overlaps it)."""
 
     def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
         """Ask the attempt to stop (SIGTERM, then SIGKILL after the grace period). `reason`, when given, is the

@@ -1,4 +1,8 @@
-"""The local backend: each attempt runs as a process group on this machine under a detached supervisor.
+"""The local backend: each attempt runs on this machine under a detached supervisor (`local_runner`).
+
+A supervisor holds `supervisor.lock` while it lives; the observer tests that lock, so a reused pid can never pass
+for a live supervisor. A supervisor that is gone without `status.json` is fenced before it is reported lost:
+every process carrying the attempt's tag is killed, and only when none is left may the attempt be retried.
 
 Placement is rendered as environment: `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` (the cards'
 UUIDs), and the HAMi-core limits `CUDA_DEVICE_MEMORY_LIMIT` / `CUDA_DEVICE_SM_LIMIT` for shares.
@@ -6,18 +10,25 @@ UUIDs), and the HAMi-core limits `CUDA_DEVICE_MEMORY_LIMIT` / `CUDA_DEVICE_SM_LI
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import structlog
 from django.conf import settings
 
 from jobs import logstore
+from jobs.backends import proctree
 from jobs.backends.base import AttemptDescription, Observation
 from trainyard.paths import BASE_DIR
+
+log = structlog.get_logger(__name__)
+SUPERVISOR_START_S = 20.0  # how long submit waits for a new supervisor to take its lock
 
 
 def placement_env(desc: AttemptDescription) -> dict[str, str]:
@@ -45,6 +56,7 @@ class LocalBackend:
 
     def __init__(self, root: Path | None = None):
         self.root = Path(root or settings.TRAINYARD_WORK_ROOT)
+        self._spawned: list[subprocess.Popen] = []
 
     # A ref is "local:<job_id>:<attempt_number>"; the folder holds spec, pids and status.
     def _folder(self, ref: str) -> Path:
@@ -81,7 +93,9 @@ class LocalBackend:
             "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
             "grace_s": settings.TRAINYARD_CANCEL_GRACE_S,
         }
-        (folder / "spec.json").write_text(json.dumps(spec))
+        tmp = folder / "spec.json.tmp"
+        tmp.write_text(json.dumps(spec))
+        os.replace(tmp, folder / "spec.json")
         runner = subprocess.Popen(
             [sys.executable, "-m", "jobs.backends.local_runner", str(folder)],
             cwd=BASE_DIR,
@@ -92,28 +106,41 @@ class LocalBackend:
             # The platform first, then whatever path this process was given (an install outside site-packages).
             env={**os.environ, "PYTHONPATH": _runner_path()},
         )
-        (folder / "runner.pid").write_text(str(runner.pid))
+        self._spawned.append(runner)
+        # The supervisor writes runner.pid once it holds the lock: from then on the observer can judge it.
+        deadline = time.monotonic() + SUPERVISOR_START_S
+        while not (folder / "runner.pid").exists():
+            if runner.poll() is not None and not (folder / "runner.pid").exists():
+                raise RuntimeError(f"the local supervisor exited with status {runner.returncode} before starting")
+            if time.monotonic() > deadline:
+                runner.kill()
+                raise RuntimeError(f"the local supervisor did not start within {SUPERVISOR_START_S:g} s")
+            time.sleep(0.02)
         return ref
 
     def _runner_alive(self, folder: Path) -> bool:
+        """A supervisor holds the folder's lock for as long as it lives."""
+        self._reap_own_children()
         try:
-            pid = int((folder / "runner.pid").read_text())
-        except (OSError, ValueError):
-            return False
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
+            fd = os.open(folder / "supervisor.lock", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False
-        # A live pid must still be our supervisor for this folder (pids get reused); a zombie counts as gone.
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1].startswith("Z"):
-                    os.waitpid(pid, os.WNOHANG)
-                    return False
-        except (OSError, IndexError, ChildProcessError):
-            pass
-        return str(folder).encode() in cmdline
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock taken here
+        return False
+
+    def _reap_own_children(self) -> None:
+        # A supervisor started by this process is its child until it exits: collect it, or it stays a zombie.
+        self._spawned = [runner for runner in self._spawned if runner.poll() is None]
+
+    def fence(self, ref: str) -> set[int]:
+        """Kill every process of an attempt whose supervisor is gone; returns the pids still alive (none: fenced)."""
+        _, job_id, number = ref.split(":")
+        return proctree.kill_until_gone(lambda: proctree.tagged(job_id, int(number)), timeout=10.0)
 
     def observe(self, refs: list[str]) -> dict[str, Observation]:
         result = {}
@@ -121,6 +148,7 @@ class LocalBackend:
             folder = self._folder(ref)
             alive = self._runner_alive(folder)
             status_path = folder / "status.json"  # read after the liveness check: it may have just ended
+            faults = self._log_faults(folder)
             if status_path.exists():
                 status = json.loads(status_path.read_text())
                 code, sig = status.get("exit_code"), status.get("signal")
@@ -129,15 +157,47 @@ class LocalBackend:
                     signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
                 )
                 result[ref] = Observation(
-                    phase=phase, exit_code=code, signal=sig, reason=reason, cancelled=bool(status.get("cancelled"))
+                    phase=phase,
+                    exit_code=code,
+                    signal=sig,
+                    reason=reason,
+                    cancelled=bool(status.get("cancelled")),
+                    ended_at=status.get("ended_at"),
+                    log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
+                    log_error=status.get("log_error") or faults.get("error") or "",
                 )
             elif alive:
-                result[ref] = Observation(phase="running")
-            else:
                 result[ref] = Observation(
-                    phase="lost", reason="Lost", message="the local supervisor is gone and left no exit status"
+                    phase="running",
+                    log_lines_lost=int(faults.get("lines_lost") or 0),
+                    log_error=faults.get("error", ""),
                 )
+            else:
+                left = self.fence(ref)
+                if left:
+                    # Never reported lost while any of its processes lives: a retry would run beside them.
+                    log.warning("local_attempt_fencing", ref=ref, alive=sorted(left)[:20])
+                    result[ref] = Observation(
+                        phase="running", message=f"supervisor gone; {len(left)} processes could not be killed yet"
+                    )
+                else:
+                    result[ref] = Observation(
+                        phase="lost",
+                        reason="Lost",
+                        message="the local supervisor died without an exit status; every process of the attempt "
+                        "was killed",
+                        ended_at=time.time(),
+                        log_lines_lost=int(faults.get("lines_lost") or 0),
+                        log_error=faults.get("error", ""),
+                    )
         return result
+
+    @staticmethod
+    def _log_faults(folder: Path) -> dict:
+        try:
+            return json.loads((folder / "log_faults.json").read_text())
+        except (OSError, ValueError):
+            return {}
 
     def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
         folder = self._folder(ref)
@@ -149,6 +209,7 @@ class LocalBackend:
             pid = int((folder / "runner.pid").read_text())
         except (OSError, ValueError):
             return
+        # A second cancel (the reconciler's, past the grace period) makes the supervisor kill at once.
         if self._runner_alive(folder):
             try:
                 os.kill(pid, signal.SIGTERM)

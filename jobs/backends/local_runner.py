@@ -1,22 +1,38 @@
 """The supervisor of one local attempt: `python -m jobs.backends.local_runner ATTEMPT_FOLDER`.
 
-Started detached by the local backend, so it outlives a Celery worker that dies. It runs the command as
-its own process group, copies its output into the log store, and when the command ends writes
-`status.json` (exit code or signal). SIGTERM asks it to stop the job: SIGTERM to the whole group, then
-SIGKILL after the grace period. A restarted worker finds the attempt again through `runner.pid` and
-`status.json`.
+Started detached by the local backend, so it outlives a Celery worker that dies. It holds an exclusive lock
+on `supervisor.lock` for its whole life (one supervisor per attempt, and the observer's proof that it lives),
+is the subreaper of everything the command starts (a process that leaves its group or session still comes back
+to it), copies the command's output into the log store, and writes `status.json` when the command ends.
+
+- The main process exits: what it left behind is stopped (SIGTERM, SIGKILL shortly after) and the attempt
+  ends with the main process's own status and end time, even if a leftover still held stdout.
+- SIGTERM asks it to stop the job: SIGTERM to every process of the attempt, SIGKILL after the grace period;
+  a second SIGTERM kills at once.
+- The log store failing (unwritable folder, full disk) never stops the job: lines are counted as lost,
+  `log_faults.json` says how many, and writing is tried again every few seconds.
+- The supervisor killed with SIGKILL takes its main process with it (parent-death signal); the backend's
+  observer finds and kills the rest by their environment tag before the attempt may be retried.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from jobs.backends import proctree
+
+MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
+LEFTOVER_GRACE_S = 1.0  # after the main process exits, how long its leftovers get between SIGTERM and SIGKILL
+DRAIN_S = 0.5  # after the main process exits, how long output from leftovers is still read
+LOG_RETRY_S = 5.0
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -25,95 +41,245 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _stop_group(child: subprocess.Popen, grace: float) -> None:
-    """SIGTERM to the command's whole group now, SIGKILL after the grace period."""
-    try:
-        os.killpg(child.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def command_argv(spec: dict) -> list[str]:
+    """The argv that runs the job (the one place a wrapper such as a sandbox is applied)."""
+    return list(spec["argv"])
 
-    def escalate() -> None:
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if child.poll() is not None:
-                break
-            time.sleep(0.05)
+
+def _child_setup() -> None:
+    # The main process dies with its supervisor, so a supervisor killed with SIGKILL leaves no main process.
+    proctree.die_with_parent(signal.SIGKILL)
+
+
+class _Log:
+    """The log store as seen by the supervisor: a failure costs lines (counted), never the job."""
+
+    def __init__(self, folder: Path, spec: dict):
+        self.folder = folder
+        self.spec = spec
+        self.writer = None
+        self.lines_lost = 0
+        self.error = ""
+        self._retry_at = 0.0
+        self._reported = (0, "")
+        self._open()
+
+    def _open(self) -> None:
+        from jobs.logstore import LogWriter  # imported late: the logstore needs no Django settings when given budgets
+
         try:
-            os.killpg(child.pid, signal.SIGKILL)  # also whatever the command left behind in its group
-        except ProcessLookupError:
-            pass
+            self.writer = LogWriter(
+                Path(self.spec["log_dir"]),
+                budget_bytes=self.spec["budget_bytes"],
+                budget_lines=self.spec["budget_lines"],
+            )
+        except OSError as exc:
+            self._failed(exc)
 
-    threading.Thread(target=escalate, daemon=True).start()
+    def _failed(self, exc: OSError) -> None:
+        self.error = f"{type(exc).__name__}: {exc}"[:300]
+        if self.writer is not None:
+            try:
+                self.writer.abandon()
+            except OSError:
+                pass
+        self.writer = None
+        self._retry_at = time.monotonic() + LOG_RETRY_S
+
+    def line(self, data: bytes | str) -> None:
+        if self.writer is None and time.monotonic() >= self._retry_at:
+            self._open()
+        if self.writer is None:
+            self.lines_lost += 1
+            return
+        try:
+            self.writer.write_line(data)
+        except OSError as exc:
+            self.lines_lost += 1
+            self._failed(exc)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.flush(lazy=True)
+            except OSError as exc:
+                self._failed(exc)
+        self.report()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except OSError as exc:
+                self._failed(exc)
+        self.report()
+
+    def report(self) -> None:
+        """Tell the observer how many lines were lost (written beside status.json, not in the log folder)."""
+        now = (self.lines_lost, self.error)
+        if now != self._reported:
+            self._reported = now
+            try:
+                _write_json(self.folder / "log_faults.json", {"lines_lost": self.lines_lost, "error": self.error})
+            except OSError:
+                pass
+
+
+class _Supervisor:
+    def __init__(self, folder: Path, spec: dict):
+        self.folder = folder
+        self.spec = spec
+        self.grace = float(spec.get("grace_s", 10))
+        self.tag = (str(spec["env"].get("TRAINYARD_JOB_ID", "")), int(spec["env"].get("TRAINYARD_ATTEMPT", "0") or 0))
+        self.stop_signals = 0  # set by the signal handler: a plain int, no lock (a handler must never block)
+        self.stop_started: float | None = None
+        self.main_pid = 0
+        self.main_status: int | None = None
+        self.main_ended_at: float | None = None
+
+    def on_term(self, _signum, _frame) -> None:
+        self.stop_signals += 1
+
+    def processes(self) -> set[int]:
+        found = proctree.descendants(os.getpid())
+        if self.tag[0]:
+            found |= proctree.tagged(*self.tag)
+        return found
+
+    def _reaped(self, pid: int, status: int) -> None:
+        if pid == self.main_pid and self.main_status is None:
+            self.main_status = status
+            self.main_ended_at = time.time()
+
+    def reap(self) -> None:
+        for pid, status in proctree.reap_children():
+            self._reaped(pid, status)
+
+    def enforce_stop(self) -> None:
+        """Carry out a requested stop: SIGTERM everything once, SIGKILL after the grace (or a second SIGTERM)."""
+        if not self.stop_signals:
+            return
+        now = time.monotonic()
+        if self.stop_started is None:
+            self.stop_started = now
+            proctree.signal_all(self.processes(), signal.SIGTERM)
+        elif self.stop_signals > 1 or now - self.stop_started >= self.grace:
+            proctree.signal_all(self.processes(), signal.SIGKILL)
+
+    def stop_leftovers(self) -> None:
+        left = self.processes()
+        if left:
+            proctree.signal_all(left, signal.SIGTERM)
+            deadline = time.monotonic() + min(self.grace, LEFTOVER_GRACE_S)
+            while time.monotonic() < deadline and self.processes():
+                time.sleep(0.05)
+                self.reap()
+        proctree.kill_until_gone(self.processes, on_reap=self._reaped)
+        self.reap()
+
+
+def _lock(folder: Path):
+    """The supervisor's lock, or None when another supervisor of this attempt holds it."""
+    fd = os.open(folder / "supervisor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    for _ in range(50):  # an observer holds it for an instant when it checks liveness
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.1)
+    os.close(fd)
+    return None
 
 
 def main(folder: Path) -> int:
+    lock = _lock(folder)
+    if lock is None or (folder / "status.json").exists():
+        return 0  # another supervisor runs this attempt, or it already ended: never run a command twice
+    (folder / "runner.pid").write_text(str(os.getpid()))
     spec = json.loads((folder / "spec.json").read_text())
-    from jobs.logstore import LogWriter  # imported late: the logstore needs no Django settings when given budgets
-
-    writer = LogWriter(Path(spec["log_dir"]), budget_bytes=spec["budget_bytes"], budget_lines=spec["budget_lines"])
-    cwd = Path(spec["cwd"])
-    cwd.mkdir(parents=True, exist_ok=True)
-    stop_requested = threading.Event()
-    child: subprocess.Popen | None = None
-    grace = float(spec.get("grace_s", 10))
-
-    def on_term(_signum, _frame) -> None:
-        if stop_requested.is_set():
-            return
-        stop_requested.set()
-        if child is not None:
-            _stop_group(child, grace)
-
+    proctree.become_subreaper()
+    sup = _Supervisor(folder, spec)
     # Installed before the command starts: a stop that arrives early must still stop the job, not the supervisor.
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, sup.on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if (folder / "cancel").exists():
-        stop_requested.set()  # cancelled before this supervisor could take signals
+        sup.stop_signals = 1  # cancelled before this supervisor could take signals
+    logs = _Log(folder, spec)
+    cwd = Path(spec["cwd"])
     try:
+        cwd.mkdir(parents=True, exist_ok=True)
         child = subprocess.Popen(
-            spec["argv"],
+            command_argv(spec),
             cwd=cwd,
             env=spec["env"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_child_setup,
         )
-    except OSError as exc:
-        writer.write_line(f"[trainyard] could not start the command: {exc}")
-        writer.close()
+    except (OSError, subprocess.SubprocessError) as exc:
+        logs.line(f"[trainyard] could not start the command: {exc}")
+        logs.close()
         _write_json(
             folder / "status.json",
             {"exit_code": 127, "signal": None, "cancelled": False, "reason": "StartError", "ended_at": time.time()},
         )
         return 0
+    sup.main_pid = child.pid
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
-    if stop_requested.is_set():
-        _stop_group(child, grace)
     assert child.stdout is not None
-    fd = child.stdout.fileno()
+    fd: int | None = child.stdout.fileno()
+    os.set_blocking(fd, False)
     partial = b""
-    while True:
-        # os.read returns whatever the pipe holds: busy jobs are written in big batches, and a quiet job's
-        # last line is flushed at once instead of waiting in a buffer for the next one.
-        chunk = os.read(fd, 1 << 16)
+
+    def pump(timeout: float) -> None:
+        """Read what the pipe holds within `timeout`; close it at EOF."""
+        nonlocal fd, partial
+        if fd is None:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
         if not chunk:
-            break
+            os.close(fd)
+            fd = None
+            return
         lines = (partial + chunk).split(b"\n")
         partial = lines.pop()
         for line in lines:
-            writer.write_line(line)
-        writer.flush(lazy=True)
+            logs.line(line)
+        while len(partial) > MAX_PARTIAL:
+            logs.line(partial[:MAX_PARTIAL] + " …[line cut]".encode())
+            partial = partial[MAX_PARTIAL:]
+        logs.flush()
+
+    while sup.main_status is None:
+        sup.enforce_stop()
+        pump(0.2)
+        sup.reap()
+    # The main process has ended: read what is still in flight, then stop whatever it left behind.
+    deadline = time.monotonic() + DRAIN_S
+    while fd is not None and time.monotonic() < deadline:
+        pump(0.05)
+    sup.stop_leftovers()
+    deadline = time.monotonic() + DRAIN_S
+    while fd is not None and time.monotonic() < deadline:
+        pump(0.05)
+    if fd is not None:
+        os.close(fd)
     if partial:
-        writer.write_line(partial)
-    code = child.wait()
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # orphans of the command must not hold the GPU
-    except (ProcessLookupError, PermissionError):
-        pass
-    writer.close()
+        logs.line(partial)
+    child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
+    logs.close()
+    code = child.returncode
     reason = ""
-    if stop_requested.is_set():
+    if sup.stop_signals:
         try:  # the platform may say why it stopped the command (e.g. GpuShareExceeded)
             reason = (folder / "cancel").read_text().strip()[:100]
         except OSError:
@@ -123,9 +289,11 @@ def main(folder: Path) -> int:
         {
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
-            "cancelled": stop_requested.is_set(),
+            "cancelled": bool(sup.stop_signals),
             "reason": reason,
-            "ended_at": time.time(),
+            "ended_at": sup.main_ended_at,
+            "log_lines_lost": logs.lines_lost,
+            "log_error": logs.error,
         },
     )
     return 0

@@ -220,3 +220,25 @@ def test_lazy_flush_writes_lines_at_once_and_counts_at_most_every_half_second(tm
     writer.close()
     meta = logstore.LogMeta.read(tmp_path)
     assert meta.lines_seen == 3 and meta.closed
+
+
+def test_the_daily_budget_is_the_jobs_across_its_attempts(tmp_path):
+    first = logstore.attempt_dir("job-1", 1, root=tmp_path)
+    writer = logstore.LogWriter(first, budget_bytes=10**9, budget_lines=8)
+    for i in range(6):
+        writer.write_line(f"first {i}")
+    writer.close()
+    # A retry the same day starts from the 6 lines its job already used, not from a fresh budget.
+    second = logstore.attempt_dir("job-1", 2, root=tmp_path)
+    writer = logstore.LogWriter(second, budget_bytes=10**9, budget_lines=8)
+    for i in range(RING := logstore.RING_LINES + 10):
+        writer.write_line(f"second {i}")
+    writer.close()
+    lines, meta = logstore.read_lines(second, limit=10**6)
+    assert meta.ring and meta.day_lines == 6 + RING
+    assert meta.dropped_lines == RING - logstore.RING_LINES and len(lines) == logstore.RING_LINES
+    # Another job has a budget of its own.
+    other = logstore.LogWriter(logstore.attempt_dir("job-2", 1, root=tmp_path), budget_bytes=10**9, budget_lines=8)
+    other.write_line("hello")
+    other.close()
+    assert not other.meta.ring and other.meta.day_lines == 1

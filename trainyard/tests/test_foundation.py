@@ -22,12 +22,32 @@ def test_healthz(client):
 
 
 def test_readyz_reports_missing_worker(client, settings):
+    from trainyard import loops
+
     settings.TRAINYARD_READY_TIMEOUT = 0.5
+    loops.loop_ran(loops.HEARTBEAT)
     response = client.get("/readyz")
     assert response.status_code == 503
     body = response.json()
     assert body["failed"] == ["worker"]
-    assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
+    assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"] and body["checks"]["beat"]["ok"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_not_ready_while_beat_is_silent(client, settings, celery_worker_thread):
+    import time
+
+    from django.core.cache import cache
+
+    from trainyard import loops
+
+    cache.delete(loops.KEY.format(loops.HEARTBEAT))
+    body = client.get("/readyz").json()
+    assert body["failed"] == ["beat"] and body["checks"]["beat"]["error"] == "no heartbeat from beat yet"
+    loops.loop_ran(loops.HEARTBEAT, at=time.time() - settings.TRAINYARD_BEAT_STALE_S - 5)
+    response = client.get("/readyz")
+    assert response.status_code == 503 and response.json()["failed"] == ["beat"]
+    assert response.json()["loops"]["trainyard.heartbeat"]["overdue"] is True
 
 
 def test_readyz_reports_unreachable_redis(client, settings):
@@ -43,10 +63,23 @@ def test_readyz_reports_unreachable_redis(client, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_readyz_ready_with_a_live_worker(client, settings, celery_worker_thread):
+    import time
+
+    from django.core.cache import cache
+
+    from jobs.tasks import heartbeat
+    from trainyard import loops
+
     settings.TRAINYARD_READY_TIMEOUT = 2.0
+    cache.delete(loops.KEY.format(loops.HEARTBEAT))
+    heartbeat.delay()  # what beat sends every TRAINYARD_HEARTBEAT_S; the worker's run of it is recorded
+    deadline = time.monotonic() + 20
+    while cache.get(loops.KEY.format(loops.HEARTBEAT)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     response = client.get("/readyz")
     assert response.status_code == 200, response.json()
     assert response.json()["status"] == "ready"
+    assert response.json()["loops"]["trainyard.heartbeat"]["overdue"] is False
 
 
 def test_seed_is_idempotent():

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0005_reference_version'),
+        ('jobs', '0006_attempt_fencing'),
     ]
 
     operations = [

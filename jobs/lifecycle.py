@@ -1,0 +1,529 @@
+"""The attempt lifecycle: start, observe, finish, cancel, time out, and the reconciler that re-drives them.
+
+The database drives the lifecycle (DESIGN.md §3): a Celery message only wakes a worker early, and
+`lifecycle_reconcile` (beat, and on every worker start) finds each attempt whose next step is overdue and runs
+that step again. Every step is idempotent. One writer per attempt state:
+
+- placed → starting (claimed, no backend ref yet): `_attempt_claim`;
+- starting + backend ref: `_attempt_handed_over` (after `Backend.submit`, itself a no-op when repeated);
+- starting → running: `attempts_observe`;
+- → succeeded | failed | lost | cancelled | timed_out: `attempt_finish`;
+- stop requested (cancel, timeout, share enforcement): `attempt_stop_on_commit`.
+
+Fencing: a backend reports an attempt `lost` only once its processes are known dead, and the database allows one
+unfinished attempt per job, so a retry never runs beside its predecessor.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from cluster.models import GPU
+from jobs import classifier
+from jobs.backends import AttemptDescription, Device, Observation, get_backend
+from jobs.models import Attempt, Job, JobEvent
+from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
+from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
+
+log = structlog.get_logger(__name__)
+LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
+
+
+# ------------------------------------------------------------------------------------------- start
+
+
+def _gpu_products(job: Job, attempt: Attempt) -> list[str]:
+    """The product labels of the models a model-pinned job was placed on (GFD writes spaces as dashes)."""
+    if not job.gpu_models:
+        return []
+    models = {d.get("model", "") for d in attempt.placement.get("devices", [])}
+    return sorted(m.replace(" ", "-") for m in models if m)
+
+
+def describe_attempt(attempt: Attempt) -> AttemptDescription:
+    job = attempt.job
+    devices = [
+        Device(
+            gpu_uuid=d["gpu_uuid"],
+            gpu_index=d["gpu_index"],
+            node=d["node"],
+            compute_milli=d["compute_milli"],
+            memory_mib=d["memory_mib"],
+            exclusive=d["exclusive"],
+        )
+        for d in attempt.placement.get("devices", [])
+    ]
+    return AttemptDescription(
+        job_id=str(job.id),
+        attempt_id=attempt.id,
+        attempt_number=attempt.number,
+        name=job.name,
+        owner=job.owner.username,
+        team=job.team.slug,
+        namespace=job.team.namespace,
+        queue=job.queue.name,
+        volcano_queue=job.queue.volcano_name,
+        image=f"{job.image_reference}@{job.image_digest}" if job.image_digest else job.image_reference,
+        command=list(job.command),
+        args=list(job.args),
+        env=dict(job.env),
+        working_dir=job.working_dir,
+        replicas=job.replicas,
+        gpu_count=job.gpu_count,
+        exclusive=job.exclusive,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        timeout_s=job.timeout_s,
+        priority=job.priority,
+        min_driver_version=job.min_driver_version,
+        tensorboard=job.tensorboard,
+        tensorboard_logdir=job.tensorboard_logdir,
+        devices=devices,
+        mounts=list(job.mounts),
+        labels=dict(job.labels),
+        gang=job.queue.gang and job.replicas > 1,
+        secondary_network=job.queue.secondary_network,
+        gpu_products=_gpu_products(job, attempt),
+    )
+
+
+def attempt_start(*, attempt_id: int) -> None:
+    """Hand an admitted attempt to the backend. Safe to run twice, at once or after a crash at any point: the
+    claim is a row update, the backend's submit is a no-op when repeated, and the hand-over records one ref."""
+    attempt = _attempt_claim(attempt_id=attempt_id)
+    if attempt is None:
+        return
+    desc = describe_attempt(attempt)
+    try:
+        ref = get_backend(attempt.backend).submit(desc)
+    except Exception as exc:  # noqa: BLE001 - a backend failure is a platform failure of this attempt
+        log.exception("attempt_submit_failed", job_id=str(attempt.job_id), attempt=attempt.number)
+        attempt_finish(
+            attempt_id=attempt.id, obs=Observation(phase="failed", reason="SubmitError", message=str(exc)[:500])
+        )
+        return
+    _attempt_handed_over(attempt_id=attempt.id, ref=ref)
+
+
+def _attempt_claim(*, attempt_id: int) -> Attempt | None:
+    """placed → starting (no ref yet), or the attempt as it is when a start was claimed but never handed over;
+    None when there is nothing to start."""
+    with transaction.atomic():
+        job_id = Attempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+        if job_id is None:
+            return None
+        _lock(job_id=job_id, attempt_id=attempt_id)
+        attempt = Attempt.objects.select_related("job__team", "job__queue", "job__owner", "job__spec", "node").get(
+            pk=attempt_id
+        )
+        if attempt.backend_ref:
+            return None
+        job = attempt.job
+        if attempt.state == AttemptState.PLACED:
+            if job.state != JobState.ADMITTED:
+                return None
+            attempt.state = AttemptState.STARTING
+            attempt.started_at = timezone.now()
+            attempt.save(update_fields=["state", "started_at"])
+            return attempt
+        if attempt.state == AttemptState.STARTING:
+            return attempt  # claimed by a start that died before the hand-over: submit again (a no-op if done)
+        return None
+
+
+def _lock(*, job_id, attempt_id: int) -> None:
+    """Row locks in the one order every writer uses: the job, then its attempt."""
+    list(Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True))
+    list(Attempt.objects.select_for_update().filter(pk=attempt_id).values_list("pk", flat=True))
+
+
+def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
+    """Record the backend ref; move the job to starting, or stop what was started if the job moved on."""
+    with transaction.atomic():
+        job_id = Attempt.objects.values_list("job_id", flat=True).get(pk=attempt_id)
+        _lock(job_id=job_id, attempt_id=attempt_id)
+        job = Job.objects.select_related("spec").get(pk=job_id)
+        attempt = Attempt.objects.select_related("node").get(pk=attempt_id)
+        if attempt.backend_ref:
+            return
+        if attempt.state != AttemptState.STARTING:
+            # Ended (cancelled) while its start was in flight: stop whatever the backend started.
+            backend_name = attempt.backend
+            transaction.on_commit(
+                lambda: get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S),
+                robust=True,
+            )
+            return
+        attempt.backend_ref = ref
+        attempt.save(update_fields=["backend_ref"])
+        if job.state == JobState.CANCELLING:
+            attempt_stop_on_commit(attempt, robust=True)  # cancelled while it was being started
+            return
+        if job.state != JobState.ADMITTED:
+            return
+        now = timezone.now()
+        node = attempt.node
+        reproduce = {
+            "image_reference": job.image_reference,
+            "image_digest": job.image_digest,
+            "image_pinned": bool(job.image_digest),
+            "spec": job.spec.name if job.spec else None,
+            "request": {
+                "gpu_count": job.gpu_count,
+                "gpu_milli": job.gpu_milli,
+                "gpu_memory_mib": job.gpu_memory_mib,
+                "cpu_milli": job.cpu_milli,
+                "memory_mib": job.memory_mib,
+                "replicas": job.replicas,
+                "gpu_models": job.gpu_models,
+            },
+            "command": job.command,
+            "args": job.args,
+            "env": job.env,
+            "working_dir": job.working_dir,
+            "placement": attempt.placement,
+            "node": node.name if node else None,
+            "driver_version": node.driver_version if node else None,
+            "cuda_version": node.cuda_version if node else None,
+            "emulated_gpus": bool(node and node.emulated),
+            "backend": attempt.backend,
+            "platform_version": settings.PLATFORM_VERSION,
+            "ci": job.ci,
+            "attempt": attempt.number,
+        }
+        Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
+        job_transition(
+            job_id=job.id,
+            to=JobState.STARTING,
+            actor="backend",
+            attempt=attempt,
+            message=f"handed to the {attempt.backend} backend as {ref}",
+        )
+        if job.tensorboard:
+            job_id_text = str(job.id)
+            transaction.on_commit(lambda: _enqueue_tensorboard(job_id_text), robust=True)
+
+
+def _enqueue_tensorboard(job_id: str) -> None:
+    from jobs.tasks import issue_tensorboard
+
+    issue_tensorboard.delay(job_id)
+
+
+# ------------------------------------------------------------------------------------------- observe and finish
+
+
+def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] | None = None) -> int:
+    """Observe every live attempt of a backend in one batch and apply what changed."""
+    backend_name = backend_name or settings.TRAINYARD_BACKEND
+    live_qs = Attempt.objects.filter(backend=backend_name, state__in=LIVE).exclude(backend_ref="")
+    if attempt_ids is not None:
+        live_qs = live_qs.filter(pk__in=attempt_ids)
+    live = list(live_qs)
+    if not live:
+        return 0
+    observations = get_backend(backend_name).observe([a.backend_ref for a in live])
+    changed = 0
+    for attempt in live:
+        obs = observations.get(attempt.backend_ref)
+        if obs is None:
+            continue
+        if obs.log_lines_lost and not obs.finished:
+            _logs_degraded(attempt, obs)
+        if obs.phase == "running" and attempt.state == AttemptState.STARTING:
+            with transaction.atomic():
+                job = Job.objects.select_for_update().get(pk=attempt.job_id)
+                updated = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
+                    state=AttemptState.RUNNING
+                )
+                if updated and job.state == JobState.STARTING:
+                    job_transition(
+                        job_id=job.id,
+                        to=JobState.RUNNING,
+                        actor="backend",
+                        attempt=attempt,
+                        message=obs.message or "running",
+                    )
+            changed += 1
+        elif obs.finished:
+            attempt_finish(attempt_id=attempt.id, obs=obs)
+            changed += 1
+        elif obs.phase == "pending" and obs.message:
+            job = attempt.job
+            if job.message != obs.message:
+                Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
+                _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
+    return changed
+
+
+def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
+    """One platform event per attempt when its log store fails; its count is brought up to date."""
+    data = {"lines_lost": obs.log_lines_lost, "error": obs.log_error}
+    cause = obs.log_error or "log store unavailable"
+    message = f"logging degraded: {obs.log_lines_lost} lines lost ({cause}); the job keeps running"
+    event = JobEvent.objects.filter(attempt=attempt, kind="logs_degraded").first()
+    if event is None:
+        _event(
+            attempt.job, "logs_degraded", actor="platform", level="warning", attempt=attempt, message=message, data=data
+        )
+    elif event.data != data:
+        JobEvent.objects.filter(pk=event.pk).update(data=data, message=message)
+
+
+def _ended_at(obs: Observation):
+    """The process's own end time where the backend knows it, else now."""
+    now = timezone.now()
+    if obs.ended_at is None:
+        return now
+    return min(now, datetime.fromtimestamp(obs.ended_at, tz=UTC))
+
+
+def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
+    """Record how an attempt ended; classify failures; retry, or finish the job."""
+    with transaction.atomic():
+        _lock(job_id=Attempt.objects.values_list("job_id", flat=True).get(pk=attempt_id), attempt_id=attempt_id)
+        attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+        if attempt.is_finished:
+            return
+        job = Job.objects.get(pk=attempt.job_id)
+        attempt.ended_at = _ended_at(obs)
+        if obs.log_lines_lost:
+            _logs_degraded(attempt, obs)
+        attempt.exit_code = obs.exit_code
+        attempt.signal = obs.signal
+        attempt.reason = (obs.reason or "")[:200]
+        backend = get_backend(attempt.backend)
+        node_unhealthy = _attempt_hit_unhealthy_gpu(attempt)
+        if job.state == JobState.CANCELLING:
+            attempt.state = AttemptState.TIMED_OUT if job.reason == "timeout" else AttemptState.CANCELLED
+            attempt.save()
+            final = JobState.TIMED_OUT if job.reason == "timeout" else JobState.CANCELLED
+            job_transition(
+                job_id=job.id,
+                to=final,
+                actor="backend",
+                attempt=attempt,
+                reason=job.reason,
+                message="timed out and stopped" if final == JobState.TIMED_OUT else "cancelled",
+            )
+            return
+        if obs.phase == "succeeded":
+            attempt.state = AttemptState.SUCCEEDED
+            attempt.save()
+            Job.objects.filter(pk=job.pk).update(exit_code=obs.exit_code)
+            job_transition(
+                job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message="exit code 0"
+            )
+            return
+        tail = backend.log_tail(attempt.backend_ref) if attempt.backend_ref else ""
+        verdict = classifier.classify(
+            classifier.Observation(
+                exit_code=obs.exit_code,
+                signal=obs.signal,
+                reason=obs.reason,
+                log_tail=tail,
+                node_unhealthy=node_unhealthy,
+            )
+        )
+        attempt.state = AttemptState.LOST if obs.phase == "lost" else AttemptState.FAILED
+        attempt.failure_class = verdict.failure_class
+        attempt.reaction = verdict.reaction
+        attempt.rule = verdict.rule
+        attempt.save()
+        detail = _describe_exit(obs)
+        _event(
+            job,
+            "attempt_failed",
+            actor="classifier",
+            attempt=attempt,
+            level="warning",
+            message=f"attempt {attempt.number} {detail}: {verdict.failure_class} failure ({verdict.rule}); "
+            f"{verdict.reaction.replace('_', ' ')}",
+            data={
+                "failure_class": verdict.failure_class,
+                "reaction": verdict.reaction,
+                "rule": verdict.rule,
+                "exit_code": obs.exit_code,
+                "signal": obs.signal,
+                "reason": obs.reason,
+            },
+        )
+        retry = verdict.reaction != "no_retry" and job.retries_used < job.max_retries
+        Job.objects.filter(pk=job.pk).update(
+            exit_code=obs.exit_code, failure_class=verdict.failure_class, suggestion=verdict.suggestion
+        )
+        if not retry:
+            job_transition(
+                job_id=job.id,
+                to=JobState.FAILED,
+                actor="classifier",
+                attempt=attempt,
+                reason=f"{verdict.failure_class}_failure",
+                level="error",
+                message=f"{detail}. {verdict.suggestion}".strip(),
+            )
+            return
+        job = job_transition(
+            job_id=job.id,
+            to=JobState.RETRYING,
+            actor="classifier",
+            attempt=attempt,
+            reason=verdict.rule,
+            message=f"{detail}; retry {job.retries_used + 1} of {job.max_retries}",
+        )
+        updates: dict[str, Any] = {"retries_used": job.retries_used + 1}
+        if verdict.reaction == "retry_elsewhere":
+            uuids = [d["gpu_uuid"] for d in attempt.placement.get("devices", [])]
+            updates["excluded_gpus"] = sorted(set(job.excluded_gpus) | set(uuids))
+        Job.objects.filter(pk=job.pk).update(**updates)
+        job_transition(
+            job_id=job.id,
+            to=JobState.PENDING,
+            actor="classifier",
+            reason=PendingReason.QUEUED,
+            message="queued for another attempt" + (" on other GPUs" if "excluded_gpus" in updates else ""),
+        )
+        queue_id = job.queue_id
+        transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
+
+
+def _describe_exit(obs: Observation) -> str:
+    if obs.signal:
+        return f"was killed by signal {obs.signal}"
+    if obs.exit_code is not None:
+        return f"exited with code {obs.exit_code}" + (f" ({obs.reason})" if obs.reason not in {"", "Error"} else "")
+    return f"ended: {obs.reason or 'unknown'}" + (f" — {obs.message}" if obs.message else "")
+
+
+def _attempt_hit_unhealthy_gpu(attempt: Attempt) -> bool:
+    uuids = [d["gpu_uuid"] for d in attempt.placement.get("devices", [])]
+    return GPU.objects.filter(uuid__in=uuids).exclude(health=GPU.Health.HEALTHY).exists()
+
+
+# ------------------------------------------------------------------------------------------- user actions
+
+
+# ------------------------------------------------------------------------------------------- stop
+
+
+def _live_attempt(job: Job) -> Attempt | None:
+    """The job's attempt that runs or is being started (at most one: a database constraint)."""
+    return job.attempts.filter(state__in=LIVE).first()
+
+
+def job_cancel(*, job_id, actor: str) -> Job:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state in TERMINAL or job.state == JobState.CANCELLING:
+            if job.state == JobState.CANCELLED or job.state == JobState.CANCELLING:
+                return job
+            raise InvalidTransition(
+                f"the job already {job.state.replace('_', ' ')}", from_state=job.state, to_state=JobState.CANCELLED
+            )
+        live = _live_attempt(job)
+        if live is None:
+            job.attempts.filter(state=AttemptState.PLACED).update(state=AttemptState.CANCELLED, ended_at=timezone.now())
+            return job_transition(
+                job_id=job.id,
+                to=JobState.CANCELLED,
+                actor=actor,
+                reason="cancelled_by_user",
+                message=f"cancelled by {actor}",
+            )
+        job = job_transition(
+            job_id=job.id,
+            to=JobState.CANCELLING,
+            actor=actor,
+            reason="cancelled_by_user",
+            message=f"cancel requested by {actor}",
+        )
+        if live.backend_ref:
+            attempt_stop_on_commit(live, robust=True)
+        # Without a ref the start is in flight: its hand-over sees `cancelling` and stops what it started.
+        return job
+
+
+def attempt_stop_on_commit(attempt: Attempt, *, reason: str = "", robust: bool = False) -> None:
+    """Ask the backend to stop the attempt once this transaction commits; `reason` is what its observation will
+    report (see Backend.cancel). `robust`: a failing stop is logged instead of raised (the reconciler repeats it
+    once the grace period is past)."""
+    Attempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
+    backend_name, ref = attempt.backend, attempt.backend_ref
+
+    def stop() -> None:
+        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
+
+    transaction.on_commit(stop, robust=robust)
+
+
+def timeouts_enforce() -> int:
+    """Stop every job past its wall-clock limit; it ends as timed_out once the backend confirms."""
+    expired = list(
+        Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING], deadline__lt=timezone.now()).values_list(
+            "id", flat=True
+        )
+    )
+    for job_id in expired:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            if job.state not in {JobState.STARTING, JobState.RUNNING}:
+                continue
+            live = _live_attempt(job)
+            job_transition(
+                job_id=job.id,
+                to=JobState.CANCELLING,
+                actor="timeout-reaper",
+                reason="timeout",
+                message=f"ran past its {job.timeout_s} s limit; stopping",
+                level="warning",
+            )
+            if live is not None and live.backend_ref:
+                attempt_stop_on_commit(live, robust=True)
+            elif live is None:
+                job_transition(job_id=job.id, to=JobState.TIMED_OUT, actor="timeout-reaper", reason="timeout")
+    return len(expired)
+
+
+# ------------------------------------------------------------------------------------------- reconciler
+
+
+def lifecycle_reconcile() -> dict[str, int]:
+    """Re-drive every attempt whose next step is overdue; returns how many of each kind were found.
+
+    - admitted but never claimed, or claimed but never handed over (a worker died, a message was lost,
+      the database or broker was down): start again;
+    - stopping past the grace period (or never asked): ask again, which kills at once;
+    - every live attempt is observed, so one whose supervisor died is fenced and finished.
+    """
+    now = timezone.now()
+    start_due = now - timedelta(seconds=settings.TRAINYARD_START_OVERDUE_S)
+    stop_due = now - timedelta(seconds=settings.TRAINYARD_CANCEL_GRACE_S + settings.TRAINYARD_STOP_OVERDUE_S)
+    report = {"started": 0, "stopped": 0, "observed": 0}
+    unstarted = Attempt.objects.filter(
+        Q(state=AttemptState.PLACED, job__state=JobState.ADMITTED, job__admitted_at__lt=start_due)
+        | Q(state=AttemptState.STARTING, backend_ref="", started_at__lt=start_due)
+    ).values_list("id", "job_id")
+    for attempt_id, job_id in list(unstarted):
+        log.warning("lifecycle_restart_overdue", attempt_id=attempt_id, job_id=str(job_id))
+        attempt_start(attempt_id=attempt_id)
+        report["started"] += 1
+    stopping = (
+        Attempt.objects.filter(state__in=LIVE, job__state=JobState.CANCELLING)
+        .exclude(backend_ref="")
+        .filter(Q(stop_requested_at__isnull=True) | Q(stop_requested_at__lt=stop_due))
+    )
+    for attempt in list(stopping):
+        log.warning("lifecycle_stop_overdue", attempt_id=attempt.id, job_id=str(attempt.job_id))
+        with transaction.atomic():
+            attempt_stop_on_commit(attempt, robust=True)
+        report["stopped"] += 1
+    for backend_name in set(Attempt.objects.filter(state__in=LIVE).values_list("backend", flat=True)):
+        report["observed"] += attempts_observe(backend_name=backend_name)
+    return report

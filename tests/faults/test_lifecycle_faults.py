@@ -1,0 +1,229 @@
+"""Faults in the lifecycle against real processes and the real database: lost start messages, a start that
+died half way, starts that race, a supervisor killed with SIGKILL, processes that escape their session, and the
+bad inputs (output floods, closed stdout, a thousand children). Each ends in one recorded state with nothing held.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from jobs import lifecycle, logstore
+from jobs.backends import get_backend, proctree
+from jobs.models import Attempt, Job
+from tests.faults.conftest import assert_settled, drive_once, drive_until, runs, settled, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
+
+
+def admitted_attempt(job) -> Attempt:
+    from jobs import tasks
+
+    tasks.dispatch_all()
+    return Attempt.objects.get(job=job, state="placed")
+
+
+def test_an_admitted_job_whose_start_message_was_lost_is_started_by_the_reconciler(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="echo done", marks=marks)
+    admitted_attempt(job)  # admitted; the start message sits in a queue no worker reads
+    assert Job.objects.get(pk=job.pk).state == "admitted"
+    report = lifecycle.lifecycle_reconcile()
+    assert report["started"] == 1
+    drive_until(lambda: settled(job))
+    assert_settled(job, marks, state="succeeded")
+    assert runs(marks) == ["1"]
+
+
+def test_a_start_that_died_after_the_backend_accepted_it_is_adopted_not_run_again(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 1", marks=marks)
+    attempt = admitted_attempt(job)
+    # The first two steps of a start, then the worker "dies": the hand-over to the database never happens.
+    claimed = lifecycle._attempt_claim(attempt_id=attempt.id)
+    ref = get_backend().submit(lifecycle.describe_attempt(claimed))
+    attempt.refresh_from_db()
+    assert attempt.state == "starting" and attempt.backend_ref == ""
+    lifecycle.attempt_start(attempt_id=attempt.id)  # a redelivered message
+    lifecycle.lifecycle_reconcile()  # and the reconciler, both at once
+    attempt.refresh_from_db()
+    assert attempt.backend_ref == ref
+    drive_until(lambda: settled(job))
+    assert_settled(job, marks, state="succeeded")
+    assert runs(marks) == ["1"]
+
+
+def test_concurrent_starts_of_one_attempt_run_it_once(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 1", marks=marks)
+    attempt = admitted_attempt(job)
+    errors = []
+
+    def start() -> None:
+        try:
+            lifecycle.attempt_start(attempt_id=attempt.id)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    drive_until(lambda: settled(job))
+    assert_settled(job, marks, state="succeeded")
+    assert runs(marks) == ["1"]
+
+
+def test_a_killed_supervisor_is_fenced_before_the_retry(platform, fast_lifecycle, tmp_path):
+    """SIGKILL to the supervisor only: its escaped grandchild must be dead before attempt 2 starts."""
+    marks = tmp_path / "marks"
+    ticks = tmp_path / "ticks"
+    script = (
+        'if [ "$TRAINYARD_ATTEMPT" = 1 ]; then '
+        f"setsid sh -c 'while :; do echo \"$TRAINYARD_ATTEMPT $(date +%s%N)\" >> {ticks}; sleep 0.05; done' & "
+        "sleep 300; else date +%s%N > " + str(tmp_path / "second") + "; fi"
+    )
+    job = submit(platform, script=script, marks=marks)
+    drive_until(lambda: Job.objects.get(pk=job.pk).state == "running")
+    drive_until(lambda: ticks.exists())
+    folder = get_backend()._folder(Attempt.objects.get(job=job, number=1).backend_ref)
+    os.kill(int((folder / "runner.pid").read_text()), signal.SIGKILL)
+    drive_until(lambda: settled(job))
+    job = assert_settled(job, marks, state="succeeded")
+    first, second = job.attempts.order_by("number")
+    assert first.state == "lost" and first.failure_class == "platform"
+    assert second.state == "succeeded"
+    second_started = int((tmp_path / "second").read_text())
+    last_tick = max(int(line.split()[1]) for line in ticks.read_text().splitlines())
+    assert last_tick < second_started, "attempt 1's process still ran when attempt 2 started"
+    assert runs(marks) == ["1", "2"]
+
+
+def test_cancel_kills_a_child_that_left_the_session_and_ignores_sigterm(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="setsid sh -c 'trap \"\" TERM; sleep 300' & sleep 300", marks=marks)
+    drive_until(lambda: Job.objects.get(pk=job.pk).state == "running")
+    drive_until(lambda: len(proctree.tagged(str(job.id), 1)) >= 3)
+    started = time.monotonic()
+    lifecycle.job_cancel(job_id=job.id, actor="test")
+    drive_until(lambda: settled(job), timeout=30)
+    assert time.monotonic() - started < fast_lifecycle.TRAINYARD_CANCEL_GRACE_S + 10
+    assert_settled(job, marks, state="cancelled")
+
+
+def test_a_main_process_that_exits_while_a_child_holds_stdout_ends_the_attempt(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="(sleep 300; echo never) & echo main done; exit 0", marks=marks)
+    started = time.monotonic()
+    drive_until(lambda: settled(job), timeout=30)
+    assert time.monotonic() - started < 20
+    job = assert_settled(job, marks, state="succeeded")
+    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
+    assert [line.text for line in lines] == ["main done"]
+
+
+def test_ended_at_is_when_the_process_ended_not_when_it_was_noticed(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="exit 0", marks=marks)
+    lifecycle.attempt_start(attempt_id=admitted_attempt(job).id)
+    time.sleep(3)  # nobody observes for a while
+    drive_until(lambda: settled(job))
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    noticed = Job.objects.get(pk=job.pk).finished_at
+    assert (noticed - attempt.ended_at).total_seconds() > 2
+    assert_settled(job, marks, state="succeeded")
+
+
+def test_a_flood_without_newlines_is_kept_in_bounded_lines(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="head -c 3000000 /dev/zero | tr '\\0' x", marks=marks)
+    drive_until(lambda: settled(job), timeout=60)
+    job = assert_settled(job, marks, state="succeeded")
+    folder = logstore.attempt_dir(str(job.id), 1)
+    lines, _ = logstore.read_lines(folder, limit=10_000)
+    assert len(lines) == 3000000 // logstore.MAX_LINE_BYTES + 1
+    assert all(len(line.text.encode()) <= logstore.MAX_LINE_BYTES + 20 for line in lines)
+
+
+def test_a_job_that_closes_stdout_early_and_runs_on_ends_with_its_own_status(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="echo before; exec >&- 2>&-; sleep 2; exit 3", marks=marks, max_retries=0)
+    drive_until(lambda: settled(job), timeout=30)
+    job = assert_settled(job, marks, state="failed")
+    assert job.attempts.get().exit_code == 3
+
+
+def test_a_thousand_children_left_behind_are_all_stopped(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    script = "i=0; while [ $i -lt 1000 ]; do sleep 300 & i=$((i+1)); done; echo forked; exit 0"
+    job = submit(platform, script=script, marks=marks)
+    drive_until(lambda: settled(job), timeout=120)
+    job = assert_settled(job, marks, state="succeeded")
+    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
+    assert [line.text for line in lines] == ["forked"]
+
+
+def test_an_unwritable_log_folder_degrades_logging_and_the_job_runs_on(platform, fast_lifecycle, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the log root should be")
+    fast_lifecycle.TRAINYARD_LOG_ROOT = blocker / "logs"
+    marks = tmp_path / "marks"
+    job = submit(platform, script="for i in $(seq 1 50); do echo line $i; done", marks=marks)
+    drive_until(lambda: settled(job), timeout=30)
+    job = assert_settled(job, marks, state="succeeded")
+    event = job.events.get(kind="logs_degraded")
+    assert event.level == "warning" and event.data["lines_lost"] == 50
+    assert "NotADirectoryError" in event.data["error"]
+
+
+def test_a_full_disk_degrades_logging_and_the_job_runs_on(platform, fast_lifecycle, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.fail("this test needs /dev/full (a device whose writes fail with ENOSPC)")
+    marks = tmp_path / "marks"
+    job = submit(platform, script="for i in $(seq 1 3000); do echo line $i; done; sleep 1", marks=marks)
+    folder = logstore.attempt_dir(str(job.id), 1)
+    folder.mkdir(parents=True)
+    (folder / "log").symlink_to("/dev/full")  # every flush of the log fails as on a full disk
+    drive_until(lambda: settled(job), timeout=30)
+    job = assert_settled(job, marks, state="succeeded")
+    event = job.events.get(kind="logs_degraded")
+    assert event.data["lines_lost"] > 0 and "No space left" in event.data["error"]
+
+
+def test_reconciler_stops_a_cancel_that_was_never_delivered(platform, fast_lifecycle, tmp_path):
+    """The stop message is lost (cancel recorded, backend never told): past the grace the reconciler repeats it."""
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 300", marks=marks)
+    drive_until(lambda: Job.objects.get(pk=job.pk).state == "running")
+    from jobs.services import job_transition
+
+    job_transition(job_id=job.id, to="cancelling", actor="test", reason="cancelled_by_user")  # no stop sent
+    time.sleep(0.5)
+    assert Job.objects.get(pk=job.pk).state == "cancelling"
+    drive_until(lambda: settled(job), timeout=30)
+    assert_settled(job, marks, state="cancelled")
+
+
+def test_a_job_never_has_two_live_attempts(platform, fast_lifecycle, tmp_path):
+    from django.db import IntegrityError
+
+    job = submit(platform, script="sleep 1", marks=tmp_path / "marks")
+    attempt = admitted_attempt(job)
+    with pytest.raises(IntegrityError):
+        Attempt.objects.create(job=job, number=attempt.number + 1, backend="local")
+    drive_until(lambda: settled(job))
+    assert_settled(job, state="succeeded")
+
+
+def test_drive_once_is_quiet_with_nothing_to_do(platform, fast_lifecycle):
+    drive_once()
+    assert lifecycle.lifecycle_reconcile() == {"started": 0, "stopped": 0, "observed": 0}
