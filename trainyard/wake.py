@@ -16,12 +16,19 @@ WAKE_KEY = "scheduler:pass-queued"
 WAKE_TTL_S = 20
 
 
+def wake_key() -> str:
+    """The queued-pass mark, per Celery queue: platforms (and test runs) sharing a Redis never mask each other."""
+    from celery import current_app
+
+    return f"{WAKE_KEY}:{current_app.conf.task_default_queue}"
+
+
 def dispatch_soon() -> None:
     """Ask for a dispatch pass over every queue soon."""
     from django.core.cache import cache
 
     try:
-        queued = cache.add(WAKE_KEY, 1, timeout=WAKE_TTL_S)
+        queued = cache.add(wake_key(), 1, timeout=WAKE_TTL_S)
     except Exception:  # noqa: BLE001 - without Redis the beat's pass still comes within 30 s
         log.warning("dispatch_request_unsent")
         return
@@ -32,7 +39,7 @@ def dispatch_soon() -> None:
     try:
         current_app.send_task(DISPATCH_TASK, args=[None])
     except Exception:  # noqa: BLE001 - the beat's pass still comes; let the next request try again
-        cache.delete(WAKE_KEY)
+        cache.delete(wake_key())
         log.warning("dispatch_request_unsent")
 
 
@@ -41,6 +48,6 @@ def dispatch_started() -> None:
     from django.core.cache import cache
 
     try:
-        cache.delete(WAKE_KEY)
+        cache.delete(wake_key())
     except Exception:  # noqa: BLE001
         log.warning("dispatch_mark_not_cleared")

@@ -164,7 +164,7 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
 
     client = redis.Redis.from_url(dj_settings.CELERY_BROKER_URL)
     client.delete(_isolated_broker_queue)
-    cache.delete(wake.WAKE_KEY)
+    cache.delete(wake.wake_key())
     for _ in range(50):
         wake.dispatch_soon()
     assert client.llen(_isolated_broker_queue) == 1
@@ -172,7 +172,7 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
     wake.dispatch_soon()
     assert client.llen(_isolated_broker_queue) == 2
     client.delete(_isolated_broker_queue)
-    cache.delete(wake.WAKE_KEY)
+    cache.delete(wake.wake_key())
 
 
 def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(platform):  # noqa: F811
