@@ -44,9 +44,11 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
 def _die_with_parent(sig: int):
     """A preexec_fn: the server gets `sig` when the process that started it dies (even by SIGKILL)."""
 
-    def setup() -> None:
-        from jobs.backends.proctree import die_with_parent
+    # Imported here, in the parent: the child runs between fork and exec (maybe as another user), where
+    # importing modules can fail.
+    from jobs.backends.proctree import die_with_parent
 
+    def setup() -> None:
         die_with_parent(sig)
 
     return setup

@@ -30,9 +30,11 @@ HEALTHY_AFTER_S = 60.0  # a child that ran this long starts again from the first
 
 def _die_with_launcher() -> None:
     # SIGTERM: each child shuts down its own workers (uvicorn's, Celery's pool) when the launcher is gone.
-    from jobs.backends.proctree import die_with_parent
+    # `die_with_parent` is imported in the launcher (below): importing between fork and exec can fail.
+    _die_with_parent(signal.SIGTERM)
 
-    die_with_parent(signal.SIGTERM)
+
+from jobs.backends.proctree import die_with_parent as _die_with_parent  # noqa: E402
 
 
 class Child:
