@@ -19,7 +19,8 @@ from asgiref.sync import async_to_sync
 from celery import current_app
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Max, Sum, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
@@ -52,12 +53,25 @@ WAITING_FIELDS = (
     "total_cpu_milli",
     "total_memory_mib",
     "min_driver_version",
-    "excluded_gpus",
-    "excluded_nodes",
-    "gpu_models",
+    "excluded_gpus_text",
+    "excluded_nodes_text",
+    "gpu_models_text",
     "reason",
     "queue_position",
 )
+# The JSON list columns come as text and are parsed only when not empty: decoding three empty lists per waiting
+# job was a third of a pass over 5,000 of them.
+AS_TEXT = {
+    "excluded_gpus_text": Cast("excluded_gpus", TextField()),
+    "excluded_nodes_text": Cast("excluded_nodes", TextField()),
+    "gpu_models_text": Cast("gpu_models", TextField()),
+}
+
+
+def _json_list(text: str | None) -> list:
+    return [] if not text or text == "[]" else json.loads(text)
+
+
 SUMS = {
     "gpu_milli": Sum("total_gpu_milli"),
     "gpu_memory_mib": Sum("total_gpu_memory_mib"),
@@ -88,9 +102,9 @@ def _waiting(row: tuple) -> scheduler.Waiting:
         memory_mib=host_mem,
         total={"gpu_milli": tg, "gpu_memory_mib": tgm, "cpu_milli": tc, "memory_mib": tm},
         min_driver=driver or "",
-        excluded_gpus=tuple(sorted(ex_gpus or ())),
-        excluded_nodes=tuple(sorted(ex_nodes or ())),
-        gpu_models=tuple(models or ()),
+        excluded_gpus=tuple(sorted(_json_list(ex_gpus))),
+        excluded_nodes=tuple(sorted(_json_list(ex_nodes))),
+        gpu_models=tuple(_json_list(models)),
         reason=reason,
         position=position,
     )
@@ -117,7 +131,7 @@ class JobStore:
         if queue_ids is not None:
             pending = pending.filter(queue_id__in=[q.id for q in rules])
         waiting: dict[int, list[scheduler.Waiting]] = defaultdict(list)
-        for row in pending.values_list(*WAITING_FIELDS):
+        for row in pending.annotate(**AS_TEXT).values_list(*WAITING_FIELDS):
             waiting[row[1]].append(_waiting(row))
         team_ids = {w.team_id for line in waiting.values() for w in line}
         teams = {
@@ -320,14 +334,21 @@ class JobStore:
                 tail=[JobState.PENDING],
             )
         )
-        JobEvent.objects.bulk_create(
+        now = timezone.now()
+        _copy(
+            JobEvent,
             [
-                JobEvent(
-                    job_id=w.job.id, kind="waiting", actor="dispatcher", message=w.message, data={"reason": w.code}
-                )
+                {
+                    "job_id": w.job.id,
+                    "kind": "waiting",
+                    "actor": "dispatcher",
+                    "message": w.message,
+                    "data": json.dumps({"reason": w.code}),
+                    "at": now,
+                }
                 for w in changed
                 if w.job.reason != w.code and w.job.id in updated
-            ]
+            ],
         )
 
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:

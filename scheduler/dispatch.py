@@ -217,16 +217,19 @@ def request_of(job: Waiting, models: frozenset[str] | None) -> policy.Request:
     )
 
 
-def _quota_check(job: Waiting, queue: QueueRules, team: TeamRules, backlog: Backlog) -> tuple[str, str] | None:
+def _quota_check(
+    job: Waiting, queue: QueueRules, team: TeamRules, backlog: Backlog, used: dict[str, int]
+) -> tuple[str, str] | None:
     if not queue.open:
         return QUEUE_CLOSED, f"queue {queue.name} is closed"
-    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
     for name in VECTOR:
         if used[name] + job.total[name] > queue.limit[name]:
             return QUEUE_QUOTA, (
                 f"queue {queue.name} has {queue.limit[name] - used[name]} {name} free; the job needs {job.total[name]}"
             )
-    tused = backlog.team_used.setdefault(team.id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
+    tused = backlog.team_used.get(team.id)
+    if tused is None:
+        tused = backlog.team_used[team.id] = {**dict.fromkeys(VECTOR, 0), "jobs": 0}
     for name in VECTOR:
         if tused[name] + job.total[name] > team.limit[name]:
             return TEAM_QUOTA, (
@@ -323,7 +326,7 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
             return GPU_MODEL_UNAVAILABLE, f"no GPU of model {' or '.join(job.gpu_models)} is in the pool"
     masked_nodes: list[int] = []
     if job.min_driver:
-        masked_nodes = pool.too_old(job.min_driver)
+        masked_nodes = list(pool.too_old(job.min_driver))
         if masked_nodes and len(masked_nodes) == len(pool.meta):
             return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
@@ -363,20 +366,24 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
 
 
 def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[str, str]:
-    ready = [
-        (i, c)
-        for i, m in enumerate(pool.meta)
-        if m.ready and m.name not in job.excluded_nodes
-        for c in m.cards.values()
-        if c.healthy and c.uuid not in job.excluded_gpus
-    ]
-    if not ready:
+    if job.excluded_nodes or job.excluded_gpus:
+        ready = [
+            (i, c)
+            for i, m in enumerate(pool.meta)
+            if m.ready and m.name not in job.excluded_nodes
+            for c in m.cards.values()
+            if c.healthy and c.uuid not in job.excluded_gpus
+        ]
+        any_ready, nodes, ready_models = bool(ready), {i for i, _ in ready}, {c.model for _, c in ready}
+    else:
+        any_ready, nodes, ready_models = pool.ready_summary()
+    if not any_ready:
         return NO_CAPACITY, "no healthy GPU is available"
     if job.min_driver:
         old = set(pool.too_old(job.min_driver))
-        if all(i in old for i, _ in ready):
+        if all(i in old for i in nodes):
             return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
-    if models is not None and not any(c.model in models for _, c in ready):
+    if models is not None and not (models & ready_models):
         return GPU_MODEL_UNAVAILABLE, f"no healthy GPU of model {' or '.join(sorted(models))} is ready"
     code, message = _no_capacity(job)
     if models is not None:
@@ -391,9 +398,10 @@ def plan(backlog: Backlog, pool: Pool) -> Plan:
         position = 0
         blocked = False
         failed_shapes: dict[tuple, tuple[str, str]] = {}
+        used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
         for job in backlog.waiting.get(queue.id, ()):
             team = backlog.teams[job.team_id]
-            why = _quota_check(job, queue, team, backlog)
+            why = _quota_check(job, queue, team, backlog, used)
             if why is None and blocked and queue.fifo:
                 why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
             placed = None

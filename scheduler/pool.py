@@ -100,6 +100,8 @@ class Pool:
         self.models: frozenset[str] = frozenset()
         self.allocator: policy.Allocator | None = None
         self.workload: policy.Workload | None = None
+        self._too_old: dict[str, list[int]] = {}
+        self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
         self.loads = 0  # full reloads so far (the benchmark reports them)
         self.ledger_reads = 0
 
@@ -195,6 +197,8 @@ class Pool:
             models.add(model)
         self.models = frozenset(models)
         self.nodes = [self._node(m) for m in self.meta]
+        self._too_old = {}
+        self._ready = None
 
     def _load_ledger(self) -> set[int]:
         """Read the live slices; returns the positions of the nodes whose use changed."""
@@ -285,8 +289,27 @@ class Pool:
         return frozenset(m for m in self.models if any(model_matches(w, m) for w in wanted))
 
     def too_old(self, min_driver: str) -> list[int]:
-        want = version_tuple(min_driver)
-        return [i for i, m in enumerate(self.meta) if m.driver < want]
+        """Positions of the nodes whose driver is older than `min_driver` (cached until the structure changes)."""
+        hit = self._too_old.get(min_driver)
+        if hit is None:
+            want = version_tuple(min_driver)
+            hit = self._too_old[min_driver] = [i for i, m in enumerate(self.meta) if m.driver < want]
+        return hit
+
+    def ready_summary(self) -> tuple[bool, frozenset[int], frozenset[str]]:
+        """Whether any healthy card on a ready node exists, the positions of such nodes, and their models
+        (cached until the structure changes; probe failures in a pass make it conservative, never wrong)."""
+        if self._ready is None:
+            nodes, models = set(), set()
+            for i, m in enumerate(self.meta):
+                if not m.ready:
+                    continue
+                for c in m.cards.values():
+                    if c.healthy:
+                        nodes.add(i)
+                        models.add(c.model)
+            self._ready = (bool(nodes), frozenset(nodes), frozenset(models))
+        return self._ready
 
     @contextlib.contextmanager
     def masked(self, *, nodes: Iterable[int] = (), gpus: Iterable[tuple[int, int]] = ()) -> Iterator[None]:
@@ -317,6 +340,7 @@ class Pool:
     def mark_unusable(self, i: int, index: int) -> None:
         """A card failed its probe: out of placement until the structure is read again."""
         self.meta[i].cards[index].healthy = False
+        self._ready = None
         for g in self.nodes[i].gpus:
             if g.index == index:
                 g.eligible = False

@@ -497,3 +497,38 @@ def test_bench_without_a_trace_writes_nothing(
     assert bench.main(["--quick", "--output", str(out)]) == 0
     assert not out.exists()
     assert "TRAINYARD_TRACE_DIR" in capsys.readouterr().out
+
+
+# ---- model sets and memory in eighths -------------------------------------------------------------------
+
+
+def test_a_request_with_a_model_set_lands_only_on_those_models():
+    nodes = [
+        Node.empty("t4", 2, 32000, gpu_model="T4"),
+        Node.empty("v16", 2, 32000, gpu_model="V100M16"),
+        Node.empty("v32", 2, 32000, gpu_model="V100M32"),
+    ]
+    req = Request.whole(1, gpu_model="V100M16|V100M32")
+    wl = Workload({req: 1.0, Request.fraction(500): 1.0})
+    alloc = Allocator(nodes, "fgd", wl)
+    placed = [alloc.place(req) for _ in range(5)]
+    assert {p.node for p in placed[:4]} == {"v16", "v32"}
+    assert placed[4] is None  # four V100s in all; the T4s never qualify
+    # The workload counts the T4 node's free cards as stranded for that type, not the V100s'.
+    assert fragmentation(nodes[0], Workload({req: 1.0})) == 2000.0
+
+
+def test_memory_in_eighths_follows_the_card_it_lands_on():
+    small = Node("s", 64000, [GPU(0, 1000, 40960, 40960)])
+    big = Node("b", 64000, [GPU(0, 1000, 81920, 81920)])
+    req = Request.fraction(250, gpu_memory_eighths=2)
+    alloc = Allocator([small, big], "first_fit", None)
+    first = alloc.place(req)
+    assert (first.node, first.gpu_memory_mib) == ("s", 10240)
+    second = alloc.place(req)
+    assert second.node == "s" and small.gpus[0].memory_free_mib == 40960 - 2 * 10240
+    # 7/8 of the big card fits nowhere but on it.
+    wide = alloc.place(Request.fraction(250, gpu_memory_eighths=7))
+    assert (wide.node, wide.gpu_memory_mib) == ("b", 71680)
+    with pytest.raises(ValueError):
+        Request.fraction(250, gpu_memory_eighths=9)
