@@ -304,3 +304,31 @@ def test_fast_job_output_matches_drfs_field_by_field_output(world):
             fast = JSONRenderer().render(cls(job).data)
             generic = JSONRenderer().render(serializers.ModelSerializer.to_representation(cls(), job))
             assert fast == generic, cls.__name__
+
+
+def test_gpu_models_are_checked_against_the_pool_and_shown_on_the_job(world):
+    from cluster.inventory import GpuInfo, NodeInfo
+    from cluster.services import inventory_sync
+
+    gpus = tuple(GpuInfo(uuid=f"GPU-h-{i}", index=i, model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(2))
+    inventory_sync(
+        info=NodeInfo(
+            name="h100-node",
+            emulated=True,
+            driver_version="550.54.15",
+            cuda_version="12.4",
+            cpu_milli=64000,
+            memory_mib=512 * 1024,
+            gpus=gpus,
+        )
+    )
+    client = client_for("demo")
+    refused = client.post("/api/v1/jobs/", body(gpu_models=["B200"]), format="json")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "unknown_gpu_model" and "NVIDIA H100 80GB HBM3" in refused.json()["detail"]
+    wrong_type = client.post("/api/v1/jobs/", body(gpu_models="H100"), format="json")
+    assert wrong_type.status_code == 400
+    accepted = client.post("/api/v1/jobs/", body(gpu_models=["h100"]), format="json")
+    assert accepted.status_code == 201, accepted.json()
+    detail = client.get(f"/api/v1/jobs/{accepted.json()['id']}/").json()
+    assert detail["gpu_models"] == ["h100"]
