@@ -88,7 +88,7 @@ def test_celery_task_latency_from_a_real_worker(live_platform):
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "succeeded")
     metrics = Client().get("/metrics").content.decode()
     assert 'trainyard_celery_task_runtime_seconds_count{task="jobs.dispatch_queue"}' in metrics
-    assert 'trainyard_celery_task_queue_wait_seconds_count{task="jobs.start_attempt"}' in metrics
+    assert 'trainyard_celery_task_queue_wait_seconds_count{task="jobs.start_attempts"}' in metrics
 
 
 def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_user_failure(
