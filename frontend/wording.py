@@ -47,6 +47,9 @@ PENDING_REASONS: dict[str, Promise] = {
         "The quota allows it, but no healthy GPU has enough free compute and memory for it right now."
     ),
     PendingReason.IMAGE_INCOMPATIBLE: _("No node has an NVIDIA driver new enough for the job's image."),
+    PendingReason.GPU_MODEL_UNAVAILABLE: _(
+        "None of the GPU models the job accepts has a healthy card on a ready node; it starts when one is back."
+    ),
     PendingReason.QUEUE_CLOSED: _("An admin closed the queue; nothing new starts until it reopens."),
     PendingReason.WAITING_FOR_GANG: _("Waiting until GPUs for all replicas are free at the same time."),
     PendingReason.BEHIND_HIGHER_PRIORITY: _(

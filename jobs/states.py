@@ -57,6 +57,7 @@ class PendingReason(models.TextChoices):
     USER_JOB_LIMIT = "user_job_limit"
     NO_CAPACITY = "no_capacity"
     IMAGE_INCOMPATIBLE = "image_incompatible_with_all_nodes"
+    GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
     QUEUE_CLOSED = "queue_closed"
     WAITING_FOR_GANG = "waiting_for_gang"
     BEHIND_HIGHER_PRIORITY = "behind_earlier_job"

@@ -389,3 +389,27 @@ def test_durations_and_sizes_read_naturally():
     with translation.override("zh-hans"):
         assert duration(3700) == "1 小时 1 分钟"
     assert [gpus(1000), gpus(250), gpus(750), gpus(4000)] == ["1", "0.25", "0.75", "4"]
+
+
+def test_submit_form_lists_the_pools_gpu_models_and_pins_the_chosen_ones(portal):
+    from cluster.models import GPU
+
+    model = GPU.objects.values_list("model", flat=True).first()
+    client = login(portal.demo)
+    form = client.get("/jobs/new/").content.decode()
+    assert 'name="gpu_models"' in form and f'<option value="{model}"' in form
+    key = re.search(r'name="idempotency_key" value="([0-9a-f]+)"', form).group(1)
+    data = {
+        "idempotency_key": key,
+        "team": "demo",
+        "queue": "debug",
+        "spec": "shared",
+        "image": "python-3.11",
+        "command": "python train.py",
+        "gpu_models": [model],
+    }
+    response = client.post("/jobs/new/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Job.objects.get().gpu_models == [model]
+    refused = client.post("/jobs/new/", {**data, "gpu_models": ["No Such GPU"]})
+    assert refused.status_code == 400 and Job.objects.count() == 1
