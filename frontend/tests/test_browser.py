@@ -27,6 +27,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from jobs import services
+from cluster.models import GPU
 from jobs.models import Job, TensorBoardRoute
 from jobs.states import JobState
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture, shared with the jobs tests
@@ -202,6 +203,10 @@ def fill_submit_form(
     tab.fill("#id_command", command_line)
     tab.fill("#id_timeout_s", timeout_s)
     tab.fill("#id_labels", "experiment=browser")
+    # The GPU models the pool has are offered (the emulated node's one model here); pick it.
+    models = tab.locator("#id_gpu_models option")
+    assert models.count() >= 1
+    tab.select_option("#id_gpu_models", index=0)
     if tensorboard:
         tab.check("#id_tensorboard")
 
@@ -236,6 +241,7 @@ def test_portal_in_a_real_browser(live_portal, page):
     tab.wait_for_url(re.compile(r"/jobs/[0-9a-f-]{36}/$"))
     job = Job.objects.get(owner=demo, labels={"experiment": "browser"})
     assert tab.url.endswith(f"/jobs/{job.id}/")
+    assert job.gpu_models and job.gpu_models[0] in set(GPU.objects.values_list("model", flat=True))
 
     # Live lines arrive while the job runs; pausing and resuming the stream loses and repeats nothing.
     tab.wait_for_function("document.querySelectorAll('#log-panel .log-line').length >= 5")
