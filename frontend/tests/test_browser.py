@@ -204,9 +204,9 @@ def fill_submit_form(
     tab.fill("#id_timeout_s", timeout_s)
     tab.fill("#id_labels", "experiment=browser")
     # The GPU models the pool has are offered (the emulated node's one model here); pick it.
-    models = tab.locator("#id_gpu_models option")
+    models = tab.locator("#field-gpu_models input[name=gpu_models]")
     assert models.count() >= 1
-    tab.select_option("#id_gpu_models", index=0)
+    models.first.check()
     if tensorboard:
         tab.check("#id_tensorboard")
 
