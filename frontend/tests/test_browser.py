@@ -26,8 +26,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from jobs import services
 from cluster.models import GPU
+from jobs import services
 from jobs.models import Job, TensorBoardRoute
 from jobs.states import JobState
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture, shared with the jobs tests
