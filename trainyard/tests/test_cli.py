@@ -454,3 +454,14 @@ def test_the_cli_loads_no_django_app_code():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_submit_pins_gpu_models_and_names_an_unknown_one_on_its_line(cli, tmp_path):
+    from cluster.models import GPU
+
+    model = GPU.objects.values_list("model", flat=True).first()
+    result = cli("submit", write(tmp_path, JOB_YAML + f"gpu_models: ['{model}']\n"))
+    assert result.code == 0, result.err
+    assert Job.objects.get().gpu_models == [model]
+    refused = cli("submit", write(tmp_path, JOB_YAML + "gpu_models: [B200]\n"))
+    assert refused.code == 4 and "job.yaml:16: gpu_models:" in refused.err and "(unknown_gpu_model)" in refused.err
