@@ -227,3 +227,37 @@ def test_a_job_never_has_two_live_attempts(platform, fast_lifecycle, tmp_path):
 def test_drive_once_is_quiet_with_nothing_to_do(platform, fast_lifecycle):
     drive_once()
     assert lifecycle.lifecycle_reconcile() == {"started": 0, "stopped": 0, "observed": 0}
+
+
+def test_a_cancel_that_lands_while_the_start_is_in_flight_stops_what_was_started(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 300", marks=marks)
+    attempt = admitted_attempt(job)
+    lifecycle._attempt_claim(attempt_id=attempt.id)  # a worker claimed the start...
+    assert lifecycle.job_cancel(job_id=job.id, actor="test").state == "cancelling"  # ...the user cancels...
+    lifecycle.attempt_start(attempt_id=attempt.id)  # ...and the start goes through: the hand-over stops it
+    drive_until(lambda: settled(job), timeout=30)
+    assert_settled(job, marks, state="cancelled")
+
+
+def test_a_cancel_before_the_start_means_it_never_runs(platform, fast_lifecycle, tmp_path):
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 300", marks=marks)
+    attempt = admitted_attempt(job)
+    assert lifecycle.job_cancel(job_id=job.id, actor="test").state == "cancelled"
+    lifecycle.attempt_start(attempt_id=attempt.id)  # the start message arrives late
+    drive_once()
+    assert_settled(job, marks, state="cancelled")
+    assert runs(marks) == [] and not (get_backend().root / str(job.id)).exists()
+
+
+def test_a_start_is_not_overdue_before_its_time(platform, settings, tmp_path):
+    settings.TRAINYARD_START_OVERDUE_S = 600
+    job = submit(platform, script="echo hi", marks=tmp_path / "marks")
+    admitted_attempt(job)
+    assert lifecycle.lifecycle_reconcile()["started"] == 0
+    assert Job.objects.get(pk=job.pk).state == "admitted"
+    settings.TRAINYARD_START_OVERDUE_S = 0
+    assert lifecycle.lifecycle_reconcile()["started"] == 1
+    drive_until(lambda: settled(job))
+    assert_settled(job, state="succeeded")
