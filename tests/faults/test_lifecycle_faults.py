@@ -110,7 +110,8 @@ def test_a_killed_supervisor_is_fenced_before_the_retry(platform, fast_lifecycle
 
 def test_cancel_kills_a_child_that_left_the_session_and_ignores_sigterm(platform, fast_lifecycle, tmp_path):
     marks = tmp_path / "marks"
-    job = submit(platform, script="setsid sh -c 'trap \"\" TERM; sleep 300' & sleep 300", marks=marks)
+    # Double fork: the escaped child is orphaned at once, in a session of its own, and ignores SIGTERM.
+    job = submit(platform, script="(setsid sh -c 'trap \"\" TERM; sleep 300' &); sleep 300", marks=marks)
     drive_until(lambda: Job.objects.get(pk=job.pk).state == "running")
     drive_until(lambda: len(proctree.tagged(str(job.id), 1)) >= 3)
     started = time.monotonic()
