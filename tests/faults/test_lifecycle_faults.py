@@ -197,7 +197,7 @@ def test_a_full_disk_degrades_logging_and_the_job_runs_on(platform, fast_lifecyc
     drive_until(lambda: settled(job), timeout=30)
     job = assert_settled(job, marks, state="succeeded")
     event = job.events.get(kind="logs_degraded")
-    assert event.data["lines_lost"] > 0 and "No space left" in event.data["error"]
+    assert event.data["lines_lost"] == 3000 and "No space left" in event.data["error"]
 
 
 def test_reconciler_stops_a_cancel_that_was_never_delivered(platform, fast_lifecycle, tmp_path):
