@@ -255,7 +255,7 @@ def main(folder: Path) -> int:
         except BlockingIOError:
             return
         if not chunk:
-            os.close(fd)
+            child.stdout.close()
             fd = None
             return
         lines = (partial + chunk).split(b"\n")
@@ -280,7 +280,7 @@ def main(folder: Path) -> int:
     while fd is not None and time.monotonic() < deadline:
         pump(0.05)
     if fd is not None:
-        os.close(fd)
+        child.stdout.close()
     if partial:
         logs.line(partial)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
