@@ -7,7 +7,8 @@ that step again. Every step is idempotent. One writer per attempt state:
 - placed → starting (claimed, no backend ref yet): `_attempt_claim`;
 - starting + backend ref: `_attempt_handed_over` (after `Backend.submit`, itself a no-op when repeated);
 - starting → running: `attempts_observe`;
-- → succeeded | failed | lost | cancelled | timed_out: `attempt_finish`;
+- → succeeded | failed | lost | cancelled | timed_out: `attempt_finish` (and `job_cancel` for an attempt that
+  never left `placed`);
 - stop requested (cancel, timeout, share enforcement): `attempt_stop_on_commit`.
 
 Fencing: a backend reports an attempt `lost` only once its processes are known dead, and the database allows one

@@ -131,7 +131,7 @@ def main() -> int:
         _manage("migrate", "--noinput", env=env)
         _manage("collectstatic", "--noinput", "-v", "0", env=env)
         _manage("seed", env=env)
-        for name in processes.NAMES:
+        for name in processes.NAMES if not stop_signals else ():
             child = Child(
                 name,
                 [sys.executable, "-m", *processes.command(name, host=host, port=port)],

@@ -181,6 +181,7 @@ class LocalBackend:
                         phase="running", message=f"supervisor gone; {len(left)} processes could not be killed yet"
                     )
                 else:
+                    (folder / "fenced").write_text(str(time.time()))
                     result[ref] = Observation(
                         phase="lost",
                         reason="Lost",
@@ -224,7 +225,8 @@ class LocalBackend:
         if not self.root.exists():
             return refs
         for folder in self.root.glob("*/attempt-*"):
-            if not (folder / "status.json").exists() and self._runner_alive(folder):
+            # A supervisor that died is still counted until its processes are fenced: its slices stay held till then.
+            if not (folder / "status.json").exists() and not (folder / "fenced").exists():
                 refs.add(f"local:{folder.parent.name}:{folder.name.split('-', 1)[1]}")
         return refs
 

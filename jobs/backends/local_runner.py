@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from jobs.backends import proctree
+from jobs.logstore import RING_LINES, LogWriter
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
 LEFTOVER_GRACE_S = 1.0  # after the main process exits, how long its leftovers get between SIGTERM and SIGKILL
@@ -59,14 +60,13 @@ class _Log:
         self.spec = spec
         self.writer = None
         self.lines_lost = 0
+        self.unflushed = 0  # lines handed to the writer since its last successful flush: lost with it if it fails
         self.error = ""
         self._retry_at = 0.0
         self._reported = (0, "")
         self._open()
 
     def _open(self) -> None:
-        from jobs.logstore import LogWriter  # imported late: the logstore needs no Django settings when given budgets
-
         try:
             self.writer = LogWriter(
                 Path(self.spec["log_dir"]),
@@ -78,6 +78,10 @@ class _Log:
 
     def _failed(self, exc: OSError) -> None:
         self.error = f"{type(exc).__name__}: {exc}"[:300]
+        ring = self.writer is not None and self.writer.meta.ring
+        # A ring holds at most RING_LINES lines; the rest were already counted as dropped by the budget.
+        self.lines_lost += min(self.unflushed, RING_LINES) if ring else self.unflushed
+        self.unflushed = 0
         if self.writer is not None:
             try:
                 self.writer.abandon()
@@ -94,6 +98,7 @@ class _Log:
             return
         try:
             self.writer.write_line(data)
+            self.unflushed += 1
         except OSError as exc:
             self.lines_lost += 1
             self._failed(exc)
@@ -102,6 +107,8 @@ class _Log:
         if self.writer is not None:
             try:
                 self.writer.flush(lazy=True)
+                if not self.writer.meta.ring:
+                    self.unflushed = 0  # a plain log's lazy flush always reaches the file (the ring keeps its own)
             except OSError as exc:
                 self._failed(exc)
         self.report()
@@ -110,6 +117,7 @@ class _Log:
         if self.writer is not None:
             try:
                 self.writer.close()
+                self.unflushed = 0
             except OSError as exc:
                 self._failed(exc)
         self.report()
@@ -247,7 +255,7 @@ def main(folder: Path) -> int:
         except BlockingIOError:
             return
         if not chunk:
-            os.close(fd)
+            child.stdout.close()
             fd = None
             return
         lines = (partial + chunk).split(b"\n")
@@ -272,7 +280,7 @@ def main(folder: Path) -> int:
     while fd is not None and time.monotonic() < deadline:
         pump(0.05)
     if fd is not None:
-        os.close(fd)
+        child.stdout.close()
     if partial:
         logs.line(partial)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen

@@ -1,6 +1,7 @@
 """An operator's afternoon against the whole platform as `make run` starts it, on a PostgreSQL and a Redis of the
 test's own: PostgreSQL stopped while jobs are being admitted and started, the worker killed with SIGKILL, Redis
-restarted (its queued messages lost), then the launcher itself killed with SIGKILL. Every job must end exactly
+restarted (its queued messages lost), the worker's process group stopped while jobs start, then the launcher
+itself killed with SIGKILL. Every job must end exactly
 once with nothing held, the API must answer JSON 503s during the outages, and nothing may outlive the launcher.
 """
 
@@ -125,10 +126,22 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
         time.sleep(3)
         redis.start()
 
+        # Two more jobs, and the worker's process group gets SIGTERM (what a stop sends) while they start.
+        for i in (3, 4):
+            status, _, body = http(
+                f"{base}/api/v1/jobs/", method="POST", token=token, body=job_body(tmp_path / f"marks-{i}"),
+                headers={"Idempotency-Key": f"outage-{i}"},
+            )  # fmt: skip
+            assert status == 201, body
+            jobs[body["id"]] = tmp_path / f"marks-{i}"
+        mark = len(launcher.lines)
+        os.killpg(launcher.child("worker"), signal.SIGTERM)
+        launcher.wait_for("restarting worker", seconds=60, after=mark)
+
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             rows = pg.query("SELECT id::text, state FROM jobs_job", quiet=True) or []
-            if len(rows) == 3 and all(state in TERMINAL for _, state in rows):
+            if len(rows) == len(jobs) and all(state in TERMINAL for _, state in rows):
                 break
             time.sleep(1)
         rows = dict(pg.query("SELECT id::text, state FROM jobs_job"))

@@ -1,5 +1,6 @@
 """The skeleton: probes, seed data, embedded-service errors, the launcher's bad-input messages, compose."""
 
+import json
 import os
 import socket
 import subprocess
@@ -201,3 +202,34 @@ def test_secret_key_is_generated_not_committed():
     from django.conf import settings
 
     assert len(settings.SECRET_KEY) >= 40
+
+
+@pytest.mark.parametrize(
+    ("path", "raised", "status", "code"),
+    [
+        ("/api/v1/jobs/", "database", 503, "database_unavailable"),
+        ("/api/v1/jobs/", "redis", 503, "broker_unavailable"),
+        ("/api/v1/jobs/", "other", 500, "server_error"),
+        ("/jobs/", "database", 503, None),
+    ],
+)
+def test_errors_outside_a_view_are_never_an_html_error_page(rf, path, raised, status, code):
+    """Django's handler500 (errors in middleware, sessions): JSON for the API, 503 + Retry-After in an outage."""
+    import redis
+    from django.db import OperationalError
+
+    from trainyard.errors import server_error
+
+    exc = {"database": OperationalError("connection refused"), "redis": redis.ConnectionError("refused")}.get(
+        raised, RuntimeError("bug")
+    )
+    try:
+        raise exc
+    except Exception:  # noqa: BLE001 - handler500 reads the exception being handled
+        response = server_error(rf.get(path))
+    assert response.status_code == status
+    assert ("Retry-After" in response) == (status == 503)
+    if code:
+        assert response["Content-Type"] == "application/json" and json.loads(response.content)["code"] == code
+    else:
+        assert response["Content-Type"].startswith("text/plain") and b"database" in response.content
