@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
 
+import structlog
 from asgiref.sync import async_to_sync
 from celery import current_app
 from django.conf import settings
@@ -31,6 +32,7 @@ from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
 from scheduler import policy
 
+log = structlog.get_logger(__name__)
 START_BATCH = 20  # attempts per start message
 SHAPE_FIELDS = (
     "replicas",
@@ -359,10 +361,14 @@ class JobStore:
             from jobs.tasks import start_attempts
 
             # A message per batch: publishing costs about a millisecond each, and a pass may admit thousands.
-            with current_app.producer_or_acquire() as producer:
-                queue = settings.TRAINYARD_START_QUEUE or None
-                for k in range(0, len(attempts), START_BATCH):
-                    start_attempts.apply_async((attempts[k : k + START_BATCH],), producer=producer, queue=queue)
+            # A broker outage loses nothing: the lifecycle reconciler starts admitted attempts that nobody started.
+            try:
+                with current_app.producer_or_acquire() as producer:
+                    queue = settings.TRAINYARD_START_QUEUE or None
+                    for k in range(0, len(attempts), START_BATCH):
+                        start_attempts.apply_async((attempts[k : k + START_BATCH],), producer=producer, queue=queue)
+            except Exception:  # noqa: BLE001
+                log.warning("start_messages_unsent", attempts=len(attempts))
         if admitted:
             # Browsers learn of admissions a moment later, never at the cost of the next pass.
             threading.Thread(
