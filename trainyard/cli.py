@@ -4,7 +4,7 @@
     trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | login
 
 Human output goes to stdout, progress and errors to stderr (one line, never a traceback); `--json` prints
-machine-readable output. Exit codes are in `cli_errors` and the README. It imports nothing from Django.
+machine-readable output. Exit codes are in `cli_errors` and docs/cli.md. It imports nothing from Django.
 """
 
 from __future__ import annotations

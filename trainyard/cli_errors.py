@@ -1,6 +1,6 @@
 """Exit codes of the `trainyard` CLI and the one error type its commands raise.
 
-CI pipelines branch on the exit code, so the table is part of the CLI's interface (README, "CLI").
+CI pipelines branch on the exit code, so the table is part of the CLI's interface (docs/cli.md).
 """
 
 from __future__ import annotations
