@@ -9,6 +9,8 @@ job that does not fit and whose reason stays the same.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import threading
 from collections import defaultdict
@@ -60,6 +62,8 @@ WAITING_FIELDS = (
     "gpu_models_text",
     "reason",
     "queue_position",
+    "priority",
+    "submitted_at",
 )
 # The JSON list columns come as text and are parsed only when not empty: decoding three empty lists per waiting
 # job was a third of a pass over 5,000 of them.
@@ -68,6 +72,12 @@ AS_TEXT = {
     "excluded_nodes_text": Cast("excluded_nodes", TextField()),
     "gpu_models_text": Cast("gpu_models", TextField()),
 }
+
+
+@functools.lru_cache(maxsize=200_000)
+def _digest(job_id) -> int:
+    """The same number the pending-set check computes in SQL for one job id."""
+    return int(hashlib.md5(str(job_id).encode(), usedforsecurity=False).hexdigest()[:15], 16)
 
 
 def _json_list(text: str | None) -> list:
@@ -88,7 +98,7 @@ def _vector(row: dict) -> dict[str, int]:
 
 def _waiting(row: tuple) -> scheduler.Waiting:
     (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
-    tg, tgm, tc, tm, driver, ex_gpus, ex_nodes, models, reason, position = row[12:]
+    tg, tgm, tc, tm, driver, ex_gpus, ex_nodes, models, reason, position, priority, submitted_at = row[12:]
     return scheduler.Waiting(
         id=jid,
         queue_id=queue_id,
@@ -109,6 +119,7 @@ def _waiting(row: tuple) -> scheduler.Waiting:
         gpu_models=tuple(_json_list(models)),
         reason=reason,
         position=position,
+        order=(-priority, submitted_at, str(jid)),
     )
 
 
@@ -174,6 +185,31 @@ class JobStore:
             team_used=team_used,
             user_jobs=user_jobs,
         )
+
+    def joined(self, *, since, known: set, expect: int) -> list[scheduler.Waiting] | None:
+        """The waiting jobs submitted since `since` that are not `known`, provided the waiting jobs are exactly
+        those and the `known` ones (count and a digest of the ids agree; else None: a job left the lines, or
+        one arrived out of order)."""
+        rows = Job.objects.filter(state=JobState.PENDING)
+        if since is not None:
+            rows = rows.filter(submitted_at__gte=since)
+        fresh = [
+            _waiting(row)
+            for row in rows.order_by("-priority", "submitted_at", "id").annotate(**AS_TEXT).values_list(*WAITING_FIELDS)
+            if row[0] not in known
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), coalesce(sum(('x' || substr(md5(id::text), 1, 15))::bit(60)::bigint), 0) "
+                "FROM jobs_job WHERE state = %s",
+                [JobState.PENDING],
+            )
+            count, digest = cursor.fetchone()
+        if count != expect + len(fresh) or len(known) != expect:
+            return None
+        if int(digest) != sum(_digest(i) for i in known) + sum(_digest(j.id) for j in fresh):
+            return None
+        return fresh
 
     def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
         """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""
@@ -440,9 +476,10 @@ def _broadcast_admitted(job_ids: list[str]) -> None:
         pass
 
 
-def dispatch(*, queue_ids: Sequence[int] | None = None) -> scheduler.PassReport:
-    """One dispatch pass over the given queues (all when None)."""
-    return scheduler.run_pass(store=JobStore(), queue_ids=queue_ids)
+def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> scheduler.PassReport:
+    """One dispatch pass over the given queues (all when None); `full` reads every waiting line even when only
+    new jobs arrived since the last pass."""
+    return scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
 
 
 __all__ = ["JobStore", "dispatch", "policy"]

@@ -32,10 +32,10 @@ def dispatch_queue(queue_id: int | None = None) -> int:
 
 @shared_task(name="jobs.dispatch_all", acks_late=True)
 def dispatch_all() -> int:
-    """The beat's pass: level-triggered, so a lost wake-up costs one period."""
+    """The beat's pass: level-triggered, so a lost wake-up costs one period; it reads every line."""
     from jobs.dispatch import dispatch
 
-    return dispatch().admitted
+    return dispatch(full=True).admitted
 
 
 # Idempotent (see lifecycle.attempt_start), so redelivery is safe; an outage is waited out (about 20 minutes of

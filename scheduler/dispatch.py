@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Protocol
 
 import structlog
@@ -87,6 +88,7 @@ class Waiting:
     gpu_models: tuple[str, ...] = ()
     reason: str = ""
     position: int | None = None
+    order: tuple = ()  # where it stands in its queue's line: (-priority, submitted at, id)
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -171,7 +173,18 @@ class Wait:
 
 
 @dataclass
+class Line:
+    """Where a queue's waiting line stands after a pass: what the next job in it would be told."""
+
+    position: int = 0
+    blocked: bool = False
+    failed_shapes: dict[tuple, tuple[str, str]] = field(default_factory=dict)
+    tail: tuple = ()  # order key of the last job in the line
+
+
+@dataclass
 class Plan:
+    lines: dict[int, Line] = field(default_factory=dict)
     admissions: list[Admission] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
@@ -192,6 +205,8 @@ class Store(Protocol):
     """Where the waiting jobs come from and where the decisions go (jobs/dispatch.py)."""
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> Backlog: ...
+
+    def joined(self, *, since, known: set, expect: int) -> list[Waiting] | None: ...
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
@@ -391,15 +406,18 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
     return code, message
 
 
-def plan(backlog: Backlog, pool: Pool) -> Plan:
-    """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes."""
+def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> Plan:
+    """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes.
+    `lines`: where each queue's line stood after the previous pass, when only jobs that join the lines' ends
+    are given (the fast pass); the lines are not changed."""
     out = Plan()
     for queue in backlog.queues:
-        position = 0
-        blocked = False
-        failed_shapes: dict[tuple, tuple[str, str]] = {}
+        start = (lines or {}).get(queue.id) or Line()
+        position, blocked, tail = start.position, start.blocked, start.tail
+        failed_shapes = dict(start.failed_shapes)
         used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
         for job in backlog.waiting.get(queue.id, ()):
+            tail = max(tail, job.order) if tail else job.order
             team = backlog.teams[job.team_id]
             why = _quota_check(job, queue, team, backlog, used)
             if why is None and blocked and queue.fifo:
@@ -425,6 +443,7 @@ def plan(backlog: Backlog, pool: Pool) -> Plan:
             assert placed is not None
             out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
             _charge(job, queue, backlog)
+        out.lines[queue.id] = Line(position, blocked, failed_shapes, tail)
     return out
 
 
@@ -436,6 +455,7 @@ class PassReport:
     admitted: int = 0
     waiting: int = 0
     skipped: bool = False  # another pass held the lock; one more was queued
+    fast: bool = False  # only jobs that joined the ends of the lines were decided
     read_s: float = 0.0
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
@@ -476,8 +496,9 @@ def workload(store: Store, pool: Pool) -> policy.Workload:
 
 def reset() -> None:
     """Forget the process's pool and workload (tests, and after the schema changes under a running process)."""
-    global _workload
+    global _workload, _carry
     _workload = None
+    _carry = None
     current().invalidate()
 
 
@@ -492,8 +513,63 @@ def _pass_unlock() -> None:
         cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
 
 
-def run_pass(*, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool | None = None) -> PassReport:
-    """One pass: read, decide in memory, write in one transaction. Returns what it did and how long each took."""
+@dataclass
+class Carry:
+    """What a pass over every queue leaves for the next: enough to decide for newly arrived jobs alone while
+    nothing else changed (no slice released, no quota or queue edited, no waiting job gone)."""
+
+    key: tuple  # (pool structure, pool ledger, reference rows) version numbers
+    backlog: Backlog  # queues, teams and the quota in use after the pass
+    lines: dict[int, Line]
+    known: set  # ids of the jobs left waiting
+    newest: object  # the latest submission time seen
+    pending: int
+
+
+_carry: Carry | None = None
+FAST_WINDOW = timedelta(seconds=10)  # new jobs are looked for this far before the newest one seen
+
+
+def _reference_version() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n FROM trainyard_reference_version WHERE id = 1")
+        row = cursor.fetchone()
+    return row[0] if row else 0
+
+
+def _fast_backlog(store: Store, reference: int) -> Backlog | None:
+    """The jobs that joined the ends of the lines since the last pass, when that is all that changed: then the
+    waiting jobs would be told exactly what they were told, and only the newcomers need deciding."""
+    carry = _carry
+    if carry is None or (*Pool.read_versions(), reference) != carry.key:
+        return None
+    since = carry.newest - FAST_WINDOW if carry.newest is not None else None
+    joined = store.joined(since=since, known=carry.known, expect=carry.pending)
+    if joined is None:
+        return None
+    queues = {q.id for q in carry.backlog.queues}
+    waiting: dict[int, list[Waiting]] = {}
+    for job in joined:
+        line = carry.lines.get(job.queue_id)
+        if job.queue_id not in queues or job.team_id not in carry.backlog.teams:
+            return None
+        if line is not None and line.tail and job.order <= line.tail:
+            return None  # it goes ahead of a waiting job (a higher priority): everyone's place changes
+        waiting.setdefault(job.queue_id, []).append(job)
+    for line in waiting.values():
+        line.sort(key=lambda j: j.order)
+    b = carry.backlog
+    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs)
+
+
+def run_pass(
+    *, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool | None = None, full: bool = False
+) -> PassReport:
+    """One pass: read, decide in memory, write in one transaction. Returns what it did and how long each took.
+
+    A pass over every queue that finds nothing changed but new jobs at the ends of the lines decides for those
+    alone (`fast`); the beat's pass (`full`) and any pass after a release, an edit or a cancel read every line."""
+    global _carry
     report = PassReport()
     t0 = time.perf_counter()
     if not _try_pass_lock():
@@ -502,48 +578,68 @@ def run_pass(*, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool
         return report
     pool = pool or current()
     try:
-        backlog = store.backlog(queue_ids=queue_ids)
+        reference = _reference_version()
+        backlog = None
+        if queue_ids is None and not full:
+            backlog = _fast_backlog(store, reference)
+        report.fast = backlog is not None
+        carry = _carry if report.fast else None
+        if backlog is None:
+            _carry = None
+            backlog = store.backlog(queue_ids=queue_ids)
         if not any(backlog.waiting.values()):
+            if queue_ids is None and not report.fast:
+                _carry = Carry((*Pool.read_versions(), reference), backlog, {}, set(), None, 0)
             report.total_s = time.perf_counter() - t0
             return report
         pool.sync(lambda p: workload(store, p))
         t1 = time.perf_counter()
         report.read_s = t1 - t0
-        decided = plan(backlog, pool)
+        decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
         t2 = time.perf_counter()
         report.decide_s = t2 - t1
-        if not decided.changes_anything():
-            report.waiting = len(decided.waits)
-            report.placement_calls = decided.placement_calls
-            report.shape_hits = decided.shape_hits
-            report.total_s = time.perf_counter() - t0
-            return report
-        try:
-            with transaction.atomic(durable=True):
-                pool_lock()
-                before = pool.read_versions()
-                admitted = store.write(decided)
-                after = pool.read_versions()
-        except Exception:
-            pool.invalidate()
-            raise
-        dropped = [a for a in decided.admissions if a.job.id not in admitted]
-        for a in dropped:
-            for p, s in zip(a.placements, _by_placement(a), strict=True):
-                pool.give_back(p, s)
-        if dropped:
-            pool.ledger_version = None
-        else:
-            pool.wrote(before, after)
-        store.after_write(decided, admitted)
-        report.write_s = time.perf_counter() - t2
-        report.admitted = len(admitted)
         report.waiting = len(decided.waits)
         report.placement_calls = decided.placement_calls
         report.shape_hits = decided.shape_hits
-        for a in decided.admissions:
-            if a.job.id in admitted:
-                report.by_queue[a.job.queue_id] = report.by_queue.get(a.job.queue_id, 0) + 1
+        dropped: list[Admission] = []
+        if decided.changes_anything():
+            try:
+                with transaction.atomic(durable=True):
+                    pool_lock()
+                    before = pool.read_versions()
+                    admitted = store.write(decided)
+                    after = pool.read_versions()
+            except Exception:
+                pool.invalidate()
+                _carry = None
+                raise
+            dropped = [a for a in decided.admissions if a.job.id not in admitted]
+            for a in dropped:
+                for p, s in zip(a.placements, _by_placement(a), strict=True):
+                    pool.give_back(p, s)
+            if dropped:
+                pool.ledger_version = None
+            else:
+                pool.wrote(before, after)
+            store.after_write(decided, admitted)
+            report.write_s = time.perf_counter() - t2
+            report.admitted = len(admitted)
+            for a in decided.admissions:
+                if a.job.id in admitted:
+                    report.by_queue[a.job.queue_id] = report.by_queue.get(a.job.queue_id, 0) + 1
+        if queue_ids is None and not dropped and pool.ledger_version is not None:
+            jobs = [j for line in backlog.waiting.values() for j in line]
+            newest = max((j.order[1] for j in jobs if len(j.order) > 1), default=None)
+            if carry is not None:
+                known = carry.known | {w.job.id for w in decided.waits}
+                newest = max(filter(None, (carry.newest, newest)), default=None)
+                pending = carry.pending + len(decided.waits)
+            else:
+                known, pending = {w.job.id for w in decided.waits}, len(decided.waits)
+            key = (pool.structure_version, pool.ledger_version, reference)
+            _carry = Carry(key, backlog, decided.lines, known, newest, pending)
+        else:
+            _carry = None
     finally:
         _pass_unlock()
     report.total_s = time.perf_counter() - t0
@@ -552,6 +648,7 @@ def run_pass(*, store: Store, queue_ids: Sequence[int] | None = None, pool: Pool
             "dispatch_pass",
             admitted=report.admitted,
             waiting=report.waiting,
+            fast=report.fast,
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),

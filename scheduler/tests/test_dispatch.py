@@ -231,3 +231,42 @@ def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(pla
     mismatches = [(str(k)[:8], expected[k], live[k]) for k in expected if expected[k] != live[k]]
     assert not mismatches
     assert GPU.objects.count() == 24
+
+
+def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_anything_else_changed(platform):  # noqa: F811
+    from jobs.dispatch import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    first = submit(platform, gpus=2)
+    waiting = [submit(platform, gpus=2) for _ in range(3)]
+    full = dispatch()
+    assert not full.fast and full.admitted == 1
+    assert [Job.objects.get(pk=j.pk).queue_position for j in waiting] == [1, 2, 3]
+
+    late = submit(platform, gpus=2)
+    with CaptureQueriesContext(connection) as queries:
+        quick = dispatch()
+    assert quick.fast and quick.admitted == 0 and quick.waiting == 1
+    assert Job.objects.get(pk=late.pk).queue_position == 4 and Job.objects.get(pk=late.pk).reason == "no_capacity"
+    assert not any("cluster_gpu" in q["sql"] or "cluster_logicaldevice" in q["sql"] for q in queries.captured_queries)
+    assert dispatch().fast  # nothing new: nothing to decide
+
+    services.job_cancel(job_id=waiting[0].id, actor="test")  # a waiting job leaves: every place behind it moves
+    moved = dispatch()
+    assert not moved.fast
+    assert [Job.objects.get(pk=j.pk).queue_position for j in [*waiting[1:], late]] == [1, 2, 3]
+
+    urgent = submit(platform, gpus=2, priority=50)  # jumps the line: everyone's place changes
+    assert not dispatch().fast
+    assert Job.objects.get(pk=urgent.pk).queue_position == 1
+
+    services.job_cancel(job_id=first.id, actor="test")  # a release: capacity comes back
+    released = dispatch()
+    assert not released.fast and released.admitted == 1
+    assert Job.objects.get(pk=urgent.pk).state == "admitted"
+
+    Queue.objects.filter(name="train").update(state="closed")  # an admin edit
+    closed = submit(platform, gpus=2)
+    assert not dispatch().fast
+    assert Job.objects.get(pk=closed.pk).reason == "queue_closed"
