@@ -9,8 +9,6 @@ job that does not fit and whose reason stays the same.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import threading
 from collections import defaultdict
@@ -72,12 +70,6 @@ AS_TEXT = {
     "excluded_nodes_text": Cast("excluded_nodes", TextField()),
     "gpu_models_text": Cast("gpu_models", TextField()),
 }
-
-
-@functools.lru_cache(maxsize=200_000)
-def _digest(job_id) -> int:
-    """The same number the pending-set check computes in SQL for one job id."""
-    return int(hashlib.md5(str(job_id).encode(), usedforsecurity=False).hexdigest()[:15], 16)
 
 
 def _json_list(text: str | None) -> list:
@@ -186,10 +178,17 @@ class JobStore:
             user_jobs=user_jobs,
         )
 
+    def backlog_version(self) -> int:
+        """Moves when a job leaves or re-enters a waiting line or changes its place (migration jobs/0008)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT n FROM trainyard_backlog_version WHERE id = 1")
+            row = cursor.fetchone()
+        return row[0] if row else 0
+
     def joined(self, *, since, known: set, expect: int) -> list[scheduler.Waiting] | None:
         """The waiting jobs submitted since `since` that are not `known`, provided the waiting jobs are exactly
-        those and the `known` ones (count and a digest of the ids agree; else None: a job left the lines, or
-        one arrived out of order)."""
+        those and the `expect` known ones (else None: one arrived too late for the window). The caller has
+        checked `backlog_version`, so no known job left the lines."""
         rows = Job.objects.filter(state=JobState.PENDING)
         if since is not None:
             rows = rows.filter(submitted_at__gte=since)
@@ -198,16 +197,7 @@ class JobStore:
             for row in rows.order_by("-priority", "submitted_at", "id").annotate(**AS_TEXT).values_list(*WAITING_FIELDS)
             if row[0] not in known
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*), coalesce(sum(('x' || substr(md5(id::text), 1, 15))::bit(60)::bigint), 0) "
-                "FROM jobs_job WHERE state = %s",
-                [JobState.PENDING],
-            )
-            count, digest = cursor.fetchone()
-        if count != expect + len(fresh) or len(known) != expect:
-            return None
-        if int(digest) != sum(_digest(i) for i in known) + sum(_digest(j.id) for j in fresh):
+        if Job.objects.filter(state=JobState.PENDING).count() != expect + len(fresh):
             return None
         return fresh
 

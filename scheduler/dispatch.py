@@ -179,7 +179,7 @@ class Line:
     position: int = 0
     blocked: bool = False
     failed_shapes: dict[tuple, tuple[str, str]] = field(default_factory=dict)
-    tail: tuple = ()  # order key of the last job in the line
+    tail: tuple = ()  # order key of the last job left waiting in the line
 
 
 @dataclass
@@ -205,6 +205,8 @@ class Store(Protocol):
     """Where the waiting jobs come from and where the decisions go (jobs/dispatch.py)."""
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> Backlog: ...
+
+    def backlog_version(self) -> int: ...
 
     def joined(self, *, since, known: set, expect: int) -> list[Waiting] | None: ...
 
@@ -417,7 +419,6 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
         failed_shapes = dict(start.failed_shapes)
         used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
         for job in backlog.waiting.get(queue.id, ()):
-            tail = max(tail, job.order) if tail else job.order
             team = backlog.teams[job.team_id]
             why = _quota_check(job, queue, team, backlog, used)
             if why is None and blocked and queue.fifo:
@@ -439,6 +440,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
                 if why[0] != QUEUE_CLOSED:
                     blocked = True
                 out.waits.append(Wait(job, why[0], why[1], position))
+                tail = max(tail, job.order) if tail else job.order
                 continue
             assert placed is not None
             out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
@@ -518,7 +520,7 @@ class Carry:
     """What a pass over every queue leaves for the next: enough to decide for newly arrived jobs alone while
     nothing else changed (no slice released, no quota or queue edited, no waiting job gone)."""
 
-    key: tuple  # (pool structure, pool ledger, reference rows) version numbers
+    key: tuple  # (pool structure, pool ledger, reference rows, waiting lines) version numbers
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
     known: set  # ids of the jobs left waiting
@@ -527,7 +529,9 @@ class Carry:
 
 
 _carry: Carry | None = None
-FAST_WINDOW = timedelta(seconds=10)  # new jobs are looked for this far before the newest one seen
+# New jobs are looked for this far before the newest one seen; one that commits later than that is caught by the
+# waiting-set check and costs a full pass.
+FAST_WINDOW = timedelta(seconds=2)
 
 
 def _reference_version() -> int:
@@ -537,11 +541,11 @@ def _reference_version() -> int:
     return row[0] if row else 0
 
 
-def _fast_backlog(store: Store, reference: int) -> Backlog | None:
+def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
     """The jobs that joined the ends of the lines since the last pass, when that is all that changed: then the
     waiting jobs would be told exactly what they were told, and only the newcomers need deciding."""
     carry = _carry
-    if carry is None or (*Pool.read_versions(), reference) != carry.key:
+    if carry is None or (*Pool.read_versions(), *versions) != carry.key:
         return None
     since = carry.newest - FAST_WINDOW if carry.newest is not None else None
     joined = store.joined(since=since, known=carry.known, expect=carry.pending)
@@ -578,10 +582,11 @@ def run_pass(
         return report
     pool = pool or current()
     try:
-        reference = _reference_version()
+        # Read before the lines, so that a change made while this pass runs is seen by the next one.
+        versions = (_reference_version(), store.backlog_version())
         backlog = None
         if queue_ids is None and not full:
-            backlog = _fast_backlog(store, reference)
+            backlog = _fast_backlog(store, versions)
         report.fast = backlog is not None
         carry = _carry if report.fast else None
         if backlog is None:
@@ -589,7 +594,7 @@ def run_pass(
             backlog = store.backlog(queue_ids=queue_ids)
         if not any(backlog.waiting.values()):
             if queue_ids is None and not report.fast:
-                _carry = Carry((*Pool.read_versions(), reference), backlog, {}, set(), None, 0)
+                _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set(), None, 0)
             report.total_s = time.perf_counter() - t0
             return report
         pool.sync(lambda p: workload(store, p))
@@ -607,8 +612,10 @@ def run_pass(
                 with transaction.atomic(durable=True):
                     pool_lock()
                     before = pool.read_versions()
+                    lines_before = store.backlog_version()
                     admitted = store.write(decided)
                     after = pool.read_versions()
+                    lines_after = store.backlog_version()
             except Exception:
                 pool.invalidate()
                 _carry = None
@@ -636,8 +643,12 @@ def run_pass(
                 pending = carry.pending + len(decided.waits)
             else:
                 known, pending = {w.job.id for w in decided.waits}, len(decided.waits)
-            key = (pool.structure_version, pool.ledger_version, reference)
-            _carry = Carry(key, backlog, decided.lines, known, newest, pending)
+            lines_version = versions[1]
+            if decided.changes_anything():
+                # Our own admissions moved the lines' number; anyone else's change in between makes it stale.
+                lines_version = lines_after if lines_before == versions[1] else None
+            key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
+            _carry = Carry(key, backlog, decided.lines, known, newest, pending) if lines_version is not None else None
         else:
             _carry = None
     finally:
