@@ -33,7 +33,14 @@ def route_path(job_id) -> str:
 
 
 def default_logdir(job: Job) -> str:
-    return job.tensorboard_logdir or str(Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "tensorboard")
+    """The job's TensorBoard folder, always inside its own folder (the API refuses paths that leave it)."""
+    from jobs.backends.local import job_path
+
+    root = Path(settings.TRAINYARD_WORK_ROOT) / str(job.id)
+    try:
+        return str(job_path(root, job.tensorboard_logdir, default="tensorboard"))
+    except ValueError:
+        return str(root / "tensorboard")
 
 
 def _free_port() -> int:

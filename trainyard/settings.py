@@ -192,6 +192,13 @@ TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")
 TRAINYARD_LOCAL_GPUS = env.str("TRAINYARD_LOCAL_GPUS", default="4x24GiB")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+# Local jobs run in a bubblewrap sandbox (jobs/backends/sandbox.py, docs/security.md); `off` only on a single-user
+# machine: every job page then says that jobs run unsandboxed, as the platform's own user.
+TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")
+TRAINYARD_SANDBOX_BWRAP = env.str("TRAINYARD_SANDBOX_BWRAP", default="bwrap")
+TRAINYARD_SANDBOX_RO_PATHS = env.list("TRAINYARD_SANDBOX_RO_PATHS", default=[])
+TRAINYARD_SANDBOX_UID_BASE = env.int("TRAINYARD_SANDBOX_UID_BASE", default=200000)
+TRAINYARD_SANDBOX_UID_COUNT = env.int("TRAINYARD_SANDBOX_UID_COUNT", default=65536)
 TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)
 TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]

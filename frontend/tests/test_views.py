@@ -389,3 +389,12 @@ def test_durations_and_sizes_read_naturally():
     with translation.override("zh-hans"):
         assert duration(3700) == "1 小时 1 分钟"
     assert [gpus(1000), gpus(250), gpus(750), gpus(4000)] == ["1", "0.25", "0.75", "4"]
+
+
+def test_every_job_page_says_when_the_sandbox_is_off(portal, settings):
+    job = submit(portal.demo)
+    client = login(portal.demo)
+    assert 'id="sandbox-off"' not in client.get(f"/jobs/{job.id}/").content.decode()
+    settings.TRAINYARD_SANDBOX = "off"
+    body = client.get(f"/jobs/{job.id}/").content.decode()
+    assert 'id="sandbox-off"' in body and "Jobs run unsandboxed." in body

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from jobs.backends import sandbox
+
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -71,7 +73,7 @@ def main(folder: Path) -> int:
         stop_requested.set()  # cancelled before this supervisor could take signals
     try:
         child = subprocess.Popen(
-            spec["argv"],
+            sandbox.wrap(spec.get("sandbox"), spec["argv"]),
             cwd=cwd,
             env=spec["env"],
             stdin=subprocess.DEVNULL,
