@@ -7,6 +7,7 @@ from pathlib import Path
 import environ
 
 from trainyard import logsetup
+from trainyard.embedded import private_file
 from trainyard.paths import BASE_DIR, VAR_DIR
 
 env = environ.Env()
@@ -18,9 +19,9 @@ def _local_secret_key() -> str:
     """A per-checkout key generated once into var/, so no secret is ever committed."""
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_file(path, secrets.token_urlsafe(50))
+    path.chmod(0o600)  # also closes a key written by an older version
     return path.read_text().strip()
 
 
