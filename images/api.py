@@ -51,3 +51,4 @@ class ImageViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMod
     serializer_class = BaseImageSerializer
     queryset = BaseImage.objects.all()
     lookup_field = "name"
+    lookup_value_regex = "[^/]+"  # image names carry versions: python-3.11, pytorch-2.5-cuda12.4

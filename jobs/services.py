@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from cluster import services as pool
 from cluster.models import GPU, LogicalDevice
-from jobs import classifier, reference
+from jobs import classifier, reference, validation
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED, TERMINAL, AttemptState, JobState, PendingReason
@@ -273,6 +273,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if not 0 <= max_retries <= 10:
         raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
+    paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
     return Resolved(
         fields=dict(
             name=name,
@@ -285,13 +286,13 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             command=command,
             args=args,
             env=env,
-            working_dir=str(data.get("working_dir") or ""),
+            working_dir=paths.working_dir,
             priority=int(data.get("priority") or 0),
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),
-            tensorboard_logdir=str(data.get("tensorboard_logdir") or ""),
-            mounts=list(data.get("mounts") or []),
+            tensorboard_logdir=paths.tensorboard_logdir,
+            mounts=paths.mounts,
             labels=labels,
             ci=dict(data.get("ci") or {}),
         )

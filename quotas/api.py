@@ -252,7 +252,7 @@ class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericVi
     @extend_schema(responses={204: None})
     def destroy(self, request, pk=None):
         """Revoke a token (it stops working at once)."""
-        token = ApiToken.objects.filter(user=request.user, pk=pk).first()
+        token = ApiToken.objects.filter(user=request.user, pk=pk).first() if str(pk).isdigit() else None
         if token is None:
             raise NotFound("token not found")
         with transaction.atomic(durable=True):

@@ -1,5 +1,7 @@
 """Shared API pieces: throttle scopes per action, cursor pagination."""
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
 
 from trainyard.errors import ValidationFailed
@@ -26,6 +28,13 @@ class NewestFirstCursor(CursorPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def paginate_queryset(self, queryset, request, view=None):
+        # A forged cursor can decode to a position the database refuses (2025-02-30): that is a bad cursor, not a 500.
+        try:
+            return super().paginate_queryset(queryset, request, view)
+        except (DjangoValidationError, ValueError, OverflowError):
+            raise NotFound(self.invalid_cursor_message, code="invalid_cursor") from None
 
 
 def int_param(request, name: str, *, default: int, minimum: int = 0) -> int:

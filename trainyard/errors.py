@@ -3,6 +3,7 @@
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -57,6 +58,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         if exc.field:
             body["fields"] = {exc.field: [{"message": exc.detail, "code": exc.code}]}
         return Response(body, status=exc.http_status)
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"code": "request_too_large", "detail": str(exc)}, status=413)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

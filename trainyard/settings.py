@@ -54,6 +54,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "trainyard.guards.RequestGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -164,7 +165,14 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "trainyard.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "trainyard.guards.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
+# The largest request body taken (a batch of 200 jobs is a few hundred KiB); over it, a 413 `request_too_large`.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TRAINYARD_MAX_BODY_BYTES", default=4 * 1024 * 1024)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trainyard API",
     "DESCRIPTION": "Submit, follow and govern GPU training jobs.",
