@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -44,6 +44,7 @@ class AlertSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="gpu.node.name", default=None)
     queue = serializers.CharField(source="queue.name", default=None)
     job_ids = serializers.SerializerMethodField()
+    actions_taken = serializers.SerializerMethodField()
 
     class Meta:
         model = Alert
@@ -76,6 +77,11 @@ class AlertSerializer(serializers.ModelSerializer):
         if mine is None:
             return alert.job_ids
         return [j if j in mine else "(another team)" for j in alert.job_ids]
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_actions_taken(self, alert) -> list[dict]:
+        """What the rule did; job ids of other teams are replaced, like in `job_ids`."""
+        return selectors.actions_visible(alert.actions_taken, self.context.get("job_ids"))
 
 
 class AlertResolveSerializer(serializers.Serializer):
