@@ -259,6 +259,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     filterset_class = JobFilter
     pagination_class = NewestFirstCursor
     lookup_value_regex = "[0-9a-f-]{36}"
+    token_scope = "submit"  # submit, batch, cancel, retry, reproduce
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):

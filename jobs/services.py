@@ -287,7 +287,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             args=args,
             env=env,
             working_dir=paths.working_dir,
-            priority=int(data.get("priority") or 0),
+            priority=validation.job_priority(data.get("priority"), user=user, team=team, queue=queue),
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),
@@ -333,6 +333,15 @@ def job_submit(
                 message=f"submitted to queue {job.queue.name}",
                 data={"idempotency_key": idempotency_key} if idempotency_key else {},
             )
+            if job.priority > job.queue.max_member_priority:
+                _event(
+                    job,
+                    "priority_elevated",
+                    actor=user.username,
+                    message=f"priority {job.priority}, over queue {job.queue.name}'s maximum of "
+                    f"{job.queue.max_member_priority} for members",
+                    data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
+                )
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from quotas.selectors import is_maintainer
 from trainyard.errors import ValidationFailed
 
 CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -110,3 +111,22 @@ def job_paths(data: dict[str, Any], *, backend: str) -> JobPaths:
         tensorboard_logdir=_job_path(data.get("tensorboard_logdir"), "tensorboard_logdir", mounts),
         mounts=mounts,
     )
+
+
+def job_priority(value: Any, *, user, team, queue) -> int:
+    """The priority asked for, within the queue's maximum for members; maintainers and staff may go higher
+    (job_submit records a `priority_elevated` event for each such job)."""
+    try:
+        priority = int(value or 0)
+    except (TypeError, ValueError):
+        raise ValidationFailed("priority must be an integer", code="invalid_priority", field="priority") from None
+    if not -100 <= priority <= 100:
+        raise ValidationFailed("priority must be -100..100", code="invalid_priority", field="priority")
+    if priority > queue.max_member_priority and not is_maintainer(user, team):
+        raise ValidationFailed(
+            f"priority {priority} is over queue '{queue.name}''s maximum for members ({queue.max_member_priority}); "
+            "only the team's maintainers and staff may go higher",
+            code="priority_exceeds_queue_maximum",
+            field="priority",
+        )
+    return priority

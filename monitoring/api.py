@@ -364,6 +364,7 @@ class JobMonitoringViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
 
     lookup_value_regex = "[0-9a-f-]{36}"
     serializer_class = BusinessMetricSerializer
+    token_scope = "submit"  # a job's CI token reports its metrics
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -563,6 +564,8 @@ class NotificationSerializer(serializers.ModelSerializer):
 
 class NotificationViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """The signed-in user's in-app notifications (what alert rules with `notify` sent them)."""
+
+    token_scope = "submit"
 
     serializer_class = NotificationSerializer
 

@@ -8,9 +8,18 @@ from trainyard.errors import ValidationFailed
 
 
 class ScopedActionsMixin:
-    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`."""
+    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`. Every view, even
+    one with its own permission classes, also checks the scopes of the token a request came with."""
 
     submit_actions = frozenset({"create", "batch"})
+
+    def get_permissions(self):
+        from quotas.tokens import TokenScopePermission
+
+        found = super().get_permissions()
+        if not any(isinstance(p, TokenScopePermission) for p in found):
+            found.append(TokenScopePermission())
+        return found
 
     def get_throttles(self):
         action = getattr(self, "action", None)

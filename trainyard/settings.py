@@ -161,7 +161,7 @@ REST_FRAMEWORK = {
         "write": env.str("TRAINYARD_RATE_WRITE", default="300/min"),
     },
     "DEFAULT_PAGINATION_CLASS": None,
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "quotas.tokens.TokenScopePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "trainyard.errors.exception_handler",
