@@ -2,6 +2,8 @@
 
 - `RequestGuardMiddleware`: a NUL byte in the path or query string (`%00`) is a 400; a body larger than
   `DATA_UPLOAD_MAX_MEMORY_SIZE` (`TRAINYARD_MAX_BODY_BYTES`) is a 413, both as JSON with a code.
+- `ContentSecurityPolicyMiddleware`: a Content-Security-Policy on every response (scripts from the platform
+  only); the API docs page and TensorBoard, which need inline scripts, get a looser one.
 - `StrictJSONParser`: JSON nested deeper than `MAX_JSON_DEPTH`, or holding a NUL byte in any key or string, is a
   400 (PostgreSQL cannot store NUL in text, and nothing a job takes needs 64 levels).
 """
@@ -68,3 +70,34 @@ class StrictJSONParser(JSONParser):
             raise exceptions.ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="too_deep") from None
         _check(data)
         return data
+
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+CSP_LOOSE_PATHS = ("/api/docs/", "/tb/")
+CSP_LOOSE = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; font-src 'self' data:; object-src 'none'; base-uri 'self'; "
+    "frame-ancestors 'self'"
+)
+
+
+class ContentSecurityPolicyMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if "Content-Security-Policy" not in response:
+            loose = request.path_info.startswith(CSP_LOOSE_PATHS)
+            policy = CSP_LOOSE if loose else CSP
+            try:  # live logs: the same host over WebSocket (not every browser counts ws: as 'self')
+                host = request.get_host()
+                policy = policy.replace("connect-src 'self'", f"connect-src 'self' ws://{host} wss://{host}")
+            except Exception:  # noqa: BLE001 - a bad Host header already got its own 400
+                pass
+            response["Content-Security-Policy"] = policy
+        return response

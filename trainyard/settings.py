@@ -55,11 +55,13 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "trainyard.guards.RequestGuardMiddleware",
+    "trainyard.guards.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "trainyard.login_guard.LoginLockoutMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -195,6 +197,21 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# Served over TLS (directly or behind a proxy that sets X-Forwarded-Proto): Secure cookies, HSTS, redirect to https.
+TRAINYARD_TLS = env.bool("TRAINYARD_TLS", default=False)
+if TRAINYARD_TLS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("TRAINYARD_HSTS_SECONDS", default=31536000)
+    SECURE_SSL_REDIRECT = env.bool("TRAINYARD_SSL_REDIRECT", default=True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes and scrapers inside the cluster
+    if env.bool("TRAINYARD_BEHIND_TLS_PROXY", default=False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Failed logins (trainyard/login_guard.py): per user and address, per address, per user, within the window.
+TRAINYARD_LOGIN_WINDOW_S = env.int("TRAINYARD_LOGIN_WINDOW_S", default=900)
+TRAINYARD_LOGIN_MAX_FAILURES = env.int("TRAINYARD_LOGIN_MAX_FAILURES", default=5)
+TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT", default=20)
+TRAINYARD_LOGIN_MAX_FAILURES_PER_USER = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_USER", default=50)
 
 # Platform behaviour
 TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")
