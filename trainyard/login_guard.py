@@ -60,15 +60,15 @@ class LoginLockoutMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method == "POST" and request.path_info in LOGIN_PATHS:
-            if locked(str(request.POST.get("username") or ""), _client(request)):
-                wait = settings.TRAINYARD_LOGIN_WINDOW_S  # at most: the window started at the first failure
-                minutes = max(1, round(wait / 60))
-                response = HttpResponse(
-                    f"Too many failed logins: try again within {minutes} minute(s).",
-                    status=429,
-                    content_type="text/plain; charset=utf-8",
-                )
-                response["Retry-After"] = str(wait)
-                return response
+        login = request.method == "POST" and request.path_info in LOGIN_PATHS
+        if login and locked(str(request.POST.get("username") or ""), _client(request)):
+            wait = settings.TRAINYARD_LOGIN_WINDOW_S  # at most: the window started at the first failure
+            minutes = max(1, round(wait / 60))
+            response = HttpResponse(
+                f"Too many failed logins: try again within {minutes} minute(s).",
+                status=429,
+                content_type="text/plain; charset=utf-8",
+            )
+            response["Retry-After"] = str(wait)
+            return response
         return self.get_response(request)
