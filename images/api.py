@@ -9,6 +9,7 @@ from trainyard.api import ScopedActionsMixin
 
 
 class BaseImageSerializer(serializers.ModelSerializer):
+    name = serializers.CharField(read_only=True)  # names carry versions (python-3.11): not a slug
     compatible_nodes = serializers.SerializerMethodField()
     incompatible_nodes = serializers.SerializerMethodField()
 

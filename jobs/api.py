@@ -200,7 +200,7 @@ class AttemptSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    attempt = serializers.IntegerField(source="attempt.number", default=None)
+    attempt = serializers.IntegerField(source="attempt.number", default=None, allow_null=True)
 
     class Meta:
         model = JobEvent
@@ -350,13 +350,13 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=EventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def events(self, request, pk=None):
         job = self.get_object()
         return Response(EventSerializer(job.events.select_related("attempt").order_by("at", "id"), many=True).data)
 
     @extend_schema(responses=AttemptSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def attempts(self, request, pk=None):
         job = self.get_object()
         return Response(AttemptSerializer(job.attempts.select_related("node").order_by("number"), many=True).data)

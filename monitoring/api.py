@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -38,11 +38,34 @@ from trainyard.errors import ValidationFailed
 # --------------------------------------------------------------------------------------------- alerts
 
 
+GPU_OVERVIEW_LIST = inline_serializer(
+    "GpuOverviewItem",
+    fields={"uuid": serializers.CharField(), "node": serializers.CharField(), "health": serializers.CharField()},
+    many=True,
+)
+SCHEDULING_SAMPLE_LIST = inline_serializer(
+    "SchedulingSample",
+    fields={
+        "at": serializers.DateTimeField(),
+        "queue": serializers.CharField(allow_null=True),
+        "pending": serializers.IntegerField(),
+        "running": serializers.IntegerField(),
+        "admissions": serializers.IntegerField(),
+        "admissions_per_s": serializers.FloatField(allow_null=True),
+        "wait_avg_s": serializers.FloatField(allow_null=True),
+        "allocation_ratio": serializers.FloatField(allow_null=True),
+        "memory_allocation_ratio": serializers.FloatField(allow_null=True),
+        "fragmentation": serializers.FloatField(allow_null=True),
+    },
+    many=True,
+)
+
+
 class AlertSerializer(serializers.ModelSerializer):
     rule = serializers.CharField(source="rule_name")
-    gpu = serializers.CharField(source="gpu.uuid", default=None)
-    node = serializers.CharField(source="gpu.node.name", default=None)
-    queue = serializers.CharField(source="queue.name", default=None)
+    gpu = serializers.CharField(source="gpu.uuid", default=None, allow_null=True)
+    node = serializers.CharField(source="gpu.node.name", default=None, allow_null=True)
+    queue = serializers.CharField(source="queue.name", default=None, allow_null=True)
     job_ids = serializers.SerializerMethodField()
     actions_taken = serializers.SerializerMethodField()
 
@@ -274,7 +297,7 @@ class MonitoredGpuViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
         wanted = {j for i in items for j in i.jobs}
         return {str(pk) for pk in jobs_visible_to(self.request.user).filter(pk__in=wanted).values_list("pk", flat=True)}
 
-    @extend_schema(operation_id="v1_monitoring_gpus_list", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="v1_monitoring_gpus_list", responses=GPU_OVERVIEW_LIST)
     def list(self, request):
         items = selectors.gpu_overview()
         teams_jobs = self._teams_jobs(items)
@@ -440,7 +463,7 @@ class SchedulingView(ScopedActionsMixin, APIView):
             OpenApiParameter("since", OpenApiTypes.DATETIME),
             OpenApiParameter("queue", str, description="a queue name; omit for the pool"),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses=SCHEDULING_SAMPLE_LIST,
     )
     def get(self, request):
         """Scheduling samples: pending and running jobs, admissions and mean wait per interval, and for the pool
