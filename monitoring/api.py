@@ -621,9 +621,12 @@ def _datetime_param(request, name: str) -> datetime | None:
     raw = request.query_params.get(name)
     if not raw:
         return None
-    value = parse_datetime(raw)
+    try:  # a well-formed but impossible date (2025-02-30, 0000-00-00) raises instead of returning None
+        value = parse_datetime(raw)
+        day = parse_date(raw) if value is None else None
+    except ValueError:
+        value = day = None
     if value is None:
-        day = parse_date(raw)
         if day is None:
             raise ValidationFailed(f"{name} must be an ISO 8601 date or time", code="invalid_datetime", field=name)
         value = datetime(day.year, day.month, day.day)

@@ -94,3 +94,14 @@ def _first_code(fields: Any) -> str | None:
             if found:
                 return found
     return None
+
+
+def page_not_found(request, exception):
+    """A URL that matches no route: JSON with a code under /api/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        from django.http import JsonResponse
+
+        return JsonResponse({"code": "not_found", "detail": "no such API endpoint"}, status=404)
+    from django.views.defaults import page_not_found as default
+
+    return default(request, exception)

@@ -185,3 +185,8 @@ def test_an_absolute_log_dir_must_lie_under_one_of_the_jobs_mounts(demo, setting
     )
     ok = demo.post("/api/v1/jobs/", job(mounts=mounts, tensorboard_logdir="/ckpt/tb"), format="json")
     assert ok.status_code == 201, ok.json()
+
+
+@pytest.mark.parametrize("value", ["2025-02-30", "0000-0-0", "2025-13-01T00:00:00", "not a date"])
+def test_impossible_dates_in_monitoring_queries_are_a_400(demo, value):
+    assert_400(demo.get("/api/v1/monitoring/scheduling/", {"since": value}), "invalid_datetime")
