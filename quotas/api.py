@@ -163,6 +163,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "description",
             "state",
             "priority",
+            "max_member_priority",
             "weight",
             "ordering",
             "gang",

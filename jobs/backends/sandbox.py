@@ -148,6 +148,28 @@ def plan(*, job_id: str, workdir: Path, job_dirs: list[Path], devices: list[dict
     }
 
 
+def service_plan(*, job_id: str, readable: list[Path]) -> dict | None:
+    """A sandbox for a platform helper that reads a job's files (TensorBoard): the job's uid, only `readable`
+    bound (read-only), so a symlink the job planted there leads nowhere. It shares the host's network, since it
+    must listen on the platform's loopback, and outlives the worker that started it."""
+    if not enabled():
+        return None
+    return {
+        "bwrap": str(_setting("TRAINYARD_SANDBOX_BWRAP", "bwrap")),
+        "uid": job_uid(job_id),
+        "drop_root": os.geteuid() == 0,
+        "ro_paths": [*SYSTEM_RO_PATHS, *map(str, _setting("TRAINYARD_SANDBOX_RO_PATHS", []))],
+        "hidden": _platform_paths(),
+        "interpreter": _interpreter_paths(),
+        "readable": [str(p) for p in readable],
+        "rw_paths": [],
+        "cwd": "/tmp",
+        "devices": [],
+        "share_net": True,
+        "die_with_parent": False,
+    }
+
+
 def _bind_system_path(path: str) -> list[str]:
     if os.path.islink(path):  # merged /usr: /bin -> usr/bin
         return ["--symlink", os.readlink(path), path]
@@ -175,8 +197,11 @@ def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
         return list(argv)
     bwrap = shutil.which(sandbox["bwrap"]) or sandbox["bwrap"]
     cmd = ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "trainyard-sandbox", bwrap]
-    cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    cmd += ["--die-with-parent", "--hostname", "trainyard-job"]
+    cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "trainyard-job"]
+    if not sandbox.get("share_net"):
+        cmd += ["--unshare-net"]
+    if sandbox.get("die_with_parent", True):
+        cmd += ["--die-with-parent"]
     if not sandbox["drop_root"]:
         cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
     for path in sandbox["ro_paths"]:
@@ -184,7 +209,7 @@ def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
     cmd += ["--proc", "/proc", "--dev", "/dev"]
     for path in [*PRIVATE_TMPFS, *sandbox["hidden"]]:
         cmd += ["--perms", "1777" if path in PRIVATE_TMPFS else "0755", "--tmpfs", path]
-    binds = [p for p in sandbox["interpreter"] if os.path.exists(p)]
+    binds = [p for p in [*sandbox["interpreter"], *sandbox.get("readable", [])] if os.path.exists(p)]
     for path in binds:
         cmd += ["--ro-bind", path, path]
     for node in sandbox["devices"]:

@@ -253,3 +253,59 @@ def test_missing_bubblewrap_fails_the_attempt_with_a_platform_reason(platform, c
     assert attempt.failure_class == "platform"
     failed = done.events.get(kind="attempt_failed")
     assert "the job sandbox needs bubblewrap ('bwrap'), which is not installed" in failed.message
+
+
+def _write_run(folder: Path) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(folder))
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="loss", simple_value=0.5)])
+    writer.add_event(event_pb2.Event(wall_time=1.0, step=1, summary=summary))
+    writer.close()
+
+
+def _runs_seen_by_tensorboard(platform_user, settings) -> list[str]:
+    """Team A's run, and team B's TensorBoard folder holding its own run plus a symlink to team A's."""
+    import time
+    import urllib.request
+
+    from jobs import tensorboard
+
+    base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "tensorboard": True}
+    victim, _ = services.job_submit(user=platform_user, data={**base, "command": ["true"]})
+    attacker, _ = services.job_submit(user=platform_user, data={**base, "command": ["true"]})
+    victim_dir = Path(tensorboard.default_logdir(victim))
+    attacker_dir = Path(tensorboard.default_logdir(attacker))
+    _write_run(victim_dir / "team-a-secret-run")
+    _write_run(attacker_dir / "own-run")
+    (attacker_dir / "stolen").symlink_to(victim_dir / "team-a-secret-run")
+    route = tensorboard.route_issue(job_id=attacker.id)
+    try:
+        url = f"http://127.0.0.1:{route.port}/tb/{attacker.id}/data/runs"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                runs = json.loads(urllib.request.urlopen(url, timeout=2).read())
+                if "own-run" in runs:
+                    return runs
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("TensorBoard did not list the job's own run")
+    finally:
+        tensorboard.route_revoke(route_id=route.pk)
+
+
+def test_tensorboard_does_not_follow_a_symlink_out_of_the_jobs_folder(platform, settings):
+    _need_sandbox()
+    settings.TRAINYARD_SANDBOX = "on"
+    runs = _runs_seen_by_tensorboard(platform, settings)
+    assert "own-run" in runs and not any("stolen" in r or "team-a" in r for r in runs), runs
+
+
+def test_without_the_sandbox_tensorboard_follows_the_symlink(platform, settings):
+    """The check above can fail: unsandboxed, the planted symlink shows team A's run."""
+    settings.TRAINYARD_SANDBOX = "off"
+    runs = _runs_seen_by_tensorboard(platform, settings)
+    assert any(r.startswith("stolen") for r in runs), runs
