@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
@@ -34,6 +35,7 @@ from frontend.forms import CUSTOM_IMAGE, SubmitForm
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
 from jobs.api import JobFilter, JobSubmitSerializer
+from jobs.backends import sandbox
 from jobs.models import FailureRule, Job
 from jobs.states import JobState
 from quotas import selectors as quota
@@ -418,6 +420,7 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
             "log_strings": _log_strings(),
             "reproduces": job.reproduced_from_id
             and selectors.jobs_visible_to(request.user).filter(pk=job.reproduced_from_id).exists(),
+            "unsandboxed": settings.TRAINYARD_BACKEND == "local" and not sandbox.enabled(),
         },
     )
 

@@ -9,6 +9,7 @@ from trainyard.api import ScopedActionsMixin
 
 
 class BaseImageSerializer(serializers.ModelSerializer):
+    name = serializers.CharField(read_only=True)  # names carry versions (python-3.11): not a slug
     compatible_nodes = serializers.SerializerMethodField()
     incompatible_nodes = serializers.SerializerMethodField()
 
@@ -51,3 +52,4 @@ class ImageViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMod
     serializer_class = BaseImageSerializer
     queryset = BaseImage.objects.all()
     lookup_field = "name"
+    lookup_value_regex = "[^/]+"  # image names carry versions: python-3.11, pytorch-2.5-cuda12.4

@@ -213,7 +213,7 @@ class AttemptSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    attempt = serializers.IntegerField(source="attempt.number", default=None)
+    attempt = serializers.IntegerField(source="attempt.number", default=None, allow_null=True)
 
     class Meta:
         model = JobEvent
@@ -272,6 +272,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     filterset_class = JobFilter
     pagination_class = NewestFirstCursor
     lookup_value_regex = "[0-9a-f-]{36}"
+    token_scope = "submit"  # submit, batch, cancel, retry, reproduce
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -362,13 +363,13 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=EventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def events(self, request, pk=None):
         job = self.get_object()
         return Response(EventSerializer(job.events.select_related("attempt").order_by("at", "id"), many=True).data)
 
     @extend_schema(responses=AttemptSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def attempts(self, request, pk=None):
         job = self.get_object()
         return Response(AttemptSerializer(job.attempts.select_related("node").order_by("number"), many=True).data)

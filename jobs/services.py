@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from cluster import services as pool
 from cluster.models import GPU
-from jobs import reference
+from jobs import reference, validation
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
 from quotas import selectors as quota
@@ -284,6 +284,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     if not 0 <= max_retries <= 10:
         raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
+    paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
     return Resolved(
         fields=dict(
             name=name,
@@ -296,13 +297,13 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             command=command,
             args=args,
             env=env,
-            working_dir=str(data.get("working_dir") or ""),
-            priority=int(data.get("priority") or 0),
+            working_dir=paths.working_dir,
+            priority=validation.job_priority(data.get("priority"), user=user, team=team, queue=queue),
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),
-            tensorboard_logdir=str(data.get("tensorboard_logdir") or ""),
-            mounts=list(data.get("mounts") or []),
+            tensorboard_logdir=paths.tensorboard_logdir,
+            mounts=paths.mounts,
             labels=labels,
             gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
@@ -373,6 +374,15 @@ def job_submit(
                 message=f"submitted to queue {job.queue.name}",
                 data={"idempotency_key": idempotency_key} if idempotency_key else {},
             )
+            if job.priority > job.queue.max_member_priority:
+                _event(
+                    job,
+                    "priority_elevated",
+                    actor=user.username,
+                    message=f"priority {job.priority}, over queue {job.queue.name}'s maximum of "
+                    f"{job.queue.max_member_priority} for members",
+                    data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
+                )
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:

@@ -22,6 +22,7 @@ from django.core import signing
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from jobs.backends import sandbox
 from jobs.models import Job, TensorBoardRoute
 
 log = structlog.get_logger(__name__)
@@ -33,7 +34,14 @@ def route_path(job_id) -> str:
 
 
 def default_logdir(job: Job) -> str:
-    return job.tensorboard_logdir or str(Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "tensorboard")
+    """The job's TensorBoard folder, always inside its own folder (the API refuses paths that leave it)."""
+    from jobs.backends.local import job_path
+
+    root = Path(settings.TRAINYARD_WORK_ROOT) / str(job.id)
+    try:
+        return str(job_path(root, job.tensorboard_logdir, default="tensorboard"))
+    except ValueError:
+        return str(root / "tensorboard")
 
 
 def _free_port() -> int:
@@ -66,7 +74,8 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
                 route = TensorBoardRoute.objects.create(job=job, backend="local", logdir=logdir, port=port)
         except IntegrityError:
             continue  # the port (or the job's route) was claimed at the same moment: try another port
-        proc = subprocess.Popen(
+        argv = sandbox.wrap(
+            sandbox.service_plan(job_id=str(job.id), readable=[Path(logdir)]),
             [
                 sys.executable,
                 "-m",
@@ -82,6 +91,11 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
                 "--reload_interval",
                 "15",
             ],
+        )
+        proc = subprocess.Popen(
+            argv,
+            # None of the platform's own environment (database and Redis URLs with their passwords).
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

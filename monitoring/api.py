@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -38,12 +38,36 @@ from trainyard.errors import ValidationFailed
 # --------------------------------------------------------------------------------------------- alerts
 
 
+GPU_OVERVIEW_LIST = inline_serializer(
+    "GpuOverviewItem",
+    fields={"uuid": serializers.CharField(), "node": serializers.CharField(), "health": serializers.CharField()},
+    many=True,
+)
+SCHEDULING_SAMPLE_LIST = inline_serializer(
+    "SchedulingSample",
+    fields={
+        "at": serializers.DateTimeField(),
+        "queue": serializers.CharField(allow_null=True),
+        "pending": serializers.IntegerField(),
+        "running": serializers.IntegerField(),
+        "admissions": serializers.IntegerField(),
+        "admissions_per_s": serializers.FloatField(allow_null=True),
+        "wait_avg_s": serializers.FloatField(allow_null=True),
+        "allocation_ratio": serializers.FloatField(allow_null=True),
+        "memory_allocation_ratio": serializers.FloatField(allow_null=True),
+        "fragmentation": serializers.FloatField(allow_null=True),
+    },
+    many=True,
+)
+
+
 class AlertSerializer(serializers.ModelSerializer):
     rule = serializers.CharField(source="rule_name")
-    gpu = serializers.CharField(source="gpu.uuid", default=None)
-    node = serializers.CharField(source="gpu.node.name", default=None)
-    queue = serializers.CharField(source="queue.name", default=None)
+    gpu = serializers.CharField(source="gpu.uuid", default=None, allow_null=True)
+    node = serializers.CharField(source="gpu.node.name", default=None, allow_null=True)
+    queue = serializers.CharField(source="queue.name", default=None, allow_null=True)
     job_ids = serializers.SerializerMethodField()
+    actions_taken = serializers.SerializerMethodField()
 
     class Meta:
         model = Alert
@@ -76,6 +100,11 @@ class AlertSerializer(serializers.ModelSerializer):
         if mine is None:
             return alert.job_ids
         return [j if j in mine else "(another team)" for j in alert.job_ids]
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_actions_taken(self, alert) -> list[dict]:
+        """What the rule did; job ids of other teams are replaced, like in `job_ids`."""
+        return selectors.actions_visible(alert.actions_taken, self.context.get("job_ids"))
 
 
 class AlertResolveSerializer(serializers.Serializer):
@@ -268,7 +297,7 @@ class MonitoredGpuViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
         wanted = {j for i in items for j in i.jobs}
         return {str(pk) for pk in jobs_visible_to(self.request.user).filter(pk__in=wanted).values_list("pk", flat=True)}
 
-    @extend_schema(operation_id="v1_monitoring_gpus_list", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="v1_monitoring_gpus_list", responses=GPU_OVERVIEW_LIST)
     def list(self, request):
         items = selectors.gpu_overview()
         teams_jobs = self._teams_jobs(items)
@@ -358,6 +387,7 @@ class JobMonitoringViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
 
     lookup_value_regex = "[0-9a-f-]{36}"
     serializer_class = BusinessMetricSerializer
+    token_scope = "submit"  # a job's CI token reports its metrics
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -433,7 +463,7 @@ class SchedulingView(ScopedActionsMixin, APIView):
             OpenApiParameter("since", OpenApiTypes.DATETIME),
             OpenApiParameter("queue", str, description="a queue name; omit for the pool"),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses=SCHEDULING_SAMPLE_LIST,
     )
     def get(self, request):
         """Scheduling samples: pending and running jobs, admissions and mean wait per interval, and for the pool
@@ -558,6 +588,8 @@ class NotificationSerializer(serializers.ModelSerializer):
 class NotificationViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """The signed-in user's in-app notifications (what alert rules with `notify` sent them)."""
 
+    token_scope = "submit"
+
     serializer_class = NotificationSerializer
 
     def get_queryset(self):
@@ -589,9 +621,12 @@ def _datetime_param(request, name: str) -> datetime | None:
     raw = request.query_params.get(name)
     if not raw:
         return None
-    value = parse_datetime(raw)
+    try:  # a well-formed but impossible date (2025-02-30, 0000-00-00) raises instead of returning None
+        value = parse_datetime(raw)
+        day = parse_date(raw) if value is None else None
+    except ValueError:
+        value = day = None
     if value is None:
-        day = parse_date(raw)
         if day is None:
             raise ValidationFailed(f"{name} must be an ISO 8601 date or time", code="invalid_datetime", field=name)
         value = datetime(day.year, day.month, day.day)

@@ -3,6 +3,7 @@ latest telemetry, a job's three layers (host, scheduling, business), scheduling 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -35,6 +36,27 @@ def alerts_visible_to(user) -> QuerySet[Alert]:
 
 def alert_visible(alert: Alert, user) -> bool:
     return bool(user and user.is_authenticated)
+
+
+JOB_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+ANOTHER_TEAM = "(another team)"
+
+
+def actions_visible(actions: list[dict[str, Any]], visible_job_ids: set[str] | None) -> list[dict[str, Any]]:
+    """An alert's actions as a reader may see them: other teams' job ids are replaced (None: staff, sees all)."""
+    if visible_job_ids is None:
+        return actions
+
+    def hide(value: Any) -> Any:
+        if isinstance(value, str):
+            return JOB_ID.sub(lambda m: m.group(0) if m.group(0) in visible_job_ids else ANOTHER_TEAM, value)
+        if isinstance(value, list):
+            return [hide(v) for v in value]
+        if isinstance(value, dict):
+            return {k: hide(v) for k, v in value.items()}
+        return value
+
+    return [hide(action) for action in actions]
 
 
 def may_handle_alert(alert: Alert, user) -> bool:

@@ -129,7 +129,11 @@ def alerts(request: HttpRequest) -> HttpResponse:
     mine = _visible_jobs(request.user, {j for a in open_alerts + resolved for j in a.job_ids})
 
     def shown(alert: Alert) -> dict:
-        return {"alert": alert, "jobs": [(j, mine is None or j in mine) for j in alert.job_ids]}
+        return {
+            "alert": alert,
+            "jobs": [(j, mine is None or j in mine) for j in alert.job_ids],
+            "actions": selectors.actions_visible(alert.actions_taken, mine),
+        }
 
     notes = list(Notification.objects.filter(user=request.user, read_at__isnull=True).select_related("alert")[:20])
     return render(

@@ -194,6 +194,7 @@ class QueueForm(forms.ModelForm):
             "state",
             "ordering",
             "priority",
+            "max_member_priority",
             "weight",
             *QUOTA_FIELDSET,
             "teams",

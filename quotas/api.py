@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from jobs import selectors as job_selectors
 from quotas import selectors, services, tokens
-from quotas.models import ApiToken, Membership, Queue, ResourceSpec, Team
+from quotas.models import TOKEN_SCOPES, ApiToken, Membership, Queue, ResourceSpec, Team
 from trainyard.api import ScopedActionsMixin
 from trainyard.errors import Forbidden, NotFound
 
@@ -163,6 +163,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "description",
             "state",
             "priority",
+            "max_member_priority",
             "weight",
             "ordering",
             "gang",
@@ -223,17 +224,26 @@ class QueueViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMod
 class TokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
+        fields = ["id", "name", "prefix", "scopes", "created_at", "expires_at", "revoked_at", "last_used_at"]
         read_only_fields = fields
 
 
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TOKEN_SCOPES),
+        required=False,
+        allow_empty=False,
+        help_text="default: read and submit (a token making a token: its own scopes)",
+    )
 
 
 class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Token management: from a browser session, or with a token that has the admin scope."""
+
     serializer_class = TokenSerializer
+    token_scope_all = "admin"
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -246,13 +256,14 @@ class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericVi
         payload = TokenCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         with transaction.atomic(durable=True):
-            token, raw = tokens.token_create(user=request.user, **payload.validated_data)
+            parent = request.auth if isinstance(request.auth, ApiToken) else None
+            token, raw = tokens.token_create(user=request.user, parent=parent, **payload.validated_data)
         return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
     def destroy(self, request, pk=None):
         """Revoke a token (it stops working at once)."""
-        token = ApiToken.objects.filter(user=request.user, pk=pk).first()
+        token = ApiToken.objects.filter(user=request.user, pk=pk).first() if str(pk).isdigit() else None
         if token is None:
             raise NotFound("token not found")
         with transaction.atomic(durable=True):

@@ -1,6 +1,7 @@
 """Teams, memberships, queues, resource specs, API tokens and the quota audit trail."""
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -121,6 +122,11 @@ class Queue(ResourceVector):
     teams = models.ManyToManyField(Team, related_name="queues", blank=True)
     specs = models.ManyToManyField(ResourceSpec, related_name="queues", blank=True)
     priority = models.IntegerField(default=0, help_text="higher is dispatched first")
+    max_member_priority = models.IntegerField(
+        default=0,
+        help_text="the highest job priority a team member may ask for here; maintainers and staff may go up to 100 "
+        "(each such job records a priority_elevated event)",
+    )
     weight = models.PositiveIntegerField(default=1)
     state = models.CharField(max_length=8, choices=State.choices, default=State.OPEN)
     ordering = models.CharField(max_length=10, choices=Ordering.choices, default=Ordering.FIFO)
@@ -151,6 +157,13 @@ class Queue(ResourceVector):
         return f"trainyard-{self.name}"
 
 
+TOKEN_SCOPES = ("read", "submit", "admin")
+
+
+def default_token_scopes() -> list[str]:
+    return ["read", "submit"]
+
+
 class ApiToken(models.Model):
     """A per-user token for CI; only its SHA-256 is stored, the secret is shown once."""
 
@@ -162,6 +175,12 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    scopes = ArrayField(
+        models.CharField(max_length=10),
+        default=default_token_scopes,
+        help_text="read: GET only; submit: also submit, cancel, retry jobs and report metrics; admin: everything the "
+        "user may do, including managing tokens",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,25 +1,83 @@
-"""Per-user API tokens for CI: `ty_<prefix>_<secret>`, only the SHA-256 is stored, shown once."""
+"""Per-user API tokens for CI: `ty_<prefix>_<secret>`, only the SHA-256 is stored, shown once.
+
+A token carries scopes (read, submit, admin; `TokenScopePermission` checks them on every request) and can
+only make tokens with no more scopes than itself that expire no later than itself.
+"""
 
 import hashlib
 import secrets
 from datetime import timedelta
 
 from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 
-from quotas.models import ApiToken
+from quotas.models import TOKEN_SCOPES, ApiToken, default_token_scopes
 
 
 def _digest(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def token_create(*, user, name: str, expires_in_days: int | None = None) -> tuple[ApiToken, str]:
+def token_create(
+    *,
+    user,
+    name: str,
+    expires_in_days: int | None = None,
+    scopes: list[str] | None = None,
+    parent: ApiToken | None = None,
+) -> tuple[ApiToken, str]:
+    """A new token; `parent` is the token the request came with (None for a browser session)."""
+    from trainyard.errors import ValidationFailed  # late: DRF imports this module while trainyard.errors loads
+
+    scopes = sorted(set(scopes if scopes is not None else (parent.scopes if parent else default_token_scopes())))
+    unknown = set(scopes) - set(TOKEN_SCOPES)
+    if unknown or not scopes:
+        raise ValidationFailed(
+            f"scopes must be some of {', '.join(TOKEN_SCOPES)}", code="invalid_token_scope", field="scopes"
+        )
+    expires = timezone.now() + timedelta(days=expires_in_days) if expires_in_days else None
+    if parent is not None:
+        if set(scopes) - set(parent.scopes):
+            raise ValidationFailed(
+                "a token cannot make a token with scopes it does not have", code="scope_exceeds_token", field="scopes"
+            )
+        if parent.expires_at is not None:
+            if expires is None:
+                expires = parent.expires_at  # never longer-lived than the token that made it
+            elif expires > parent.expires_at:
+                raise ValidationFailed(
+                    f"this token expires at {parent.expires_at.isoformat()}; it cannot make one that outlives it",
+                    code="token_outlives_parent",
+                    field="expires_in_days",
+                )
     prefix = secrets.token_hex(4)
     raw = f"ty_{prefix}_{secrets.token_urlsafe(32)}"
-    expires = timezone.now() + timedelta(days=expires_in_days) if expires_in_days else None
-    token = ApiToken.objects.create(user=user, name=name, prefix=prefix, digest=_digest(raw), expires_at=expires)
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=prefix, digest=_digest(raw), expires_at=expires, scopes=scopes
+    )
     return token, raw
+
+
+def required_scope(request, view) -> str:
+    """read for GETs; writes need the view's `token_scope` (submit for jobs), else admin; token management, admin."""
+    if getattr(view, "token_scope_all", None):
+        return view.token_scope_all
+    if request.method in permissions.SAFE_METHODS:
+        return "read"
+    return getattr(view, "token_scope", "admin")
+
+
+class TokenScopePermission(permissions.BasePermission):
+    """A request made with a token may do only what the token's scopes allow; a session is not limited here."""
+
+    def has_permission(self, request, view) -> bool:
+        token = request.auth
+        if not isinstance(token, ApiToken):
+            return True
+        needed = required_scope(request, view)
+        if needed not in token.scopes:
+            raise exceptions.PermissionDenied(f"this token lacks the '{needed}' scope", code="token_scope")
+        return True
 
 
 def token_revoke(*, token: ApiToken) -> ApiToken:

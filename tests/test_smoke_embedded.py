@@ -20,3 +20,28 @@ def test_embedded_postgres_and_redis_serve_the_platform():
     seed(admin_password="smoke-admin-1", demo_password="smoke-demo-1")
     assert Team.objects.filter(slug="demo").exists()
     assert redis.Redis.from_url(settings.REDIS_URL).ping()
+
+
+def test_embedded_servers_want_their_generated_passwords():
+    if not os.environ.get("TRAINYARD_VAR_DIR"):
+        pytest.skip("run through `make smoke-embedded` (embedded servers in a scratch var/)")
+    import stat
+    from pathlib import Path
+
+    import psycopg
+
+    var = Path(os.environ["TRAINYARD_VAR_DIR"])
+    assert stat.S_IMODE(var.stat().st_mode) & 0o066 == 0  # others may at most pass through (the server's own user)
+    for name in ["postgres.password", "redis.password", "redis.conf", "secret_key"]:
+        assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
+    pg, rd = urlparse(os.environ["DATABASE_URL"]), urlparse(os.environ["REDIS_URL"])
+    assert pg.password == (var / "postgres.password").read_text().strip()
+    assert rd.password == (var / "redis.password").read_text().strip()
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(f"postgresql://postgres@{pg.hostname}:{pg.port}/trainyard", connect_timeout=5)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(f"postgresql://postgres:wrong@{pg.hostname}:{pg.port}/trainyard", connect_timeout=5)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host=rd.hostname, port=rd.port).ping()
+    hba = (var / "pgdata" / "pg_hba.conf").read_text().splitlines()
+    assert not [line for line in hba if line.strip() and not line.startswith("#") and line.split()[-1] == "trust"]

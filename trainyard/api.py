@@ -1,14 +1,25 @@
 """Shared API pieces: throttle scopes per action, cursor pagination."""
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
 
 from trainyard.errors import ValidationFailed
 
 
 class ScopedActionsMixin:
-    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`."""
+    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`. Every view, even
+    one with its own permission classes, also checks the scopes of the token a request came with."""
 
     submit_actions = frozenset({"create", "batch"})
+
+    def get_permissions(self):
+        from quotas.tokens import TokenScopePermission
+
+        found = super().get_permissions()
+        if not any(isinstance(p, TokenScopePermission) for p in found):
+            found.append(TokenScopePermission())
+        return found
 
     def get_throttles(self):
         action = getattr(self, "action", None)
@@ -26,6 +37,13 @@ class NewestFirstCursor(CursorPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def paginate_queryset(self, queryset, request, view=None):
+        # A forged cursor can decode to a position the database refuses (2025-02-30): that is a bad cursor, not a 500.
+        try:
+            return super().paginate_queryset(queryset, request, view)
+        except (DjangoValidationError, ValueError, OverflowError):
+            raise NotFound(self.invalid_cursor_message, code="invalid_cursor") from None
 
 
 def int_param(request, name: str, *, default: int, minimum: int = 0) -> int:

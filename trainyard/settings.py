@@ -7,6 +7,7 @@ from pathlib import Path
 import environ
 
 from trainyard import logsetup
+from trainyard.embedded import private_file
 from trainyard.paths import BASE_DIR, VAR_DIR
 
 env = environ.Env()
@@ -18,9 +19,9 @@ def _local_secret_key() -> str:
     """A per-checkout key generated once into var/, so no secret is ever committed."""
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_file(path, secrets.token_urlsafe(50))
+    path.chmod(0o600)  # also closes a key written by an older version
     return path.read_text().strip()
 
 
@@ -53,11 +54,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "trainyard.guards.RequestGuardMiddleware",
+    "trainyard.guards.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "trainyard.login_guard.LoginLockoutMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -159,11 +163,18 @@ REST_FRAMEWORK = {
         "write": env.str("TRAINYARD_RATE_WRITE", default="300/min"),
     },
     "DEFAULT_PAGINATION_CLASS": None,
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "quotas.tokens.TokenScopePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "trainyard.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "trainyard.guards.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
+# The largest request body taken (a batch of 200 jobs is a few hundred KiB); over it, a 413 `request_too_large`.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TRAINYARD_MAX_BODY_BYTES", default=4 * 1024 * 1024)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trainyard API",
     "DESCRIPTION": "Submit, follow and govern GPU training jobs.",
@@ -186,6 +197,21 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# Served over TLS (directly or behind a proxy that sets X-Forwarded-Proto): Secure cookies, HSTS, redirect to https.
+TRAINYARD_TLS = env.bool("TRAINYARD_TLS", default=False)
+if TRAINYARD_TLS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("TRAINYARD_HSTS_SECONDS", default=31536000)
+    SECURE_SSL_REDIRECT = env.bool("TRAINYARD_SSL_REDIRECT", default=True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes and scrapers inside the cluster
+    if env.bool("TRAINYARD_BEHIND_TLS_PROXY", default=False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Failed logins (trainyard/login_guard.py): per user and address, per address, per user, within the window.
+TRAINYARD_LOGIN_WINDOW_S = env.int("TRAINYARD_LOGIN_WINDOW_S", default=900)
+TRAINYARD_LOGIN_MAX_FAILURES = env.int("TRAINYARD_LOGIN_MAX_FAILURES", default=5)
+TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT", default=20)
+TRAINYARD_LOGIN_MAX_FAILURES_PER_USER = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_USER", default=50)
 
 # Platform behaviour
 TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")
@@ -201,6 +227,13 @@ TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+# Local jobs run in a bubblewrap sandbox (jobs/backends/sandbox.py, docs/security.md); `off` only on a single-user
+# machine: every job page then says that jobs run unsandboxed, as the platform's own user.
+TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")
+TRAINYARD_SANDBOX_BWRAP = env.str("TRAINYARD_SANDBOX_BWRAP", default="bwrap")
+TRAINYARD_SANDBOX_RO_PATHS = env.list("TRAINYARD_SANDBOX_RO_PATHS", default=[])
+TRAINYARD_SANDBOX_UID_BASE = env.int("TRAINYARD_SANDBOX_UID_BASE", default=200000)
+TRAINYARD_SANDBOX_UID_COUNT = env.int("TRAINYARD_SANDBOX_UID_COUNT", default=65536)
 TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)
 TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]

@@ -23,3 +23,4 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("frontend.urls")),
 ]
+handler404 = "trainyard.errors.page_not_found"

@@ -167,7 +167,14 @@ def page(live_portal, monkeypatch, request):
         browser = pw.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
         )
-        context = browser.new_context(base_url=live_portal.url, viewport={"width": 1280, "height": 900}, locale="en-US")
+        # bypass_csp: Playwright evaluates wait_for_function's expression with eval, which the portal's
+        # Content-Security-Policy (scripts from the platform only) rightly blocks; the header has tests of its own.
+        context = browser.new_context(
+            base_url=live_portal.url,
+            viewport={"width": 1280, "height": 900},
+            locale="en-US",
+            bypass_csp=True,
+        )
         context.set_default_timeout(TIMEOUT_MS)
         tab = context.new_page()
         yield tab

@@ -413,3 +413,12 @@ def test_submit_form_lists_the_pools_gpu_models_and_pins_the_chosen_ones(portal)
     assert Job.objects.get().gpu_models == [model]
     refused = client.post("/jobs/new/", {**data, "gpu_models": ["No Such GPU"]})
     assert refused.status_code == 400 and Job.objects.count() == 1
+
+
+def test_every_job_page_says_when_the_sandbox_is_off(portal, settings):
+    job = submit(portal.demo)
+    client = login(portal.demo)
+    assert 'id="sandbox-off"' not in client.get(f"/jobs/{job.id}/").content.decode()
+    settings.TRAINYARD_SANDBOX = "off"
+    body = client.get(f"/jobs/{job.id}/").content.decode()
+    assert 'id="sandbox-off"' in body and "Jobs run unsandboxed." in body

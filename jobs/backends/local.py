@@ -23,7 +23,7 @@ import structlog
 from django.conf import settings
 
 from jobs import logstore
-from jobs.backends import proctree
+from jobs.backends import proctree, sandbox
 from jobs.backends.base import AttemptDescription, Observation
 from trainyard.paths import BASE_DIR
 
@@ -47,6 +47,31 @@ def placement_env(desc: AttemptDescription) -> dict[str, str]:
     return env
 
 
+def job_path(job_root: Path, relative: str, *, default: str) -> Path:
+    """A path the job named (working dir, TensorBoard log dir), kept inside its own folder.
+
+    The API refuses anything else (jobs/validation.py); this is the backend's own guard for older rows.
+    """
+    work = job_root / "work"
+    if not relative:
+        return job_root / default
+    path = Path(os.path.normpath(work / relative))
+    if os.path.isabs(relative) or not path.is_relative_to(work):
+        raise ValueError(f"'{relative}' is outside the job's folder")
+    return path
+
+
+_sandbox_checked = False
+
+
+def _check_sandbox() -> None:
+    """Make one empty sandbox per process before the first job, so a missing sandbox is a clear platform error."""
+    global _sandbox_checked
+    if not _sandbox_checked:
+        sandbox.preflight(settings.TRAINYARD_SANDBOX_BWRAP)
+        _sandbox_checked = True
+
+
 def _runner_path() -> str:
     return os.pathsep.join(filter(None, [str(BASE_DIR), os.environ.get("PYTHONPATH")]))
 
@@ -66,13 +91,22 @@ class LocalBackend:
     def submit(self, desc: AttemptDescription) -> str:
         ref = f"local:{desc.job_id}:{desc.attempt_number}"
         folder = self._folder(ref)
-        folder.mkdir(parents=True, exist_ok=True)
         if (folder / "runner.pid").exists():
             return ref  # already submitted: a repeated submit is a no-op
-        workdir = self.root / desc.job_id / "work"
-        if desc.working_dir:
-            workdir = Path(desc.working_dir) if os.path.isabs(desc.working_dir) else workdir / desc.working_dir
-        tb_dir = desc.tensorboard_logdir or str(self.root / desc.job_id / "tensorboard")
+        if sandbox.enabled():
+            _check_sandbox()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o700)  # jobs' folders are nobody else's business (the sandbox hides them anyway)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        job_root = self.root / desc.job_id
+        workdir = job_path(job_root, desc.working_dir, default="work")
+        tb_dir = str(job_path(job_root, desc.tensorboard_logdir, default="tensorboard"))
+        box = sandbox.plan(
+            job_id=desc.job_id,
+            workdir=workdir,
+            job_dirs=[job_root / "work", job_root / "tensorboard"],
+            devices=[d.__dict__ for d in desc.devices],
+        )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(workdir),
@@ -92,9 +126,13 @@ class LocalBackend:
             "budget_bytes": settings.TRAINYARD_LOG_DAILY_BYTES,
             "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
             "grace_s": settings.TRAINYARD_CANCEL_GRACE_S,
+            "sandbox": box,
         }
+        # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
-        tmp.write_text(json.dumps(spec))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(spec))
         os.replace(tmp, folder / "spec.json")
         runner = subprocess.Popen(
             [sys.executable, "-m", "jobs.backends.local_runner", str(folder)],
@@ -142,6 +180,12 @@ class LocalBackend:
         _, job_id, number = ref.split(":")
         return proctree.kill_until_gone(lambda: proctree.tagged(job_id, int(number)), timeout=10.0)
 
+    def _sandboxed(self, folder: Path) -> bool:
+        try:
+            return bool(json.loads((folder / "spec.json").read_text()).get("sandbox"))
+        except (OSError, ValueError):
+            return False
+
     def observe(self, refs: list[str]) -> dict[str, Observation]:
         result = {}
         for ref in refs:
@@ -152,6 +196,8 @@ class LocalBackend:
             if status_path.exists():
                 status = json.loads(status_path.read_text())
                 code, sig = status.get("exit_code"), status.get("signal")
+                if self._sandboxed(folder):
+                    code, sig = sandbox.decode_exit(code, sig)
                 phase = "succeeded" if code == 0 and not sig else "failed"
                 reason = status.get("reason") or (
                     signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.backends import proctree
+from jobs.backends import proctree, sandbox
 from jobs.logstore import RING_LINES, LogWriter
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
@@ -43,8 +43,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def command_argv(spec: dict) -> list[str]:
-    """The argv that runs the job (the one place a wrapper such as a sandbox is applied)."""
-    return list(spec["argv"])
+    """The argv that runs the job: the command inside its sandbox (jobs/backends/sandbox.py) unless that is off."""
+    return sandbox.wrap(spec.get("sandbox"), list(spec["argv"]))
 
 
 def _child_setup() -> None:

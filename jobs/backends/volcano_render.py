@@ -273,6 +273,8 @@ def _task(
     container_mounts = list(mounts)
     init_containers: list[JSON] = []
     tb_dir = desc.tensorboard_logdir or DEFAULT_TB_DIR
+    if not tb_dir.startswith("/"):  # relative to the job's folder, like working_dir
+        tb_dir = posixpath.join("/workspace", tb_dir)
     if desc.tensorboard and not any(_under(tb_dir, m["mountPath"]) for m in mounts):
         pod_volumes.append({"name": "tensorboard", "emptyDir": {}})
         container_mounts.append({"name": "tensorboard", "mountPath": tb_dir})

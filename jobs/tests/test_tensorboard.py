@@ -26,7 +26,10 @@ def _alive(pid):
 
 
 def _port_free(port):
+    """No process listens on the port. SO_REUSEADDR, as a server reusing it would: connections the stopped
+    TensorBoard closed first linger in TIME_WAIT for a minute, and a plain bind fails on them though nothing listens."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -384,3 +384,30 @@ def test_the_admin_console_refuses_an_inconsistent_rule(db_platform):
     assert not AlertRule.objects.filter(name="console-rule").exists()
     saved = client.post("/admin/monitoring/alertrule/add/", {**form, "faults": '["gpu_lost"]'})
     assert saved.status_code == 302 and AlertRule.objects.get(name="console-rule").faults == ["gpu_lost"]
+
+
+def test_other_teams_job_ids_are_hidden_in_actions_taken(hot_job, outsider, client):
+    services.telemetry_collect(now=T0)
+    services.alerts_evaluate(now=T0)
+    alert = Alert.objects.get(rule_name="gpu-temperature")
+    # What a restart of the job on the card records (monitoring.services._restart).
+    restart = {
+        "action": "restart_job",
+        "detail": f"stopped {hot_job.id}#1 for a retry",
+        "attempts": [f"{hot_job.id}#1"],
+    }
+    Alert.objects.filter(pk=alert.pk).update(actions_taken=[restart])
+
+    theirs = api_as("outsider").get("/api/v1/monitoring/alerts/").json()[0]["actions_taken"]
+    assert str(hot_job.id) not in str(theirs)
+    assert theirs == [
+        {"action": "restart_job", "detail": "stopped (another team)#1 for a retry", "attempts": ["(another team)#1"]}
+    ]
+    for member in ["demo", "admin"]:
+        assert api_as(member).get("/api/v1/monitoring/alerts/").json()[0]["actions_taken"] == [restart], member
+        assert api_as(member).get(f"/api/v1/monitoring/alerts/{alert.id}/").json()["actions_taken"] == [restart]
+    assert str(hot_job.id) not in str(api_as("outsider").get(f"/api/v1/monitoring/alerts/{alert.id}/").json())
+
+    client.force_login(outsider)
+    page = client.get("/monitoring/alerts/").content.decode()
+    assert "stopped (another team)#1 for a retry" in page and str(hot_job.id) not in page
