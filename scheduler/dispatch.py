@@ -178,7 +178,6 @@ class Line:
 
     position: int = 0
     blocked: bool = False
-    failed_shapes: dict[tuple, tuple[str, str]] = field(default_factory=dict)
     tail: tuple = ()  # order key of the last job left waiting in the line
 
 
@@ -416,7 +415,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
         position, blocked, tail = start.position, start.blocked, start.tail
-        failed_shapes = dict(start.failed_shapes)
+        failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
         used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
         for job in backlog.waiting.get(queue.id, ()):
             team = backlog.teams[job.team_id]
@@ -445,7 +444,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
             assert placed is not None
             out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
             _charge(job, queue, backlog)
-        out.lines[queue.id] = Line(position, blocked, failed_shapes, tail)
+        out.lines[queue.id] = Line(position, blocked, tail)
     return out
 
 

@@ -102,6 +102,9 @@ class Pool:
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
+        # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
+        # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
+        self.failed: dict[tuple, tuple[str, str]] = {}
         self.loads = 0  # full reloads so far (the benchmark reports them)
         self.ledger_reads = 0
 
@@ -119,6 +122,7 @@ class Pool:
         `workload_for(pool)` gives the request mix the policy keeps room for (it may resolve GPU models)."""
         structure, ledger = self.read_versions()
         if structure != self.structure_version or self.allocator is None:
+            self.failed.clear()
             self._load_structure()
             self._load_ledger()
             self.workload = workload_for(self)
@@ -130,6 +134,7 @@ class Pool:
             self.workload = workload
             self.allocator = policy.Allocator(self.nodes, "fgd", workload)
         elif ledger != self.ledger_version:
+            self.failed.clear()
             changed = self._load_ledger()
             for i in changed:
                 self._apply(i)
@@ -141,6 +146,7 @@ class Pool:
         """Forget everything: the next `sync` reloads (after a failed write, say)."""
         self.structure_version = self.ledger_version = None
         self.allocator = None
+        self.failed.clear()
 
     def wrote(self, before: tuple[int, int], after: tuple[int, int]) -> None:
         """Our own write moved the numbers from `before` to `after`: if nobody else changed the pool in between,
@@ -364,6 +370,7 @@ class Pool:
     def give_back(self, placement: policy.Placement, slices: list) -> None:
         """Undo `take` for a placement that was not written (its job left the queue meanwhile)."""
         assert self.allocator is not None
+        self.failed.clear()
         self.allocator.release(placement)
         for s in slices:
             u = self.usage.get(s.gpu_id) or Usage()

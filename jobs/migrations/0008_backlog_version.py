@@ -19,11 +19,25 @@ FORWARD = [
         RETURN NULL;
     END $$
     """,
+    # One run per statement, over the statement's changed rows: a pass admitting thousands of jobs in one UPDATE
+    # moves the number once.
     """
-    CREATE TRIGGER trainyard_backlog_update AFTER UPDATE ON jobs_job FOR EACH ROW
-    WHEN ((OLD.state = 'pending') <> (NEW.state = 'pending')
-          OR (NEW.state = 'pending' AND (OLD.priority, OLD.queue_id) IS DISTINCT FROM (NEW.priority, NEW.queue_id)))
-    EXECUTE FUNCTION trainyard_backlog_bump()
+    CREATE FUNCTION trainyard_backlog_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (
+            SELECT 1 FROM old_rows o JOIN new_rows n ON n.id = o.id
+            WHERE (o.state = 'pending') <> (n.state = 'pending')
+               OR (n.state = 'pending' AND (o.priority, o.queue_id) IS DISTINCT FROM (n.priority, n.queue_id))
+        ) THEN
+            UPDATE trainyard_backlog_version SET n = nextval('trainyard_backlog_seq') WHERE id = 1;
+        END IF;
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER trainyard_backlog_update AFTER UPDATE ON jobs_job
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION trainyard_backlog_changed()
     """,
     "CREATE TRIGGER trainyard_backlog_rows AFTER DELETE OR TRUNCATE ON jobs_job "
     "FOR EACH STATEMENT EXECUTE FUNCTION trainyard_backlog_bump()",
@@ -32,6 +46,7 @@ FORWARD = [
 BACKWARD = [
     "DROP TRIGGER IF EXISTS trainyard_backlog_update ON jobs_job",
     "DROP TRIGGER IF EXISTS trainyard_backlog_rows ON jobs_job",
+    "DROP FUNCTION IF EXISTS trainyard_backlog_changed()",
     "DROP FUNCTION IF EXISTS trainyard_backlog_bump()",
     "DROP TABLE IF EXISTS trainyard_backlog_version",
     "DROP SEQUENCE IF EXISTS trainyard_backlog_seq",
