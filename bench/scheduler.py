@@ -298,19 +298,30 @@ def backlog(user, pods, sizes: list[int]) -> list[dict]:
     return out
 
 
-def latency(user, *, rate: float, seconds: float, waiting: int) -> dict:
-    """`rate` submissions/s for `seconds` while `waiting` jobs wait (the trace shapes that no longer fit the
-    nearly full cluster); the new jobs are small shares that the cluster's leftovers can take. Four submitter
-    threads pace the arrivals; a real Celery worker process runs the coalesced dispatch passes."""
+def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4") -> dict:
+    """`rate` submissions/s for `seconds` while `waiting` jobs wait. The full cluster is split by GPU model, as
+    teams often are: the waiting jobs (the trace shapes that no longer fit) are pinned to the other models, the
+    `model` cards are emptied (their jobs cancelled, releasing them) and the new jobs, small shares, are pinned to
+    them. Four submitter threads pace the arrivals; a real Celery worker process runs the coalesced passes."""
     from concurrent.futures import ThreadPoolExecutor
 
     from django.conf import settings
     from django.db import connection
 
-    from jobs.models import Job
-    from jobs.services import job_submit
+    from cluster.models import GPU
+    from jobs.models import Attempt, Job
+    from jobs.services import job_cancel, job_submit
     from scheduler import policy
 
+    others = sorted(set(GPU.objects.exclude(model=model).values_list("model", flat=True)))
+    Job.objects.filter(state="pending").update(gpu_models=others)
+    on_model = set(
+        Attempt.objects.filter(
+            job__state="admitted", slices__gpu__model=model, slices__released_at__isnull=True
+        ).values_list("job_id", flat=True)
+    )
+    for job_id in on_model:
+        job_cancel(job_id=job_id, actor="bench")
     pending = Job.objects.filter(state="pending").count()
     env = {**os.environ, "TRAINYARD_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE}
     worker = subprocess.Popen(
@@ -334,7 +345,7 @@ def latency(user, *, rate: float, seconds: float, waiting: int) -> dict:
         cwd=REPO,
         env=env,
     )
-    small = policy.Request.fraction(100, cpu_milli=1000, memory_mib=1024)
+    small = policy.Request.fraction(100, cpu_milli=1000, memory_mib=1024, gpu_model=model)
     n = int(rate * seconds)
     start = time.perf_counter() + 8  # the worker's start-up, then the arrivals
     lag: list[float] = []
@@ -378,7 +389,9 @@ def latency(user, *, rate: float, seconds: float, waiting: int) -> dict:
         "max_s": round(max(waits), 3) if waits else None,
         "submitter_lag_p99_s": round(percentile(lag, 99), 3),
         "note": "submit-to-admitted from the Job rows' submitted_at and admitted_at; new jobs are 1/10-card "
-        "shares; the dispatch passes run in a separate Celery worker process woken by the coalesced requests",
+        f"shares pinned to the emptied {model} cards, the waiting ones to the other models; the dispatch passes "
+        "run in a separate Celery worker process woken by the coalesced requests",
+        "emptied_jobs": len(on_model),
         "waiting": waiting,
     }
 

@@ -99,7 +99,7 @@ def _row_waiting(row: tuple) -> scheduler.Waiting:
         gpu_models=tuple(models),
         reason=reason,
         position=position,
-        order=(-priority, submitted_at, str(jid)),
+        order=(-priority, submitted_at, jid),
     )
 
 
