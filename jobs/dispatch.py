@@ -56,14 +56,15 @@ def _vector(row: dict) -> dict[str, int]:
 
 
 # The waiting lines as plain rows (no model objects, no per-row converters): a pass over 5,000 waiting jobs
-# reads them in tens of milliseconds. The three JSON lists come as one text column, NULL when all are empty.
+# reads them in tens of milliseconds. The three JSON lists come as one text column, NULL when all are empty;
+# the submission time as epoch seconds (decoding 5,000 timestamps cost more than everything else read).
 PENDING_SQL = """
 SELECT id, queue_id, team_id, owner_id, replicas, gpu_count, gpu_milli, gpu_memory_mib, gpu_memory_eighths,
        exclusive, cpu_milli, memory_mib, total_gpu_milli, total_gpu_memory_mib, total_cpu_milli, total_memory_mib,
        min_driver_version,
        CASE WHEN excluded_gpus = '[]'::jsonb AND excluded_nodes = '[]'::jsonb AND gpu_models = '[]'::jsonb
             THEN NULL ELSE jsonb_build_array(excluded_gpus, excluded_nodes, gpu_models)::text END,
-       reason, queue_position, priority, submitted_at
+       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8
 FROM jobs_job WHERE state = 'pending' {where}
 ORDER BY queue_id, priority DESC, submitted_at, id
 """
@@ -178,7 +179,7 @@ class JobStore:
         """The waiting jobs submitted since `since` that are not `known`, provided the waiting jobs are exactly
         those and the `expect` known ones (else None: one arrived too late for the window). The caller has
         checked `backlog_version`, so no known job left the lines."""
-        rows = _pending_rows("AND submitted_at >= %s", [since]) if since is not None else _pending_rows()
+        rows = _pending_rows("AND submitted_at >= to_timestamp(%s)", [since]) if since is not None else _pending_rows()
         fresh = [_row_waiting(row) for row in rows if row[0] not in known]
         if Job.objects.filter(state=JobState.PENDING).count() != expect + len(fresh):
             return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Protocol
 
 import structlog
@@ -88,7 +87,7 @@ class Waiting:
     gpu_models: tuple[str, ...] = ()
     reason: str = ""
     position: int | None = None
-    order: tuple = ()  # where it stands in its queue's line: (-priority, submitted at, id)
+    order: tuple = ()  # where it stands in its queue's line: (-priority, submitted at in epoch seconds, id)
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -523,14 +522,14 @@ class Carry:
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
     known: set  # ids of the jobs left waiting
-    newest: object  # the latest submission time seen
+    newest: float | None  # the latest submission time seen (epoch seconds)
     pending: int
 
 
 _carry: Carry | None = None
-# New jobs are looked for this far before the newest one seen; one that commits later than that is caught by the
-# waiting-set check and costs a full pass.
-FAST_WINDOW = timedelta(seconds=2)
+# New jobs are looked for this many seconds before the newest one seen; one that commits later than that is
+# caught by the waiting-set check and costs a full pass.
+FAST_WINDOW_S = 2.0
 
 
 def _reference_version() -> int:
@@ -546,7 +545,7 @@ def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
     carry = _carry
     if carry is None or (*Pool.read_versions(), *versions) != carry.key:
         return None
-    since = carry.newest - FAST_WINDOW if carry.newest is not None else None
+    since = carry.newest - FAST_WINDOW_S if carry.newest is not None else None
     joined = store.joined(since=since, known=carry.known, expect=carry.pending)
     if joined is None:
         return None
