@@ -23,6 +23,7 @@ from django.db import connection, transaction
 
 from cluster.probes import probe_gpu
 from cluster.services import pool_lock
+from quotas.selectors import VECTOR_FIELDS, fits
 from scheduler import policy
 from scheduler.pool import Pool, current
 from trainyard import wake
@@ -43,7 +44,7 @@ IMAGE_INCOMPATIBLE = "image_incompatible_with_all_nodes"
 GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
 BEHIND = "behind_earlier_job"
 
-VECTOR = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
+VECTOR = VECTOR_FIELDS
 
 
 @dataclass(frozen=True)
@@ -237,19 +238,19 @@ def _quota_check(
 ) -> tuple[str, str] | None:
     if not queue.open:
         return QUEUE_CLOSED, f"queue {queue.name} is closed"
-    for name in VECTOR:
-        if used[name] + job.total[name] > queue.limit[name]:
-            return QUEUE_QUOTA, (
-                f"queue {queue.name} has {queue.limit[name] - used[name]} {name} free; the job needs {job.total[name]}"
-            )
+    over = fits(job.total, used, queue.limit)
+    if over:
+        return QUEUE_QUOTA, (
+            f"queue {queue.name} has {queue.limit[over] - used[over]} {over} free; the job needs {job.total[over]}"
+        )
     tused = backlog.team_used.get(team.id)
     if tused is None:
         tused = backlog.team_used[team.id] = {**dict.fromkeys(VECTOR, 0), "jobs": 0}
-    for name in VECTOR:
-        if tused[name] + job.total[name] > team.limit[name]:
-            return TEAM_QUOTA, (
-                f"team {team.slug} has {team.limit[name] - tused[name]} {name} left; the job needs {job.total[name]}"
-            )
+    over = fits(job.total, tused, team.limit)
+    if over:
+        return TEAM_QUOTA, (
+            f"team {team.slug} has {team.limit[over] - tused[over]} {over} left; the job needs {job.total[over]}"
+        )
     if tused["jobs"] >= team.max_running_jobs:
         return TEAM_JOB_LIMIT, f"team {team.slug} already runs {team.max_running_jobs} jobs"
     if backlog.user_jobs.get((team.id, job.owner_id), 0) >= team.max_jobs_per_user:
@@ -462,7 +463,6 @@ class PassReport:
     total_s: float = 0.0
     placement_calls: int = 0
     shape_hits: int = 0
-    by_queue: dict[int, int] = field(default_factory=dict)
 
 
 _workload: tuple[float, tuple, policy.Workload] | None = None
@@ -629,9 +629,6 @@ def run_pass(
             store.after_write(decided, admitted)
             report.write_s = time.perf_counter() - t2
             report.admitted = len(admitted)
-            for a in decided.admissions:
-                if a.job.id in admitted:
-                    report.by_queue[a.job.queue_id] = report.by_queue.get(a.job.queue_id, 0) + 1
         if queue_ids is None and not dropped and pool.ledger_version is not None:
             jobs = [j for line in backlog.waiting.values() for j in line]
             newest = max((j.order[1] for j in jobs if len(j.order) > 1), default=None)

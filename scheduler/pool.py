@@ -12,6 +12,7 @@ inventory changes a node, not per job).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -105,8 +106,6 @@ class Pool:
         # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
         # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
         self.failed: dict[tuple, tuple[str, str]] = {}
-        self.loads = 0  # full reloads so far (the benchmark reports them)
-        self.ledger_reads = 0
 
     # -- keeping current ---------------------------------------------------------------------------------
 
@@ -157,7 +156,6 @@ class Pool:
             self.ledger_version = None  # someone else wrote too: read the ledger again next time
 
     def _load_structure(self) -> None:
-        self.loads += 1
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT id, name, backend, emulated, driver_version, rack, labels, state, cpu_milli, memory_mib "
@@ -171,9 +169,7 @@ class Pool:
             gpu_rows = cursor.fetchall()
         self.meta, self.by_name, position = [], {}, {}
         for nid, name, backend, emulated, driver, rack, labels, state, cpu, mem in node_rows:
-            if isinstance(labels, str):
-                import json
-
+            if isinstance(labels, str):  # Django leaves jsonb undecoded on a raw cursor
                 labels = json.loads(labels)
             position[nid] = len(self.meta)
             self.by_name[name] = len(self.meta)
@@ -208,7 +204,6 @@ class Pool:
 
     def _load_ledger(self) -> set[int]:
         """Read the live slices; returns the positions of the nodes whose use changed."""
-        self.ledger_reads += 1
         fresh: dict[int, Usage] = defaultdict(Usage)
         stale: dict[int, list[int]] = defaultdict(list)
         with connection.cursor() as cursor:
@@ -381,12 +376,6 @@ class Pool:
                 u.host_memory - s.host_memory_mib,
                 u.stale,
             )
-
-    def card(self, i: int, index: int) -> Card:
-        return self.meta[i].cards[index]
-
-    def eligible_cards(self) -> int:
-        return sum(1 for i, m in enumerate(self.meta) if m.ready for c in m.cards.values() if c.healthy)
 
 
 _pool: Pool | None = None
