@@ -219,9 +219,7 @@ class JobStore:
         now = timezone.now()
         for gpu_id, _uuid, why in plan.probe_failures:
             gpu_mark_suspect(gpu=GPU(pk=gpu_id, uuid=_uuid), reason=why)
-        admitted = self._admit(plan.admissions, now)
-        self._waits(plan.waits)
-        return admitted
+        return self._admit(plan.admissions, now)
 
     def _admit(self, admissions: list[scheduler.Admission], now) -> set:
         if not admissions:
@@ -302,12 +300,12 @@ class JobStore:
             ],
         )
         messages = [(a.job.id, f"admitted; placed on {', '.join(a.node_names)}") for a in admissions]
-        _update_values(
+        _update_rows(
             "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
-            "message = v.message FROM (VALUES {values}) AS v(id, message) WHERE j.id = v.id",
+            "message = v.message FROM {rows} AS v(id, message) WHERE j.id = v.id",
             [JobState.ADMITTED, now],
             messages,
-            "(%s::uuid, %s)",
+            ("uuid", "text"),
         )
         _copy(
             JobEvent,
@@ -331,18 +329,17 @@ class JobStore:
         self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
 
-    def _waits(self, waits: list[scheduler.Wait]) -> None:
-        changed = [w for w in waits if w.job.reason != w.code or w.job.position != w.position]
+    def record_waits(self, changed: list[scheduler.Wait]) -> None:
         if not changed:
             return
         updated = set(
-            _update_values(
+            _update_rows(
                 "UPDATE jobs_job AS j SET reason = v.reason, message = v.message, queue_position = v.position "
-                "FROM (VALUES {values}) AS v(id, reason, message, position) "
+                "FROM {rows} AS v(id, reason, message, position) "
                 "WHERE j.id = v.id AND j.state = %s RETURNING j.id",
                 [],
                 [(w.job.id, w.code, w.message, w.position) for w in changed],
-                "(%s::uuid, %s, %s, %s::integer)",
+                ("uuid", "text", "text", "integer"),
                 tail=[JobState.PENDING],
             )
         )
@@ -417,18 +414,17 @@ def _copy(model, rows: list[dict]) -> None:
                 copy.write_row([row[n] if n in row else defaults[n] for n in names])
 
 
-def _update_values(sql: str, head: list, rows: list[tuple], row_sql: str, tail: list | None = None) -> list:
-    """Run an UPDATE ... FROM (VALUES ...) in chunks; returns what RETURNING gave (if anything)."""
-    out = []
-    for start in range(0, len(rows), 1000):
-        chunk = rows[start : start + 1000]
-        values = ", ".join([row_sql] * len(chunk))
-        params = [*head, *(p for row in chunk for p in row), *(tail or [])]
-        with connection.cursor() as cursor:
-            cursor.execute(sql.format(values=values), params)
-            if cursor.description:
-                out.extend(r[0] for r in cursor.fetchall())
-    return out
+def _update_rows(sql: str, head: list, rows: list[tuple], types: Sequence[str], tail: list | None = None) -> list:
+    """Run an UPDATE ... FROM {rows} with the rows passed as one array per column (`unnest`): one statement and a
+    handful of parameters whatever the number of rows, so neither side spends time on a query of thousands of
+    placeholders. Returns what RETURNING gave (if anything)."""
+    if not rows:
+        return []
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    unnest = "unnest(" + ", ".join(f"%s::{t}[]" for t in types) + ")"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(rows=unnest), [*head, *columns, *(tail or [])])
+        return [r[0] for r in cursor.fetchall()] if cursor.description else []
 
 
 def _broadcast_admitted(job_ids: list[str]) -> None:

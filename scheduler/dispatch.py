@@ -2,8 +2,9 @@
 
 A pass (`run_pass`) reads what waits and what is used (the store: jobs/dispatch.py, the only place that knows
 the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
-(`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store to write
-in one transaction with bulk writes. Only that write holds the pool lock. One pass runs at a time per
+(`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store: the
+admissions in one transaction with bulk writes, the only thing done under the pool lock; then, in a second
+transaction without it, the reasons and places that changed. One pass runs at a time per
 database (a session advisory lock); a pass asked for while one runs is queued once, never more
 (`trainyard.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
 
@@ -190,14 +191,18 @@ class Plan:
     placement_calls: int = 0
     shape_hits: int = 0
 
+    def changes_pool(self) -> bool:
+        """Whether writing this plan takes or marks GPUs: only that is written under the pool lock."""
+        return bool(self.admissions or self.probe_failures)
+
+    def changed_waits(self) -> list[Wait]:
+        """The waiting jobs whose reason or place this pass changed; nobody else's row is written."""
+        return [w for w in self.waits if w.job.reason != w.code or w.job.position != w.position]
+
     def changes_anything(self) -> bool:
         """Whether writing this plan would change a row: nothing to lock or write for a pass that only
         confirms every waiting job's reason and place."""
-        return bool(
-            self.admissions
-            or self.probe_failures
-            or any(w.job.reason != w.code or w.job.position != w.position for w in self.waits)
-        )
+        return self.changes_pool() or bool(self.changed_waits())
 
 
 class Store(Protocol):
@@ -211,7 +216,9 @@ class Store(Protocol):
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
-    def write(self, plan: Plan) -> set: ...  # ids of the jobs it admitted (those still pending)
+    def write(self, plan: Plan) -> set: ...  # admissions, under the pool lock; ids of the jobs it admitted
+
+    def record_waits(self, waits: list[Wait]) -> None: ...  # reasons and places, in a transaction of their own
 
     def after_write(self, plan: Plan, admitted: set) -> None: ...
 
@@ -460,6 +467,7 @@ class PassReport:
     read_s: float = 0.0
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
+    waits_s: float = 0.0  # writing changed reasons and places, after the pool lock is released
     total_s: float = 0.0
     placement_calls: int = 0
     shape_hits: int = 0
@@ -605,7 +613,8 @@ def run_pass(
         report.placement_calls = decided.placement_calls
         report.shape_hits = decided.shape_hits
         dropped: list[Admission] = []
-        if decided.changes_anything():
+        lines_before = lines_after = versions[1]
+        if decided.changes_pool():
             try:
                 with transaction.atomic(durable=True):
                     pool_lock()
@@ -629,6 +638,14 @@ def run_pass(
             store.after_write(decided, admitted)
             report.write_s = time.perf_counter() - t2
             report.admitted = len(admitted)
+        changed = decided.changed_waits()
+        if changed:
+            # Reasons and places need no pool lock (this pass's lock keeps other passes out) and do not move the
+            # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
+            t3 = time.perf_counter()
+            with transaction.atomic(durable=True):
+                store.record_waits(changed)
+            report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped and pool.ledger_version is not None:
             jobs = [j for line in backlog.waiting.values() for j in line]
             newest = max((j.order[1] for j in jobs if len(j.order) > 1), default=None)
@@ -639,7 +656,7 @@ def run_pass(
             else:
                 known, pending = {w.job.id for w in decided.waits}, len(decided.waits)
             lines_version = versions[1]
-            if decided.changes_anything():
+            if decided.changes_pool():
                 # Our own admissions moved the lines' number; anyone else's change in between makes it stale.
                 lines_version = lines_after if lines_before == versions[1] else None
             key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
@@ -658,6 +675,7 @@ def run_pass(
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
+            waits_ms=round(report.waits_s * 1000, 1),
         )
     return report
 
