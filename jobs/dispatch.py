@@ -184,15 +184,19 @@ class JobStore:
             row = cursor.fetchone()
         return row[0] if row else 0
 
-    def joined(self, *, since, known: set, expect: int) -> list[scheduler.Waiting] | None:
-        """The waiting jobs submitted since `since` that are not `known`, provided the waiting jobs are exactly
-        those and the `expect` known ones (else None: one arrived too late for the window). The caller has
-        checked `backlog_version`, so no known job left the lines."""
-        rows = _pending_rows("AND submitted_at >= to_timestamp(%s)", [since]) if since is not None else _pending_rows()
-        fresh = [_row_waiting(row) for row in rows if row[0] not in known]
-        if Job.objects.filter(state=JobState.PENDING).count() != expect + len(fresh):
+    def joined(self, *, known: set) -> list[scheduler.Waiting] | None:
+        """The waiting jobs that are not `known`, or None when a known one no longer waits. It reads the ids of
+        every waiting job (an index-only scan of `job_waiting`) and the rows of the new ones alone. There is no
+        time window: a submission that commits late is found like any other."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM jobs_job WHERE state = 'pending'")
+            ids = {r[0] for r in cursor.fetchall()}
+        if not known <= ids:
             return None
-        return fresh
+        fresh = ids - known
+        if not fresh:
+            return []
+        return [_row_waiting(row) for row in _pending_rows("AND id = ANY(%s)", [list(fresh)])]
 
     def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
         """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""

@@ -212,7 +212,7 @@ class Store(Protocol):
 
     def backlog_version(self) -> int: ...
 
-    def joined(self, *, since, known: set, expect: int) -> list[Waiting] | None: ...
+    def joined(self, *, known: set) -> list[Waiting] | None: ...  # waiting jobs not known; None if one left
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
@@ -530,14 +530,9 @@ class Carry:
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
     known: set  # ids of the jobs left waiting
-    newest: float | None  # the latest submission time seen (epoch seconds)
-    pending: int
 
 
 _carry: Carry | None = None
-# New jobs are looked for this many seconds before the newest one seen; one that commits later than that is
-# caught by the waiting-set check and costs a full pass.
-FAST_WINDOW_S = 2.0
 
 
 def _reference_version() -> int:
@@ -553,8 +548,7 @@ def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
     carry = _carry
     if carry is None or (*Pool.read_versions(), *versions) != carry.key:
         return None
-    since = carry.newest - FAST_WINDOW_S if carry.newest is not None else None
-    joined = store.joined(since=since, known=carry.known, expect=carry.pending)
+    joined = store.joined(known=carry.known)
     if joined is None:
         return None
     queues = {q.id for q in carry.backlog.queues}
@@ -647,20 +641,15 @@ def run_pass(
                 store.record_waits(changed)
             report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped and pool.ledger_version is not None:
-            jobs = [j for line in backlog.waiting.values() for j in line]
-            newest = max((j.order[1] for j in jobs if len(j.order) > 1), default=None)
+            known = {w.job.id for w in decided.waits}
             if carry is not None:
-                known = carry.known | {w.job.id for w in decided.waits}
-                newest = max(filter(None, (carry.newest, newest)), default=None)
-                pending = carry.pending + len(decided.waits)
-            else:
-                known, pending = {w.job.id for w in decided.waits}, len(decided.waits)
+                known |= carry.known
             lines_version = versions[1]
             if decided.changes_pool():
                 # Our own admissions moved the lines' number; anyone else's change in between makes it stale.
                 lines_version = lines_after if lines_before == versions[1] else None
             key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
-            _carry = Carry(key, backlog, decided.lines, known, newest, pending) if lines_version is not None else None
+            _carry = Carry(key, backlog, decided.lines, known) if lines_version is not None else None
         else:
             _carry = None
     finally:

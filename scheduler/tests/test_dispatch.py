@@ -252,6 +252,12 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     assert not any("cluster_gpu" in q["sql"] or "cluster_logicaldevice" in q["sql"] for q in queries.captured_queries)
     assert dispatch().fast  # nothing new: nothing to decide
 
+    # New arrivals are told apart by id, not by a window of submission times.
+    slow = submit(platform, gpus=2)
+    after = dispatch()
+    assert after.fast and after.waiting == 1 and Job.objects.get(pk=slow.pk).queue_position == 5
+    services.job_cancel(job_id=slow.id, actor="test")
+
     services.job_cancel(job_id=waiting[0].id, actor="test")  # a waiting job leaves: every place behind it moves
     moved = dispatch()
     assert not moved.fast
