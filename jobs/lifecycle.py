@@ -91,6 +91,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         labels=dict(job.labels),
         gang=job.queue.gang and job.replicas > 1,
         secondary_network=job.queue.secondary_network,
+        outbound_network=job.queue.outbound_network,
         gpu_products=_gpu_products(job, attempt),
     )
 

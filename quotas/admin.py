@@ -204,6 +204,7 @@ class QueueForm(forms.ModelForm):
             "max_timeout_s",
             "gang",
             "secondary_network",
+            "outbound_network",
         )
 
     def clean(self) -> dict[str, Any]:
@@ -246,7 +247,7 @@ class QueueAdmin(admin.ModelAdmin):
         (
             "Timeouts and scheduling",
             {
-                "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network"),
+                "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network", "outbound_network"),
             },
         ),
         ("Live usage", {"fields": ("usage_now",)}),

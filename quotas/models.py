@@ -139,6 +139,11 @@ class Queue(ResourceVector):
     secondary_network = models.CharField(
         max_length=200, blank=True, help_text="k8s.v1.cni.cncf.io/networks value for collective traffic"
     )
+    outbound_network = models.BooleanField(
+        default=False,
+        help_text="local jobs may open connections to other machines (downloads, pip); they never reach the "
+        "platform's own services. Off: local jobs have no network at all",
+    )
 
     class Meta:
         ordering = ["-priority", "name"]

@@ -594,7 +594,7 @@ def run_pass(
             backlog = store.backlog(queue_ids=queue_ids)
         if not any(backlog.waiting.values()):
             if queue_ids is None and not report.fast:
-                _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set(), None, 0)
+                _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set())
             report.total_s = time.perf_counter() - t0
             return report
         pool.sync(lambda p: workload(store, p))

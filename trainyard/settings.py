@@ -231,6 +231,7 @@ TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / 
 # machine: every job page then says that jobs run unsandboxed, as the platform's own user.
 TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")
 TRAINYARD_SANDBOX_BWRAP = env.str("TRAINYARD_SANDBOX_BWRAP", default="bwrap")
+TRAINYARD_SANDBOX_SLIRP4NETNS = env.str("TRAINYARD_SANDBOX_SLIRP4NETNS", default="slirp4netns")
 TRAINYARD_SANDBOX_RO_PATHS = env.list("TRAINYARD_SANDBOX_RO_PATHS", default=[])
 TRAINYARD_SANDBOX_UID_BASE = env.int("TRAINYARD_SANDBOX_UID_BASE", default=200000)
 TRAINYARD_SANDBOX_UID_COUNT = env.int("TRAINYARD_SANDBOX_UID_COUNT", default=65536)

@@ -51,6 +51,7 @@ class AttemptDescription:
     labels: dict[str, str] = field(default_factory=dict)
     gang: bool = False
     secondary_network: str = ""
+    outbound_network: bool = False  # the queue lets the job open connections to other machines
     read_only_root: bool = False
     # GPU product label values (GPU Feature Discovery's `nvidia.com/gpu.product`) a job pinned to GPU models
     # may land on; empty when the job accepts any model.

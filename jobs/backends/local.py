@@ -106,6 +106,8 @@ class LocalBackend:
             workdir=workdir,
             job_dirs=[job_root / "work", job_root / "tensorboard"],
             devices=[d.__dict__ for d in desc.devices],
+            outbound=desc.outbound_network,
+            folder=folder,
         )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

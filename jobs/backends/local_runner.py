@@ -214,10 +214,21 @@ def main(folder: Path) -> int:
         sup.stop_signals = 1  # cancelled before this supervisor could take signals
     logs = _Log(folder, spec)
     cwd = Path(spec["cwd"])
+    box = spec.get("sandbox")
+    net = None
+    fds: list[int] = []
     try:
         cwd.mkdir(parents=True, exist_ok=True)
+        if box and box.get("network"):
+            # The job's outbound network: bubblewrap waits until slirp4netns has given its namespace an interface.
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+            fds = [info_r, info_w, block_r, block_w]
+            argv = sandbox.wrap(box, list(spec["argv"]), info_fd=info_w, block_fd=block_r)
+        else:
+            argv = command_argv(spec)
         child = subprocess.Popen(
-            command_argv(spec),
+            argv,
             cwd=cwd,
             env=spec["env"],
             stdin=subprocess.DEVNULL,
@@ -225,8 +236,18 @@ def main(folder: Path) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=_child_setup,
+            pass_fds=(info_w, block_r) if fds else (),
         )
-    except (OSError, subprocess.SubprocessError) as exc:
+        if fds:
+            os.close(info_w)
+            os.close(block_r)
+            try:
+                net = sandbox.attach_network(box, info_r, block_w, log=folder / "network.log")
+            except sandbox.SandboxUnavailable:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                raise
+    except (OSError, subprocess.SubprocessError, sandbox.SandboxUnavailable) as exc:
         logs.line(f"[trainyard] could not start the command: {exc}")
         logs.close()
         _write_json(
@@ -234,6 +255,12 @@ def main(folder: Path) -> int:
             {"exit_code": 127, "signal": None, "cancelled": False, "reason": "StartError", "ended_at": time.time()},
         )
         return 0
+    finally:
+        for fd_ in (fds[0], fds[3]) if fds else ():
+            try:
+                os.close(fd_)
+            except OSError:
+                pass
     sup.main_pid = child.pid
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
     assert child.stdout is not None
@@ -284,6 +311,7 @@ def main(folder: Path) -> int:
     if partial:
         logs.line(partial)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
+    sandbox.detach_network(net)
     logs.close()
     code = child.returncode
     reason = ""

@@ -7,8 +7,11 @@ What the job gets:
 - its own unprivileged uid: when the platform runs as root, a per-job uid from
   `TRAINYARD_SANDBOX_UID_BASE` (bubblewrap sets up the mounts, then `setpriv` drops to that uid with no
   capabilities); otherwise an unprivileged user namespace where the job is uid 65534;
-- its own PID, IPC, UTS and network namespaces (no network at all: the platform's PostgreSQL, Redis and
-  internal ports are unreachable), and it dies with its supervisor;
+- its own PID, IPC, UTS and network namespaces, and it dies with its supervisor. By default no network at
+  all: the platform's PostgreSQL, Redis and internal ports are unreachable. A queue that allows outbound
+  network (`Queue.outbound_network`) gets a user-mode network stack (slirp4netns) attached to the job's own
+  namespace: connections out to other machines work, the host's loopback (where the platform's services
+  listen) stays unreachable, and nothing can connect in;
 - a read-only view of the host's system folders (`/usr`, `/etc`, `/opt`, the interpreter the platform
   runs on, `TRAINYARD_SANDBOX_RO_PATHS`), never the platform's project tree, `var/`, work or log roots,
   the platform user's home, `/run` (sockets) or other jobs' folders (covered with empty tmpfs even if a
@@ -25,11 +28,14 @@ killed by signal N as exit code 128+N; `decode_exit()` turns that back into the 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 NOBODY = 65534
@@ -118,14 +124,48 @@ def _interpreter_paths() -> list[str]:
     return sorted(paths)
 
 
-def plan(*, job_id: str, workdir: Path, job_dirs: list[Path], devices: list[dict]) -> dict | None:
+def _resolver_for_slirp(folder: Path) -> str | None:
+    """A resolv.conf for a job with outbound network when the host's points at a loopback resolver (which the
+    job cannot reach): slirp4netns's own forwarder at 10.0.2.3 instead. None when the host's will do."""
+    try:
+        lines = Path("/etc/resolv.conf").read_text().splitlines()
+    except OSError:
+        lines = []
+    servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver") and len(ln.split()) > 1]
+    if servers and not all(s.startswith("127.") or s == "::1" for s in servers):
+        return None
+    path = folder / "resolv.conf"
+    path.write_text("nameserver 10.0.2.3\n")
+    path.chmod(0o644)
+    return str(path)
+
+
+def network_tool() -> str:
+    """The slirp4netns a queue with outbound network needs; SandboxUnavailable, saying what to do, without it."""
+    name = str(_setting("TRAINYARD_SANDBOX_SLIRP4NETNS", "slirp4netns"))
+    path = shutil.which(name)
+    if not path:
+        raise SandboxUnavailable(
+            "this queue allows outbound network, which needs slirp4netns: run 'apt-get install slirp4netns' "
+            "(or turn the queue's outbound network off)"
+        )
+    return path
+
+
+def plan(
+    *, job_id: str, workdir: Path, job_dirs: list[Path], devices: list[dict], outbound: bool = False, folder=None
+) -> dict | None:
     """The sandbox of one attempt, or None when the sandbox is turned off (TRAINYARD_SANDBOX=off).
 
     `job_dirs` are the job's own folders (bound read-write); `workdir` is where the command starts.
-    The folders are made here, owned by the job's uid and closed to everyone else.
+    The folders are made here, owned by the job's uid and closed to everyone else. `outbound`: the queue lets
+    the job open connections to other machines (`folder` is the attempt's, for a resolv.conf if one is needed).
     """
     if not enabled():
         return None
+    network = None
+    if outbound:
+        network = {"slirp4netns": network_tool(), "resolv_conf": _resolver_for_slirp(Path(folder or workdir))}
     uid = job_uid(job_id)
     for folder in job_dirs:
         folder.mkdir(parents=True, exist_ok=True)
@@ -145,6 +185,7 @@ def plan(*, job_id: str, workdir: Path, job_dirs: list[Path], devices: list[dict
         "rw_paths": [str(p) for p in job_dirs],
         "cwd": str(workdir),
         "devices": gpu_device_nodes(devices),
+        "network": network,
     }
 
 
@@ -191,8 +232,12 @@ def _open_parents(binds: list[str], sandbox: dict) -> list[str]:
     return [arg for parent in sorted(parents) for arg in ("--chmod", "0755", parent)]
 
 
-def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
-    """The command line that runs `argv` inside the sandbox (`argv` itself when there is none)."""
+def wrap(
+    sandbox: dict | None, argv: list[str], *, info_fd: int | None = None, block_fd: int | None = None
+) -> list[str]:
+    """The command line that runs `argv` inside the sandbox (`argv` itself when there is none). With outbound
+    network, bubblewrap reports the job's pid on `info_fd` and waits on `block_fd` until `attach_network` has
+    given the namespace its interface."""
     if not sandbox:
         return list(argv)
     bwrap = shutil.which(sandbox["bwrap"]) or sandbox["bwrap"]
@@ -202,6 +247,10 @@ def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
         cmd += ["--unshare-net"]
     if sandbox.get("die_with_parent", True):
         cmd += ["--die-with-parent"]
+    if sandbox.get("network"):
+        if info_fd is None or block_fd is None:
+            raise ValueError("a sandbox with outbound network needs info_fd and block_fd (see attach_network)")
+        cmd += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     if not sandbox["drop_root"]:
         cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
     for path in sandbox["ro_paths"]:
@@ -216,6 +265,9 @@ def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
         cmd += ["--dev-bind", node, node]
     for path in sandbox["rw_paths"]:
         cmd += ["--bind", path, path]
+    resolv = (sandbox.get("network") or {}).get("resolv_conf")
+    if resolv:
+        cmd += ["--ro-bind", resolv, "/etc/resolv.conf"]
     cmd += _open_parents([*binds, *sandbox["rw_paths"]], sandbox)
     cmd += ["--chdir", sandbox["cwd"], "--"]
     if sandbox["drop_root"]:
@@ -223,6 +275,89 @@ def wrap(sandbox: dict | None, argv: list[str]) -> list[str]:
         cmd += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all"]
         cmd += ["--bounding-set=-all", "--no-new-privs", "--"]
     return [*cmd, "env", "--default-signal", *argv]
+
+
+def _read_info(fd: int, timeout: float) -> dict:
+    """Bubblewrap's JSON about the sandbox it made (the job's pid among it), from its info fd."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        data += chunk
+        try:
+            return json.loads(data)
+        except ValueError:
+            if not chunk:
+                break
+    raise SandboxUnavailable(f"bubblewrap did not report the sandbox it made ({data[:200]!r})")
+
+
+def attach_network(sandbox: dict, info_r: int, block_w: int, *, log: Path, timeout: float = 10.0) -> subprocess.Popen:
+    """Give a sandbox made with `wrap(..., info_fd, block_fd)` its outbound network, then let the job start.
+
+    slirp4netns joins the job's network namespace (and user namespace, when the platform is not root), makes a
+    tap device with the address 10.0.2.100 and a default route through a user-mode stack, and never lets
+    the job reach the host's loopback. It lives until the returned process is stopped or the supervisor's end of
+    its exit pipe closes; what it says goes to `log`. Raises SandboxUnavailable (the job is not started) when
+    any step fails."""
+    info = _read_info(info_r, timeout)
+    pid = int(info["child-pid"])
+    # Bubblewrap brings the namespace's loopback up after it reports; configuring alongside it races.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if "127.0.0.1" in Path(f"/proc/{pid}/net/fib_trie").read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    ready_r, ready_w = os.pipe()
+    exit_r, exit_w = os.pipe()
+    cmd = [sandbox["network"]["slirp4netns"], "--configure", "--mtu=65520", "--disable-host-loopback"]
+    if not sandbox["drop_root"]:
+        cmd.append(f"--userns-path=/proc/{pid}/ns/user")
+    cmd += ["--ready-fd", str(ready_w), "--exit-fd", str(exit_r), str(pid), "tap0"]
+    try:
+        with open(log, "ab") as out:
+            slirp = subprocess.Popen(
+                cmd,
+                pass_fds=(ready_w, exit_r),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    finally:
+        os.close(ready_w)
+        os.close(exit_r)
+    slirp.exit_w = exit_w  # closing it stops slirp4netns
+    ready, _, _ = select.select([ready_r], [], [], timeout)
+    ok = bool(ready) and os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    if not ok:
+        detach_network(slirp)
+        said = (log.read_text(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise SandboxUnavailable(f"the job's network could not be made (slirp4netns said: {said})")
+    os.write(block_w, b"1")
+    return slirp
+
+
+def detach_network(slirp: subprocess.Popen | None) -> None:
+    """Stop a job's network stack (after the job has ended)."""
+    if slirp is None:
+        return
+    try:
+        os.close(slirp.exit_w)
+    except OSError:
+        pass
+    try:
+        slirp.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        slirp.kill()
+        slirp.wait()
 
 
 def decode_exit(exit_code: int | None, sig: int | None) -> tuple[int | None, int | None]:

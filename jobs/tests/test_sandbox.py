@@ -309,3 +309,118 @@ def test_without_the_sandbox_tensorboard_follows_the_symlink(platform, settings)
     settings.TRAINYARD_SANDBOX = "off"
     runs = _runs_seen_by_tensorboard(platform, settings)
     assert any(r.startswith("stolen") for r in runs), runs
+
+
+NET_PROBES = r"""
+import json, socket, sys
+t = json.loads(sys.argv[1])
+def probe(name, host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            print(f"NET {name} LEAK {s.recv(16)!r}", flush=True)
+    except Exception as exc:
+        print(f"NET {name} refused ({type(exc).__name__})", flush=True)
+probe("outside", t["outside_host"], t["outside_port"])
+probe("host_loopback_pg", "10.0.2.2", t["pg_port"])
+probe("own_loopback_pg", "127.0.0.1", t["pg_port"])
+probe("host_loopback_redis", "10.0.2.2", t["redis_port"])
+"""
+
+
+def _outside_server():
+    """A TCP service on this machine's non-loopback address: what 'another machine' looks like from a job."""
+    import socket
+    import threading
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outward interface
+        address = probe.getsockname()[0]
+    except OSError:
+        address = ""
+    finally:
+        probe.close()
+    if not address or address.startswith("127."):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI must test outbound job network: this machine has no non-loopback address")
+        pytest.skip("no non-loopback address to stand in for another machine")
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((address, 0))
+    server.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"hello")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, address
+
+
+def _net_probes(platform_user, outbound: bool) -> dict[str, str]:
+    from quotas.models import Queue
+
+    Queue.objects.filter(name="train").update(outbound_network=outbound)
+    server, address = _outside_server()
+    try:
+        db = settings.DATABASES["default"]
+        redis = urlparse(settings.REDIS_URL)
+        targets = {
+            "outside_host": address,
+            "outside_port": server.getsockname()[1],
+            "pg_port": int(db.get("PORT") or 5432),
+            "redis_port": redis.port or 6379,
+        }
+        job = _submit(platform_user, [sys.executable, "-c", NET_PROBES, json.dumps(targets)])
+        done = wait_for(lambda: _finished(job), timeout=60)
+    finally:
+        server.close()
+    log = _log(done)
+    assert done.state == JobState.SUCCEEDED, (log, list(done.events.values_list("message", flat=True)))
+    return {line.split()[1]: line.split(" ", 2)[2] for line in log.splitlines() if line.startswith("NET ")}
+
+
+def test_a_queue_with_outbound_network_reaches_other_machines_but_never_the_platform(
+    platform, celery_worker_thread, settings
+):
+    _need_sandbox()
+    settings.TRAINYARD_SANDBOX = "on"
+    try:
+        sandbox.network_tool()
+    except sandbox.SandboxUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must test outbound job network: {exc}")
+        pytest.skip(str(exc))
+    results = _net_probes(platform, outbound=True)
+    assert results["outside"] == "LEAK b'hello'", results
+    for name in ["host_loopback_pg", "own_loopback_pg", "host_loopback_redis"]:
+        assert results[name].startswith("refused"), results
+
+
+def test_a_queue_without_outbound_network_gives_jobs_no_network(platform, celery_worker_thread, settings):
+    _need_sandbox()
+    settings.TRAINYARD_SANDBOX = "on"
+    results = _net_probes(platform, outbound=False)
+    assert set(results) == {"outside", "host_loopback_pg", "own_loopback_pg", "host_loopback_redis"}
+    assert all(v.startswith("refused") for v in results.values()), results
+
+
+def test_outbound_network_without_slirp4netns_fails_the_attempt_with_a_platform_reason(
+    platform, celery_worker_thread, settings
+):
+    from quotas.models import Queue
+
+    _need_sandbox()
+    settings.TRAINYARD_SANDBOX = "on"
+    settings.TRAINYARD_SANDBOX_SLIRP4NETNS = "/nonexistent/slirp4netns"
+    Queue.objects.filter(name="train").update(outbound_network=True)
+    job = _submit(platform, ["true"])
+    done = wait_for(lambda: _finished(job))
+    assert done.state == JobState.FAILED
+    assert done.attempts.get(number=1).failure_class == "platform"
+    assert "needs slirp4netns" in done.events.get(kind="attempt_failed").message

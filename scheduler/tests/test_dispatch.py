@@ -238,6 +238,8 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
 
     fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
     open_up()
+    empty = dispatch()  # nothing waits: the pass remembers an empty backlog
+    assert empty.admitted == 0 and empty.waiting == 0
     first = submit(platform, gpus=2)
     waiting = [submit(platform, gpus=2) for _ in range(3)]
     full = dispatch()
