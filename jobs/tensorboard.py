@@ -162,17 +162,47 @@ def _is_child(pid: int) -> bool:
         return False
 
 
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not serving
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def routes_reap() -> int:
-    """Revoke every route whose grace period is over (and any whose job vanished)."""
+    """Revoke every route whose grace period is over, and every local route whose TensorBoard process is gone
+    (the machine restarted, the process died): the next request for it starts a fresh one."""
     now = timezone.now()
-    due = list(
-        TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE, expires_at__lte=now).values_list(
-            "id", flat=True
-        )
-    )
+    active = TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE)
+    due = list(active.filter(expires_at__lte=now).values_list("id", flat=True))
+    cutoff = now - timedelta(seconds=30)  # a route is written a moment before its process starts
+    for route_id, pid in active.filter(backend="local", issued_at__lte=cutoff).values_list("id", "pid"):
+        if route_id not in due and not _alive(pid):
+            due.append(route_id)
     for route_id in due:
         route_revoke(route_id=route_id)
     return len(due)
+
+
+def routes_stop_all() -> int:
+    """Stop every local TensorBoard (the platform is stopping): none outlives the platform holding a port."""
+    ids = list(
+        TensorBoardRoute.objects.filter(state=TensorBoardRoute.State.ACTIVE, backend="local").values_list(
+            "id", flat=True
+        )
+    )
+    for route_id in ids:
+        route_revoke(route_id=route_id)
+    return len(ids)
 
 
 def signed_link(job_id, *, max_age_s: int | None = None) -> str:

@@ -96,3 +96,35 @@ def test_several_routes_at_once_are_isolated_authenticated_and_freed(platform):
     assert not TensorBoardRoute.objects.filter(state="active").exists()
     gone = member.get(f"/tb/{jobs[0].id}/")
     assert gone.status_code == 404 and gone.json()["code"] == "tensorboard_not_running"
+
+
+def test_the_platform_stopping_stops_every_tensorboard_and_a_dead_one_is_replaced(platform):
+    from django.core.management import call_command
+
+    base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "tensorboard": True}
+    jobs = [
+        services.job_submit(user=platform, data={**base, "command": ["true"], "name": f"t{i}"})[0] for i in range(2)
+    ]
+    first, second = (tensorboard.route_issue(job_id=job.id) for job in jobs)
+    assert _alive(first.pid) and _alive(second.pid)
+
+    # Its process died (a crash, a reboot): the reaper revokes the route, and the next visit starts a fresh one.
+    os.killpg(first.pid, 9)
+    deadline = time.monotonic() + 10
+    while _alive(first.pid) and time.monotonic() < deadline:
+        try:
+            os.waitpid(first.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        time.sleep(0.1)
+    TensorBoardRoute.objects.update(issued_at=timezone.now() - timedelta(minutes=5))
+    assert tensorboard.routes_reap() == 1
+    assert TensorBoardRoute.objects.get(pk=first.pk).state == "revoked"
+    fresh = tensorboard.route_issue(job_id=jobs[0].id)
+    assert fresh.pk != first.pk and _alive(fresh.pid)
+
+    # `make run` stopping: every local TensorBoard goes, its port is free.
+    call_command("tensorboard_stop")
+    for route in (fresh, second):
+        assert not _alive(route.pid) and _port_free(route.port)
+    assert not TensorBoardRoute.objects.filter(state="active").exists()
