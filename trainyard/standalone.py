@@ -4,8 +4,8 @@ Uses the PostgreSQL and Redis named by DATABASE_URL / REDIS_URL, or embedded one
 migrates, seeds, then runs web (ASGI), a Celery worker and Celery beat as children with prefixed
 output. A child that dies is started again after a backoff (1 s, doubling to 30 s; back to 1 s once it has
 run for a minute), with a log line. Ctrl-C or SIGTERM stops every child, the jobs' TensorBoards and the embedded
-servers; the signal handler only sets a flag (no lock can deadlock it). Every child, embedded servers included, gets a parent-death
-signal, so even a launcher killed with SIGKILL leaves nothing behind holding the port.
+servers; the signal handler only sets a flag (no lock can deadlock it). Every child, embedded servers included,
+gets a parent-death signal, so even a launcher killed with SIGKILL leaves nothing behind holding the port.
 """
 
 from __future__ import annotations
