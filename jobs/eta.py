@@ -1,0 +1,230 @@
+"""When a waiting job may start: a range from evidence, or "unknown" when there is none.
+
+The estimate replays the near future twice, once with every job ending early and once ending late:
+
+- each running job ends after its own remaining time: from the run times of earlier finished jobs like it
+  (the same owner, command and labels; else the same owner and command; else the same command; else any job of
+  its queue), given how long it has already run, and never after its own time limit;
+- the jobs ahead in the line start as capacity, the queue's quota and their team's quota allow (FIFO queues in
+  order, backfill queues whoever fits), and run for their own expected time;
+- the job starts at the first moment it fits, GPUs and its team's and queue's quota alike.
+
+The early replay takes each duration's low quantile, the late one its high quantile (`Q_LOW`, `Q_HIGH`), and a
+third, the median, gives the single figure benchmarks compare with real waits. A job that waits for capacity
+starts no sooner than the first running job ends, so the range never begins at 0 for a blocked job. Where the
+replay leans on a duration nobody has seen (no finished job like it, no time limit to bound it) the estimate is
+"unknown"; the time limits alone still bound the late end when they can.
+
+GPUs are counted as thousandths of a card over the cards the job may use: placement details (fragmentation,
+host CPU) are the dispatcher's business; `bench/eta.py` measures how often real starts land in the range.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.models import Job
+from jobs.states import JobState
+
+# Chosen on the tuning half of bench/eta.py's replay (seeds 1-3), reported on the other (seeds 11-15).
+Q_LOW = 0.1
+Q_HIGH = 0.9
+HISTORY_DAYS = 30
+HISTORY_ROWS = 20000
+FINISHED = (JobState.SUCCEEDED, JobState.FAILED)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds from now until the job may start: `low`..`high`, `mid` the median replay's figure. `known` is
+    False when the replay had to guess a duration with no evidence; `high` may then still be bounded (None when
+    not even time limits bound it)."""
+
+    low: float | None
+    mid: float | None
+    high: float | None
+    known: bool
+
+    def as_dict(self) -> dict:
+        r = {
+            k: None if v is None else round(v)
+            for k, v in (("low_s", self.low), ("mid_s", self.mid), ("high_s", self.high))
+        }
+        return {**r, "known": self.known}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class History:
+    """Run times of finished jobs, looked up from the most to the least specific likeness."""
+
+    def __init__(self, rows):
+        self.by: dict[tuple, list[float]] = {}
+        for owner, command, labels, queue_id, seconds in rows:
+            c = repr(command)
+            for key in ((owner, c, repr(sorted((labels or {}).items()))), (owner, c), ("cmd", c), ("queue", queue_id)):
+                self.by.setdefault(key, []).append(seconds)
+
+    @classmethod
+    def load(cls, queue_ids, now: datetime) -> History:
+        rows = (
+            Job.objects.filter(
+                queue_id__in=list(queue_ids),
+                state__in=FINISHED,
+                started_at__isnull=False,
+                finished_at__gte=now - timedelta(days=HISTORY_DAYS),
+            )
+            .annotate(ran=F("finished_at") - F("started_at"))
+            .order_by("-finished_at")
+            .values_list("owner_id", "command", "labels", "queue_id", "ran")[:HISTORY_ROWS]
+        )
+        return cls((o, c, lb, q, max(0.0, ran.total_seconds())) for o, c, lb, q, ran in rows)
+
+    def durations(self, job) -> list[float]:
+        c = repr(job.command)
+        for key in (
+            (job.owner_id, c, repr(sorted((job.labels or {}).items()))),
+            (job.owner_id, c),
+            ("cmd", c),
+            ("queue", job.queue_id),
+        ):
+            if key in self.by:
+                return self.by[key]
+        return []
+
+
+def _remaining(durations: list[float], elapsed: float, limit: float | None, q: float) -> tuple[float | None, bool]:
+    """How much longer a job that has run `elapsed` s goes on, at quantile q; (None, False) with no evidence."""
+    longer = [d - elapsed for d in durations if d > elapsed]
+    if longer:
+        value = _quantile(longer, q)
+        return (min(value, limit) if limit is not None else value), True
+    if durations:  # it has outlived every run like it: it may end any moment, at the latest at its limit
+        return (0.0 if q < 0.5 else limit), limit is not None or q < 0.5
+    return (limit if q >= 0.5 else 0.0), False  # no evidence: any moment, or as late as its limit
+
+
+@dataclass
+class _Runner:
+    need: int
+    queue_id: int
+    team_id: int
+
+
+def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo) -> dict:
+    """One replay at quantile q: job id -> (start in s from now or None, whether every duration it leaned on
+    had evidence). `running`: (job, elapsed, limit_left) of the jobs holding GPUs; jobs of `line` with a
+    waiting reason wait at least for the first running job to end (the dispatcher found no room for them)."""
+    known = True
+    ends: list[tuple[float, int, _Runner]] = []
+    n = 0
+    for job, elapsed, limit_left in running:
+        left, ok = _remaining(history.durations(job), elapsed, limit_left, q)
+        known = known and ok
+        if left is None:
+            continue  # holds its GPUs for as long as anyone can tell
+        heapq.heappush(ends, (left, n, _Runner(job.total_gpu_milli, job.queue_id, job.team_id)))
+        n += 1
+    queue_limit, team_limits = limits
+    waiting = [j for j in line if j.reason != "queue_closed"]
+    out = {j.id: (None, False) for j in line}
+    t = 0.0
+    released = False
+    while waiting:
+        while ends and ends[0][0] <= t:
+            _, _, r = heapq.heappop(ends)
+            released = True
+            free += r.need
+            queue_used[r.queue_id] = queue_used.get(r.queue_id, 0) - r.need
+            team_used[r.team_id] = team_used.get(r.team_id, 0) - r.need
+        left_waiting = []
+        blocked_line = False
+        for job in waiting:
+            need = job.total_gpu_milli
+            team_limit = team_limits.get(job.team_id)
+            fits = (
+                not blocked_line
+                and (released or not job.reason)
+                and need <= free
+                and queue_used.get(job.queue_id, 0) + need <= queue_limit
+                and (team_limit is None or team_used.get(job.team_id, 0) + need <= team_limit)
+            )
+            if not fits:
+                left_waiting.append(job)
+                blocked_line = blocked_line or fifo
+                continue
+            out[job.id] = (t, known)
+            free -= need
+            queue_used[job.queue_id] = queue_used.get(job.queue_id, 0) + need
+            team_used[job.team_id] = team_used.get(job.team_id, 0) + need
+            durations = history.durations(job)
+            if durations:
+                run = min(_quantile(durations, q), float(job.timeout_s))
+            else:
+                known = False  # every job behind this one leans on a guess
+                run = float(job.timeout_s) if q >= 0.5 else 0.0
+            heapq.heappush(ends, (t + run, n, _Runner(need, job.queue_id, job.team_id)))
+            n += 1
+        waiting = left_waiting
+        if not ends:
+            break  # nothing will ever free enough for the rest: they wait on something no replay sees end
+        t = max(t, ends[0][0])
+    return out
+
+
+def estimate_starts(queue, waiting: list[Job], *, now: datetime | None = None) -> dict:
+    """Estimate for each job of `waiting` (the queue's line, in order): job id -> Estimate."""
+    from cluster.models import GPU
+
+    if not waiting:
+        return {}
+    now = now or timezone.now()
+    capacity = 1000 * GPU.objects.filter(health="healthy", quarantined=False, node__state="ready").count()
+    holding = list(
+        Job.objects.filter(reserved=True).only(
+            "id",
+            "owner_id",
+            "command",
+            "labels",
+            "queue_id",
+            "team_id",
+            "total_gpu_milli",
+            "started_at",
+            "admitted_at",
+            "deadline",
+            "timeout_s",
+        )
+    )
+    history = History.load({queue.id, *(j.queue_id for j in holding)}, now)
+    running = []
+    queue_used: dict[int, int] = {}
+    team_used: dict[int, int] = {}
+    for j in holding:
+        began = j.started_at or j.admitted_at or now
+        elapsed = max(0.0, (now - began).total_seconds())
+        limit_left = max(0.0, (j.deadline - now).total_seconds()) if j.deadline else max(0.0, j.timeout_s - elapsed)
+        running.append((j, elapsed, limit_left))
+        queue_used[j.queue_id] = queue_used.get(j.queue_id, 0) + j.total_gpu_milli
+        team_used[j.team_id] = team_used.get(j.team_id, 0) + j.total_gpu_milli
+    limits = (queue.gpu_milli, {j.team_id: j.team.gpu_milli for j in waiting})
+    fifo = queue.ordering == "fifo"
+    free = capacity - sum(j.total_gpu_milli for j in holding)
+    replays = [
+        _replay(waiting, running, free, dict(queue_used), dict(team_used), limits, history, q, fifo)
+        for q in (Q_LOW, 0.5, Q_HIGH)
+    ]
+    out = {}
+    for job in waiting:
+        (low, ok_low), (mid, ok_mid), (high, ok_high) = (r[job.id] for r in replays)
+        if low is not None and high is not None and low > high:
+            low, high = high, low
+        out[job.id] = Estimate(low=low, mid=mid, high=high, known=ok_low and ok_mid and ok_high and high is not None)
+    return out
