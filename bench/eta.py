@@ -40,7 +40,7 @@ RESULTS = REPO / "bench" / "results" / "eta.json"
 TARGETS = {"inside_share": 0.80, "median_ratio_low": 0.5, "median_ratio_high": 2.0}
 REPORT_SEEDS = [11, 12, 13, 14, 15]
 NODES = 4  # 8-GPU nodes: 32 GPUs
-LOAD = 1.3
+LOAD = 1.5
 TEAM_SHARE = 0.75
 WARM = 150
 LIMIT_S = 7 * 24 * 3600
@@ -184,6 +184,8 @@ def run_seed(user, pods: list[dict], base) -> dict:
         "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
         "median_wait_s": round(statistics.median([r["wait"] for r in rows]), 1) if rows else None,
         "p90_wait_s": round(sorted(r["wait"] for r in rows)[int(0.9 * (scored - 1))], 1) if rows else None,
+        "median_low_s": round(statistics.median([r["low"] for r in rows if r["known"]]), 1) if ratios else None,
+        "median_high_s": round(statistics.median([r["high"] for r in rows if r["known"]]), 1) if ratios else None,
         "rows": rows,
     }
 

@@ -186,7 +186,7 @@ def _submit_choices(user) -> dict[str, Any]:
             {
                 "queue": queue,
                 "waiting": len(waiting),
-                "line_clears_s": max(waits.values()) if waits else 0,
+                "line_clears": selectors.line_clears(waiting, waits),
                 "specs": " ".join(s.name for s in queue.specs.all()),
                 "teams": " ".join(t.slug for t in queue.teams.all()),
             }
@@ -330,15 +330,15 @@ def _live_context(job: Job) -> dict[str, Any]:
     events = list(job.events.select_related("attempt").order_by("at", "id"))
     rules = {a.rule for a in attempts if a.rule}
     suggestions = dict(FailureRule.objects.filter(name__in=rules).values_list("name", "suggestion")) if rules else {}
-    wait_s = None
+    wait = None
     if job.state == JobState.PENDING:
-        wait_s = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
+        wait = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
     return {
         "job": job,
         "attempts": attempts,
         "events": events,
         "suggestions": suggestions,
-        "wait_s": wait_s,
+        "wait": wait,
         "terminal": job.is_terminal,
         "reason_text": wording.reason_sentence(job.reason),
         "reproduce_rows": _reproduce_rows(job),
@@ -507,7 +507,7 @@ def queue_list(request: HttpRequest) -> HttpResponse:
                 "queue": queue,
                 "usage": quota.queue_usage(queue),
                 "waiting": len(waiting),
-                "line_clears_s": max(waits.values()) if waits else 0,
+                "line_clears": selectors.line_clears(waiting, waits),
             }
         )
     return render(request, "frontend/queue_list.html", {"nav": "queues", "rows": rows})
@@ -532,7 +532,7 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
                 "ahead": i - 1,
                 "mine": job.owner_id == request.user.id,
                 "waited_s": (now - job.submitted_at).total_seconds(),
-                "wait_s": waits.get(job.id, 0),
+                "wait": waits.get(job.id),
                 "reason_text": wording.reason_sentence(job.reason),
             }
         )

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.db.models import Avg, F, QuerySet
-from django.utils import timezone
+from django.db.models import QuerySet
 
 from jobs.models import Job
 from jobs.states import JobState
@@ -30,32 +27,12 @@ def queue_waiting(queue) -> list[Job]:
 
 
 def estimated_waits(queue, waiting: list[Job]) -> dict:
-    """Seconds until each waiting job could start: running jobs end by their deadline (or the typical
-    run time seen in this queue, whichever is sooner), and each job ahead holds its share for that long."""
-    now = timezone.now()
-    recent = Job.objects.filter(
-        queue=queue, state=JobState.SUCCEEDED, finished_at__gte=now - timedelta(days=7), started_at__isnull=False
-    )
-    typical = recent.aggregate(d=Avg(F("finished_at") - F("started_at")))["d"]
-    typical_s = typical.total_seconds() if typical else None
-    running = list(
-        Job.objects.filter(queue=queue, reserved=True).values(
-            "gpu_milli", "gpu_count", "replicas", "deadline", "started_at", "timeout_s"
-        )
-    )
-    ends = []
-    for r in running:
-        left = (r["deadline"] - now).total_seconds() if r["deadline"] else r["timeout_s"]
-        if typical_s and r["started_at"]:
-            left = min(left, max(0.0, typical_s - (now - r["started_at"]).total_seconds()))
-        ends.append(max(0.0, left))
-    ends.sort()
-    waits = {}
-    clock = 0.0
-    for i, job in enumerate(waiting):
-        if i < len(ends):
-            clock = max(clock, ends[i])
-        else:
-            clock += typical_s or job.timeout_s
-        waits[job.id] = int(clock)
-    return waits
+    """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown)."""
+    from jobs import eta
+
+    return eta.estimate_starts(queue, waiting)
+
+
+def line_clears(waiting: list[Job], waits: dict):
+    """When the last job of the line may start (the line has cleared), or None for an empty line."""
+    return waits.get(waiting[-1].id) if waiting else None

@@ -136,6 +136,17 @@ class TeamViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMode
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class EstimatedStartSerializer(serializers.Serializer):
+    """When a waiting job may start, in seconds from now (jobs/eta.py): `low_s`..`high_s`, `mid_s` the middle
+    figure; `known` is false when no finished job like the ones involved gives evidence (then `high_s` is at
+    most the latest moment the time limits allow, or null)."""
+
+    low_s = serializers.IntegerField(allow_null=True)
+    mid_s = serializers.IntegerField(allow_null=True)
+    high_s = serializers.IntegerField(allow_null=True)
+    known = serializers.BooleanField()
+
+
 class WaitingJobSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
@@ -147,7 +158,10 @@ class WaitingJobSerializer(serializers.Serializer):
     reason = serializers.CharField()
     message = serializers.CharField()
     submitted_at = serializers.DateTimeField()
-    estimated_wait_s = serializers.IntegerField()
+    estimated_wait_s = serializers.IntegerField(
+        allow_null=True, help_text="the middle estimate (estimated_start.mid_s)"
+    )
+    estimated_start = EstimatedStartSerializer(allow_null=True)
 
 
 class QueueSerializer(serializers.ModelSerializer):
@@ -199,12 +213,15 @@ class QueueDetailSerializer(QueueSerializer):
         rows = []
         for i, job in enumerate(waiting, start=1):
             job.queue_position = job.queue_position or i
-            job.estimated_wait_s = waits.get(job.id, 0)
+            estimate = waits.get(job.id)
+            job.estimated_start = estimate.as_dict() if estimate else None
+            job.estimated_wait_s = job.estimated_start["mid_s"] if estimate else None
             data = WaitingJobSerializer(job).data
             if job.team_id not in visible:  # others' jobs show as anonymous places in the line
                 data = {
                     "position": data["position"],
                     "estimated_wait_s": data["estimated_wait_s"],
+                    "estimated_start": data["estimated_start"],
                     "priority": data["priority"],
                     "submitted_at": data["submitted_at"],
                     "team": None,

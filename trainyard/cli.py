@@ -308,13 +308,24 @@ def _located(exc: ApiError, jobfile: JobFile) -> CliError:
     return CliError(f"{head} ({len(details)} error{'s' if len(details) != 1 else ''}):", exc.exit_code, details)
 
 
-def _queue_wait(api: ApiClient, job: dict) -> int | None:
+def _estimate(est: dict | None) -> str:
+    """An estimated start from the API (low_s/mid_s/high_s/known) in words; never 0 for a waiting job."""
+    if not est:
+        return "-"
+    low, high = est.get("low_s"), est.get("high_s")
+    if not est.get("known") or low is None or high is None:
+        return f"unknown (at the latest in {_duration(max(60, high))})" if high is not None else "unknown"
+    low, high = _duration(max(60, low)), _duration(max(60, high))
+    return f"in about {high}" if low == high else f"between {low} and {high}"
+
+
+def _queue_wait(api: ApiClient, job: dict) -> dict | None:
     if job["state"] != "pending":
         return None
     queue = api.get(f"/queues/{job['queue']}/")
     for row in queue.get("jobs", []):
         if row.get("id") == job["id"]:
-            return row.get("estimated_wait_s")
+            return row.get("estimated_start")
     return None
 
 
@@ -322,13 +333,13 @@ def cmd_status(args: argparse.Namespace, api: ApiClient) -> int:
     job_id = _job_id(args.job)
     job = api.get(f"/jobs/{job_id}/", not_found=f"job {job_id} not found (or it belongs to a team you are not in)")
     attempts = api.get(f"/jobs/{job_id}/attempts/")
-    wait_s = _queue_wait(api, job)
+    wait = _queue_wait(api, job)
     if args.json:
-        _print_json({**job, "attempts": attempts, "estimated_wait_s": wait_s})
+        _print_json({**job, "attempts": attempts, "estimated_start": wait})
         return EXIT_OK
     state = _state_line(job)
-    if wait_s is not None:
-        state += f" — estimated wait {_duration(wait_s)}"
+    if wait is not None:
+        state += f" — estimated start {_estimate(wait)}"
     spec = job.get("spec") or "explicit request"
     resources = f"{job['gpu_count']} x {job['gpu_milli']} milli GPU, {_gib(job['gpu_memory_mib'])} GPU memory"
     rows = [
@@ -500,7 +511,7 @@ def cmd_queues(args: argparse.Namespace, api: ApiClient) -> int:
                         j.get("spec"),
                         j["priority"],
                         j.get("reason"),
-                        _duration(j.get("estimated_wait_s")),
+                        _estimate(j.get("estimated_start")),
                     )
                     for j in queue["jobs"]
                 ],

@@ -33,6 +33,24 @@ def duration(seconds: float | int | None) -> str:
 
 
 @register.filter
+def eta(estimate) -> str:
+    """An estimated start (jobs.eta.Estimate) in words: a range, "about" when it is narrow, or "unknown" (with
+    the latest moment the time limits allow, when they bound it). Never "0 s" for a job that waits."""
+    if estimate is None:
+        return "—"
+    if not estimate.known or estimate.low is None or estimate.high is None:
+        if estimate.high is not None:
+            return _("unknown (at the latest in %(high)s, when running jobs reach their time limits)") % {
+                "high": duration(max(60, estimate.high))
+            }
+        return _("unknown")
+    low, high = max(60, estimate.low), max(60, estimate.high)
+    if duration(low) == duration(high):
+        return _("in about %(t)s") % {"t": duration(high)}
+    return _("between %(low)s and %(high)s from now") % {"low": duration(low), "high": duration(high)}
+
+
+@register.filter
 def since(moment: datetime | None) -> str:
     """How long ago, as a duration."""
     if moment is None:

@@ -295,7 +295,7 @@ def test_status_json_and_text(cli, tmp_path):
     assert result.code == 0, result.err
     data = json.loads(result.out)
     assert data["id"] == job_id and data["state"] == "pending" and data["attempts"] == []
-    assert data["queue"] == "train" and "estimated_wait_s" in data
+    assert data["queue"] == "train" and "estimated_start" in data
     text = cli("status", job_id)
     assert text.code == 0
     assert "State" in text.out and "pending (" in text.out

@@ -1,0 +1,117 @@
+"""Estimated starts (jobs/eta.py): ranges from evidence, "unknown" without it, team quota, never 0 when blocked."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from frontend.templatetags.portal import eta as eta_words
+from jobs import eta, selectors, services
+from jobs.dispatch import dispatch
+from jobs.models import Job
+from jobs.states import JobState
+from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from quotas.models import Queue, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+GUARANTEED = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11"}
+
+
+def _submit(user, command="train.py", gpus=1, **extra):
+    data = {**GUARANTEED, "command": ["python", command], **extra}
+    if gpus > 1:
+        data["gpus"] = gpus
+    return services.job_submit(user=user, data=data)[0]
+
+
+def _run(job, started):
+    """Admit, start and backdate a job as a backend would have."""
+    dispatch(full=True)
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == JobState.ADMITTED, (job.state, job.reason)
+    services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
+    services.job_transition(job_id=job.id, to=JobState.RUNNING, actor="test")
+    Job.objects.filter(pk=job.pk).update(
+        started_at=started, admitted_at=started, deadline=started + timedelta(seconds=job.timeout_s)
+    )
+    return job
+
+
+def _history(user, now, runs_s, command="train.py"):
+    """Finished jobs of `command` that ran for `runs_s` seconds each (the last month)."""
+    for k, seconds in enumerate(runs_s):
+        job = _run(_submit(user, command), now - timedelta(days=2, seconds=k))
+        services.job_transition(job_id=job.id, to=JobState.SUCCEEDED, actor="test", message="exit code 0")
+        end = now - timedelta(days=1, seconds=k)
+        Job.objects.filter(pk=job.pk).update(started_at=end - timedelta(seconds=seconds), finished_at=end)
+
+
+def _open(queue_gpus=4, team_gpus=4):
+    Queue.objects.filter(name="train").update(gpu_milli=queue_gpus * 1000, ordering="fifo", max_timeout_s=10**6)
+    Team.objects.filter(slug="demo").update(gpu_milli=team_gpus * 1000, max_running_jobs=100, max_jobs_per_user=100)
+
+
+def test_a_blocked_job_gets_a_range_from_the_running_jobs_history_never_zero(platform):  # noqa: F811
+    now = timezone.now()
+    _open()
+    _history(platform, now, [3600] * 5 + [7200] * 5)  # runs of this script take 1 h or 2 h
+    running = [_run(_submit(platform, timeout_s=86400), now - timedelta(minutes=30)) for _ in range(4)]
+    assert len(running) == 4
+    waiting = _submit(platform, timeout_s=86400)
+    dispatch(full=True)
+    assert Job.objects.get(pk=waiting.pk).reason in {"no_capacity", "queue_quota_exhausted"}
+    queue = Queue.objects.get(name="train")
+    est = eta.estimate_starts(queue, selectors.queue_waiting(queue), now=now)[waiting.id]
+    assert est.known
+    # Each running job has run 30 min of a 1 h or 2 h script: one ends between 30 min and 90 min from now.
+    assert 1700 <= est.low <= 1900 and 1700 <= est.mid <= 5500 and 5300 <= est.high <= 5500, est
+    words = eta_words(est)
+    assert words.startswith("between 30 min") and words.endswith("1 h 30 min from now"), words
+
+
+def test_without_any_history_the_estimate_is_unknown_but_bounded_by_the_time_limits(platform):  # noqa: F811
+    now = timezone.now()
+    _open()
+    for _ in range(4):
+        _run(_submit(platform, command="new.py", timeout_s=4 * 3600), now - timedelta(hours=1))
+    waiting = _submit(platform, command="new.py", timeout_s=4 * 3600)
+    dispatch(full=True)
+    queue = Queue.objects.get(name="train")
+    est = eta.estimate_starts(queue, selectors.queue_waiting(queue), now=now)[waiting.id]
+    assert not est.known and 3 * 3600 - 60 <= est.high <= 3 * 3600 + 60, est
+    assert eta_words(est) == "unknown (at the latest in 3 h, when running jobs reach their time limits)"
+
+
+def test_the_team_quota_holds_a_job_back_while_cards_are_free(platform):  # noqa: F811
+    now = timezone.now()
+    _open(queue_gpus=4, team_gpus=2)
+    _history(platform, now, [600] * 6, command="short.py")
+    _history(platform, now, [10 * 3600] * 6, command="long.py")
+    # Team quota 2 cards: one 10-hour job started 1 h ago and one 10-min job started 5 min ago; 2 cards idle.
+    _run(_submit(platform, command="long.py", timeout_s=86400), now - timedelta(hours=1))
+    _run(_submit(platform, command="short.py", timeout_s=86400), now - timedelta(minutes=5))
+    waiting = _submit(platform, command="short.py", timeout_s=86400)
+    dispatch(full=True)
+    assert Job.objects.get(pk=waiting.pk).reason.startswith("team_quota")
+    queue = Queue.objects.get(name="train")
+    est = eta.estimate_starts(queue, selectors.queue_waiting(queue), now=now)[waiting.id]
+    # Not "now" (cards are free but the team's quota is full), not 9 h: when the short run ends, 5 min from now.
+    assert est.known and 250 <= est.low <= est.high <= 350, est
+
+
+def test_the_api_and_the_job_page_show_the_range(platform, client):  # noqa: F811
+    now = timezone.now()
+    _open()
+    _history(platform, now, [3600] * 4)
+    for _ in range(4):
+        _run(_submit(platform, timeout_s=86400), now - timedelta(minutes=10))
+    waiting = _submit(platform, timeout_s=86400)
+    dispatch(full=True)
+    client.force_login(platform)
+    rows = client.get("/api/v1/queues/train/").json()["jobs"]
+    row = next(r for r in rows if r["id"] == str(waiting.id))
+    assert row["estimated_start"]["known"] and row["estimated_start"]["low_s"] > 0
+    assert row["estimated_wait_s"] == row["estimated_start"]["mid_s"]
+    page = client.get(f"/jobs/{waiting.id}/").content.decode()
+    header = page[page.index('class="job-state-line"') :][:800]
+    assert "estimated start: in about 4" in header or "estimated start: in about 50 min" in header, header
