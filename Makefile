@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-logs lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-logs lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -39,7 +39,7 @@ migrations: venv
 web worker beat: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
 
-bench: bench-allocator bench-scheduler bench-api bench-logs
+bench: bench-allocator bench-scheduler bench-eta bench-api bench-logs
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
@@ -47,6 +47,10 @@ bench-allocator: venv
 # The live dispatch path on the trace's whole cluster (real PostgreSQL, job_submit, the dispatcher, a worker).
 bench-scheduler: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.scheduler
+
+# Estimated starts against real starts: trace windows replayed through the real dispatcher on simulated time.
+bench-eta: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.eta
 
 bench-api: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.api
