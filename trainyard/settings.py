@@ -285,9 +285,11 @@ TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain UR
 TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
 TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")
 TRAINYARD_K8S_NAMESPACE = env.str("TRAINYARD_K8S_NAMESPACE", default="trainyard")  # the platform's own
-TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu | hami
+TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu
 TRAINYARD_K8S_SHARED_RESOURCE = env.str("TRAINYARD_K8S_SHARED_RESOURCE", default="nvidia.com/gpu.shared")
-TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)
+# The Volcano release the cluster runs (e.g. 1.9, 1.14.0), or `auto`: read from the installed Queue CRD.
+TRAINYARD_VOLCANO_VERSION = env.str("TRAINYARD_VOLCANO_VERSION", default="auto")
+TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)  # at least 300
 TRAINYARD_K8S_PRIORITY_CLASS = env.str("TRAINYARD_K8S_PRIORITY_CLASS", default="")
 TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")

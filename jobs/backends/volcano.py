@@ -43,7 +43,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from cluster.inventory import GpuInfo, NodeInfo
+from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, GpuInfo, NodeInfo
 from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
@@ -71,6 +71,7 @@ STUCK_REASONS = frozenset(
 SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
+QUEUE_CRD = "queues.scheduling.volcano.sh"
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 
@@ -91,6 +92,8 @@ class VolcanoConfig:
     tb_ingress_class: str = ""
     tb_auth_url: str = ""
     tb_tls_secret: str = ""
+    # The Volcano release whose Queue fields to render: "auto" reads the installed Queue CRD.
+    volcano_version: str = "auto"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -124,6 +127,38 @@ def _api_client_from_settings() -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
+def config_from_settings() -> VolcanoConfig:
+    """The backend's configuration; raises `render.ManifestError` with the setting named when it cannot work
+    (the `jobs` system check reports the same at startup)."""
+    version = str(settings.TRAINYARD_VOLCANO_VERSION or "auto").strip().lower()
+    options = render.RenderOptions(
+        sharing=settings.TRAINYARD_K8S_SHARING,
+        ttl_s=settings.TRAINYARD_K8S_TTL_S,
+        priority_class=settings.TRAINYARD_K8S_PRIORITY_CLASS,
+        grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
+        run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
+        service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
+        image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
+        shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
+        tensorboard_image=settings.TRAINYARD_TB_IMAGE,
+        rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
+        volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
+    )
+    config = VolcanoConfig(
+        render=options,
+        request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
+        retries=settings.TRAINYARD_K8S_RETRIES,
+        start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
+        system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
+        tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
+        tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
+        tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
+        tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
+        volcano_version=version,
+    )
+    return config
+
+
 class VolcanoBackend:
     name = "volcano"
 
@@ -133,33 +168,12 @@ class VolcanoBackend:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
+        self.extensions = k8s.ApiextensionsV1Api(api_client)
+        self._volcano_version: tuple[int, int] | None = None
 
     @classmethod
     def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
-        options = render.RenderOptions(
-            sharing=settings.TRAINYARD_K8S_SHARING,
-            ttl_s=settings.TRAINYARD_K8S_TTL_S,
-            priority_class=settings.TRAINYARD_K8S_PRIORITY_CLASS,
-            grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
-            run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
-            service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
-            image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
-            shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
-            tensorboard_image=settings.TRAINYARD_TB_IMAGE,
-            rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
-        )
-        config = VolcanoConfig(
-            render=options,
-            request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
-            retries=settings.TRAINYARD_K8S_RETRIES,
-            start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
-            system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
-            tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
-            tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
-            tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
-            tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
-        )
-        return cls(api_client or _api_client_from_settings(), config)
+        return cls(api_client or _api_client_from_settings(), config_from_settings())
 
     # ------------------------------------------------------------------------------------------- API calls
 
@@ -500,6 +514,33 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- queues
 
+    def volcano_version(self) -> tuple[int, int]:
+        """The Volcano release queues are rendered for: TRAINYARD_VOLCANO_VERSION, or (`auto`) the newest release
+        whose Queue fields the installed Queue CRD has; the minimum when the CRD cannot be read."""
+        if self._volcano_version is not None:
+            return self._volcano_version
+        if self.config.volcano_version != "auto":
+            self._volcano_version = render.parse_version(self.config.volcano_version)
+            return self._volcano_version
+        try:
+            crd = self._raw("read_queue_crd", self.extensions.read_custom_resource_definition, QUEUE_CRD)
+        except ApiException as exc:
+            if exc.status not in (401, 403, 404):
+                raise
+            # Not allowed to read CRDs, or no Queue CRD yet: render what every supported release accepts.
+            log.warning(
+                "volcano_version_unknown", status=exc.status, assumed=render.format_version(render.MIN_VOLCANO_VERSION)
+            )
+            return render.MIN_VOLCANO_VERSION
+        properties: JSON = {}
+        for version in (crd.get("spec") or {}).get("versions") or []:
+            if version.get("name") == render.QUEUE_API[1]:
+                schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+                properties = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+        self._volcano_version = render.queue_version_from_schema(properties)
+        log.info("volcano_version_detected", version=render.format_version(self._volcano_version))
+        return self._volcano_version
+
     def queue_sync(self, queue: Any) -> JSON:
         """Create or update the Volcano Queue of a platform queue, and open or close it to match."""
         wanted = render.render_queue(
@@ -510,6 +551,7 @@ class VolcanoBackend:
             fifo=queue.ordering == "fifo",
             sharing=self.config.render.sharing,
             platform_queue=queue.name,
+            volcano_version=self.volcano_version(),
         )
         group, version, plural = render.QUEUE_API
         current: JSON | None = None
@@ -579,7 +621,10 @@ class VolcanoBackend:
 
     def inventory(self) -> list[NodeInfo]:
         nodes = self._raw("list_nodes", self.core.list_node)["items"]
-        return [info for info in (node_info(n, self.config.render.rack_labels) for n in nodes) if info is not None]
+        options = self.config.render
+        shared = options.shared_resource if options.sharing == "whole" else None
+        infos = (node_info(n, options.rack_labels, shared_resource=shared) for n in nodes)
+        return [info for info in infos if info is not None]
 
     # ------------------------------------------------------------------------------------------- tensorboard
 
@@ -807,12 +852,21 @@ def _quantity_int(value: Any, scale: int = 1) -> int:
         return 0
 
 
-def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo | None:
-    """A GPU node as the pool sees it, from its allocatable resources and GPU Feature Discovery labels."""
+def node_info(
+    node: JSON, rack_labels: tuple[str, ...] | list[str], *, shared_resource: str | None = None
+) -> NodeInfo | None:
+    """A GPU node as the pool sees it, from its allocatable resources and GPU Feature Discovery labels.
+
+    `shared_resource` (the `whole` provider's time-sliced resource): the node's sharing mode is recorded in the
+    `trainyard.io/gpu-sharing` label, `time-sliced` when the node advertises that resource and no whole cards
+    (the NVIDIA device plugin with `renameByDefault`), `whole` when it advertises only `nvidia.com/gpu`, so
+    that placement sends shares and whole cards only where the device plugin can serve them."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable = status.get("allocatable") or {}
-    count = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
+    whole = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
+    shares = _quantity_int(allocatable.get(shared_resource, 0)) if shared_resource else 0
+    count = whole or shares
     replicas = max(1, _quantity_int(labels.get("nvidia.com/gpu.replicas", 1)))
     if labels.get("nvidia.com/gpu.count"):
         count = _quantity_int(labels["nvidia.com/gpu.count"])
@@ -838,8 +892,11 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
         if ready
         else ()
     )  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
-    driver = labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
-        labels[k] for k in render.DRIVER_LABELS if labels.get(k)
+    driver = (
+        labels.get("nvidia.com/cuda.driver-version.full")
+        or ".".join(labels[k] for k in render.DRIVER_LABELS if labels.get(k))
+        # GPU Feature Discovery before 0.15 writes only these.
+        or ".".join(labels[k] for k in render.LEGACY_DRIVER_LABELS if labels.get(k))
     )
     cuda = labels.get("nvidia.com/cuda.runtime-version.full") or ".".join(
         labels[k]
@@ -852,6 +909,11 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
             pool_labels["trainyard.io/rack"] = labels[key]
             break
     pool_labels["trainyard.io/k8s-ready"] = "true" if ready else "false"
+    if shared_resource:
+        if shares and not whole:
+            pool_labels[SHARING_LABEL] = SHARING_TIME_SLICED
+        elif whole and not shares:
+            pool_labels[SHARING_LABEL] = SHARING_WHOLE
     if (node.get("spec") or {}).get("unschedulable"):
         pool_labels["trainyard.io/k8s-cordoned"] = "true"
     return NodeInfo(

@@ -19,7 +19,7 @@ from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig, node_info, parse_ref
-from tests.fake_k8s import FakeKubernetes, crds_available, unavailable_reason
+from tests.fake_k8s import FakeKubernetes, crds
 
 JOBS = "jobs.batch.volcano.sh"
 QUEUES = "queues.scheduling.volcano.sh"
@@ -38,8 +38,7 @@ def gfd_labels(rack: str) -> dict[str, str]:
 
 @pytest.fixture
 def kube():
-    if not crds_available():
-        pytest.skip(unavailable_reason())
+    crds.require()
     with FakeKubernetes(nodes=0) as fake:
         for index, rack in enumerate(("r1", "r1")):
             fake.add_node(
@@ -410,6 +409,52 @@ def test_node_info_divides_time_sliced_cards():
     info = node_info(node, ["trainyard.io/rack"])
     assert len(info.gpus) == 2 and info.cpu_milli == 500 and info.memory_mib == 2048
     assert info.gpus[0].uuid == "K8S-ts-0"
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "labels", "cards", "mode"),
+    [
+        # renameByDefault time-slicing: only the shared resource, `replicas` units per card
+        ({"nvidia.com/gpu.shared": "16"}, {"nvidia.com/gpu.replicas": "4"}, 4, "time-sliced"),
+        (
+            {"nvidia.com/gpu.shared": "16"},
+            {"nvidia.com/gpu.count": "4", "nvidia.com/gpu.replicas": "4"},
+            4,
+            "time-sliced",
+        ),
+        ({"nvidia.com/gpu": "8"}, {}, 8, "whole"),
+        ({"nvidia.com/gpu": "8", "nvidia.com/gpu.shared": "8"}, {}, 8, None),  # both: either kind fits
+    ],
+)
+def test_node_info_records_what_the_device_plugin_hands_out(allocatable, labels, cards, mode):
+    node = {
+        "metadata": {"name": "n", "labels": {"nvidia.com/gpu.present": "true", **labels}},
+        "status": {
+            "allocatable": {**allocatable, "cpu": "8", "memory": "64Gi"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    info = node_info(node, [], shared_resource="nvidia.com/gpu.shared")
+    assert len(info.gpus) == cards
+    assert info.labels.get("trainyard.io/gpu-sharing") == mode
+    # Only the `whole` provider (which names its shared resource) records a mode.
+    assert "trainyard.io/gpu-sharing" not in node_info(node, []).labels
+
+
+def test_node_info_reads_the_driver_from_older_gpu_feature_discovery_labels():
+    node = {
+        "metadata": {
+            "name": "old-gfd",
+            "labels": {
+                "nvidia.com/gpu.count": "2",
+                "nvidia.com/cuda.driver.major": "535",
+                "nvidia.com/cuda.driver.minor": "183",
+                "nvidia.com/cuda.driver.rev": "01",
+            },
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": "2"}, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert node_info(node, []).driver_version == "535.183.01"
 
 
 def test_tensorboard_route_is_a_service_and_an_ingress_per_job(kube, backend):

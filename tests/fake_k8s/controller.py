@@ -12,9 +12,14 @@ It plays, in one deterministic `tick()`:
 - the scheduler: enqueue gated by queue state, queue `capability` and cluster overcommit (PodGroup stays
   Pending with an `Unschedulable` condition and the real events), then gang allocation of pods to nodes
   (resources, nodeSelector, required node affinity, taints, cordons); pods of `default-scheduler` are
-  placed one by one; pods naming any other scheduler stay Pending, as they would with no such scheduler;
+  placed one by one; pods naming HAMi's scheduler are placed by a simulated HAMi when `hami_scheduler` is
+  set; pods naming any other scheduler stay Pending, as they would with no such scheduler (a pod asking for
+  HAMi's `nvidia.com/gpumem` from Volcano stays Pending: no node advertises it);
+- the svc plugin's headless Service, ConfigMap and NetworkPolicy (none with `--disable-network-policy`);
+- Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete);
 - the kubelet: containers start, write their scripted logs, and end with the scripted outcome; graceful
-  deletions complete on the next tick.
+  deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
+  until the node returns or is deleted (`delete_node`: the pod garbage collector force-deletes them).
 
 Tests decide what each pod does with `script()`, and break things with `evict_pod()`, `fail_pod()`,
 `lose_node()`. Call `tick()` (or `run_until()`) for deterministic tests, or `start()` for a background loop.
@@ -69,6 +74,10 @@ TEMPLATE_UID = "volcano.sh/template-uid"
 GROUP_NAME = "scheduling.k8s.io/group-name"
 
 SCHEDULER = "volcano"
+# HAMi's per-card resources (never on a node's allocatable) and its pod annotations.
+HAMI_CARD_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage")
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 CONTROLLER_COMPONENT = "vc-controller-manager"
 FINISHED_PHASES = frozenset({"Completed", "Failed", "Terminated"})
 USER_POLICY_EVENTS = frozenset(
@@ -205,6 +214,10 @@ class VolcanoController:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errors: list[str] = []
+        self._lost_nodes: set[str] = set()
+        # The scheduler name of a simulated HAMi installation (None: HAMi is not installed, and its pods stay
+        # Pending like pods of any scheduler that does not exist).
+        self.hami_scheduler: str | None = None
         kube.add_admission(VolcanoAdmission(kube))
         kube.add_listener(self._on_change)
         kube.graceful_pod_deletion = True
@@ -369,8 +382,12 @@ class VolcanoController:
                 message=message,
             )
 
-    def lose_node(self, name: str) -> JSON:
-        """The node stops reporting: NotReady + unreachable taints; its pods fail with reason `NodeLost`."""
+    def lose_node(self, name: str, *, evict: bool = True) -> JSON:
+        """The node stops reporting, as on a real cluster: Ready becomes Unknown, the unreachable taints are
+        added, its pods are marked not ready and (`evict`, the taint manager once the default 300 s toleration
+        ran out) deleted gracefully. No kubelet confirms those deletions, so the pods stay `Terminating`, in
+        their last phase, until the node comes back (`restore_node`) or its Node object is deleted
+        (`delete_node`), or a client force-deletes them."""
         with self.kube.lock:
             now = rfc3339(self.kube.now())
 
@@ -395,21 +412,48 @@ class VolcanoController:
             self.kube.mutate("nodes", name, None, unreachable)
             node = self.kube.mutate("nodes", name, None, unknown, subresource="status")
             self._event(node, "NodeNotReady", f"Node {name} status is now: NodeNotReady", "Normal", "node-controller")
+            self._lost_nodes.add(name)
             for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
+                meta = pod["metadata"]
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
-                message = f"Node {name} which was running pod {pod['metadata']['name']} is unresponsive"
                 self._event(pod, "NodeNotReady", "Node is not ready", "Warning", "node-controller")
-                self._terminate_pod(
-                    pod,
-                    exit_code=137,
-                    container_reason="ContainerStatusUnknown",
-                    pod_reason="NodeLost",
-                    message=message,
-                    disruption="DeletionByTaintManager",
-                    container_message="The container could not be located when the pod was terminated",
-                )
+
+                def not_ready(p: JSON) -> None:
+                    _set_condition(p["status"], "Ready", "False", now)
+
+                self.kube.mutate("pods", meta["name"], meta["namespace"], not_ready, subresource="status")
+                if evict:
+                    self._event(
+                        pod, "TaintManagerEviction", f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
+                        "Normal", "taint-eviction-controller",
+                    )  # fmt: skip
+                    self.kube.delete("pods", meta["name"], meta["namespace"])
             return node
+
+    def delete_node(self, name: str) -> None:
+        """The Node object is deleted (the machine is gone): the pod garbage collector force-deletes its pods."""
+        with self.kube.lock:
+            self.kube.delete("nodes", name, None)
+            self._lost_nodes.discard(name)
+            for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
+                self.kube.delete("pods", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0)
+
+    def preempt_pod(self, namespace: str, name: str, *, action: str = "preempt") -> JSON:
+        """Volcano's scheduler evicts a pod to make room (`preempt` or `reclaim`): a DisruptionTarget condition,
+        an `Evict` event on the pod, and a graceful delete. The job controller sees the pod go (PodEvicted)."""
+        with self.kube.lock:
+            pod = self.kube.get("pods", name, namespace)
+            now = rfc3339(self.kube.now())
+            message = f"Pod is evicted, because of {action}"
+
+            def disrupted(p: JSON) -> None:
+                _set_condition(p["status"], "DisruptionTarget", "True", now, "PreemptionByScheduler", message)
+
+            self.kube.mutate("pods", name, namespace, disrupted, subresource="status")
+            self._event(pod, "Evict", message, "Warning", SCHEDULER)
+            self.kube.delete("pods", name, namespace)
+            return self.kube.get("pods", name, namespace) if self.kube.try_get("pods", name, namespace) else pod
 
     def restore_node(self, name: str) -> JSON:
         """Bring a lost node back to Ready and drop the unreachable taints."""
@@ -434,6 +478,7 @@ class VolcanoController:
                         )
 
             self.kube.mutate("nodes", name, None, reachable)
+            self._lost_nodes.discard(name)
             return self.kube.mutate("nodes", name, None, ready, subresource="status")
 
     def set_queue_state(self, name: str, state: str) -> JSON:
@@ -952,6 +997,22 @@ class VolcanoController:
                     "data": hosts,
                 },
             )
+            if "--disable-network-policy" not in (plugins.get("svc") or []):
+                # Volcano's svc plugin: only the job's own pods may reach them.
+                selector = {"matchLabels": {JOB_NAME: meta["name"], JOB_NAMESPACE: meta["namespace"]}}
+                self._create_quietly(
+                    "networkpolicies.networking.k8s.io",
+                    {
+                        "apiVersion": "networking.k8s.io/v1",
+                        "kind": "NetworkPolicy",
+                        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "ownerReferences": owner},
+                        "spec": {
+                            "podSelector": selector,
+                            "ingress": [{"from": [{"podSelector": selector}]}],
+                            "policyTypes": ["Ingress"],
+                        },
+                    },
+                )
         if "ssh" in plugins:
             self._create_quietly(
                 "secrets",
@@ -997,8 +1058,11 @@ class VolcanoController:
             spec = pod.get("spec") or {}
             if spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+            scheduler = spec.get("schedulerName", "default-scheduler")
+            if scheduler == "default-scheduler":
                 self._schedule_single(pod, nodes, usage)
+            elif self.hami_scheduler and scheduler == self.hami_scheduler:
+                self._schedule_hami(pod, nodes, usage)
 
     def _enqueue(self, pg: JSON, podgroups: list[JSON], pods: list[JSON], nodes: list[JSON]) -> None:
         meta, spec = pg["metadata"], pg.get("spec") or {}
@@ -1179,6 +1243,39 @@ class VolcanoController:
         self._bind(pod, node, "default-scheduler")
         usage[node] = _add(usage.get(node, {}), _pod_request(pod))
 
+    def _schedule_hami(self, pod: JSON, nodes: list[JSON], usage: dict[str, Resources]) -> None:
+        """HAMi's scheduler: it accounts `nvidia.com/gpumem`/`gpucores` per card itself (nodes never advertise
+        them), honours `nvidia.com/use-gpuuuid`, and records the cards it chose on the pod."""
+        request = _pod_request(pod)
+        plain = {k: v for k, v in request.items() if k not in HAMI_CARD_RESOURCES}
+        wanted = [u for u in ((pod["metadata"].get("annotations") or {}).get(HAMI_USE_UUID) or "").split(",") if u]
+        stripped = copy.deepcopy(pod)
+        for container in stripped["spec"].get("containers") or []:
+            for part in ("requests", "limits"):
+                amounts = (container.get("resources") or {}).get(part) or {}
+                for key in HAMI_CARD_RESOURCES:
+                    amounts.pop(key, None)
+        node, why = _pick_node(stripped, nodes, usage)
+        if node is None:
+            detail = ", ".join(why) if why else "no nodes available to schedule pods"
+            self._unschedulable_pod(pod, f"0/{len(nodes)} nodes are available: {detail}.", self.hami_scheduler or "")
+            return
+        count = int(plain.get("nvidia.com/gpu", 0))
+        memory = int(request.get("nvidia.com/gpumem", 0))
+        cores = int(request.get("nvidia.com/gpucores", 0))
+        chosen = wanted[:count] or [f"GPU-{node}-{i}" for i in range(count)]
+        meta = pod["metadata"]
+        allocated = ":".join(f"{uuid},NVIDIA,{memory},{cores}" for uuid in chosen) + ":;"
+
+        def annotate(p: JSON) -> None:
+            annotations = p["metadata"].setdefault("annotations", {})
+            annotations[HAMI_ALLOCATED] = allocated
+            annotations["hami.io/vgpu-node"] = node
+
+        self.kube.mutate("pods", meta["name"], meta["namespace"], annotate)
+        self._bind(pod, node, self.hami_scheduler or "")
+        usage[node] = _add(usage.get(node, {}), plain)
+
     def _bind(self, pod: JSON, node: str, scheduler: str) -> None:
         meta = pod["metadata"]
         now = rfc3339(self.kube.now())
@@ -1214,6 +1311,8 @@ class VolcanoController:
         self._runs = {uid: run for uid, run in self._runs.items() if uid in alive}
         for pod in pods:
             meta, spec = pod["metadata"], pod.get("spec") or {}
+            if spec.get("nodeName") in self._lost_nodes:
+                continue  # no kubelet answers for a lost node: its pods stay as they were (Terminating too)
             if meta.get("deletionTimestamp"):
                 self._runs.pop(meta["uid"], None)
                 self.kube.remove_terminating_pod(meta["namespace"], meta["name"])
