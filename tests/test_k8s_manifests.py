@@ -296,5 +296,12 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         ref = backend.submit(stuck)
         kube.controller.tick(3)
         assert backend.observe([ref])[ref].reason == "ImagePullBackOff"  # stuck: the backend deletes it itself
+        kube.controller.script("ty-", run_ticks=None)
+        lost = describe(1)
+        ref = backend.submit(lost)
+        kube.controller.tick(3)
+        kube.controller.lose_node("gpu-node-0")
+        kube.delete("nodes", "gpu-node-0")
+        assert backend.observe([ref])[ref].reason == "NodeLost"  # its pods are force-deleted
         used = needed(kube.requests)
     assert used == granted()

@@ -300,6 +300,8 @@ TRAINYARD_K8S_RACK_LABELS = env.list(
 TRAINYARD_K8S_REQUEST_TIMEOUT_S = env.float("TRAINYARD_K8S_REQUEST_TIMEOUT_S", default=15.0)
 TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
+# A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
+TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
 TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
 TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")

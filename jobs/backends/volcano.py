@@ -72,6 +72,7 @@ SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
+PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 
@@ -87,6 +88,8 @@ class VolcanoConfig:
     backoff_s: float = 0.2
     backoff_max_s: float = 10.0
     start_timeout_s: int = 600
+    # A pod whose node is NotReady (or that stays Terminating) this long counts as lost with its node.
+    node_lost_s: int = 300
     system_namespace: str = "trainyard"
     tb_base_domain: str = ""
     tb_ingress_class: str = ""
@@ -149,6 +152,7 @@ def config_from_settings() -> VolcanoConfig:
         request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
         retries=settings.TRAINYARD_K8S_RETRIES,
         start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
+        node_lost_s=settings.TRAINYARD_K8S_NODE_LOST_S,
         system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
         tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
         tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
@@ -257,15 +261,18 @@ class VolcanoBackend:
             namespace, name = parse_ref(ref)
             by_namespace[namespace].append((ref, name))
         result: dict[str, Observation] = {}
+        nodes = _NodeView(self)  # read at most once per pass, and only when a job has pods on nodes
         for namespace, wanted in sorted(by_namespace.items()):
             try:
-                result.update(self._observe_namespace(namespace, wanted))
+                result.update(self._observe_namespace(namespace, wanted, nodes))
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Never report "lost" on a failed read: these attempts are simply not observed this round.
                 log.warning("volcano_observe_failed", namespace=namespace, error=str(exc)[:300])
         return result
 
-    def _observe_namespace(self, namespace: str, wanted: list[tuple[str, str]]) -> dict[str, Observation]:
+    def _observe_namespace(
+        self, namespace: str, wanted: list[tuple[str, str]], nodes: _NodeView | None = None
+    ) -> dict[str, Observation]:
         group, version, plural = render.JOB_API
         jobs = {
             j["metadata"]["name"]: j
@@ -282,7 +289,7 @@ class VolcanoBackend:
         pods_by_job: dict[str, list[JSON]] = defaultdict(list)
         for pod in self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=SELECTOR)["items"]:
             pods_by_job[(pod["metadata"].get("labels") or {}).get("volcano.sh/job-name", "")].append(pod)
-        context = _NamespaceContext(self, namespace)
+        context = _NamespaceContext(self, namespace, nodes or _NodeView(self))
         result: dict[str, Observation] = {}
         for ref, name in wanted:
             job = jobs.get(name)
@@ -306,11 +313,18 @@ class VolcanoBackend:
         phase = _phase(job)
         node = _main_node(pods)
         if meta.get("deletionTimestamp"):
-            return Observation(phase="pending", node=node)  # being stopped: it ends when it is gone
+            # Being stopped: it ends when it is gone, or when what is left of it sits on a lost node.
+            lost = self._lost(pods, context)
+            if lost is not None and all(self._on_lost_node(p, context) for p in _live(pods)):
+                return lost
+            return Observation(phase="pending", node=node)
         if phase == "Completed":
             return Observation(phase="succeeded", exit_code=0, reason="Completed", node=node)
         if phase in FINISHED_PHASES:
             return self._failure(job, pods, context)
+        lost = self._lost(pods, context)
+        if lost is not None:
+            return lost
         if phase == "Running" or phase in STOPPING_PHASES:
             return Observation(phase="running", node=node)
         return self._pending(job, pods, context)
@@ -340,12 +354,58 @@ class VolcanoBackend:
         )
         return Observation(phase="failed", reason=reason, message=message, node=_main_node(pods))
 
+    def _on_lost_node(self, pod: JSON, context: _NamespaceContext) -> bool:
+        return _lost_detail(pod, context.nodes, self.config.node_lost_s, datetime.now(UTC)) is not None
+
+    def _lost(self, pods: list[JSON], context: _NamespaceContext) -> Observation | None:
+        """NodeLost when a live pod's node is gone, or NotReady (or the pod stuck Terminating) past the deadline.
+        Pods of a node that no longer exists are force-deleted: nothing will ever confirm their end, and their
+        job's foreground delete would wait for them forever."""
+        now = datetime.now(UTC)
+        found: list[tuple[JSON, str, bool]] = []
+        for pod in _live(pods):
+            lost = _lost_detail(pod, context.nodes, self.config.node_lost_s, now)
+            if lost is not None:
+                found.append((pod, *lost))
+        for pod, _, gone in found:
+            if gone:
+                self._force_delete_pod(pod)
+        if not found:
+            return None
+        pod, detail, _ = sorted(found, key=lambda item: _task_order(item[0]))[0]
+        return Observation(
+            phase="failed",
+            reason="NodeLost",
+            message=f"{_short_pod_name(pod)}: {detail}"[:1000],
+            node=(pod.get("spec") or {}).get("nodeName", ""),
+        )
+
+    def _force_delete_pod(self, pod: JSON) -> None:
+        meta = pod["metadata"]
+        try:
+            self._call(
+                "force_delete_pod",
+                self.core.delete_namespaced_pod,
+                meta["name"],
+                meta["namespace"],
+                grace_period_seconds=0,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.warning("volcano_pod_force_deleted", pod=meta["name"], namespace=meta["namespace"])
+
     def _pending(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
         now = datetime.now(UTC)
         for pod in pods:
-            waiting = _main_state(pod).get("waiting") or {}
-            if waiting.get("reason") in STUCK_REASONS:
-                detail = f"{_short_pod_name(pod)}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
+            # Every container counts, the TensorBoard sidecar's image pull as much as the trainer's.
+            name, waiting = next(
+                ((n, w) for n, w in _waiting_states(pod) if w.get("reason") in STUCK_REASONS), ("", {})
+            )
+            if waiting:
+                where = _short_pod_name(pod) + ("" if name == render.MAIN_CONTAINER else f" ({name})")
+                detail = f"{where}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
                 if _age_s(pod, now) >= self.config.start_timeout_s:
                     return Observation(
                         phase="failed",
@@ -669,12 +729,27 @@ class VolcanoBackend:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
+class _NodeView:
+    """The cluster's nodes by name, listed at most once per observe pass and only when asked."""
+
+    def __init__(self, backend: VolcanoBackend):
+        self.backend = backend
+        self._nodes: dict[str, JSON] | None = None
+
+    def get(self, name: str) -> JSON | None:
+        if self._nodes is None:
+            items = self.backend._raw("list_nodes", self.backend.core.list_node)["items"]
+            self._nodes = {n["metadata"]["name"]: n for n in items}
+        return self._nodes.get(name)
+
+
 class _NamespaceContext:
     """PodGroups and events of one namespace, read at most once per observe pass and only when needed."""
 
-    def __init__(self, backend: VolcanoBackend, namespace: str):
+    def __init__(self, backend: VolcanoBackend, namespace: str, nodes: _NodeView):
         self.backend = backend
         self.namespace = namespace
+        self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
         self._events: list[JSON] | None = None
 
@@ -720,9 +795,11 @@ class _NamespaceContext:
         return ""
 
     def pods_preempted(self, job_name: str) -> bool:
+        """Whether Volcano's scheduler took a pod of the job away (it records that as an `Evict` event, for
+        preemption and for reclaim alike)."""
         prefix = f"{job_name}-"
         return any(
-            "preempt" in str(e.get("reason", "")).lower()
+            (str(e.get("reason", "")) in PREEMPTION_REASONS or "preempt" in str(e.get("reason", "")).lower())
             and str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
             for e in self.events()
         )
@@ -780,6 +857,49 @@ def _main_state(pod: JSON) -> JSON:
         if status.get("name") == render.MAIN_CONTAINER:
             return status.get("state") or {}
     return {}
+
+
+def _waiting_states(pod: JSON) -> Iterator[tuple[str, JSON]]:
+    """(container name, waiting state) of every container that waits, init containers (sidecars) first."""
+    status = pod.get("status") or {}
+    for item in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (item.get("state") or {}).get("waiting")
+        if waiting:
+            yield str(item.get("name") or ""), waiting
+
+
+def _live(pods: list[JSON]) -> list[JSON]:
+    """Pods that hold (or may still hold) their node: bound, and not finished unless still being deleted."""
+    return [
+        p
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName")
+        and (
+            p["metadata"].get("deletionTimestamp")
+            or (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        )
+    ]
+
+
+def _lost_detail(pod: JSON, nodes: _NodeView, deadline_s: int, now: datetime) -> tuple[str, bool] | None:
+    """Why a bound pod counts as lost with its node, and whether the node is gone; None while it does not."""
+    node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+    node = nodes.get(node_name)
+    if node is None:
+        return f"node {node_name} no longer exists", True
+    ready = next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    if ready is not None and ready.get("status") != "True":
+        since = _parse_time(str(ready.get("lastTransitionTime") or ""))
+        if since is None or (now - since).total_seconds() >= deadline_s:
+            why = ready.get("message") or ready.get("reason") or "not ready"
+            return f"node {node_name} is not ready ({why}) since {ready.get('lastTransitionTime') or 'unknown'}", False
+    deleting = _parse_time(str(pod["metadata"].get("deletionTimestamp") or ""))
+    if deleting is not None and (now - deleting).total_seconds() >= deadline_s:
+        return f"stuck Terminating on node {node_name} since {pod['metadata']['deletionTimestamp']}", False
+    return None
 
 
 def _condition(pod: JSON, kind: str) -> JSON | None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes.utils import parse_quantity
 
-from jobs import logstore
+from jobs import classifier, logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig, node_info, parse_ref
+from jobs.models import FailureRule
 from tests.fake_k8s import FakeKubernetes, crds
 
 JOBS = "jobs.batch.volcano.sh"
@@ -212,6 +213,8 @@ def test_success_with_logs_copied_once_in_order(kube, backend):
         (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
         (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
         (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
+        # graceful node shutdown: the kubelet ends the pod as `Terminated`
+        (dict(exit_code=143, reason="Terminated"), (143, "Terminated")),
     ],
 )
 def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, script, expected):
@@ -225,18 +228,83 @@ def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, s
         assert backend.log_tail(ref).endswith(script["logs"].splitlines()[-1] + "\n")
 
 
-def test_eviction_and_lost_node_are_reported_as_such(kube, backend):
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "expected"),
+    [
+        ("Evict", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("Preempted", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("Terminated", 143, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("NodeLost", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("DeadlineExceeded", 137, ("user", "no_retry", "deadline-exceeded")),
+    ],
+)
+def test_default_rules_classify_what_a_cluster_reports(reason, exit_code, expected):
+    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
+    verdict = classifier.classify(classifier.Observation(exit_code=exit_code, reason=reason), rules)
+    assert (verdict.failure_class, verdict.reaction, verdict.rule) == expected
+
+
+def test_eviction_and_preemption_are_reported_as_such(kube, backend):
     kube.controller.script("ty-", run_ticks=None)
-    evicted, lost = describe(), describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
-    refs = [backend.submit(evicted), backend.submit(lost)]
+    evicted, preempted = describe(), describe()
+    refs = [backend.submit(evicted), backend.submit(preempted)]
     observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
     kube.controller.evict_pod(TEAM_NS, f"{render.job_name(evicted.job_id, 1)}-main-0")
-    kube.controller.lose_node("gpu-node-1")
-    for _ in range(5):
-        kube.controller.tick()
+    # Volcano records a preemption (or a reclaim) as an `Evict` event and deletes the pod.
+    kube.controller.preempt_pod(TEAM_NS, f"{render.job_name(preempted.job_id, 1)}-main-0")
+    kube.controller.tick(5)
     seen = backend.observe(refs)
     assert (seen[refs[0]].phase, seen[refs[0]].reason) == ("failed", "Evicted")
-    assert (seen[refs[1]].phase, seen[refs[1]].reason, seen[refs[1]].node) == ("failed", "NodeLost", "gpu-node-1")
+    assert (seen[refs[1]].phase, seen[refs[1]].reason) == ("failed", "Preempted")
+
+
+def lost_job(kube, backend):
+    kube.controller.script("ty-", run_ticks=None)
+    desc = describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
+    ref = backend.submit(desc)
+    observe_until(kube, backend, ref, lambda o: o.phase == "running")
+    kube.controller.lose_node("gpu-node-1")
+    kube.controller.tick(5)
+    return desc, ref, f"{render.job_name(desc.job_id, 1)}-main-0"
+
+
+def test_a_lost_node_fails_the_attempt_once_it_stayed_unready_past_the_deadline(kube, backend):
+    desc, ref, pod = lost_job(kube, backend)
+    # As on a real cluster: the pod stays Terminating and the Volcano job never ends by itself.
+    assert kube.get("pods", pod, TEAM_NS)["metadata"]["deletionTimestamp"]
+    assert backend.observe([ref])[ref].phase == "running"  # NotReady for less than TRAINYARD_K8S_NODE_LOST_S
+    impatient = make_backend(kube, node_lost_s=0)
+    seen = impatient.observe([ref])[ref]
+    assert (seen.phase, seen.reason, seen.node) == ("failed", "NodeLost", "gpu-node-1")
+    assert "node gpu-node-1 is not ready" in seen.message
+    # The node may still run it (a partition): the pod is not force-deleted while its node exists.
+    assert kube.try_get("pods", pod, TEAM_NS) is not None
+    assert kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}") == []
+
+
+def test_a_cancel_on_a_node_that_is_gone_force_deletes_its_pods_and_ends(kube, backend):
+    desc, ref, pod = lost_job(kube, backend)
+    backend.cancel(ref, grace_s=1)
+    assert backend.observe([ref])[ref].phase == "pending"  # the foreground delete waits for the pod
+    kube.delete("nodes", "gpu-node-1")  # the machine is gone (before the pod garbage collector ran)
+    seen = backend.observe([ref])[ref]
+    assert (seen.phase, seen.reason) == ("failed", "NodeLost") and "no longer exists" in seen.message
+    assert kube.try_get("pods", pod, TEAM_NS) is None  # force-deleted: the job's foreground delete can finish
+    (delete,) = kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}")
+    assert delete.param("gracePeriodSeconds") == "0" or (delete.body or {}).get("gracePeriodSeconds") == 0
+    kube.controller.tick(3)
+    assert backend.observe([ref])[ref].phase == "lost"  # and the Volcano job is gone
+
+
+def test_the_tensorboard_sidecars_image_pull_counts_toward_the_start_timeout(kube, logs):
+    backend = make_backend(kube, start_timeout_s=0)
+    backend.queue_sync(PlatformQueue())
+    kube.controller.script("ty-", waiting_reason="ImagePullBackOff", waiting_container="tensorboard")
+    ref = backend.submit(describe(tensorboard=True))
+    kube.controller.tick(3)
+    seen = backend.observe([ref])[ref]
+    assert (seen.phase, seen.reason) == ("failed", "ImagePullBackOff")
+    assert "(tensorboard)" in seen.message and "tensorflow" in seen.message
 
 
 def test_pending_is_explained_from_the_queue_and_pods(kube, backend):

@@ -103,6 +103,7 @@ POD_LEVEL_REASONS = frozenset(
         "NodeLost",
         "DeadlineExceeded",
         "Shutdown",
+        "Terminated",  # graceful node shutdown
         "UnexpectedAdmissionError",
         "OutOfcpu",
         "OutOfmemory",
@@ -123,7 +124,8 @@ class PodScript:
     `reason` is either a container reason (`OOMKilled`, `Error`, `ContainerCannotRun`, ...) or a pod-level one
     (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output (or a mapping container ->
     text), written progressively over `run_ticks` ticks. `run_ticks=None` runs until something stops it.
-    `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting.
+    `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting: the main one, or the
+    init container (a native sidecar, say) named by `waiting_container`, which keeps the others initializing.
     """
 
     exit_code: int = 0
@@ -134,6 +136,7 @@ class PodScript:
     start_ticks: int = 0
     waiting_reason: str | None = None
     waiting_message: str | None = None
+    waiting_container: str | None = None
 
     def log_lines(self, container: str, main: str) -> list[str]:
         logs = self.logs
@@ -252,6 +255,7 @@ class VolcanoController:
         start_ticks: int = 0,
         waiting_reason: str | None = None,
         waiting_message: str | None = None,
+        waiting_container: str | None = None,
     ) -> ScriptRule:
         """Script the pods that start from now on.
 
@@ -261,7 +265,17 @@ class VolcanoController:
         rule scripts (e.g. only the first attempt fails). The latest matching rule wins.
         """
         rule = ScriptRule(
-            PodScript(exit_code, reason, message, logs, run_ticks, start_ticks, waiting_reason, waiting_message),
+            PodScript(
+                exit_code,
+                reason,
+                message,
+                logs,
+                run_ticks,
+                start_ticks,
+                waiting_reason,
+                waiting_message,
+                waiting_container,
+            ),
             job=match if isinstance(match, str) else None,
             labels=match if isinstance(match, Mapping) else None,
             predicate=match if callable(match) else None,
@@ -1401,12 +1415,27 @@ class VolcanoController:
     def _wait_forever(self, pod: JSON, script: PodScript) -> None:
         meta = pod["metadata"]
         reason = script.waiting_reason or "ImagePullBackOff"
-        image = (pod["spec"]["containers"][0] or {}).get("image", "")
+        inits = {c["name"]: c for c in pod["spec"].get("initContainers") or []}
+        target = inits.get(script.waiting_container or "")
+        image = ((target or pod["spec"]["containers"][0]) or {}).get("image", "")
         message = script.waiting_message or (
             f'Back-off pulling image "{image}"' if "Image" in reason or "Pull" in reason else reason
         )
 
         def apply(p: JSON) -> None:
+            if target is not None:  # an init container waits; the regular ones never start
+                p["status"]["initContainerStatuses"] = [
+                    _container_status(
+                        c,
+                        {"waiting": {"reason": reason, "message": message}}
+                        if c["name"] == target["name"]
+                        else {"waiting": {"reason": "PodInitializing"}},
+                    )
+                    for c in p["spec"]["initContainers"]
+                ]
+                for status in p["status"].get("containerStatuses") or []:
+                    status["state"] = {"waiting": {"reason": "PodInitializing"}}
+                return
             statuses = p["status"].get("containerStatuses") or []
             if statuses:
                 statuses[0]["state"] = {"waiting": {"reason": reason, "message": message}}
