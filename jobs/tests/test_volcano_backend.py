@@ -244,6 +244,62 @@ def test_default_rules_classify_what_a_cluster_reports(reason, exit_code, expect
     assert (verdict.failure_class, verdict.reaction, verdict.rule) == expected
 
 
+@pytest.mark.parametrize("release", list(crds.RELEASES) + ["newest"])
+def test_each_volcano_release_takes_every_object_the_platform_writes_without_dropping_a_field(release, logs):
+    folder = crds.release_dirs()[release]
+    crds.require(folder)
+    version = crds.release_version(release) or (99, 0)
+    catalog = crds.load_catalog(str(folder))
+    with FakeKubernetes(crd_dir=str(folder), nodes=0) as kube:
+        for index in range(2):
+            kube.add_node(f"gpu-node-{index}", driver_version=DRIVER, labels=gfd_labels("r1"))
+        for namespace in (TEAM_NS, "trainyard"):
+            kube.create("namespaces", {"metadata": {"name": namespace}})
+        backend = make_backend(kube)  # TRAINYARD_VOLCANO_VERSION=auto: read off the installed Queue CRD
+        queue = PlatformQueue()
+        backend.queue_sync(queue)
+        spec = kube.get(QUEUES, "trainyard-train")["spec"]
+        assert ("priority" in spec) is (version >= (1, 10)) and ("dequeueStrategy" in spec) is (version >= (1, 14))
+        kube.controller.script("ty-", run_ticks=None)
+        refs = [backend.submit(describe()), backend.submit(describe(replicas=2, tensorboard=True))]
+        observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
+        queue.state = "closed"
+        backend.queue_sync(queue)  # a bus Command
+        assert kube.pruned == []  # nothing the platform (or Volcano, from it) wrote lost a field
+        for resource in ("jobs", "podgroups", "queues", "commands"):
+            group, version_, plural = {
+                "jobs": render.JOB_API,
+                "podgroups": render.PODGROUP_API,
+                "queues": render.QUEUE_API,
+                "commands": render.COMMAND_API,
+            }[resource]
+            found = kube.list(f"{plural}.{group}")
+            assert found or resource == "commands"  # the controller consumes commands
+            for obj in found:
+                catalog.validate({k: v for k, v in obj.items() if k != "status"})  # strict
+
+
+def test_a_setting_that_cannot_work_is_a_startup_error(settings):
+    from jobs.checks import volcano_backend_settings
+
+    settings.TRAINYARD_BACKEND = "volcano"
+    assert volcano_backend_settings() == []
+    for name, value, named in (
+        ("TRAINYARD_K8S_SHARING", "hami", "TRAINYARD_K8S_SHARING=volcano-vgpu"),
+        ("TRAINYARD_K8S_TTL_S", 0, "TRAINYARD_K8S_TTL_S"),
+        ("TRAINYARD_VOLCANO_VERSION", "1.8", "TRAINYARD_VOLCANO_VERSION"),
+        ("TRAINYARD_VOLCANO_VERSION", "newest", "TRAINYARD_VOLCANO_VERSION"),
+    ):
+        before = getattr(settings, name)
+        setattr(settings, name, value)
+        errors = volcano_backend_settings()
+        assert [e.id for e in errors] == ["jobs.E001"] and named in errors[0].msg
+        setattr(settings, name, before)
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_K8S_SHARING = "hami"
+    assert volcano_backend_settings() == []  # only the Volcano backend reads it
+
+
 def test_eviction_and_preemption_are_reported_as_such(kube, backend):
     kube.controller.script("ty-", run_ticks=None)
     evicted, preempted = describe(), describe()

@@ -502,7 +502,10 @@ class VolcanoController:
                 QUEUE,
                 name,
                 None,
-                lambda q: q.setdefault("status", {}).update(state=state),
+                # `allocated` is a required status field in older releases (1.9).
+                lambda q: q.setdefault("status", {}).update(
+                    state=state, allocated=q["status"].get("allocated") or {"cpu": "0", "memory": "0"}
+                ),
                 subresource="status",
             )
 
