@@ -299,6 +299,8 @@ TRAINYARD_K8S_RACK_LABELS = env.list(
 )
 TRAINYARD_K8S_REQUEST_TIMEOUT_S = env.float("TRAINYARD_K8S_REQUEST_TIMEOUT_S", default=15.0)
 TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
+# One API call with all its retries takes at most this long (observe and timeout tasks have a 60 s soft limit).
+TRAINYARD_K8S_CALL_BUDGET_S = env.float("TRAINYARD_K8S_CALL_BUDGET_S", default=20.0)
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
 # A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
 TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)

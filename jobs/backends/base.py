@@ -51,7 +51,6 @@ class AttemptDescription:
     labels: dict[str, str] = field(default_factory=dict)
     gang: bool = False
     secondary_network: str = ""
-    read_only_root: bool = False
     # GPU product label values (GPU Feature Discovery's `nvidia.com/gpu.product`) a job pinned to GPU models
     # may land on; empty when the job accepts any model.
     gpu_products: list[str] = field(default_factory=list)

@@ -80,6 +80,10 @@ class VolcanoError(RuntimeError):
     """The cluster refused a request in a way retrying cannot fix."""
 
 
+class VolcanoUnavailable(urllib3.exceptions.HTTPError):
+    """The API server did not answer within a call's budget (its retries included)."""
+
+
 @dataclass(frozen=True)
 class VolcanoConfig:
     render: render.RenderOptions
@@ -87,6 +91,9 @@ class VolcanoConfig:
     retries: int = 5
     backoff_s: float = 0.2
     backoff_max_s: float = 10.0
+    # One API call, its retries and waits included, never takes longer than this: a Celery task that makes a
+    # few calls stays under its 60 s soft limit even while the API server hangs.
+    call_budget_s: float = 20.0
     start_timeout_s: int = 600
     # A pod whose node is NotReady (or that stays Terminating) this long counts as lost with its node.
     node_lost_s: int = 300
@@ -151,6 +158,7 @@ def config_from_settings() -> VolcanoConfig:
         render=options,
         request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
         retries=settings.TRAINYARD_K8S_RETRIES,
+        call_budget_s=settings.TRAINYARD_K8S_CALL_BUDGET_S,
         start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
         node_lost_s=settings.TRAINYARD_K8S_NODE_LOST_S,
         system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
@@ -169,6 +177,10 @@ class VolcanoBackend:
     def __init__(self, api_client: k8s.ApiClient, config: VolcanoConfig):
         self.api_client = api_client
         self.config = config
+        pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+        if pool is not None:
+            # `_call` retries, within its budget; urllib3's own three retries per request would multiply it.
+            pool.connection_pool_kw["retries"] = 0
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
@@ -182,11 +194,15 @@ class VolcanoBackend:
     # ------------------------------------------------------------------------------------------- API calls
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One API call, retried on throttling, server errors, timeouts and connection failures."""
+        """One API call, retried on throttling, server errors, timeouts and connection failures, for at most
+        `call_budget_s` in all (the last error is raised once the next try would not fit)."""
         delay = self.config.backoff_s
+        deadline = time.monotonic() + self.config.call_budget_s
         for attempt in range(self.config.retries + 1):
+            left = deadline - time.monotonic()
+            timeout = max(0.1, min(self.config.request_timeout_s, left))
             try:
-                return fn(*args, _request_timeout=self.config.request_timeout_s, **kwargs)
+                return fn(*args, _request_timeout=timeout, **kwargs)
             except ApiException as exc:
                 if exc.status not in RETRYABLE_STATUS or attempt == self.config.retries:
                     raise
@@ -197,6 +213,11 @@ class VolcanoBackend:
                     raise
                 wait, problem = delay, type(exc).__name__
             wait = min(wait, self.config.backoff_max_s) * random.uniform(0.8, 1.2)
+            if time.monotonic() + wait + 0.1 > deadline:
+                log.warning("k8s_call_gave_up", call=what, attempts=attempt + 1, problem=problem)
+                raise VolcanoUnavailable(
+                    f"the Kubernetes API did not answer {what} within {self.config.call_budget_s:g} s ({problem})"
+                )
             log.warning("k8s_call_retry", call=what, attempt=attempt + 1, problem=problem, wait_s=round(wait, 2))
             time.sleep(wait)
             delay = min(delay * 2, self.config.backoff_max_s)
@@ -268,6 +289,8 @@ class VolcanoBackend:
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Never report "lost" on a failed read: these attempts are simply not observed this round.
                 log.warning("volcano_observe_failed", namespace=namespace, error=str(exc)[:300])
+                if isinstance(exc, VolcanoUnavailable):
+                    break  # the API server is down: the other namespaces would only spend the task's time
         return result
 
     def _observe_namespace(

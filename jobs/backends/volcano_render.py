@@ -338,7 +338,8 @@ def _task(
         "command": list(desc.command),
         "env": _env(desc, devices, tb_dir),
         "resources": _resources(desc, devices, options),
-        "securityContext": _container_security(read_only_root=desc.read_only_root),
+        # Writable: images write to their own paths (caches, /workspace); the sidecar below is read-only.
+        "securityContext": _container_security(read_only_root=False),
         "volumeMounts": container_mounts,
     }
     if desc.args:

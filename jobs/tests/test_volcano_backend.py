@@ -454,6 +454,21 @@ def test_api_faults_are_retried_without_duplicates(kube, backend):
     assert observe_until(kube, backend, ref, lambda o: o.finished).phase == "succeeded"
 
 
+def test_retries_stop_within_the_call_budget_and_a_dead_api_ends_the_pass(kube, logs):
+    backend = make_backend(kube, retries=50, request_timeout_s=0.3, backoff_s=0.2, backoff_max_s=0.2, call_budget_s=1.5)
+    kube.hang_next(100, seconds=2.0, method="GET", path=r"/jobs$")
+    name = render.job_name(str(uuid.uuid4()), 1)
+    refs = [f"volcano:{TEAM_NS}/{name}", f"volcano:other-team/{name}"]
+    started = time.monotonic()
+    assert backend.observe(refs) == {}  # not observed (never "lost")
+    assert time.monotonic() - started < 2.5
+    tried = kube.requests_matching("GET", r"/jobs$")
+    assert 2 <= len(tried) <= 6  # retried, but only as often as fits the budget
+    assert len({r.path for r in tried}) == 1  # the API is down, not one namespace: the pass ends there
+    kube.clear_faults()
+    time.sleep(2.1)  # let the hung requests finish before the server stops
+
+
 def test_connection_refused_fails_the_submit_after_retries(kube, logs):
     backend = make_backend(kube)
     kube.stop()

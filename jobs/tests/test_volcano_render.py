@@ -104,7 +104,6 @@ def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = Fals
         labels={},
         gang=replicas > 1,
         secondary_network="",
-        read_only_root=False,
     )
     if extras:
         fields.update(
@@ -117,7 +116,6 @@ def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = Fals
             ],
             labels={"sweep": "lr-0.1", "git": "abc123"},
             secondary_network="kube-system/rdma-net",
-            read_only_root=True,
             working_dir="src",
         )
     fields.update(overrides)
@@ -204,7 +202,7 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
             assert security["capabilities"] == {"drop": ["ALL"]} and security["runAsNonRoot"] is True
         main = trainer(template)
         assert main["image"] == DIGEST_IMAGE and main["imagePullPolicy"] == "IfNotPresent"
-        assert main["securityContext"]["readOnlyRootFilesystem"] is desc.read_only_root
+        assert main["securityContext"]["readOnlyRootFilesystem"] is False  # no job field asks for a read-only root
         assert main["resources"]["requests"] == main["resources"]["limits"]
         fields = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert all(term["matchFields"][0]["key"] == "metadata.name" for term in fields["nodeSelectorTerms"])
