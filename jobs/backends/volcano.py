@@ -73,6 +73,8 @@ LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
+EVENT_PAGE_SIZE = 200
+EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 
@@ -371,7 +373,7 @@ class VolcanoBackend:
                 node=(pod.get("spec") or {}).get("nodeName", ""),
             )
         state = (job.get("status") or {}).get("state") or {}
-        reason = "Preempted" if context.pods_preempted(job["metadata"]["name"]) else "Evicted"
+        reason = "Preempted" if context.pods_preempted(job) else "Evicted"
         message = state.get("message") or (
             f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})"
         )
@@ -774,7 +776,7 @@ class _NamespaceContext:
         self.namespace = namespace
         self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
-        self._events: list[JSON] | None = None
+        self._events: dict[str, list[JSON]] = {}
 
     def podgroups(self) -> dict[str, JSON]:
         if self._podgroups is None:
@@ -790,18 +792,37 @@ class _NamespaceContext:
             self._podgroups = {pg["metadata"]["name"]: pg for pg in items}
         return self._podgroups
 
-    def events(self) -> list[JSON]:
-        if self._events is None:
-            items = self.backend._raw("list_events", self.backend.core.list_namespaced_event, self.namespace)["items"]
-            self._events = sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        return self._events
+    def events(self, *names: str) -> list[JSON]:
+        """The events about the named objects, oldest first: one filtered list per object (never the whole
+        namespace's events), read in pages, each object at most once per pass."""
+        found: list[JSON] = []
+        for name in names:
+            if name not in self._events:
+                items: list[JSON] = []
+                token = None
+                for _ in range(EVENT_PAGES):
+                    page = self.backend._raw(
+                        "list_events",
+                        self.backend.core.list_namespaced_event,
+                        self.namespace,
+                        field_selector=f"involvedObject.name={name}",
+                        limit=EVENT_PAGE_SIZE,
+                        **({"_continue": token} if token else {}),
+                    )
+                    items += page.get("items") or []
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        break
+                self._events[name] = items
+            found += self._events[name]
+        return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
     def explain_pending(self, job: JSON) -> str:
         """Why Volcano has not started the job: scheduler events on its PodGroup, then its conditions."""
         meta = job["metadata"]
         queue = (job.get("spec") or {}).get("queue", "")
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
-        mine = [e for e in self.events() if (e.get("involvedObject") or {}).get("name") in (pg_name, meta["name"])]
+        mine = self.events(pg_name, meta["name"])
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
@@ -817,14 +838,18 @@ class _NamespaceContext:
             return f"waiting in Volcano queue {queue}: {pending[-1]}"
         return ""
 
-    def pods_preempted(self, job_name: str) -> bool:
+    def pods_preempted(self, job: JSON) -> bool:
         """Whether Volcano's scheduler took a pod of the job away (it records that as an `Evict` event, for
-        preemption and for reclaim alike)."""
-        prefix = f"{job_name}-"
+        preemption and for reclaim alike). The pods may be gone; their names follow from the job's tasks."""
+        name = job["metadata"]["name"]
+        pods = [
+            f"{name}-{task.get('name', '')}-{index}"
+            for task in (job.get("spec") or {}).get("tasks") or []
+            for index in range(int(task.get("replicas") or 0))
+        ]
         return any(
-            (str(e.get("reason", "")) in PREEMPTION_REASONS or "preempt" in str(e.get("reason", "")).lower())
-            and str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
-            for e in self.events()
+            str(e.get("reason", "")) in PREEMPTION_REASONS or "preempt" in str(e.get("reason", "")).lower()
+            for e in self.events(*pods)
         )
 
 

@@ -300,6 +300,25 @@ def test_a_setting_that_cannot_work_is_a_startup_error(settings):
     assert volcano_backend_settings() == []  # only the Volcano backend reads it
 
 
+def test_events_are_read_per_object_and_in_pages(kube, backend, monkeypatch):
+    from jobs.backends import volcano
+
+    monkeypatch.setattr(volcano, "EVENT_PAGE_SIZE", 2)
+    target = {"kind": "PodGroup", "metadata": {"name": "pg-1", "namespace": TEAM_NS, "uid": "u1"}}
+    other = {"kind": "PodGroup", "metadata": {"name": "pg-2", "namespace": TEAM_NS, "uid": "u2"}}
+    for index in range(5):
+        kube.record_event(target, reason=f"R{index}", message=f"m{index}", component="volcano")
+    kube.record_event(other, reason="Other", message="not mine", component="volcano")
+    kube.clear_requests()
+    context = volcano._NamespaceContext(backend, TEAM_NS, volcano._NodeView(backend))
+    assert sorted(e["reason"] for e in context.events("pg-1")) == [f"R{i}" for i in range(5)]
+    assert context.events("pg-1")  # read once per pass
+    reads = kube.requests_matching("GET", "/events$")
+    assert len(reads) == 3  # pages of two
+    assert {r.param("fieldSelector") for r in reads} == {"involvedObject.name=pg-1"}
+    assert {r.param("limit") for r in reads} == {"2"}
+
+
 def test_eviction_and_preemption_are_reported_as_such(kube, backend):
     kube.controller.script("ty-", run_ticks=None)
     evicted, preempted = describe(), describe()
