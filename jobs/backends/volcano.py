@@ -958,7 +958,7 @@ def _task_order(pod: JSON) -> tuple[int, int]:
     labels = pod["metadata"].get("labels") or {}
     return (
         0 if labels.get("volcano.sh/task-spec") in ("master", "main") else 1,
-        int(labels.get("volcano.sh/task-index") or 0),
+        int(labels.get(render.LABEL_RANK) or labels.get("volcano.sh/task-index") or 0),
     )
 
 
@@ -971,8 +971,11 @@ def _main_node(pods: list[JSON]) -> str:
 
 
 def _short_pod_name(pod: JSON) -> str:
+    """`master-0`, `worker-<rank>` (one task per worker replica), `main-0`."""
     labels = pod["metadata"].get("labels") or {}
     task, index = labels.get("volcano.sh/task-spec"), labels.get("volcano.sh/task-index")
+    if task and task.startswith("worker-") and labels.get(render.LABEL_RANK):
+        return task
     if task and index is not None:
         return f"{task}-{index}"
     return str(pod["metadata"]["name"])

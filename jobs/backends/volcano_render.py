@@ -49,6 +49,7 @@ LABEL_ATTEMPT_ID = "trainyard.io/attempt-id"
 LABEL_TEAM = "trainyard.io/team"
 LABEL_QUEUE = "trainyard.io/queue"
 LABEL_TENSORBOARD = "trainyard.io/tensorboard"
+LABEL_RANK = "trainyard.io/rank"
 ANNOTATION_NAME = "trainyard.io/job-name"
 ANNOTATION_OWNER = "trainyard.io/owner"
 ANNOTATION_USER_LABELS = "trainyard.io/labels"
@@ -194,38 +195,32 @@ def render_job(
         annotations[ANNOTATION_USER_LABELS] = json.dumps(desc.labels, sort_keys=True)
     volumes, mounts = _volumes(desc)
     if distributed:
+        # One task per replica, each pinned to the node (and cards) the platform placed that replica on: one
+        # `worker` task of N-1 replicas would share one template, and Volcano could stack several workers on
+        # one of the placed nodes. Volcano's pytorch plugin knows a single worker task, so the ranks and the
+        # rendezvous are set here (the svc plugin still gives each pod its DNS name).
         groups = _devices_by_replica(desc)
+        master_addr = f"{name}-master-0.{name}"
         tasks = [
             _task(
-                "master",
+                "master" if rank == 0 else f"worker-{rank}",
                 1,
                 desc,
                 options,
                 labels,
                 annotations,
-                groups[:1],
+                groups[rank : rank + 1],
                 volumes,
                 mounts,
                 node_labels,
-                tensorboard=desc.tensorboard,
-                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
-            ),
-            _task(
-                "worker",
-                desc.replicas - 1,
-                desc,
-                options,
-                labels,
-                annotations,
-                groups[1:],
-                volumes,
-                mounts,
-                node_labels,
-                tensorboard=False,
-            ),
+                tensorboard=desc.tensorboard and rank == 0,
+                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}] if rank == 0 else None,
+                rank=rank,
+                master_addr=master_addr,
+            )
+            for rank in range(desc.replicas)
         ]
         plugins = {
-            "pytorch": ["--master=master", "--worker=worker", f"--port={PYTORCH_PORT}"],
             "env": [],
             # The svc plugin's NetworkPolicy admits only the job's own pods: it would shut out the ingress
             # controller in front of TensorBoard (and the platform's probes). Team namespaces carry their own.
@@ -309,11 +304,15 @@ def _task(
     *,
     tensorboard: bool,
     policies: list[JSON] | None = None,
+    rank: int | None = None,
+    master_addr: str = "",
 ) -> JSON:
     devices = [d for group in device_groups for d in group]
     pod_labels = dict(labels)
     if tensorboard:
         pod_labels[LABEL_TENSORBOARD] = "true"
+    if rank is not None:
+        pod_labels[LABEL_RANK] = str(rank)
     pod_annotations = dict(annotations)
     if desc.secondary_network:
         pod_annotations[NETWORKS_ANNOTATION] = desc.secondary_network
@@ -336,12 +335,14 @@ def _task(
         "image": desc.image,
         "imagePullPolicy": "IfNotPresent" if "@sha256:" in desc.image else "Always",
         "command": list(desc.command),
-        "env": _env(desc, devices, tb_dir),
+        "env": _env(desc, devices, tb_dir, rank=rank, master_addr=master_addr),
         "resources": _resources(desc, devices, options),
         # Writable: images write to their own paths (caches, /workspace); the sidecar below is read-only.
         "securityContext": _container_security(read_only_root=False),
         "volumeMounts": container_mounts,
     }
+    if rank is not None:
+        container["ports"] = [{"name": "rendezvous", "containerPort": PYTORCH_PORT, "protocol": "TCP"}]
     if desc.args:
         container["args"] = list(desc.args)
     if desc.working_dir:
@@ -394,7 +395,9 @@ def _under(path: str, mount_path: str) -> bool:
     return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
 
 
-def _env(desc: AttemptDescription, devices: list[Device], tb_dir: str) -> list[JSON]:
+def _env(
+    desc: AttemptDescription, devices: list[Device], tb_dir: str, *, rank: int | None = None, master_addr: str = ""
+) -> list[JSON]:
     env = {
         "HOME": SCRATCH_DIR,
         **desc.env,
@@ -404,6 +407,10 @@ def _env(desc: AttemptDescription, devices: list[Device], tb_dir: str) -> list[J
         "TRAINYARD_REPLICAS": str(desc.replicas),
         "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
     }
+    if rank is not None:  # torch.distributed's env:// rendezvous, as Volcano's pytorch plugin would set it
+        env.update(
+            MASTER_ADDR=master_addr, MASTER_PORT=str(PYTORCH_PORT), WORLD_SIZE=str(desc.replicas), RANK=str(rank)
+        )
     if devices:
         env["TRAINYARD_GPU_UUIDS"] = ",".join(d.gpu_uuid for d in devices)
     if devices and not desc.exclusive:

@@ -151,6 +151,10 @@ def describe(
     return AttemptDescription(**fields)
 
 
+def is_worker(pod) -> bool:
+    return (pod["metadata"].get("labels") or {}).get("volcano.sh/task-spec", "").startswith("worker-")
+
+
 def observe_until(kube, backend, ref, done, *, ticks=30):
     for _ in range(ticks):
         obs = backend.observe([ref])[ref]
@@ -411,27 +415,27 @@ def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
 
 def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backend):
     kube.controller.script("ty-", task="master", logs="rank 0 ready", run_ticks=2)
-    kube.controller.script("ty-", task="worker", logs="rank up", run_ticks=2)
+    kube.controller.script(is_worker, logs="rank up", run_ticks=2)
     desc = describe(replicas=3, gpus=1, secondary_network="kube-system/rdma")
     ref = backend.submit(desc)
     obs = observe_until(kube, backend, ref, lambda o: o.finished)
     assert obs.phase == "succeeded"
     pods = kube.controller.job_pods(TEAM_NS, parse_ref(ref)[1])
     assert {p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] for p in pods} == {"kube-system/rdma"}
-    env = {
-        e["name"]: e["value"]
-        for p in pods
-        for e in p["spec"]["containers"][0]["env"]
-        if p["metadata"]["labels"]["volcano.sh/task-spec"] == "master"
-    }
-    assert env["WORLD_SIZE"] == "3" and env["RANK"] == "0"  # the pytorch plugin wired master and workers
+    placed = {}
+    for pod in pods:
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        assert env["WORLD_SIZE"] == "3" and env["MASTER_ADDR"] == f"{parse_ref(ref)[1]}-master-0.{parse_ref(ref)[1]}"
+        placed[env["RANK"]] = (pod["metadata"]["labels"]["volcano.sh/task-spec"], pod["spec"]["nodeName"])
+    # every replica on the node the platform placed it on (replica r on gpu-node-{r % 2})
+    assert placed == {"0": ("master", "gpu-node-0"), "1": ("worker-1", "gpu-node-1"), "2": ("worker-2", "gpu-node-0")}
     job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS)
     assert {"key": "trainyard.io/rack", "operator": "In", "values": ["r1"]} in (
         job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"][0]["matchExpressions"]
     )
-    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-0] rank up", "[worker-1] rank up"]
+    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-1] rank up", "[worker-2] rank up"]
 
 
 def test_cancel_deletes_in_the_foreground_and_ends_when_the_pods_are_gone(kube, backend):
@@ -852,17 +856,17 @@ def test_e2e_closing_a_platform_queue_closes_its_volcano_queue(kube, platform, c
 @pytest.mark.slow
 def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, platform, celery_worker_thread):
     kube.controller.script("ty-", task="master", logs="rank 0: all-reduce ok", run_ticks=2)
-    kube.controller.script("ty-", task="worker", logs="rank 1: all-reduce ok", run_ticks=2)
+    kube.controller.script(is_worker, logs="rank 1: all-reduce ok", run_ticks=2)
     job = submit(platform, queue="distributed", replicas=2)
     job = drive(kube, lambda: finished(job))
     assert job.state == "succeeded"
     vcjob = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)
-    assert vcjob["spec"]["minAvailable"] == 2 and "pytorch" in vcjob["spec"]["plugins"]
+    assert vcjob["spec"]["minAvailable"] == 2 and [t["name"] for t in vcjob["spec"]["tasks"]] == ["master", "worker-1"]
     assert vcjob["spec"]["queue"] == "trainyard-distributed"
     lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
     assert sorted(line.text for line in lines) == [
         "[master-0] rank 0: all-reduce ok",
-        "[worker-0] rank 1: all-reduce ok",
+        "[worker-1] rank 1: all-reduce ok",
     ]
 
 

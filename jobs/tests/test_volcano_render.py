@@ -179,10 +179,20 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
     assert labels["trainyard.io/job-id"] == JOB_ID and labels["trainyard.io/attempt"] == "2"
     assert labels["trainyard.io/attempt-id"] == "41" and labels["app.kubernetes.io/managed-by"] == "trainyard"
     if replicas > 1:
-        assert set(spec_["plugins"]) == {"pytorch", "env", "svc"}
+        assert set(spec_["plugins"]) == {"env", "svc"}
         assert spec_["plugins"]["svc"] == ["--disable-network-policy"]
-        assert "--master=master" in spec_["plugins"]["pytorch"] and "--worker=worker" in spec_["plugins"]["pytorch"]
-        assert [(t["name"], t["replicas"]) for t in spec_["tasks"]] == [("master", 1), ("worker", 2)]
+        # one task per replica, each pinned to its own placement, with torch.distributed's rendezvous
+        assert [(t["name"], t["replicas"]) for t in spec_["tasks"]] == [("master", 1), ("worker-1", 1), ("worker-2", 1)]
+        for rank, task in enumerate(spec_["tasks"]):
+            env = {e["name"]: e["value"] for e in trainer(task["template"])["env"]}
+            assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "3")
+            assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-master-0.{job['metadata']['name']}"
+            pinned = task["template"]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert {tuple(t["matchFields"][0]["values"]) for t in pinned["nodeSelectorTerms"]} == {
+                (f"gpu-node-{rank}",)
+            }
     else:
         assert "plugins" not in spec_ and [t["name"] for t in spec_["tasks"]] == ["main"]
 
@@ -362,15 +372,17 @@ def test_distributed_workers_stay_in_the_rack_of_their_placement():
     desc = describe("guaranteed", replicas=3)
     racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"} for i in range(3)}
     job = render.render_job(desc, options(), node_labels=racks)
-    master, worker = templates(job)["master"], templates(job)["worker"]
+    master, worker = templates(job)["master"], templates(job)["worker-2"]
     assert _schedulable(master, "gpu-node-0", {"trainyard.io/rack": "r12"})
-    assert not _schedulable(worker, "gpu-node-1", {"trainyard.io/rack": "r13"})
+    assert not _schedulable(worker, "gpu-node-2", {"trainyard.io/rack": "r13"})
     assert _schedulable(worker, "gpu-node-2", {"trainyard.io/rack": "r12"})
     assert not _schedulable(worker, "gpu-node-0", {"trainyard.io/rack": "r12"})  # the master's node, not a worker's
+    # each worker only on its own placed node: Volcano cannot stack two workers on one of them
+    assert not _schedulable(worker, "gpu-node-1", {"trainyard.io/rack": "r12"})
 
     racks["gpu-node-2"] = {"trainyard.io/rack": "r13"}  # placement spans racks: no rack rule can hold
     spanning = render.render_job(desc, options(), node_labels=racks)
-    assert _schedulable(templates(spanning)["worker"], "gpu-node-2", {"trainyard.io/rack": "r13"})
+    assert _schedulable(templates(spanning)["worker-2"], "gpu-node-2", {"trainyard.io/rack": "r13"})
     unlabelled = render.render_job(desc, options(), node_labels={})
     assert "trainyard.io/rack" not in json.dumps(unlabelled)
 
@@ -384,7 +396,7 @@ def test_names_are_deterministic_and_fit_kubernetes_limits():
     assert first == again
     name = first["metadata"]["name"]
     assert name == "ty-0f1e2d3c4b5a49688776a5b4c3d2e1f0-2"
-    assert len(f"{name}-worker-62") <= 63 and name[0].isalpha()
+    assert len(f"{name}-worker-62-0") <= 63 and name[0].isalpha()
     assert render.job_name(JOB_ID, 3) != name
 
 
@@ -406,7 +418,7 @@ def test_mounts_other_than_claims_at_absolute_paths_are_refused(mount):
 
 def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_the_master_only():
     job = render.render_job(describe("guaranteed", replicas=2, tensorboard=True), options())
-    master, worker = templates(job)["master"], templates(job)["worker"]
+    master, worker = templates(job)["master"], templates(job)["worker-1"]
     sidecar = master["spec"]["initContainers"][0]
     assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["containerPort"] == 6006
     assert master["metadata"]["labels"]["trainyard.io/tensorboard"] == "true"
