@@ -312,6 +312,20 @@ def test_crd_module_validates_and_locates_the_crds(monkeypatch: pytest.MonkeyPat
     assert str(tmp_path) in unavailable_reason()
 
 
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_missing_crds_skip_with_how_to_get_them_but_fail_under_ci(ci, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(crds.ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected) as stopped:
+        crds.require()
+    message = str(stopped.value)
+    assert "config/crd/volcano/bases" in message and "v1.9.0" in message and crds.ENV_VAR in message
+    assert ("CI=true" in message) is bool(ci)
+    assert set(crds.release_dirs()) == {"v1.9.0", "v1.12.0", "v1.14.0", "newest"}
+    assert crds.release_version("v1.12.0") == (1, 12) and crds.release_version("newest") is None
+
+
 def test_schema_invalid_vcjob_is_422_and_typos_are_pruned_unless_strict(
     kube: FakeKubernetes, custom: client.CustomObjectsApi
 ) -> None:
