@@ -79,6 +79,9 @@ class Observation:
     ended_at: float | None = None  # the process's own end time (epoch seconds), where the backend knows it
     log_lines_lost: int = 0  # lines the log store could not keep (unwritable or full)
     log_error: str = ""
+    # The cards the device plugin really gave the attempt, by node (GPU UUIDs), where the backend can read them
+    # back and they may differ from the placement; empty when unknown.
+    assigned_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

@@ -73,6 +73,7 @@ LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
+VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
@@ -351,7 +352,7 @@ class VolcanoBackend:
         if lost is not None:
             return lost
         if phase == "Running" or phase in STOPPING_PHASES:
-            return Observation(phase="running", node=node)
+            return Observation(phase="running", node=node, assigned_gpus=self._assigned_gpus(pods))
         return self._pending(job, pods, context)
 
     def _failure(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
@@ -378,6 +379,19 @@ class VolcanoBackend:
             f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})"
         )
         return Observation(phase="failed", reason=reason, message=message, node=_main_node(pods))
+
+    def _assigned_gpus(self, pods: list[JSON]) -> dict[str, tuple[str, ...]]:
+        """The cards Volcano's vGPU scheduler gave the pods (its `volcano.sh/vgpu-ids-new` annotation), by node:
+        released Volcano versions ignore the pin to the placed cards, so the ledger follows what was chosen."""
+        if self.config.render.sharing != "volcano-vgpu":
+            return {}
+        assigned: dict[str, list[str]] = defaultdict(list)
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            raw = (pod["metadata"].get("annotations") or {}).get(VGPU_ASSIGNED_ANNOTATION)
+            if node and raw:
+                assigned[node] += [u for u in _device_uuids(raw) if u not in assigned[node]]
+        return {node: tuple(uuids) for node, uuids in assigned.items()}
 
     def _on_lost_node(self, pod: JSON, context: _NamespaceContext) -> bool:
         return _lost_detail(pod, context.nodes, self.config.node_lost_s, datetime.now(UTC)) is not None
@@ -905,6 +919,16 @@ def _main_state(pod: JSON) -> JSON:
         if status.get("name") == render.MAIN_CONTAINER:
             return status.get("state") or {}
     return {}
+
+
+def _device_uuids(raw: str) -> list[str]:
+    """GPU UUIDs of a vGPU device annotation: `<uuid>,<type>,<memory>,<cores>:` per device, `;` per container."""
+    return [
+        entry.split(",", 1)[0].strip()
+        for container in raw.split(";")
+        for entry in container.split(":")
+        if entry.strip().startswith("GPU-")
+    ]
 
 
 def _waiting_states(pod: JSON) -> Iterator[tuple[str, JSON]]:

@@ -669,6 +669,31 @@ def platform(kube, settings, tmp_path, transactional_db):
     reset_backends()
 
 
+@pytest.fixture
+def vgpu_platform(request, kube, settings):
+    """The platform with TRAINYARD_K8S_SHARING=volcano-vgpu on nodes that run Volcano's vGPU device plugin."""
+    for node in kube.list("nodes"):
+        name = node["metadata"]["name"]
+        register = "".join(f"GPU-{name}-{i},10,24576,100,NVIDIA-L4,0,true:" for i in range(8))
+
+        def annotate(n, register=register):
+            n["metadata"].setdefault("annotations", {})["volcano.sh/node-vgpu-register"] = register
+
+        def advertise(n):
+            n["status"]["allocatable"].update(
+                {
+                    "volcano.sh/vgpu-number": "80",
+                    "volcano.sh/vgpu-memory": str(8 * 24576),
+                    "volcano.sh/vgpu-cores": "800",
+                }
+            )
+
+        kube.mutate("nodes", name, None, annotate)
+        kube.mutate("nodes", name, None, advertise, subresource="status")
+    settings.TRAINYARD_K8S_SHARING = "volcano-vgpu"
+    return request.getfixturevalue("platform")
+
+
 def drive(kube, predicate, *, timeout=30.0):
     """Let the cluster run (controller ticks) and the platform observe it, until predicate() holds."""
     from jobs import services
@@ -900,3 +925,26 @@ def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_
     assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
     assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
     assert kube.try_get("services", name, TEAM_NS) is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_the_ledger_follows_the_cards_volcanos_vgpu_scheduler_chose(kube, vgpu_platform, celery_worker_thread):
+    from cluster.models import LogicalDevice, PoolRepair
+
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(vgpu_platform, spec="shared")
+    attempt = drive(kube, lambda: reload(job).attempts.filter(state="running").first())
+    pod = kube.controller.job_pods(TEAM_NS, parse_ref(attempt.backend_ref)[1])[0]
+    placed = pod["metadata"]["annotations"]["volcano.sh/vgpu-use-gpuuuid"]  # the card the platform placed it on
+    chosen = pod["metadata"]["annotations"]["volcano.sh/vgpu-ids-new"].split(",")[0]
+    assert chosen != placed  # released Volcano ignores the pin
+    drive(kube, lambda: LogicalDevice.objects.filter(attempt=attempt, gpu__uuid=chosen).exists())
+    assert not LogicalDevice.objects.filter(attempt=attempt, gpu__uuid=placed).exists()
+    assert PoolRepair.objects.filter(kind="slice_moved", gpu__uuid=chosen).count() == 1
+    moved = reload(job).events.get(kind="slices_moved")
+    assert moved.data == {"moved": {placed: chosen}}
+    attempt.refresh_from_db()
+    assert attempt.placement["devices"][0]["gpu_uuid"] == chosen
+    drive(kube, lambda: True)  # observing again moves nothing more
+    assert PoolRepair.objects.filter(kind="slice_moved").count() == 1

@@ -16,7 +16,8 @@ It plays, in one deterministic `tick()`:
   set; pods naming any other scheduler stay Pending, as they would with no such scheduler (a pod asking for
   HAMi's `nvidia.com/gpumem` from Volcano stays Pending: no node advertises it);
 - the svc plugin's headless Service, ConfigMap and NetworkPolicy (none with `--disable-network-policy`);
-- Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete);
+- Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete), and its vGPU card choice
+  (`volcano.sh/vgpu-ids-new`, ignoring the requested UUIDs as released versions do);
 - the kubelet: containers start, write their scripted logs, and end with the scripted outcome; graceful
   deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
   until the node returns or is deleted (`delete_node`: the pod garbage collector force-deletes them).
@@ -78,6 +79,10 @@ SCHEDULER = "volcano"
 HAMI_CARD_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage")
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+# Volcano's vGPU device sharing: pod resources, the node's card registry, the scheduler's choice on the pod.
+VGPU_NUMBER, VGPU_MEMORY, VGPU_CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
+VGPU_REGISTER = "volcano.sh/node-vgpu-register"
+VGPU_ASSIGNED = "volcano.sh/vgpu-ids-new"
 CONTROLLER_COMPONENT = "vc-controller-manager"
 FINISHED_PHASES = frozenset({"Completed", "Failed", "Terminated"})
 USER_POLICY_EVENTS = frozenset(
@@ -1260,6 +1265,28 @@ class VolcanoController:
         self._bind(pod, node, "default-scheduler")
         usage[node] = _add(usage.get(node, {}), _pod_request(pod))
 
+    def _assign_vgpus(self, pod: JSON, node_name: str) -> None:
+        """Volcano's vGPU scheduling (deviceshare): the cards it gives a pod asking for `volcano.sh/vgpu-number`
+        go into `volcano.sh/vgpu-ids-new`. Released Volcano versions ignore `volcano.sh/vgpu-use-gpuuuid`; so
+        does this one, which takes the node's registered cards from the last, so that a test sees the drift."""
+        count = int(_pod_request(pod).get(VGPU_NUMBER, 0))
+        if count <= 0:
+            return
+        node = self.kube.try_get("nodes", node_name) or {}
+        raw = (node.get("metadata", {}).get("annotations") or {}).get(VGPU_REGISTER, "")
+        cards = [part.split(",", 1)[0] for part in raw.split(":") if part.startswith("GPU-")]
+        chosen = list(reversed(cards))[:count] or [f"GPU-{node_name}-{i}" for i in range(count)]
+        request = _pod_request(pod)
+        memory, cores = int(request.get(VGPU_MEMORY, 0)), int(request.get(VGPU_CORES, 0))
+        value = ":".join(f"{uuid},NVIDIA,{memory},{cores}" for uuid in chosen) + ":;"
+        meta = pod["metadata"]
+        self.kube.mutate(
+            "pods",
+            meta["name"],
+            meta["namespace"],
+            lambda p: p["metadata"].setdefault("annotations", {}).update({VGPU_ASSIGNED: value}),
+        )
+
     def _schedule_hami(self, pod: JSON, nodes: list[JSON], usage: dict[str, Resources]) -> None:
         """HAMi's scheduler: it accounts `nvidia.com/gpumem`/`gpucores` per card itself (nodes never advertise
         them), honours `nvidia.com/use-gpuuuid`, and records the cards it chose on the pod."""
@@ -1296,6 +1323,8 @@ class VolcanoController:
     def _bind(self, pod: JSON, node: str, scheduler: str) -> None:
         meta = pod["metadata"]
         now = rfc3339(self.kube.now())
+        if scheduler == SCHEDULER:
+            self._assign_vgpus(pod, node)
         self.kube.mutate("pods", meta["name"], meta["namespace"], lambda p: p["spec"].__setitem__("nodeName", node))
 
         def scheduled(p: JSON) -> None:
