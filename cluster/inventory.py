@@ -14,6 +14,14 @@ from django.conf import settings
 _SPEC = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+))?\s*$", re.I)
 
 
+# How a node's cards may be handed out, where its device plugin decides that (Kubernetes, `whole` sharing): a plain
+# NVIDIA device plugin advertises whole cards only, a time-sliced one only the shared resource. Nodes without the
+# label take both.
+SHARING_LABEL = "trainyard.io/gpu-sharing"
+SHARING_WHOLE = "whole"
+SHARING_TIME_SLICED = "time-sliced"
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     uuid: str

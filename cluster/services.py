@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -239,6 +240,42 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None) -> ReconcileRep
                 report.overcommitted.append(detail)
     log.info("pool_reconciled", freed=report.freed, overcommitted=len(report.overcommitted))
     return report
+
+
+def slices_follow_assignment(*, attempt_id: int, assigned: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
+    """Correct the ledger to the cards a device plugin really gave an attempt (`assigned`: node name -> GPU
+    UUIDs, read back from its pods) where the plugin could not be told which to use. Each live slice of the
+    attempt on such a node whose card is not among them moves to one that is (and that the attempt does not
+    hold yet); each move is a PoolRepair. Returns the moves as (old UUID, new UUID)."""
+    moved: list[tuple[str, str]] = []
+    with transaction.atomic():
+        pool_lock()
+        held = list(
+            LogicalDevice.objects.select_related("gpu__node").filter(attempt_id=attempt_id, released_at__isnull=True)
+        )
+        by_node: dict[str, list[LogicalDevice]] = defaultdict(list)
+        for device in held:
+            by_node[device.gpu.node.name].append(device)
+        for node, devices in by_node.items():
+            given = [u for u in assigned.get(node, ()) if u]
+            spare = [u for u in given if u not in {d.gpu.uuid for d in devices}]
+            for device in devices:
+                if device.gpu.uuid in given or not spare:
+                    continue
+                target = GPU.objects.filter(uuid=spare.pop(0), node=device.gpu.node).first()
+                if target is None:
+                    continue
+                LogicalDevice.objects.filter(pk=device.pk).update(gpu=target)
+                PoolRepair.objects.create(
+                    kind="slice_moved",
+                    gpu=target,
+                    detail=f"slice {device.pk} of attempt {attempt_id}: the device plugin gave {target.uuid}, "
+                    f"not {device.gpu.uuid}",
+                )
+                moved.append((device.gpu.uuid, target.uuid))
+    if moved:
+        log.warning("slices_moved_to_assignment", attempt=attempt_id, moved=moved)
+    return moved
 
 
 def slice_filter_live() -> Q:

@@ -61,9 +61,18 @@ DEFAULT_RULES = [
         suggestion="The node or GPU turned unhealthy; retried elsewhere.",
     ),
     dict(
+        name="deadline-exceeded",
+        order=55,
+        reason_pattern=r"^DeadlineExceeded$",
+        failure_class="user",
+        reaction="no_retry",
+        suggestion="The job ran past its time limit (the pod's active deadline): raise the job's timeout.",
+    ),
+    dict(
         name="evicted-or-lost",
         order=60,
-        reason_pattern=r"^(Evicted|NodeLost|Preempt\w*|NodeShutdown|Lost)$",
+        # Volcano records a preemption or reclaim as `Evict`; a graceful node shutdown ends pods as `Terminated`.
+        reason_pattern=r"^(Evicted|Evict|NodeLost|Preempt\w*|NodeShutdown|Shutdown|Terminated|Lost)$",
         failure_class="platform",
         reaction="retry_elsewhere",
         suggestion="The platform stopped the job (eviction, lost node or preemption); retried elsewhere.",

@@ -27,6 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cluster.models import GPU
+from cluster.services import slices_follow_assignment
 from jobs import classifier
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
@@ -239,6 +240,8 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
             continue
         if obs.log_lines_lost and not obs.finished:
             _logs_degraded(attempt, obs)
+        if obs.assigned_gpus and not obs.finished:
+            _follow_assignment(attempt, obs.assigned_gpus)
         if obs.phase == "running" and attempt.state == AttemptState.STARTING:
             with transaction.atomic():
                 job = Job.objects.select_for_update().get(pk=attempt.job_id)
@@ -263,6 +266,32 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
                 Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
                 _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
     return changed
+
+
+def _follow_assignment(attempt: Attempt, assigned: dict[str, tuple[str, ...]]) -> None:
+    """The device plugin gave the attempt other cards than placed (it could not be told which): move the slices
+    in the ledger to the cards really in use, and the attempt's placement with them, once."""
+    devices = attempt.placement.get("devices", [])
+    if all(d.get("gpu_uuid") in assigned.get(d.get("node", ""), (d.get("gpu_uuid"),)) for d in devices):
+        return
+    moved = dict(slices_follow_assignment(attempt_id=attempt.id, assigned=assigned))
+    if not moved:
+        return
+    placement = {
+        **attempt.placement,
+        "devices": [{**d, "gpu_uuid": moved.get(d["gpu_uuid"], d["gpu_uuid"])} for d in devices],
+    }
+    Attempt.objects.filter(pk=attempt.pk).update(placement=placement)
+    attempt.placement = placement
+    _event(
+        attempt.job,
+        "slices_moved",
+        actor="backend",
+        attempt=attempt,
+        message="the device plugin chose other cards than placed: "
+        + ", ".join(f"{a} -> {b}" for a, b in moved.items()),
+        data={"moved": moved},
+    )
 
 
 def _logs_degraded(attempt: Attempt, obs: Observation) -> None:

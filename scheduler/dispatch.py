@@ -408,6 +408,12 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
             return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
     if models is not None and not (models & ready_models):
         return GPU_MODEL_UNAVAILABLE, f"no healthy GPU of model {' or '.join(sorted(models))} is ready"
+    if job.gpu_count >= 1:
+        refused = policy.SHARES_ONLY if job.exclusive else policy.WHOLE_ONLY
+        if all(pool.nodes[i].sharing == refused for i in nodes):
+            if job.exclusive:
+                return NO_CAPACITY, "no ready node hands out whole GPUs (every ready node is time-sliced)"
+            return NO_CAPACITY, "no ready node hands out shares of a GPU (none is time-sliced)"
     code, message = _no_capacity(job)
     if models is not None:
         message += f" among {' / '.join(sorted(models))}"

@@ -5,7 +5,10 @@ Pure Python, standard library only, and free of Django, so that the pool service
 
 Data model
     * :class:`Node`: free CPU (milli-cores), optionally free memory (MiB), a GPU model, a list of
-      :class:`GPU`, and an ``eligible`` flag (a cordoned or unhealthy node is never chosen).
+      :class:`GPU`, an ``eligible`` flag (a cordoned or unhealthy node is never chosen), and what its cards
+      can be handed out as (``sharing``): anything (the default), whole cards only (:data:`WHOLE_ONLY`: a
+      plain device plugin advertises no shares) or shares only (:data:`SHARES_ONLY`: a time-sliced node
+      advertises only its shared resource).
     * :class:`GPU`: free compute in milli (0..1000), optionally free and total memory (MiB), and an
       ``eligible`` flag; an ineligible card (unhealthy, quarantined, excluded for a retry) is never chosen.
     * :class:`Request`: ``num_gpus`` whole GPUs (exclusive, only fully free cards), or a share
@@ -65,8 +68,15 @@ _RANDOM_DRAWS = 64
 # A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free, total memory
 # or _UNTRACKED). The total only matters to requests that ask for a share of the card's memory in eighths.
 GpuState = tuple[int, int, bool, int]
-# A node's free state: (free CPU milli, free memory or _UNTRACKED, GPU model, sorted eligible GPU states).
-NodeState = tuple[int, int, str, tuple[GpuState, ...]]
+# A node's free state: (free CPU milli, free memory or _UNTRACKED, GPU model, sorted eligible GPU states,
+# sharing mode).
+NodeState = tuple[int, int, str, tuple[GpuState, ...], str]
+
+# Node sharing modes: what the node's cards can be handed out as.
+ANY_SHARING = ""
+WHOLE_ONLY = "whole"
+SHARES_ONLY = "shares"
+SHARING_MODES = (ANY_SHARING, WHOLE_ONLY, SHARES_ONLY)
 
 
 @dataclass
@@ -106,6 +116,11 @@ class Node:
     eligible: bool = True
     cpu_total_milli: int | None = None
     memory_total_mib: int | None = None
+    sharing: str = ANY_SHARING
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(f"unknown node sharing mode {self.sharing!r}")
 
     @classmethod
     def empty(
@@ -124,7 +139,7 @@ class Node:
     def state(self) -> NodeState:
         mem = _UNTRACKED if self.memory_free_mib is None else self.memory_free_mib
         gpus = tuple(sorted(g.state() for g in self.gpus if g.eligible))
-        return (self.cpu_free_milli, mem, self.gpu_model, gpus)
+        return (self.cpu_free_milli, mem, self.gpu_model, gpus, self.sharing)
 
 
 @dataclass(frozen=True)
@@ -299,16 +314,22 @@ class Workload:
 
     # -- internals, all keyed by plain tuples so that equal states share work ------------------------------
 
-    def _host_weights(self, cpu: int, mem: int, model: str) -> tuple[float, tuple[float, ...]]:
-        """Weight of the types whose CPU, memory and model fit, summed per GPU class; plus their total."""
+    def _host_weights(
+        self, cpu: int, mem: int, model: str, sharing: str = ANY_SHARING
+    ) -> tuple[float, tuple[float, ...]]:
+        """Weight of the types whose CPU, memory, model and sharing mode fit, summed per GPU class; plus their
+        total."""
         n_cpu = bisect_right(self._cpu_levels, cpu)
         n_mem = bisect_right(self._mem_levels, mem)
-        key = (n_cpu, n_mem, model)
+        key = (n_cpu, n_mem, model, sharing)
         hit = self._host_cache.get(key)
         if hit is not None:
             return hit
         acc = [0.0] * len(self._classes)
         for t_cpu, t_mem, t_model, cls_idx, w in self._types:
+            num, milli = self._classes[cls_idx][:2]
+            if not _sharing_allows(sharing, num, milli):
+                continue
             if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or model in t_model):
                 acc[cls_idx] += w
         res = (math.fsum(acc), tuple(acc))
@@ -360,8 +381,8 @@ class Workload:
         hit = self._frag_cache.get(state)
         if hit is not None:
             return hit
-        cpu, mem, model, gpus = state
-        val = self._combine(self._host_weights(cpu, mem, model), gpus)
+        cpu, mem, model, gpus, sharing = state
+        val = self._combine(self._host_weights(cpu, mem, model, sharing), gpus)
         if len(self._frag_cache) > _MAX_WORKLOAD_CACHE:
             self._frag_cache.clear()
         self._frag_cache[state] = val
@@ -381,9 +402,18 @@ def fragmentation(nodes: Node | Iterable[Node], workload: Workload) -> float:
 # ---- feasibility and GPU choice on one node ------------------------------------------------------
 
 
+def _sharing_allows(sharing: str, num_gpus: int, gpu_milli: int) -> bool:
+    """Whether a node of this sharing mode can hand out a request of this shape (CPU-only always fits)."""
+    if not num_gpus or sharing == ANY_SHARING:
+        return True
+    return (gpu_milli == FULL_MILLI) == (sharing == WHOLE_ONLY)
+
+
 def _node_admits(state: NodeState, req: Request) -> bool:
-    cpu, mem, model, _gpus = state
+    cpu, mem, model, _gpus, sharing = state
     if cpu < req.cpu_milli or mem < req.memory_mib:
+        return False
+    if not _sharing_allows(sharing, req.num_gpus, req.gpu_milli):
         return False
     return not (req.num_gpus and req.gpu_model is not None and model not in req.gpu_model)
 
@@ -648,8 +678,8 @@ class Allocator:
         assert wl is not None
         state = self._group_keys[gid][1]
         before = wl._state_frag(state)
-        cpu, mem, model, _gpus = state
-        host = wl._host_weights(cpu - req.cpu_milli, mem - req.memory_mib, model)
+        cpu, mem, model, _gpus, sharing = state
+        host = wl._host_weights(cpu - req.cpu_milli, mem - req.memory_mib, model, sharing)
         best = math.inf
         best_gpu: GpuState | None = None
         for used, gpus_after in _after(state, req):

@@ -21,11 +21,14 @@ import structlog
 from django.conf import settings
 from django.db import connection
 
+from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE
 from cluster.services import version_tuple
 from scheduler import policy
 
 log = structlog.get_logger(__name__)
 
+# A node's sharing label (set by the inventory) as the placement policy's mode.
+NODE_SHARING = {SHARING_WHOLE: policy.WHOLE_ONLY, SHARING_TIME_SLICED: policy.SHARES_ONLY}
 UNTRACKED = 1 << 40  # host CPU/memory of a node whose capacity is not reserved (see `host_accounted`)
 FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 
@@ -264,6 +267,7 @@ class Pool:
             eligible=m.ready,
             cpu_total_milli=max(cpu_total, 1),
             memory_total_mib=mem_total,
+            sharing=NODE_SHARING.get(str(m.labels.get(SHARING_LABEL, "")), policy.ANY_SHARING),
         )
 
     def _apply(self, i: int) -> None:

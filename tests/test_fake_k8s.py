@@ -34,8 +34,7 @@ NS = "default"
 @pytest.fixture
 def kube() -> Iterator[FakeKubernetes]:
     """A fake cluster with Volcano installed (skips when the CRD files are absent)."""
-    if not crds_available():
-        pytest.skip(unavailable_reason())
+    crds.require()
     with FakeKubernetes() as fake:
         yield fake
         assert fake.internal_errors == []
@@ -289,8 +288,7 @@ def test_status_subresource_separates_spec_from_status(kube: FakeKubernetes, cus
 
 
 def test_crd_module_validates_and_locates_the_crds(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    if not crds_available():
-        pytest.skip(unavailable_reason())
+    crds.require()
     schema = crds.crd_schema(VC_GROUP, VC_VERSION, JOBS)
     assert "tasks" in schema["properties"]["spec"]["properties"]
 
@@ -314,7 +312,21 @@ def test_crd_module_validates_and_locates_the_crds(monkeypatch: pytest.MonkeyPat
     assert str(tmp_path) in unavailable_reason()
 
 
-def test_schema_invalid_vcjob_is_422_and_typos_are_rejected(
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_missing_crds_skip_with_how_to_get_them_but_fail_under_ci(ci, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(crds.ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected) as stopped:
+        crds.require()
+    message = str(stopped.value)
+    assert "config/crd/volcano/bases" in message and "v1.9.0" in message and crds.ENV_VAR in message
+    assert ("CI=true" in message) is bool(ci)
+    assert set(crds.release_dirs()) == {"v1.9.0", "v1.12.0", "v1.14.0", "newest"}
+    assert crds.release_version("v1.12.0") == (1, 12) and crds.release_version("newest") is None
+
+
+def test_schema_invalid_vcjob_is_422_and_typos_are_pruned_unless_strict(
     kube: FakeKubernetes, custom: client.CustomObjectsApi
 ) -> None:
     bad = vcjob("bad")
@@ -331,13 +343,21 @@ def test_schema_invalid_vcjob_is_422_and_typos_are_rejected(
         "spec.policies[0].event": "FieldValueNotSupported",
     }
 
+    # A structural schema drops unknown fields silently for a client that does not ask for strictness (the
+    # official client never does, and never reads the warning): the typo is simply gone.
     typo = vcjob("typo")
     typo["spec"]["minAvaliable"] = 1
+    created = submit(custom, typo)
+    assert "minAvaliable" not in created["spec"]
+    assert kube.pruned == ['Job typo: unknown field "spec.minAvaliable"']
+    strict = vcjob("strict")
+    strict["spec"]["minAvaliable"] = 1
     with pytest.raises(client.ApiException) as raised:
-        submit(custom, typo)
+        custom.create_namespaced_custom_object(VC_GROUP, VC_VERSION, NS, JOBS, strict, field_validation="Strict")
     assert raised.value.status == 400
     assert 'unknown field "spec.minAvaliable"' in status_body(raised.value)["message"]
     assert kube.try_get("jobs.batch.volcano.sh", "bad", NS) is None
+    assert kube.try_get("jobs.batch.volcano.sh", "strict", NS) is None
 
 
 def test_volcano_webhook_rejects_what_the_real_one_rejects(
@@ -624,18 +644,130 @@ def test_exit_code_policy_restarts_the_pod_and_scripts_apply_per_attempt(
     assert [e.message.strip() for e in restarts] == ["Start to execute action RestartPod"]
 
 
-def test_lost_node_fails_its_pods(
+def test_pods_of_a_lost_node_stay_terminating_until_the_node_is_deleted(
     kube: FakeKubernetes, custom: client.CustomObjectsApi, core: client.CoreV1Api
 ) -> None:
     kube.controller.script("lost", run_ticks=None)
     submit(custom, vcjob("lost"))
     kube.controller.wait_for_job_phase(NS, "lost", "Running")
     kube.controller.lose_node("gpu-node-0")
-    pod = core.read_namespaced_pod("lost-main-0", NS)
-    assert (pod.status.phase, pod.status.reason) == ("Failed", "NodeLost")
-    kube.controller.wait_for_job_phase(NS, "lost", "Failed")
     node = core.read_node("gpu-node-0")
     assert {t.key for t in node.spec.taints} == {"node.kubernetes.io/unreachable"}
+    assert next(c for c in node.status.conditions if c.type == "Ready").status == "Unknown"
+    kube.controller.tick(5)
+    pod = core.read_namespaced_pod("lost-main-0", NS)
+    # The taint manager deleted it, but no kubelet confirms: Terminating, still in its last phase.
+    assert pod.metadata.deletion_timestamp is not None and pod.status.phase == "Running"
+    assert next(c for c in pod.status.conditions if c.type == "Ready").status == "False"
+    assert kube.controller.job_phase(NS, "lost") not in ("Completed", "Failed", "Terminated")
+    kube.controller.delete_node("gpu-node-0")  # the pod garbage collector force-deletes its pods
+    with pytest.raises(client.ApiException) as raised:
+        core.read_namespaced_pod("lost-main-0", NS)
+    assert raised.value.status == 404
+
+
+def test_a_force_delete_removes_a_pod_of_a_lost_node_at_once(
+    kube: FakeKubernetes, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    kube.controller.script("lost", run_ticks=None)
+    submit(custom, vcjob("lost"))
+    kube.controller.wait_for_job_phase(NS, "lost", "Running")
+    kube.controller.lose_node("gpu-node-0", evict=False)
+    core.delete_namespaced_pod("lost-main-0", NS)
+    kube.controller.tick(3)
+    assert core.read_namespaced_pod("lost-main-0", NS).metadata.deletion_timestamp is not None
+    core.delete_namespaced_pod("lost-main-0", NS, grace_period_seconds=0)
+    assert kube.try_get("pods", "lost-main-0", NS) is None
+
+
+def test_preemption_evicts_the_pod_with_volcanos_evict_event(
+    kube: FakeKubernetes, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    kube.controller.script("victim", run_ticks=None)
+    submit(custom, vcjob("victim", policies=[{"event": "PodEvicted", "action": "TerminateJob"}]))
+    kube.controller.wait_for_job_phase(NS, "victim", "Running")
+    kube.controller.preempt_pod(NS, "victim-main-0")
+    kube.controller.wait_for_job_phase(NS, "victim", "Terminated")
+    assert kube.try_get("pods", "victim-main-0", NS) is None
+    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=victim-main-0").items
+    assert [(e.reason, e.message) for e in events if e.reason == "Evict"] == [
+        ("Evict", "Pod is evicted, because of preempt")
+    ]
+
+
+def test_svc_plugin_network_policy_unless_disabled(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
+    for name, args in (("isolated", []), ("open", ["--disable-network-policy"])):
+        job = vcjob(name, replicas=2)
+        job["spec"]["plugins"] = {"svc": args}
+        submit(custom, job)
+        kube.controller.wait_for_job_phase(NS, name, "Running")
+    networking = client.NetworkingV1Api(kube.api_client())
+    policies = {p.metadata.name: p for p in networking.list_namespaced_network_policy(NS).items}
+    assert set(policies) == {"isolated"}
+    ingress = policies["isolated"].spec.ingress
+    assert [peer.pod_selector.match_labels for rule in ingress for peer in rule._from] == [
+        {"volcano.sh/job-name": "isolated", "volcano.sh/job-namespace": NS}
+    ]
+
+
+def test_hami_resources_never_get_through_volcano(
+    kube: FakeKubernetes, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """HAMi's per-card resources in a Volcano Job: Volcano's enqueue counts them as cluster resources that no
+    node advertises, so the job never gets pods, whichever scheduler its pods name."""
+    kube.controller.hami_scheduler = "hami-scheduler"
+    for name, scheduler in (("hami-volcano", "volcano"), ("hami-own", "hami-scheduler")):
+        job = vcjob(name)
+        pod_spec = job["spec"]["tasks"][0]["template"]["spec"]
+        pod_spec["schedulerName"] = scheduler
+        pod_spec["containers"][0]["resources"]["limits"].update(
+            {"nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "25"}
+        )
+        submit(custom, job)
+    kube.controller.tick(5)
+    for name in ("hami-volcano", "hami-own"):
+        assert kube.controller.job_pods(NS, name) == []
+        assert kube.controller.job_phase(NS, name) == "Pending"
+    events = core.list_namespaced_event(NS).items
+    refused = {e.involved_object.name.split("-")[1] for e in events if e.message == "resource in cluster is overused"}
+    assert refused == {"volcano", "own"}
+
+
+def test_hami_pods_stay_pending_without_hamis_scheduler(kube: FakeKubernetes, core: client.CoreV1Api) -> None:
+    def pod(name: str, scheduler: str) -> JSON:
+        return {
+            "metadata": {"name": name, "annotations": {"nvidia.com/use-gpuuuid": "GPU-aaaa"}},
+            "spec": {
+                "schedulerName": scheduler,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "registry.example/train:1.0",
+                        "resources": {
+                            "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "25"}
+                        },
+                    }
+                ],
+            },
+        }
+
+    core.create_namespaced_pod(NS, pod("by-volcano", "volcano"))
+    core.create_namespaced_pod(NS, pod("by-hami", "hami-scheduler"))
+    kube.controller.tick(3)
+    assert core.read_namespaced_pod("by-hami", NS).spec.node_name is None  # HAMi is not installed
+    kube.controller.hami_scheduler = "hami-scheduler"
+    kube.controller.tick(3)
+    assert core.read_namespaced_pod("by-volcano", NS).spec.node_name is None
+    placed = core.read_namespaced_pod("by-hami", NS)
+    assert placed.spec.node_name == "gpu-node-0"
+    assert placed.metadata.annotations["hami.io/vgpu-devices-allocated"] == "GPU-aaaa,NVIDIA,20000,25:;"
+
+
+def test_installed_crds_are_served(kube: FakeKubernetes) -> None:
+    extensions = client.ApiextensionsV1Api(kube.api_client())
+    crd = extensions.read_custom_resource_definition("queues.scheduling.volcano.sh")
+    assert crd.spec.group == "scheduling.volcano.sh" and crd.spec.scope == "Cluster"
 
 
 def test_foreground_deletion_waits_for_dependents(kube: FakeKubernetes, custom: client.CustomObjectsApi) -> None:
@@ -710,8 +842,7 @@ def test_example_mpi_job_completes_when_its_master_does(
 
 
 def test_deadline_and_ttl_follow_the_server_clock() -> None:
-    if not crds_available():
-        pytest.skip(unavailable_reason())
+    crds.require()
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
     with FakeKubernetes(clock=lambda: now[0]) as kube, kube.api_client() as api:
         custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)

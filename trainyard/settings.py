@@ -286,9 +286,11 @@ TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain UR
 TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
 TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")
 TRAINYARD_K8S_NAMESPACE = env.str("TRAINYARD_K8S_NAMESPACE", default="trainyard")  # the platform's own
-TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu | hami
+TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu
 TRAINYARD_K8S_SHARED_RESOURCE = env.str("TRAINYARD_K8S_SHARED_RESOURCE", default="nvidia.com/gpu.shared")
-TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)
+# The Volcano release the cluster runs (e.g. 1.9, 1.14.0), or `auto`: read from the installed Queue CRD.
+TRAINYARD_VOLCANO_VERSION = env.str("TRAINYARD_VOLCANO_VERSION", default="auto")
+TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)  # at least 300
 TRAINYARD_K8S_PRIORITY_CLASS = env.str("TRAINYARD_K8S_PRIORITY_CLASS", default="")
 TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
@@ -298,7 +300,11 @@ TRAINYARD_K8S_RACK_LABELS = env.list(
 )
 TRAINYARD_K8S_REQUEST_TIMEOUT_S = env.float("TRAINYARD_K8S_REQUEST_TIMEOUT_S", default=15.0)
 TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
+# One API call with all its retries takes at most this long (observe and timeout tasks have a 60 s soft limit).
+TRAINYARD_K8S_CALL_BUDGET_S = env.float("TRAINYARD_K8S_CALL_BUDGET_S", default=20.0)
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
+# A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
+TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
 TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
 TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")

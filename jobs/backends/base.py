@@ -52,7 +52,6 @@ class AttemptDescription:
     gang: bool = False
     secondary_network: str = ""
     outbound_network: bool = False  # the queue lets the job open connections to other machines
-    read_only_root: bool = False
     # GPU product label values (GPU Feature Discovery's `nvidia.com/gpu.product`) a job pinned to GPU models
     # may land on; empty when the job accepts any model.
     gpu_products: list[str] = field(default_factory=list)
@@ -81,6 +80,9 @@ class Observation:
     ended_at: float | None = None  # the process's own end time (epoch seconds), where the backend knows it
     log_lines_lost: int = 0  # lines the log store could not keep (unwritable or full)
     log_error: str = ""
+    # The cards the device plugin really gave the attempt, by node (GPU UUIDs), where the backend can read them
+    # back and they may differ from the placement; empty when unknown.
+    assigned_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

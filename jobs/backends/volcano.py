@@ -43,7 +43,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from cluster.inventory import GpuInfo, NodeInfo
+from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, GpuInfo, NodeInfo
 from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
@@ -71,11 +71,20 @@ STUCK_REASONS = frozenset(
 SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
+QUEUE_CRD = "queues.scheduling.volcano.sh"
+PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
+VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
+EVENT_PAGE_SIZE = 200
+EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 
 class VolcanoError(RuntimeError):
     """The cluster refused a request in a way retrying cannot fix."""
+
+
+class VolcanoUnavailable(urllib3.exceptions.HTTPError):
+    """The API server did not answer within a call's budget (its retries included)."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +94,19 @@ class VolcanoConfig:
     retries: int = 5
     backoff_s: float = 0.2
     backoff_max_s: float = 10.0
+    # One API call, its retries and waits included, never takes longer than this: a Celery task that makes a
+    # few calls stays under its 60 s soft limit even while the API server hangs.
+    call_budget_s: float = 20.0
     start_timeout_s: int = 600
+    # A pod whose node is NotReady (or that stays Terminating) this long counts as lost with its node.
+    node_lost_s: int = 300
     system_namespace: str = "trainyard"
     tb_base_domain: str = ""
     tb_ingress_class: str = ""
     tb_auth_url: str = ""
     tb_tls_secret: str = ""
+    # The Volcano release whose Queue fields to render: "auto" reads the installed Queue CRD.
+    volcano_version: str = "auto"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -124,51 +140,72 @@ def _api_client_from_settings() -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
+def config_from_settings() -> VolcanoConfig:
+    """The backend's configuration; raises `render.ManifestError` with the setting named when it cannot work
+    (the `jobs` system check reports the same at startup)."""
+    version = str(settings.TRAINYARD_VOLCANO_VERSION or "auto").strip().lower()
+    options = render.RenderOptions(
+        sharing=settings.TRAINYARD_K8S_SHARING,
+        ttl_s=settings.TRAINYARD_K8S_TTL_S,
+        priority_class=settings.TRAINYARD_K8S_PRIORITY_CLASS,
+        grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
+        run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
+        service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
+        image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
+        shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
+        tensorboard_image=settings.TRAINYARD_TB_IMAGE,
+        rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
+        volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
+    )
+    config = VolcanoConfig(
+        render=options,
+        request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
+        retries=settings.TRAINYARD_K8S_RETRIES,
+        call_budget_s=settings.TRAINYARD_K8S_CALL_BUDGET_S,
+        start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
+        node_lost_s=settings.TRAINYARD_K8S_NODE_LOST_S,
+        system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
+        tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
+        tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
+        tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
+        tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
+        volcano_version=version,
+    )
+    return config
+
+
 class VolcanoBackend:
     name = "volcano"
 
     def __init__(self, api_client: k8s.ApiClient, config: VolcanoConfig):
         self.api_client = api_client
         self.config = config
+        pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+        if pool is not None:
+            # `_call` retries, within its budget; urllib3's own three retries per request would multiply it.
+            pool.connection_pool_kw["retries"] = 0
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
+        self.extensions = k8s.ApiextensionsV1Api(api_client)
+        self._volcano_version: tuple[int, int] | None = None
 
     @classmethod
     def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
-        options = render.RenderOptions(
-            sharing=settings.TRAINYARD_K8S_SHARING,
-            ttl_s=settings.TRAINYARD_K8S_TTL_S,
-            priority_class=settings.TRAINYARD_K8S_PRIORITY_CLASS,
-            grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
-            run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
-            service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
-            image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
-            shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
-            tensorboard_image=settings.TRAINYARD_TB_IMAGE,
-            rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
-        )
-        config = VolcanoConfig(
-            render=options,
-            request_timeout_s=settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S,
-            retries=settings.TRAINYARD_K8S_RETRIES,
-            start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
-            system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
-            tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
-            tb_ingress_class=settings.TRAINYARD_TB_INGRESS_CLASS,
-            tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
-            tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
-        )
-        return cls(api_client or _api_client_from_settings(), config)
+        return cls(api_client or _api_client_from_settings(), config_from_settings())
 
     # ------------------------------------------------------------------------------------------- API calls
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One API call, retried on throttling, server errors, timeouts and connection failures."""
+        """One API call, retried on throttling, server errors, timeouts and connection failures, for at most
+        `call_budget_s` in all (the last error is raised once the next try would not fit)."""
         delay = self.config.backoff_s
+        deadline = time.monotonic() + self.config.call_budget_s
         for attempt in range(self.config.retries + 1):
+            left = deadline - time.monotonic()
+            timeout = max(0.1, min(self.config.request_timeout_s, left))
             try:
-                return fn(*args, _request_timeout=self.config.request_timeout_s, **kwargs)
+                return fn(*args, _request_timeout=timeout, **kwargs)
             except ApiException as exc:
                 if exc.status not in RETRYABLE_STATUS or attempt == self.config.retries:
                     raise
@@ -179,6 +216,11 @@ class VolcanoBackend:
                     raise
                 wait, problem = delay, type(exc).__name__
             wait = min(wait, self.config.backoff_max_s) * random.uniform(0.8, 1.2)
+            if time.monotonic() + wait + 0.1 > deadline:
+                log.warning("k8s_call_gave_up", call=what, attempts=attempt + 1, problem=problem)
+                raise VolcanoUnavailable(
+                    f"the Kubernetes API did not answer {what} within {self.config.call_budget_s:g} s ({problem})"
+                )
             log.warning("k8s_call_retry", call=what, attempt=attempt + 1, problem=problem, wait_s=round(wait, 2))
             time.sleep(wait)
             delay = min(delay * 2, self.config.backoff_max_s)
@@ -243,15 +285,20 @@ class VolcanoBackend:
             namespace, name = parse_ref(ref)
             by_namespace[namespace].append((ref, name))
         result: dict[str, Observation] = {}
+        nodes = _NodeView(self)  # read at most once per pass, and only when a job has pods on nodes
         for namespace, wanted in sorted(by_namespace.items()):
             try:
-                result.update(self._observe_namespace(namespace, wanted))
+                result.update(self._observe_namespace(namespace, wanted, nodes))
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Never report "lost" on a failed read: these attempts are simply not observed this round.
                 log.warning("volcano_observe_failed", namespace=namespace, error=str(exc)[:300])
+                if isinstance(exc, VolcanoUnavailable):
+                    break  # the API server is down: the other namespaces would only spend the task's time
         return result
 
-    def _observe_namespace(self, namespace: str, wanted: list[tuple[str, str]]) -> dict[str, Observation]:
+    def _observe_namespace(
+        self, namespace: str, wanted: list[tuple[str, str]], nodes: _NodeView | None = None
+    ) -> dict[str, Observation]:
         group, version, plural = render.JOB_API
         jobs = {
             j["metadata"]["name"]: j
@@ -268,7 +315,7 @@ class VolcanoBackend:
         pods_by_job: dict[str, list[JSON]] = defaultdict(list)
         for pod in self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=SELECTOR)["items"]:
             pods_by_job[(pod["metadata"].get("labels") or {}).get("volcano.sh/job-name", "")].append(pod)
-        context = _NamespaceContext(self, namespace)
+        context = _NamespaceContext(self, namespace, nodes or _NodeView(self))
         result: dict[str, Observation] = {}
         for ref, name in wanted:
             job = jobs.get(name)
@@ -292,13 +339,20 @@ class VolcanoBackend:
         phase = _phase(job)
         node = _main_node(pods)
         if meta.get("deletionTimestamp"):
-            return Observation(phase="pending", node=node)  # being stopped: it ends when it is gone
+            # Being stopped: it ends when it is gone, or when what is left of it sits on a lost node.
+            lost = self._lost(pods, context)
+            if lost is not None and all(self._on_lost_node(p, context) for p in _live(pods)):
+                return lost
+            return Observation(phase="pending", node=node)
         if phase == "Completed":
             return Observation(phase="succeeded", exit_code=0, reason="Completed", node=node)
         if phase in FINISHED_PHASES:
             return self._failure(job, pods, context)
+        lost = self._lost(pods, context)
+        if lost is not None:
+            return lost
         if phase == "Running" or phase in STOPPING_PHASES:
-            return Observation(phase="running", node=node)
+            return Observation(phase="running", node=node, assigned_gpus=self._assigned_gpus(pods))
         return self._pending(job, pods, context)
 
     def _failure(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
@@ -320,18 +374,77 @@ class VolcanoBackend:
                 node=(pod.get("spec") or {}).get("nodeName", ""),
             )
         state = (job.get("status") or {}).get("state") or {}
-        reason = "Preempted" if context.pods_preempted(job["metadata"]["name"]) else "Evicted"
+        reason = "Preempted" if context.pods_preempted(job) else "Evicted"
         message = state.get("message") or (
             f"the Volcano job became {_phase(job)} after one of its pods was removed ({reason.lower()})"
         )
         return Observation(phase="failed", reason=reason, message=message, node=_main_node(pods))
 
+    def _assigned_gpus(self, pods: list[JSON]) -> dict[str, tuple[str, ...]]:
+        """The cards Volcano's vGPU scheduler gave the pods (its `volcano.sh/vgpu-ids-new` annotation), by node:
+        released Volcano versions ignore the pin to the placed cards, so the ledger follows what was chosen."""
+        if self.config.render.sharing != "volcano-vgpu":
+            return {}
+        assigned: dict[str, list[str]] = defaultdict(list)
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            raw = (pod["metadata"].get("annotations") or {}).get(VGPU_ASSIGNED_ANNOTATION)
+            if node and raw:
+                assigned[node] += [u for u in _device_uuids(raw) if u not in assigned[node]]
+        return {node: tuple(uuids) for node, uuids in assigned.items()}
+
+    def _on_lost_node(self, pod: JSON, context: _NamespaceContext) -> bool:
+        return _lost_detail(pod, context.nodes, self.config.node_lost_s, datetime.now(UTC)) is not None
+
+    def _lost(self, pods: list[JSON], context: _NamespaceContext) -> Observation | None:
+        """NodeLost when a live pod's node is gone, or NotReady (or the pod stuck Terminating) past the deadline.
+        Pods of a node that no longer exists are force-deleted: nothing will ever confirm their end, and their
+        job's foreground delete would wait for them forever."""
+        now = datetime.now(UTC)
+        found: list[tuple[JSON, str, bool]] = []
+        for pod in _live(pods):
+            lost = _lost_detail(pod, context.nodes, self.config.node_lost_s, now)
+            if lost is not None:
+                found.append((pod, *lost))
+        for pod, _, gone in found:
+            if gone:
+                self._force_delete_pod(pod)
+        if not found:
+            return None
+        pod, detail, _ = sorted(found, key=lambda item: _task_order(item[0]))[0]
+        return Observation(
+            phase="failed",
+            reason="NodeLost",
+            message=f"{_short_pod_name(pod)}: {detail}"[:1000],
+            node=(pod.get("spec") or {}).get("nodeName", ""),
+        )
+
+    def _force_delete_pod(self, pod: JSON) -> None:
+        meta = pod["metadata"]
+        try:
+            self._call(
+                "force_delete_pod",
+                self.core.delete_namespaced_pod,
+                meta["name"],
+                meta["namespace"],
+                grace_period_seconds=0,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.warning("volcano_pod_force_deleted", pod=meta["name"], namespace=meta["namespace"])
+
     def _pending(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
         now = datetime.now(UTC)
         for pod in pods:
-            waiting = _main_state(pod).get("waiting") or {}
-            if waiting.get("reason") in STUCK_REASONS:
-                detail = f"{_short_pod_name(pod)}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
+            # Every container counts, the TensorBoard sidecar's image pull as much as the trainer's.
+            name, waiting = next(
+                ((n, w) for n, w in _waiting_states(pod) if w.get("reason") in STUCK_REASONS), ("", {})
+            )
+            if waiting:
+                where = _short_pod_name(pod) + ("" if name == render.MAIN_CONTAINER else f" ({name})")
+                detail = f"{where}: {waiting['reason']}: {waiting.get('message', '')}".strip(": ")
                 if _age_s(pod, now) >= self.config.start_timeout_s:
                     return Observation(
                         phase="failed",
@@ -500,6 +613,33 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- queues
 
+    def volcano_version(self) -> tuple[int, int]:
+        """The Volcano release queues are rendered for: TRAINYARD_VOLCANO_VERSION, or (`auto`) the newest release
+        whose Queue fields the installed Queue CRD has; the minimum when the CRD cannot be read."""
+        if self._volcano_version is not None:
+            return self._volcano_version
+        if self.config.volcano_version != "auto":
+            self._volcano_version = render.parse_version(self.config.volcano_version)
+            return self._volcano_version
+        try:
+            crd = self._raw("read_queue_crd", self.extensions.read_custom_resource_definition, QUEUE_CRD)
+        except ApiException as exc:
+            if exc.status not in (401, 403, 404):
+                raise
+            # Not allowed to read CRDs, or no Queue CRD yet: render what every supported release accepts.
+            log.warning(
+                "volcano_version_unknown", status=exc.status, assumed=render.format_version(render.MIN_VOLCANO_VERSION)
+            )
+            return render.MIN_VOLCANO_VERSION
+        properties: JSON = {}
+        for version in (crd.get("spec") or {}).get("versions") or []:
+            if version.get("name") == render.QUEUE_API[1]:
+                schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+                properties = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+        self._volcano_version = render.queue_version_from_schema(properties)
+        log.info("volcano_version_detected", version=render.format_version(self._volcano_version))
+        return self._volcano_version
+
     def queue_sync(self, queue: Any) -> JSON:
         """Create or update the Volcano Queue of a platform queue, and open or close it to match."""
         wanted = render.render_queue(
@@ -510,6 +650,7 @@ class VolcanoBackend:
             fifo=queue.ordering == "fifo",
             sharing=self.config.render.sharing,
             platform_queue=queue.name,
+            volcano_version=self.volcano_version(),
         )
         group, version, plural = render.QUEUE_API
         current: JSON | None = None
@@ -579,7 +720,10 @@ class VolcanoBackend:
 
     def inventory(self) -> list[NodeInfo]:
         nodes = self._raw("list_nodes", self.core.list_node)["items"]
-        return [info for info in (node_info(n, self.config.render.rack_labels) for n in nodes) if info is not None]
+        options = self.config.render
+        shared = options.shared_resource if options.sharing == "whole" else None
+        infos = (node_info(n, options.rack_labels, shared_resource=shared) for n in nodes)
+        return [info for info in infos if info is not None]
 
     # ------------------------------------------------------------------------------------------- tensorboard
 
@@ -624,14 +768,29 @@ class VolcanoBackend:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
+class _NodeView:
+    """The cluster's nodes by name, listed at most once per observe pass and only when asked."""
+
+    def __init__(self, backend: VolcanoBackend):
+        self.backend = backend
+        self._nodes: dict[str, JSON] | None = None
+
+    def get(self, name: str) -> JSON | None:
+        if self._nodes is None:
+            items = self.backend._raw("list_nodes", self.backend.core.list_node)["items"]
+            self._nodes = {n["metadata"]["name"]: n for n in items}
+        return self._nodes.get(name)
+
+
 class _NamespaceContext:
     """PodGroups and events of one namespace, read at most once per observe pass and only when needed."""
 
-    def __init__(self, backend: VolcanoBackend, namespace: str):
+    def __init__(self, backend: VolcanoBackend, namespace: str, nodes: _NodeView):
         self.backend = backend
         self.namespace = namespace
+        self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
-        self._events: list[JSON] | None = None
+        self._events: dict[str, list[JSON]] = {}
 
     def podgroups(self) -> dict[str, JSON]:
         if self._podgroups is None:
@@ -647,18 +806,37 @@ class _NamespaceContext:
             self._podgroups = {pg["metadata"]["name"]: pg for pg in items}
         return self._podgroups
 
-    def events(self) -> list[JSON]:
-        if self._events is None:
-            items = self.backend._raw("list_events", self.backend.core.list_namespaced_event, self.namespace)["items"]
-            self._events = sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        return self._events
+    def events(self, *names: str) -> list[JSON]:
+        """The events about the named objects, oldest first: one filtered list per object (never the whole
+        namespace's events), read in pages, each object at most once per pass."""
+        found: list[JSON] = []
+        for name in names:
+            if name not in self._events:
+                items: list[JSON] = []
+                token = None
+                for _ in range(EVENT_PAGES):
+                    page = self.backend._raw(
+                        "list_events",
+                        self.backend.core.list_namespaced_event,
+                        self.namespace,
+                        field_selector=f"involvedObject.name={name}",
+                        limit=EVENT_PAGE_SIZE,
+                        **({"_continue": token} if token else {}),
+                    )
+                    items += page.get("items") or []
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        break
+                self._events[name] = items
+            found += self._events[name]
+        return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
     def explain_pending(self, job: JSON) -> str:
         """Why Volcano has not started the job: scheduler events on its PodGroup, then its conditions."""
         meta = job["metadata"]
         queue = (job.get("spec") or {}).get("queue", "")
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
-        mine = [e for e in self.events() if (e.get("involvedObject") or {}).get("name") in (pg_name, meta["name"])]
+        mine = self.events(pg_name, meta["name"])
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
@@ -674,12 +852,18 @@ class _NamespaceContext:
             return f"waiting in Volcano queue {queue}: {pending[-1]}"
         return ""
 
-    def pods_preempted(self, job_name: str) -> bool:
-        prefix = f"{job_name}-"
+    def pods_preempted(self, job: JSON) -> bool:
+        """Whether Volcano's scheduler took a pod of the job away (it records that as an `Evict` event, for
+        preemption and for reclaim alike). The pods may be gone; their names follow from the job's tasks."""
+        name = job["metadata"]["name"]
+        pods = [
+            f"{name}-{task.get('name', '')}-{index}"
+            for task in (job.get("spec") or {}).get("tasks") or []
+            for index in range(int(task.get("replicas") or 0))
+        ]
         return any(
-            "preempt" in str(e.get("reason", "")).lower()
-            and str((e.get("involvedObject") or {}).get("name", "")).startswith(prefix)
-            for e in self.events()
+            str(e.get("reason", "")) in PREEMPTION_REASONS or "preempt" in str(e.get("reason", "")).lower()
+            for e in self.events(*pods)
         )
 
 
@@ -737,6 +921,59 @@ def _main_state(pod: JSON) -> JSON:
     return {}
 
 
+def _device_uuids(raw: str) -> list[str]:
+    """GPU UUIDs of a vGPU device annotation: `<uuid>,<type>,<memory>,<cores>:` per device, `;` per container."""
+    return [
+        entry.split(",", 1)[0].strip()
+        for container in raw.split(";")
+        for entry in container.split(":")
+        if entry.strip().startswith("GPU-")
+    ]
+
+
+def _waiting_states(pod: JSON) -> Iterator[tuple[str, JSON]]:
+    """(container name, waiting state) of every container that waits, init containers (sidecars) first."""
+    status = pod.get("status") or {}
+    for item in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (item.get("state") or {}).get("waiting")
+        if waiting:
+            yield str(item.get("name") or ""), waiting
+
+
+def _live(pods: list[JSON]) -> list[JSON]:
+    """Pods that hold (or may still hold) their node: bound, and not finished unless still being deleted."""
+    return [
+        p
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName")
+        and (
+            p["metadata"].get("deletionTimestamp")
+            or (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        )
+    ]
+
+
+def _lost_detail(pod: JSON, nodes: _NodeView, deadline_s: int, now: datetime) -> tuple[str, bool] | None:
+    """Why a bound pod counts as lost with its node, and whether the node is gone; None while it does not."""
+    node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+    node = nodes.get(node_name)
+    if node is None:
+        return f"node {node_name} no longer exists", True
+    ready = next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    if ready is not None and ready.get("status") != "True":
+        since = _parse_time(str(ready.get("lastTransitionTime") or ""))
+        if since is None or (now - since).total_seconds() >= deadline_s:
+            why = ready.get("message") or ready.get("reason") or "not ready"
+            return f"node {node_name} is not ready ({why}) since {ready.get('lastTransitionTime') or 'unknown'}", False
+    deleting = _parse_time(str(pod["metadata"].get("deletionTimestamp") or ""))
+    if deleting is not None and (now - deleting).total_seconds() >= deadline_s:
+        return f"stuck Terminating on node {node_name} since {pod['metadata']['deletionTimestamp']}", False
+    return None
+
+
 def _condition(pod: JSON, kind: str) -> JSON | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
 
@@ -745,7 +982,7 @@ def _task_order(pod: JSON) -> tuple[int, int]:
     labels = pod["metadata"].get("labels") or {}
     return (
         0 if labels.get("volcano.sh/task-spec") in ("master", "main") else 1,
-        int(labels.get("volcano.sh/task-index") or 0),
+        int(labels.get(render.LABEL_RANK) or labels.get("volcano.sh/task-index") or 0),
     )
 
 
@@ -758,8 +995,11 @@ def _main_node(pods: list[JSON]) -> str:
 
 
 def _short_pod_name(pod: JSON) -> str:
+    """`master-0`, `worker-<rank>` (one task per worker replica), `main-0`."""
     labels = pod["metadata"].get("labels") or {}
     task, index = labels.get("volcano.sh/task-spec"), labels.get("volcano.sh/task-index")
+    if task and task.startswith("worker-") and labels.get(render.LABEL_RANK):
+        return task
     if task and index is not None:
         return f"{task}-{index}"
     return str(pod["metadata"]["name"])
@@ -807,12 +1047,21 @@ def _quantity_int(value: Any, scale: int = 1) -> int:
         return 0
 
 
-def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo | None:
-    """A GPU node as the pool sees it, from its allocatable resources and GPU Feature Discovery labels."""
+def node_info(
+    node: JSON, rack_labels: tuple[str, ...] | list[str], *, shared_resource: str | None = None
+) -> NodeInfo | None:
+    """A GPU node as the pool sees it, from its allocatable resources and GPU Feature Discovery labels.
+
+    `shared_resource` (the `whole` provider's time-sliced resource): the node's sharing mode is recorded in the
+    `trainyard.io/gpu-sharing` label, `time-sliced` when the node advertises that resource and no whole cards
+    (the NVIDIA device plugin with `renameByDefault`), `whole` when it advertises only `nvidia.com/gpu`, so
+    that placement sends shares and whole cards only where the device plugin can serve them."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable = status.get("allocatable") or {}
-    count = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
+    whole = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
+    shares = _quantity_int(allocatable.get(shared_resource, 0)) if shared_resource else 0
+    count = whole or shares
     replicas = max(1, _quantity_int(labels.get("nvidia.com/gpu.replicas", 1)))
     if labels.get("nvidia.com/gpu.count"):
         count = _quantity_int(labels["nvidia.com/gpu.count"])
@@ -838,8 +1087,11 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
         if ready
         else ()
     )  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
-    driver = labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
-        labels[k] for k in render.DRIVER_LABELS if labels.get(k)
+    driver = (
+        labels.get("nvidia.com/cuda.driver-version.full")
+        or ".".join(labels[k] for k in render.DRIVER_LABELS if labels.get(k))
+        # GPU Feature Discovery before 0.15 writes only these.
+        or ".".join(labels[k] for k in render.LEGACY_DRIVER_LABELS if labels.get(k))
     )
     cuda = labels.get("nvidia.com/cuda.runtime-version.full") or ".".join(
         labels[k]
@@ -852,6 +1104,11 @@ def node_info(node: JSON, rack_labels: tuple[str, ...] | list[str]) -> NodeInfo 
             pool_labels["trainyard.io/rack"] = labels[key]
             break
     pool_labels["trainyard.io/k8s-ready"] = "true" if ready else "false"
+    if shared_resource:
+        if shares and not whole:
+            pool_labels[SHARING_LABEL] = SHARING_TIME_SLICED
+        elif whole and not shares:
+            pool_labels[SHARING_LABEL] = SHARING_WHOLE
     if (node.get("spec") or {}).get("unschedulable"):
         pool_labels["trainyard.io/k8s-cordoned"] = "true"
     return NodeInfo(

@@ -10,8 +10,14 @@ GPU requests are rendered by sharing provider:
 - `whole`: the NVIDIA device plugin; whole cards as `nvidia.com/gpu`, a share of a card as one unit of the
   time-sliced resource (`nvidia.com/gpu.shared` by default, the plugin's `renameByDefault` name);
 - `volcano-vgpu`: `volcano.sh/vgpu-number`, `volcano.sh/vgpu-memory` (MiB), `volcano.sh/vgpu-cores` (%);
-- `hami`: `nvidia.com/gpu`, `nvidia.com/gpumem` (MiB), `nvidia.com/gpucores` (%), pinned to the cards the
-  platform placed with `nvidia.com/use-gpuuuid`.
+- `hami` is refused (`RenderOptions` raises, and the `jobs` system check reports it at startup): HAMi's own
+  scheduler path cannot run inside a Volcano Job. HAMi's webhook skips pods that name another scheduler,
+  Volcano's scheduler does not know `nvidia.com/gpumem`/`gpucores`, and Volcano's enqueue gate counts them as
+  cluster resources no node advertises, so the job never leaves Pending. Under Volcano, HAMi's documented
+  path is the volcano-vgpu device plugin (HAMi-core), which `volcano-vgpu` renders.
+
+Queues are rendered for the Volcano release the cluster runs (`volcano_version`): `spec.priority` exists from
+1.10, `spec.dequeueStrategy` from 1.14; older releases get neither (a real API server would drop them).
 
 The platform decides placement and retries; Volcano only gang-schedules: pods are pinned to the placed
 nodes, never restart in place, and the Volcano job never retries on its own.
@@ -43,12 +49,12 @@ LABEL_ATTEMPT_ID = "trainyard.io/attempt-id"
 LABEL_TEAM = "trainyard.io/team"
 LABEL_QUEUE = "trainyard.io/queue"
 LABEL_TENSORBOARD = "trainyard.io/tensorboard"
+LABEL_RANK = "trainyard.io/rank"
 ANNOTATION_NAME = "trainyard.io/job-name"
 ANNOTATION_OWNER = "trainyard.io/owner"
 ANNOTATION_USER_LABELS = "trainyard.io/labels"
 ANNOTATION_IMAGE_PINNED = "trainyard.io/image-pinned"
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
-HAMI_PIN_ANNOTATION = "nvidia.com/use-gpuuuid"
 VGPU_PIN_ANNOTATION = "volcano.sh/vgpu-use-gpuuuid"
 
 # GPU Feature Discovery labels of the node's driver version.
@@ -58,7 +64,28 @@ DRIVER_LABELS = (
     "nvidia.com/cuda.driver-version.revision",
 )
 
-SHARING_PROVIDERS = ("whole", "volcano-vgpu", "hami")
+# Older GPU Feature Discovery releases (before 0.15) label the driver as `nvidia.com/cuda.driver.*`.
+LEGACY_DRIVER_LABELS = (
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+)
+
+SHARING_PROVIDERS = ("whole", "volcano-vgpu")
+VOLCANO_SCHEDULER = "volcano"
+HAMI_REFUSED = (
+    "TRAINYARD_K8S_SHARING=hami cannot work with the Volcano backend: HAMi's webhook skips pods that Volcano "
+    "schedules, Volcano's scheduler does not know nvidia.com/gpumem or nvidia.com/gpucores, and Volcano's enqueue "
+    "counts them as resources no node advertises, so jobs would never start. HAMi's documented way to share cards "
+    "under Volcano is the volcano-vgpu device plugin: set TRAINYARD_K8S_SHARING=volcano-vgpu"
+)
+# The oldest Volcano release the platform supports, and the first release whose Queue CRD has each optional
+# spec field the platform sets.
+MIN_VOLCANO_VERSION = (1, 9)
+QUEUE_FIELD_SINCE = {"priority": (1, 10), "dequeueStrategy": (1, 14)}
+# Volcano deletes a finished job this long after it ends at the soonest: the platform must still see the job
+# finished (and copy its last logs) before it is gone, or a success would read as a lost job.
+MIN_TTL_S = 300
 MAIN_CONTAINER = "trainer"
 TENSORBOARD_PORT = 6006
 PYTORCH_PORT = 23456
@@ -89,13 +116,38 @@ class RenderOptions:
     deadline_slack_s: int = 600
     gpu_toleration: bool = True
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    volcano_version: tuple[int, int] = MIN_VOLCANO_VERSION
 
     def __post_init__(self) -> None:
+        if self.sharing == "hami":
+            raise ManifestError(HAMI_REFUSED)
         if self.sharing not in SHARING_PROVIDERS:
             raise ManifestError(
                 f"unknown GPU sharing provider '{self.sharing}' (TRAINYARD_K8S_SHARING must be one of "
                 f"{', '.join(SHARING_PROVIDERS)})"
             )
+        if int(self.ttl_s) < MIN_TTL_S:
+            raise ManifestError(
+                f"TRAINYARD_K8S_TTL_S={self.ttl_s} is too short: Volcano would delete a finished job before the "
+                f"platform reads its outcome (at least {MIN_TTL_S} s)"
+            )
+        if tuple(self.volcano_version) < MIN_VOLCANO_VERSION:
+            raise ManifestError(
+                f"Volcano {format_version(self.volcano_version)} is not supported "
+                f"(TRAINYARD_VOLCANO_VERSION must be {format_version(MIN_VOLCANO_VERSION)} or newer)"
+            )
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """`1.9`, `v1.12.0`, `1.14.0-rc.1` → (major, minor); ManifestError for anything else."""
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?$", (text or "").strip())
+    if not match:
+        raise ManifestError(f"'{text}' is not a Volcano version (TRAINYARD_VOLCANO_VERSION wants e.g. 1.9 or 1.14.0)")
+    return int(match[1]), int(match[2])
+
+
+def format_version(version: Sequence[int]) -> str:
+    return ".".join(str(v) for v in version)
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -143,40 +195,36 @@ def render_job(
         annotations[ANNOTATION_USER_LABELS] = json.dumps(desc.labels, sort_keys=True)
     volumes, mounts = _volumes(desc)
     if distributed:
+        # One task per replica, each pinned to the node (and cards) the platform placed that replica on: one
+        # `worker` task of N-1 replicas would share one template, and Volcano could stack several workers on
+        # one of the placed nodes. Volcano's pytorch plugin knows a single worker task, so the ranks and the
+        # rendezvous are set here (the svc plugin still gives each pod its DNS name).
         groups = _devices_by_replica(desc)
+        master_addr = f"{name}-master-0.{name}"
         tasks = [
             _task(
-                "master",
+                "master" if rank == 0 else f"worker-{rank}",
                 1,
                 desc,
                 options,
                 labels,
                 annotations,
-                groups[:1],
+                groups[rank : rank + 1],
                 volumes,
                 mounts,
                 node_labels,
-                tensorboard=desc.tensorboard,
-                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
-            ),
-            _task(
-                "worker",
-                desc.replicas - 1,
-                desc,
-                options,
-                labels,
-                annotations,
-                groups[1:],
-                volumes,
-                mounts,
-                node_labels,
-                tensorboard=False,
-            ),
+                tensorboard=desc.tensorboard and rank == 0,
+                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}] if rank == 0 else None,
+                rank=rank,
+                master_addr=master_addr,
+            )
+            for rank in range(desc.replicas)
         ]
         plugins = {
-            "pytorch": ["--master=master", "--worker=worker", f"--port={PYTORCH_PORT}"],
             "env": [],
-            "svc": [],
+            # The svc plugin's NetworkPolicy admits only the job's own pods: it would shut out the ingress
+            # controller in front of TensorBoard (and the platform's probes). Team namespaces carry their own.
+            "svc": ["--disable-network-policy"],
         }
     else:
         tasks = [
@@ -196,7 +244,7 @@ def render_job(
         ]
         plugins = {}
     spec: JSON = {
-        "schedulerName": "volcano",
+        "schedulerName": VOLCANO_SCHEDULER,
         "queue": desc.volcano_queue,
         "minAvailable": desc.replicas,
         "maxRetry": 0,
@@ -256,18 +304,20 @@ def _task(
     *,
     tensorboard: bool,
     policies: list[JSON] | None = None,
+    rank: int | None = None,
+    master_addr: str = "",
 ) -> JSON:
     devices = [d for group in device_groups for d in group]
     pod_labels = dict(labels)
     if tensorboard:
         pod_labels[LABEL_TENSORBOARD] = "true"
+    if rank is not None:
+        pod_labels[LABEL_RANK] = str(rank)
     pod_annotations = dict(annotations)
     if desc.secondary_network:
         pod_annotations[NETWORKS_ANNOTATION] = desc.secondary_network
     pinned = [d.gpu_uuid for d in devices if not d.gpu_uuid.startswith(SYNTHETIC_UUID_PREFIX)]
-    if pinned and options.sharing == "hami":
-        pod_annotations[HAMI_PIN_ANNOTATION] = ",".join(sorted(set(pinned)))
-    elif pinned and options.sharing == "volcano-vgpu":
+    if pinned and options.sharing == "volcano-vgpu":
         pod_annotations[VGPU_PIN_ANNOTATION] = ",".join(sorted(set(pinned)))
     pod_volumes = list(volumes)
     container_mounts = list(mounts)
@@ -285,11 +335,14 @@ def _task(
         "image": desc.image,
         "imagePullPolicy": "IfNotPresent" if "@sha256:" in desc.image else "Always",
         "command": list(desc.command),
-        "env": _env(desc, devices, tb_dir),
+        "env": _env(desc, devices, tb_dir, rank=rank, master_addr=master_addr),
         "resources": _resources(desc, devices, options),
-        "securityContext": _container_security(read_only_root=desc.read_only_root),
+        # Writable: images write to their own paths (caches, /workspace); the sidecar below is read-only.
+        "securityContext": _container_security(read_only_root=False),
         "volumeMounts": container_mounts,
     }
+    if rank is not None:
+        container["ports"] = [{"name": "rendezvous", "containerPort": PYTORCH_PORT, "protocol": "TCP"}]
     if desc.args:
         container["args"] = list(desc.args)
     if desc.working_dir:
@@ -298,7 +351,7 @@ def _task(
         )
     spec: JSON = {
         "restartPolicy": "Never",
-        "schedulerName": "volcano",
+        "schedulerName": VOLCANO_SCHEDULER,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": max(1, int(options.grace_s)),
@@ -342,7 +395,9 @@ def _under(path: str, mount_path: str) -> bool:
     return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
 
 
-def _env(desc: AttemptDescription, devices: list[Device], tb_dir: str) -> list[JSON]:
+def _env(
+    desc: AttemptDescription, devices: list[Device], tb_dir: str, *, rank: int | None = None, master_addr: str = ""
+) -> list[JSON]:
     env = {
         "HOME": SCRATCH_DIR,
         **desc.env,
@@ -352,6 +407,10 @@ def _env(desc: AttemptDescription, devices: list[Device], tb_dir: str) -> list[J
         "TRAINYARD_REPLICAS": str(desc.replicas),
         "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
     }
+    if rank is not None:  # torch.distributed's env:// rendezvous, as Volcano's pytorch plugin would set it
+        env.update(
+            MASTER_ADDR=master_addr, MASTER_PORT=str(PYTORCH_PORT), WORLD_SIZE=str(desc.replicas), RANK=str(rank)
+        )
     if devices:
         env["TRAINYARD_GPU_UUIDS"] = ",".join(d.gpu_uuid for d in devices)
     if devices and not desc.exclusive:
@@ -369,14 +428,9 @@ def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: Ren
         if options.sharing == "whole":
             return {"nvidia.com/gpu": str(count)}
         memory = max((d.memory_mib for d in devices), default=0)
-        if options.sharing == "volcano-vgpu":
-            resources = {"volcano.sh/vgpu-number": str(count), "volcano.sh/vgpu-cores": "100"}
-            if memory:
-                resources["volcano.sh/vgpu-memory"] = str(memory)
-            return resources
-        resources = {"nvidia.com/gpu": str(count), "nvidia.com/gpucores": "100"}
+        resources = {"volcano.sh/vgpu-number": str(count), "volcano.sh/vgpu-cores": "100"}
         if memory:
-            resources["nvidia.com/gpumem"] = str(memory)
+            resources["volcano.sh/vgpu-memory"] = str(memory)
         return resources
     if not devices:
         raise ManifestError("a share of a GPU needs its placed slice (compute and memory) to be rendered")
@@ -384,13 +438,11 @@ def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: Ren
     cores = str(max(1, min(100, share.compute_milli // 10)))
     if options.sharing == "whole":
         return {options.shared_resource: "1"}
-    if options.sharing == "volcano-vgpu":
-        return {
-            "volcano.sh/vgpu-number": "1",
-            "volcano.sh/vgpu-memory": str(share.memory_mib),
-            "volcano.sh/vgpu-cores": cores,
-        }
-    return {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(share.memory_mib), "nvidia.com/gpucores": cores}
+    return {
+        "volcano.sh/vgpu-number": "1",
+        "volcano.sh/vgpu-memory": str(share.memory_mib),
+        "volcano.sh/vgpu-cores": cores,
+    }
 
 
 def _resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> JSON:
@@ -493,13 +545,15 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def driver_alternatives(minimum: str) -> list[list[JSON]]:
-    """Node-selector expressions (ORed lists) for "driver >= minimum" on GFD's numeric version labels."""
+    """Node-selector expressions (ORed lists) for "driver >= minimum" on GFD's numeric version labels, in the
+    names GFD 0.15+ writes and, for older GFD releases, the names they wrote."""
     parts = [int(p) for p in re.findall(r"\d+", minimum or "")][: len(DRIVER_LABELS)]
     alternatives: list[list[JSON]] = []
-    for k, value in enumerate(parts):
-        equal = [{"key": DRIVER_LABELS[j], "operator": "In", "values": _number_spellings(parts[j])} for j in range(k)]
-        bound = value if k < len(parts) - 1 else value - 1  # strictly above, except ">=" on the last part
-        alternatives.append([*equal, {"key": DRIVER_LABELS[k], "operator": "Gt", "values": [str(bound)]}])
+    for keys in (DRIVER_LABELS, LEGACY_DRIVER_LABELS):
+        for k, value in enumerate(parts):
+            equal = [{"key": keys[j], "operator": "In", "values": _number_spellings(parts[j])} for j in range(k)]
+            bound = value if k < len(parts) - 1 else value - 1  # strictly above, except ">=" on the last part
+            alternatives.append([*equal, {"key": keys[k], "operator": "Gt", "values": [str(bound)]}])
     return alternatives
 
 
@@ -565,7 +619,6 @@ def queue_capability(vector: Mapping[str, int], sharing: str) -> dict[str, str]:
         capability["nvidia.com/gpu"] = str(int(vector.get("gpu_milli", 0)) // 1000)
     elif sharing == "volcano-vgpu":
         capability["volcano.sh/vgpu-memory"] = str(int(vector.get("gpu_memory_mib", 0)))
-    # HAMi's gpumem/gpucores are per card and never registered on nodes, so no queue can cap them.
     return capability
 
 
@@ -578,24 +631,40 @@ def render_queue(
     fifo: bool,
     sharing: str,
     platform_queue: str = "",
+    volcano_version: Sequence[int] = MIN_VOLCANO_VERSION,
 ) -> JSON:
-    """A cluster-scoped Volcano Queue whose capability is the platform queue's hard quota."""
+    """A cluster-scoped Volcano Queue whose capability is the platform queue's hard quota, with only the fields
+    the given Volcano release knows (older releases have no queue priority and no FIFO dequeue)."""
     labels = {MANAGED_BY: MANAGER}
     if platform_queue:
         labels[LABEL_QUEUE] = platform_queue
+    spec: JSON = {
+        "weight": max(1, min(65535, int(weight))),
+        # Quotas are hard: a queue never lends its share, and never takes another's.
+        "reclaimable": False,
+        "capability": queue_capability(vector, sharing),
+    }
+    version = tuple(volcano_version)
+    if version >= QUEUE_FIELD_SINCE["priority"]:
+        spec["priority"] = max(0, int(priority))
+    if version >= QUEUE_FIELD_SINCE["dequeueStrategy"]:
+        spec["dequeueStrategy"] = "fifo" if fifo else "traverse"
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "Queue",
         "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "weight": max(1, min(65535, int(weight))),
-            "priority": max(0, int(priority)),
-            # Quotas are hard: a queue never lends its share, and never takes another's.
-            "reclaimable": False,
-            "capability": queue_capability(vector, sharing),
-            "dequeueStrategy": "fifo" if fifo else "traverse",
-        },
+        "spec": spec,
     }
+
+
+def queue_version_from_schema(spec_properties: Mapping[str, Any]) -> tuple[int, int]:
+    """The newest Volcano release whose Queue fields the installed CRD's `spec` schema has (as far as the
+    platform cares): the properties of `spec` in the `queues.scheduling.volcano.sh` CRD."""
+    version = MIN_VOLCANO_VERSION
+    for name, since in sorted(QUEUE_FIELD_SINCE.items(), key=lambda item: item[1]):
+        if name in spec_properties:
+            version = max(version, since)
+    return version
 
 
 def render_queue_command(*, queue: str, uid: str, action: str, namespace: str) -> JSON:

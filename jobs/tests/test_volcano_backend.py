@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes.utils import parse_quantity
 
-from jobs import logstore
+from jobs import classifier, logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig, node_info, parse_ref
-from tests.fake_k8s import FakeKubernetes, crds_available, unavailable_reason
+from jobs.models import FailureRule
+from tests.fake_k8s import FakeKubernetes, crds
 
 JOBS = "jobs.batch.volcano.sh"
 QUEUES = "queues.scheduling.volcano.sh"
@@ -38,8 +39,7 @@ def gfd_labels(rack: str) -> dict[str, str]:
 
 @pytest.fixture
 def kube():
-    if not crds_available():
-        pytest.skip(unavailable_reason())
+    crds.require()
     with FakeKubernetes(nodes=0) as fake:
         for index, rack in enumerate(("r1", "r1")):
             fake.add_node(
@@ -151,6 +151,10 @@ def describe(
     return AttemptDescription(**fields)
 
 
+def is_worker(pod) -> bool:
+    return (pod["metadata"].get("labels") or {}).get("volcano.sh/task-spec", "").startswith("worker-")
+
+
 def observe_until(kube, backend, ref, done, *, ticks=30):
     for _ in range(ticks):
         obs = backend.observe([ref])[ref]
@@ -213,6 +217,8 @@ def test_success_with_logs_copied_once_in_order(kube, backend):
         (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
         (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
         (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
+        # graceful node shutdown: the kubelet ends the pod as `Terminated`
+        (dict(exit_code=143, reason="Terminated"), (143, "Terminated")),
     ],
 )
 def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, script, expected):
@@ -226,18 +232,158 @@ def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, s
         assert backend.log_tail(ref).endswith(script["logs"].splitlines()[-1] + "\n")
 
 
-def test_eviction_and_lost_node_are_reported_as_such(kube, backend):
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "expected"),
+    [
+        ("Evict", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("Preempted", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("Terminated", 143, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("NodeLost", None, ("platform", "retry_elsewhere", "evicted-or-lost")),
+        ("DeadlineExceeded", 137, ("user", "no_retry", "deadline-exceeded")),
+    ],
+)
+def test_default_rules_classify_what_a_cluster_reports(reason, exit_code, expected):
+    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
+    verdict = classifier.classify(classifier.Observation(exit_code=exit_code, reason=reason), rules)
+    assert (verdict.failure_class, verdict.reaction, verdict.rule) == expected
+
+
+@pytest.mark.parametrize("release", list(crds.RELEASES) + ["newest"])
+def test_each_volcano_release_takes_every_object_the_platform_writes_without_dropping_a_field(release, logs):
+    folder = crds.release_dirs()[release]
+    crds.require(folder)
+    version = crds.release_version(release) or (99, 0)
+    catalog = crds.load_catalog(str(folder))
+    with FakeKubernetes(crd_dir=str(folder), nodes=0) as kube:
+        for index in range(2):
+            kube.add_node(f"gpu-node-{index}", driver_version=DRIVER, labels=gfd_labels("r1"))
+        for namespace in (TEAM_NS, "trainyard"):
+            kube.create("namespaces", {"metadata": {"name": namespace}})
+        backend = make_backend(kube)  # TRAINYARD_VOLCANO_VERSION=auto: read off the installed Queue CRD
+        queue = PlatformQueue()
+        backend.queue_sync(queue)
+        spec = kube.get(QUEUES, "trainyard-train")["spec"]
+        assert ("priority" in spec) is (version >= (1, 10)) and ("dequeueStrategy" in spec) is (version >= (1, 14))
+        kube.controller.script("ty-", run_ticks=None)
+        refs = [backend.submit(describe()), backend.submit(describe(replicas=2, tensorboard=True))]
+        observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
+        queue.state = "closed"
+        backend.queue_sync(queue)  # a bus Command
+        assert kube.pruned == []  # nothing the platform (or Volcano, from it) wrote lost a field
+        for resource in ("jobs", "podgroups", "queues", "commands"):
+            group, version_, plural = {
+                "jobs": render.JOB_API,
+                "podgroups": render.PODGROUP_API,
+                "queues": render.QUEUE_API,
+                "commands": render.COMMAND_API,
+            }[resource]
+            found = kube.list(f"{plural}.{group}")
+            assert found or resource == "commands"  # the controller consumes commands
+            for obj in found:
+                catalog.validate({k: v for k, v in obj.items() if k != "status"})  # strict
+
+
+def test_a_setting_that_cannot_work_is_a_startup_error(settings):
+    from jobs.checks import volcano_backend_settings
+
+    settings.TRAINYARD_BACKEND = "volcano"
+    assert volcano_backend_settings() == []
+    for name, value, named in (
+        ("TRAINYARD_K8S_SHARING", "hami", "TRAINYARD_K8S_SHARING=volcano-vgpu"),
+        ("TRAINYARD_K8S_TTL_S", 0, "TRAINYARD_K8S_TTL_S"),
+        ("TRAINYARD_VOLCANO_VERSION", "1.8", "TRAINYARD_VOLCANO_VERSION"),
+        ("TRAINYARD_VOLCANO_VERSION", "newest", "TRAINYARD_VOLCANO_VERSION"),
+    ):
+        before = getattr(settings, name)
+        setattr(settings, name, value)
+        errors = volcano_backend_settings()
+        assert [e.id for e in errors] == ["jobs.E001"] and named in errors[0].msg
+        setattr(settings, name, before)
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_K8S_SHARING = "hami"
+    assert volcano_backend_settings() == []  # only the Volcano backend reads it
+
+
+def test_events_are_read_per_object_and_in_pages(kube, backend, monkeypatch):
+    from jobs.backends import volcano
+
+    monkeypatch.setattr(volcano, "EVENT_PAGE_SIZE", 2)
+    target = {"kind": "PodGroup", "metadata": {"name": "pg-1", "namespace": TEAM_NS, "uid": "u1"}}
+    other = {"kind": "PodGroup", "metadata": {"name": "pg-2", "namespace": TEAM_NS, "uid": "u2"}}
+    for index in range(5):
+        kube.record_event(target, reason=f"R{index}", message=f"m{index}", component="volcano")
+    kube.record_event(other, reason="Other", message="not mine", component="volcano")
+    kube.clear_requests()
+    context = volcano._NamespaceContext(backend, TEAM_NS, volcano._NodeView(backend))
+    assert sorted(e["reason"] for e in context.events("pg-1")) == [f"R{i}" for i in range(5)]
+    assert context.events("pg-1")  # read once per pass
+    reads = kube.requests_matching("GET", "/events$")
+    assert len(reads) == 3  # pages of two
+    assert {r.param("fieldSelector") for r in reads} == {"involvedObject.name=pg-1"}
+    assert {r.param("limit") for r in reads} == {"2"}
+
+
+def test_eviction_and_preemption_are_reported_as_such(kube, backend):
     kube.controller.script("ty-", run_ticks=None)
-    evicted, lost = describe(), describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
-    refs = [backend.submit(evicted), backend.submit(lost)]
+    evicted, preempted = describe(), describe()
+    refs = [backend.submit(evicted), backend.submit(preempted)]
     observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
     kube.controller.evict_pod(TEAM_NS, f"{render.job_name(evicted.job_id, 1)}-main-0")
-    kube.controller.lose_node("gpu-node-1")
-    for _ in range(5):
-        kube.controller.tick()
+    # Volcano records a preemption (or a reclaim) as an `Evict` event and deletes the pod.
+    kube.controller.preempt_pod(TEAM_NS, f"{render.job_name(preempted.job_id, 1)}-main-0")
+    kube.controller.tick(5)
     seen = backend.observe(refs)
     assert (seen[refs[0]].phase, seen[refs[0]].reason) == ("failed", "Evicted")
-    assert (seen[refs[1]].phase, seen[refs[1]].reason, seen[refs[1]].node) == ("failed", "NodeLost", "gpu-node-1")
+    assert (seen[refs[1]].phase, seen[refs[1]].reason) == ("failed", "Preempted")
+
+
+def lost_job(kube, backend):
+    kube.controller.script("ty-", run_ticks=None)
+    desc = describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
+    ref = backend.submit(desc)
+    observe_until(kube, backend, ref, lambda o: o.phase == "running")
+    kube.controller.lose_node("gpu-node-1")
+    kube.controller.tick(5)
+    return desc, ref, f"{render.job_name(desc.job_id, 1)}-main-0"
+
+
+def test_a_lost_node_fails_the_attempt_once_it_stayed_unready_past_the_deadline(kube, backend):
+    desc, ref, pod = lost_job(kube, backend)
+    # As on a real cluster: the pod stays Terminating and the Volcano job never ends by itself.
+    assert kube.get("pods", pod, TEAM_NS)["metadata"]["deletionTimestamp"]
+    assert backend.observe([ref])[ref].phase == "running"  # NotReady for less than TRAINYARD_K8S_NODE_LOST_S
+    impatient = make_backend(kube, node_lost_s=0)
+    seen = impatient.observe([ref])[ref]
+    assert (seen.phase, seen.reason, seen.node) == ("failed", "NodeLost", "gpu-node-1")
+    assert "node gpu-node-1 is not ready" in seen.message
+    # The node may still run it (a partition): the pod is not force-deleted while its node exists.
+    assert kube.try_get("pods", pod, TEAM_NS) is not None
+    assert kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}") == []
+
+
+def test_a_cancel_on_a_node_that_is_gone_force_deletes_its_pods_and_ends(kube, backend):
+    desc, ref, pod = lost_job(kube, backend)
+    backend.cancel(ref, grace_s=1)
+    assert backend.observe([ref])[ref].phase == "pending"  # the foreground delete waits for the pod
+    kube.delete("nodes", "gpu-node-1")  # the machine is gone (before the pod garbage collector ran)
+    seen = backend.observe([ref])[ref]
+    assert (seen.phase, seen.reason) == ("failed", "NodeLost") and "no longer exists" in seen.message
+    assert kube.try_get("pods", pod, TEAM_NS) is None  # force-deleted: the job's foreground delete can finish
+    (delete,) = kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}")
+    assert delete.param("gracePeriodSeconds") == "0" or (delete.body or {}).get("gracePeriodSeconds") == 0
+    kube.controller.tick(3)
+    assert backend.observe([ref])[ref].phase == "lost"  # and the Volcano job is gone
+
+
+def test_the_tensorboard_sidecars_image_pull_counts_toward_the_start_timeout(kube, logs):
+    backend = make_backend(kube, start_timeout_s=0)
+    backend.queue_sync(PlatformQueue())
+    kube.controller.script("ty-", waiting_reason="ImagePullBackOff", waiting_container="tensorboard")
+    ref = backend.submit(describe(tensorboard=True))
+    kube.controller.tick(3)
+    seen = backend.observe([ref])[ref]
+    assert (seen.phase, seen.reason) == ("failed", "ImagePullBackOff")
+    assert "(tensorboard)" in seen.message and "tensorflow" in seen.message
 
 
 def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
@@ -269,27 +415,27 @@ def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
 
 def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backend):
     kube.controller.script("ty-", task="master", logs="rank 0 ready", run_ticks=2)
-    kube.controller.script("ty-", task="worker", logs="rank up", run_ticks=2)
+    kube.controller.script(is_worker, logs="rank up", run_ticks=2)
     desc = describe(replicas=3, gpus=1, secondary_network="kube-system/rdma")
     ref = backend.submit(desc)
     obs = observe_until(kube, backend, ref, lambda o: o.finished)
     assert obs.phase == "succeeded"
     pods = kube.controller.job_pods(TEAM_NS, parse_ref(ref)[1])
     assert {p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] for p in pods} == {"kube-system/rdma"}
-    env = {
-        e["name"]: e["value"]
-        for p in pods
-        for e in p["spec"]["containers"][0]["env"]
-        if p["metadata"]["labels"]["volcano.sh/task-spec"] == "master"
-    }
-    assert env["WORLD_SIZE"] == "3" and env["RANK"] == "0"  # the pytorch plugin wired master and workers
+    placed = {}
+    for pod in pods:
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        assert env["WORLD_SIZE"] == "3" and env["MASTER_ADDR"] == f"{parse_ref(ref)[1]}-master-0.{parse_ref(ref)[1]}"
+        placed[env["RANK"]] = (pod["metadata"]["labels"]["volcano.sh/task-spec"], pod["spec"]["nodeName"])
+    # every replica on the node the platform placed it on (replica r on gpu-node-{r % 2})
+    assert placed == {"0": ("master", "gpu-node-0"), "1": ("worker-1", "gpu-node-1"), "2": ("worker-2", "gpu-node-0")}
     job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS)
     assert {"key": "trainyard.io/rack", "operator": "In", "values": ["r1"]} in (
         job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"][0]["matchExpressions"]
     )
-    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-0] rank up", "[worker-1] rank up"]
+    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-1] rank up", "[worker-2] rank up"]
 
 
 def test_cancel_deletes_in_the_foreground_and_ends_when_the_pods_are_gone(kube, backend):
@@ -329,6 +475,21 @@ def test_api_faults_are_retried_without_duplicates(kube, backend):
     assert backend.observe([ref]) == {}  # an unreadable cluster is not a lost job
     kube.clear_faults()
     assert observe_until(kube, backend, ref, lambda o: o.finished).phase == "succeeded"
+
+
+def test_retries_stop_within_the_call_budget_and_a_dead_api_ends_the_pass(kube, logs):
+    backend = make_backend(kube, retries=50, request_timeout_s=0.3, backoff_s=0.2, backoff_max_s=0.2, call_budget_s=1.5)
+    kube.hang_next(100, seconds=2.0, method="GET", path=r"/jobs$")
+    name = render.job_name(str(uuid.uuid4()), 1)
+    refs = [f"volcano:{TEAM_NS}/{name}", f"volcano:other-team/{name}"]
+    started = time.monotonic()
+    assert backend.observe(refs) == {}  # not observed (never "lost")
+    assert time.monotonic() - started < 2.5
+    tried = kube.requests_matching("GET", r"/jobs$")
+    assert 2 <= len(tried) <= 6  # retried, but only as often as fits the budget
+    assert len({r.path for r in tried}) == 1  # the API is down, not one namespace: the pass ends there
+    kube.clear_faults()
+    time.sleep(2.1)  # let the hung requests finish before the server stops
 
 
 def test_connection_refused_fails_the_submit_after_retries(kube, logs):
@@ -412,6 +573,52 @@ def test_node_info_divides_time_sliced_cards():
     assert info.gpus[0].uuid == "K8S-ts-0"
 
 
+@pytest.mark.parametrize(
+    ("allocatable", "labels", "cards", "mode"),
+    [
+        # renameByDefault time-slicing: only the shared resource, `replicas` units per card
+        ({"nvidia.com/gpu.shared": "16"}, {"nvidia.com/gpu.replicas": "4"}, 4, "time-sliced"),
+        (
+            {"nvidia.com/gpu.shared": "16"},
+            {"nvidia.com/gpu.count": "4", "nvidia.com/gpu.replicas": "4"},
+            4,
+            "time-sliced",
+        ),
+        ({"nvidia.com/gpu": "8"}, {}, 8, "whole"),
+        ({"nvidia.com/gpu": "8", "nvidia.com/gpu.shared": "8"}, {}, 8, None),  # both: either kind fits
+    ],
+)
+def test_node_info_records_what_the_device_plugin_hands_out(allocatable, labels, cards, mode):
+    node = {
+        "metadata": {"name": "n", "labels": {"nvidia.com/gpu.present": "true", **labels}},
+        "status": {
+            "allocatable": {**allocatable, "cpu": "8", "memory": "64Gi"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    info = node_info(node, [], shared_resource="nvidia.com/gpu.shared")
+    assert len(info.gpus) == cards
+    assert info.labels.get("trainyard.io/gpu-sharing") == mode
+    # Only the `whole` provider (which names its shared resource) records a mode.
+    assert "trainyard.io/gpu-sharing" not in node_info(node, []).labels
+
+
+def test_node_info_reads_the_driver_from_older_gpu_feature_discovery_labels():
+    node = {
+        "metadata": {
+            "name": "old-gfd",
+            "labels": {
+                "nvidia.com/gpu.count": "2",
+                "nvidia.com/cuda.driver.major": "535",
+                "nvidia.com/cuda.driver.minor": "183",
+                "nvidia.com/cuda.driver.rev": "01",
+            },
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": "2"}, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert node_info(node, []).driver_version == "535.183.01"
+
+
 def test_tensorboard_route_is_a_service_and_an_ingress_per_job(kube, backend):
     job_id = str(uuid.uuid4())
     host = backend.tensorboard_expose(job_id=job_id, namespace=TEAM_NS)
@@ -460,6 +667,31 @@ def platform(kube, settings, tmp_path, transactional_db):
 
     yield get_user_model().objects.get(username="demo")
     reset_backends()
+
+
+@pytest.fixture
+def vgpu_platform(request, kube, settings):
+    """The platform with TRAINYARD_K8S_SHARING=volcano-vgpu on nodes that run Volcano's vGPU device plugin."""
+    for node in kube.list("nodes"):
+        name = node["metadata"]["name"]
+        register = "".join(f"GPU-{name}-{i},10,24576,100,NVIDIA-L4,0,true:" for i in range(8))
+
+        def annotate(n, register=register):
+            n["metadata"].setdefault("annotations", {})["volcano.sh/node-vgpu-register"] = register
+
+        def advertise(n):
+            n["status"]["allocatable"].update(
+                {
+                    "volcano.sh/vgpu-number": "80",
+                    "volcano.sh/vgpu-memory": str(8 * 24576),
+                    "volcano.sh/vgpu-cores": "800",
+                }
+            )
+
+        kube.mutate("nodes", name, None, annotate)
+        kube.mutate("nodes", name, None, advertise, subresource="status")
+    settings.TRAINYARD_K8S_SHARING = "volcano-vgpu"
+    return request.getfixturevalue("platform")
 
 
 def drive(kube, predicate, *, timeout=30.0):
@@ -649,17 +881,17 @@ def test_e2e_closing_a_platform_queue_closes_its_volcano_queue(kube, platform, c
 @pytest.mark.slow
 def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, platform, celery_worker_thread):
     kube.controller.script("ty-", task="master", logs="rank 0: all-reduce ok", run_ticks=2)
-    kube.controller.script("ty-", task="worker", logs="rank 1: all-reduce ok", run_ticks=2)
+    kube.controller.script(is_worker, logs="rank 1: all-reduce ok", run_ticks=2)
     job = submit(platform, queue="distributed", replicas=2)
     job = drive(kube, lambda: finished(job))
     assert job.state == "succeeded"
     vcjob = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)
-    assert vcjob["spec"]["minAvailable"] == 2 and "pytorch" in vcjob["spec"]["plugins"]
+    assert vcjob["spec"]["minAvailable"] == 2 and [t["name"] for t in vcjob["spec"]["tasks"]] == ["master", "worker-1"]
     assert vcjob["spec"]["queue"] == "trainyard-distributed"
     lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
     assert sorted(line.text for line in lines) == [
         "[master-0] rank 0: all-reduce ok",
-        "[worker-0] rank 1: all-reduce ok",
+        "[worker-1] rank 1: all-reduce ok",
     ]
 
 
@@ -693,3 +925,26 @@ def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_
     assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
     assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
     assert kube.try_get("services", name, TEAM_NS) is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_the_ledger_follows_the_cards_volcanos_vgpu_scheduler_chose(kube, vgpu_platform, celery_worker_thread):
+    from cluster.models import LogicalDevice, PoolRepair
+
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(vgpu_platform, spec="shared")
+    attempt = drive(kube, lambda: reload(job).attempts.filter(state="running").first())
+    pod = kube.controller.job_pods(TEAM_NS, parse_ref(attempt.backend_ref)[1])[0]
+    placed = pod["metadata"]["annotations"]["volcano.sh/vgpu-use-gpuuuid"]  # the card the platform placed it on
+    chosen = pod["metadata"]["annotations"]["volcano.sh/vgpu-ids-new"].split(",")[0]
+    assert chosen != placed  # released Volcano ignores the pin
+    drive(kube, lambda: LogicalDevice.objects.filter(attempt=attempt, gpu__uuid=chosen).exists())
+    assert not LogicalDevice.objects.filter(attempt=attempt, gpu__uuid=placed).exists()
+    assert PoolRepair.objects.filter(kind="slice_moved", gpu__uuid=chosen).count() == 1
+    moved = reload(job).events.get(kind="slices_moved")
+    assert moved.data == {"moved": {placed: chosen}}
+    attempt.refresh_from_db()
+    assert attempt.placement["devices"][0]["gpu_uuid"] == chosen
+    drive(kube, lambda: True)  # observing again moves nothing more
+    assert PoolRepair.objects.filter(kind="slice_moved").count() == 1

@@ -2,9 +2,12 @@
 and saying what the platform means (placement, gang, provider resources, pod security, names).
 
 Every (spec × sharing provider × single/distributed × with/without TensorBoard and volumes) combination is
-rendered and validated: the Volcano Job against the openAPIV3Schema of `../shared/volcano-crds` (unknown fields
-rejected), its pod templates against the Kubernetes 1.34 PodTemplate schema (kubernetes-validate, strict).
-Tests that need the CRD files skip with a message saying where they were looked for.
+rendered and validated: the Volcano Job against the openAPIV3Schema of every Volcano release the platform supports
+(`../shared/volcano-crds/v1.9.0`, `v1.12.0`, `v1.14.0` and the newest snapshot at the top of that folder; unknown
+fields rejected, since a real server would drop them silently), its pod templates against the PodTemplate schema of
+Kubernetes 1.29 and of the newest release kubernetes-validate knows (strict). Queues and queue Commands are
+validated against every release too, rendered for that release. Tests that need the CRD files skip with a message
+saying how to get them, and fail instead under `CI=true`.
 """
 
 from __future__ import annotations
@@ -18,14 +21,33 @@ import pytest
 
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
-from tests.fake_k8s import crds, crds_available, unavailable_reason
+from tests.fake_k8s import crds
 
-K8S_VERSION = "1.34"
+K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 CARD_MIB = 81559
 JOB_ID = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
 DIGEST_IMAGE = "nvcr.io/nvidia/pytorch:24.10-py3@sha256:" + "1" * 64
 
-needs_crds = pytest.mark.skipif(not crds_available(), reason=unavailable_reason())
+needs_crds = pytest.mark.usefixtures("volcano_crds")
+
+
+@pytest.fixture
+def volcano_crds():
+    """Every release folder of the Volcano CRDs, by name (skips, or fails under CI=true, when one is missing)."""
+    folders = crds.release_dirs()
+    for folder in folders.values():
+        crds.require(folder)
+    return {name: crds.load_catalog(str(folder)) for name, folder in folders.items()}
+
+
+def validate_everywhere(obj: dict, catalogs: dict) -> None:
+    """Strict validation (unknown fields rejected) against every release."""
+    for name, catalog in catalogs.items():
+        try:
+            catalog.validate(copy.deepcopy(obj))
+        except crds.CrdValidationError as exc:
+            raise AssertionError(f"Volcano {name}: {exc}") from None
+
 
 # name → (exclusive, gpu_count, compute milli per card, memory eighths per card)
 SPECS = {
@@ -82,7 +104,6 @@ def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = Fals
         labels={},
         gang=replicas > 1,
         secondary_network="",
-        read_only_root=False,
     )
     if extras:
         fields.update(
@@ -95,7 +116,6 @@ def describe(spec: str = "guaranteed", *, replicas: int = 1, extras: bool = Fals
             ],
             labels={"sweep": "lr-0.1", "git": "abc123"},
             secondary_network="kube-system/rdma-net",
-            read_only_root=True,
             working_dir="src",
         )
     fields.update(overrides)
@@ -122,26 +142,26 @@ def trainer(template: dict) -> dict:
 
 
 def validate_pod_template(template: dict) -> None:
-    kubernetes_validate.validate(
-        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
-        K8S_VERSION,
-        strict=True,
-    )
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+            version,
+            strict=True,
+        )
 
 
 # ------------------------------------------------------------------------------------------ every manifest
 
 
-@needs_crds
 @pytest.mark.parametrize("extras", [False, True], ids=["plain", "tensorboard+volumes"])
 @pytest.mark.parametrize("replicas", [1, 3], ids=["single", "distributed"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("spec", list(SPECS))
-def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, replicas, extras):
+def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, replicas, extras, volcano_crds):
     desc = describe(spec, replicas=replicas, extras=extras)
     job = render.render_job(desc, options(provider))
 
-    crds.validate(copy.deepcopy(job))  # the real Job CRD schema, unknown fields rejected
+    validate_everywhere(job, volcano_crds)  # the real Job CRD of every release, unknown fields rejected
     for template in templates(job).values():
         validate_pod_template(template)
 
@@ -159,9 +179,20 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
     assert labels["trainyard.io/job-id"] == JOB_ID and labels["trainyard.io/attempt"] == "2"
     assert labels["trainyard.io/attempt-id"] == "41" and labels["app.kubernetes.io/managed-by"] == "trainyard"
     if replicas > 1:
-        assert set(spec_["plugins"]) == {"pytorch", "env", "svc"}
-        assert "--master=master" in spec_["plugins"]["pytorch"] and "--worker=worker" in spec_["plugins"]["pytorch"]
-        assert [(t["name"], t["replicas"]) for t in spec_["tasks"]] == [("master", 1), ("worker", 2)]
+        assert set(spec_["plugins"]) == {"env", "svc"}
+        assert spec_["plugins"]["svc"] == ["--disable-network-policy"]
+        # one task per replica, each pinned to its own placement, with torch.distributed's rendezvous
+        assert [(t["name"], t["replicas"]) for t in spec_["tasks"]] == [("master", 1), ("worker-1", 1), ("worker-2", 1)]
+        for rank, task in enumerate(spec_["tasks"]):
+            env = {e["name"]: e["value"] for e in trainer(task["template"])["env"]}
+            assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "3")
+            assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-master-0.{job['metadata']['name']}"
+            pinned = task["template"]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert {tuple(t["matchFields"][0]["values"]) for t in pinned["nodeSelectorTerms"]} == {
+                (f"gpu-node-{rank}",)
+            }
     else:
         assert "plugins" not in spec_ and [t["name"] for t in spec_["tasks"]] == ["main"]
 
@@ -181,7 +212,7 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
             assert security["capabilities"] == {"drop": ["ALL"]} and security["runAsNonRoot"] is True
         main = trainer(template)
         assert main["image"] == DIGEST_IMAGE and main["imagePullPolicy"] == "IfNotPresent"
-        assert main["securityContext"]["readOnlyRootFilesystem"] is desc.read_only_root
+        assert main["securityContext"]["readOnlyRootFilesystem"] is False  # no job field asks for a read-only root
         assert main["resources"]["requests"] == main["resources"]["limits"]
         fields = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert all(term["matchFields"][0]["key"] == "metadata.name" for term in fields["nodeSelectorTerms"])
@@ -191,7 +222,8 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
             assert json.loads(annotations["trainyard.io/labels"]) == {"sweep": "lr-0.1", "git": "abc123"}
             mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
             assert mounts["/data"]["readOnly"] is True and mounts["/ckpt"]["subPath"] == "resnet"
-            assert len(fields["nodeSelectorTerms"]) == 3  # driver >= 550.54.15 on GFD's numeric labels
+            # driver >= 550.54.15 on GFD's numeric labels, in the names of GFD 0.15+ and of older releases
+            assert len(fields["nodeSelectorTerms"]) == 6
         else:
             assert "k8s.v1.cni.cncf.io/networks" not in annotations and len(fields["nodeSelectorTerms"]) == 1
     sidecars = [c for t in templates(job).values() for c in t["spec"].get("initContainers", [])]
@@ -222,18 +254,6 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
             },
             "volcano.sh/vgpu-use-gpuuuid",
         ),
-        (
-            "hami",
-            "performance",
-            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(CARD_MIB * 6 // 8), "nvidia.com/gpucores": "75"},
-            "nvidia.com/use-gpuuuid",
-        ),
-        (
-            "hami",
-            "guaranteed-x4",
-            {"nvidia.com/gpu": "4", "nvidia.com/gpumem": str(CARD_MIB), "nvidia.com/gpucores": "100"},
-            "nvidia.com/use-gpuuuid",
-        ),
     ],
 )
 def test_gpu_requests_follow_the_sharing_provider(provider, spec, expected, pin):
@@ -255,13 +275,35 @@ def test_gpu_requests_follow_the_sharing_provider(provider, spec, expected, pin)
 
 def test_cards_without_a_published_uuid_are_not_pinned():
     desc = describe("shared", devices=[Device("K8S-gpu-node-0-3", 3, "gpu-node-0", 250, 20389, False)])
-    template = templates(render.render_job(desc, options("hami")))["main"]
-    assert "nvidia.com/use-gpuuuid" not in template["metadata"]["annotations"]
+    template = templates(render.render_job(desc, options("volcano-vgpu")))["main"]
+    assert "volcano.sh/vgpu-use-gpuuuid" not in template["metadata"]["annotations"]
 
 
 def test_unknown_provider_is_refused_with_the_setting_named():
     with pytest.raises(render.ManifestError, match="TRAINYARD_K8S_SHARING"):
         render.RenderOptions(sharing="mig")
+
+
+def test_hami_is_refused_and_volcano_vgpu_named_instead():
+    # HAMi's webhook skips pods Volcano schedules and Volcano's enqueue counts gpumem/gpucores as resources no
+    # node has (tests/test_fake_k8s.py shows both): such jobs would never start, so the setting is refused.
+    with pytest.raises(render.ManifestError, match="TRAINYARD_K8S_SHARING=volcano-vgpu"):
+        render.RenderOptions(sharing="hami")
+
+
+@pytest.mark.parametrize("ttl", [0, 60, render.MIN_TTL_S - 1])
+def test_a_ttl_too_short_to_read_the_outcome_is_refused(ttl):
+    with pytest.raises(render.ManifestError, match="TRAINYARD_K8S_TTL_S"):
+        render.RenderOptions(ttl_s=ttl)
+    assert render.RenderOptions(ttl_s=render.MIN_TTL_S).ttl_s == render.MIN_TTL_S
+
+
+def test_pods_are_scheduled_by_volcano_and_distributed_jobs_keep_out_of_the_svc_network_policy():
+    job = render.render_job(describe(replicas=3, tensorboard=True), options())
+    assert job["spec"]["schedulerName"] == "volcano"
+    assert {t["template"]["spec"]["schedulerName"] for t in job["spec"]["tasks"]} == {"volcano"}
+    # The svc plugin's NetworkPolicy would admit only the job's own pods, shutting out TensorBoard's ingress.
+    assert job["spec"]["plugins"]["svc"] == ["--disable-network-policy"]
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -312,11 +354,10 @@ def test_node_affinity_pins_the_placed_node_and_the_images_minimum_driver(node_d
     assert not _schedulable(template, "gpu-node-7", _driver_labels("560.28.03"))  # never off the placement
 
 
-@needs_crds
-def test_a_model_pinned_job_requires_the_gpu_product_label():
+def test_a_model_pinned_job_requires_the_gpu_product_label(volcano_crds):
     desc = describe(gpu_products=["NVIDIA-A100-SXM4-80GB"], min_driver_version="550.54.15")
     job = render.render_job(desc, options())
-    crds.validate(copy.deepcopy(job))
+    validate_everywhere(job, volcano_crds)
     template = templates(job)["main"]
     validate_pod_template(template)
     a100 = {**_driver_labels("560.28.03"), "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
@@ -331,15 +372,17 @@ def test_distributed_workers_stay_in_the_rack_of_their_placement():
     desc = describe("guaranteed", replicas=3)
     racks = {f"gpu-node-{i}": {"trainyard.io/rack": "r12", "kubernetes.io/hostname": f"gpu-node-{i}"} for i in range(3)}
     job = render.render_job(desc, options(), node_labels=racks)
-    master, worker = templates(job)["master"], templates(job)["worker"]
+    master, worker = templates(job)["master"], templates(job)["worker-2"]
     assert _schedulable(master, "gpu-node-0", {"trainyard.io/rack": "r12"})
-    assert not _schedulable(worker, "gpu-node-1", {"trainyard.io/rack": "r13"})
+    assert not _schedulable(worker, "gpu-node-2", {"trainyard.io/rack": "r13"})
     assert _schedulable(worker, "gpu-node-2", {"trainyard.io/rack": "r12"})
     assert not _schedulable(worker, "gpu-node-0", {"trainyard.io/rack": "r12"})  # the master's node, not a worker's
+    # each worker only on its own placed node: Volcano cannot stack two workers on one of them
+    assert not _schedulable(worker, "gpu-node-1", {"trainyard.io/rack": "r12"})
 
     racks["gpu-node-2"] = {"trainyard.io/rack": "r13"}  # placement spans racks: no rack rule can hold
     spanning = render.render_job(desc, options(), node_labels=racks)
-    assert _schedulable(templates(spanning)["worker"], "gpu-node-2", {"trainyard.io/rack": "r13"})
+    assert _schedulable(templates(spanning)["worker-2"], "gpu-node-2", {"trainyard.io/rack": "r13"})
     unlabelled = render.render_job(desc, options(), node_labels={})
     assert "trainyard.io/rack" not in json.dumps(unlabelled)
 
@@ -353,7 +396,7 @@ def test_names_are_deterministic_and_fit_kubernetes_limits():
     assert first == again
     name = first["metadata"]["name"]
     assert name == "ty-0f1e2d3c4b5a49688776a5b4c3d2e1f0-2"
-    assert len(f"{name}-worker-62") <= 63 and name[0].isalpha()
+    assert len(f"{name}-worker-62-0") <= 63 and name[0].isalpha()
     assert render.job_name(JOB_ID, 3) != name
 
 
@@ -375,7 +418,7 @@ def test_mounts_other_than_claims_at_absolute_paths_are_refused(mount):
 
 def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_the_master_only():
     job = render.render_job(describe("guaranteed", replicas=2, tensorboard=True), options())
-    master, worker = templates(job)["master"], templates(job)["worker"]
+    master, worker = templates(job)["master"], templates(job)["worker-1"]
     sidecar = master["spec"]["initContainers"][0]
     assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["containerPort"] == 6006
     assert master["metadata"]["labels"]["trainyard.io/tensorboard"] == "true"
@@ -389,34 +432,65 @@ def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_
 # ------------------------------------------------------------------------------------------ queues, routes
 
 
-@needs_crds
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_queues_validate_and_carry_the_platform_quota(provider):
+def test_queues_validate_against_each_release_and_carry_the_platform_quota(provider, volcano_crds):
     vector = {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
-    queue = render.render_queue(
-        name="trainyard-train",
-        vector=vector,
-        weight=3,
-        priority=-5,
-        fifo=True,
-        sharing=provider,
-        platform_queue="train",
-    )
-    crds.validate(copy.deepcopy(queue))
-    spec = queue["spec"]
-    assert spec["reclaimable"] is False and spec["priority"] == 0 and spec["dequeueStrategy"] == "fifo"
-    assert spec["capability"]["cpu"] == "64000m" and spec["capability"]["memory"] == "262144Mi"
-    gpu = {k: v for k, v in spec["capability"].items() if k not in ("cpu", "memory")}
-    assert (
-        gpu
-        == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"}, "hami": {}}[provider]
-    )
-    command = render.render_queue_command(
-        queue="trainyard-train", uid="5e1f-uid", action="CloseQueue", namespace="trainyard"
-    )
-    crds.validate(copy.deepcopy(command))
-    assert command["target"]["kind"] == "Queue" and command["target"]["name"] == "trainyard-train"
-    assert command["target"]["uid"] == "5e1f-uid" and command["action"] == "CloseQueue"
+    for name, catalog in volcano_crds.items():
+        version = crds.release_version(name) or (9, 99)
+        queue = render.render_queue(
+            name="trainyard-train",
+            vector=vector,
+            weight=3,
+            priority=-5,
+            fifo=True,
+            sharing=provider,
+            platform_queue="train",
+            volcano_version=version,
+        )
+        catalog.validate(copy.deepcopy(queue))  # strict: a field the release lacks would be dropped by the server
+        spec = queue["spec"]
+        assert spec["reclaimable"] is False and spec["weight"] == 3
+        assert ("priority" in spec) is (version >= (1, 10)) and ("dequeueStrategy" in spec) is (version >= (1, 14))
+        if version >= (1, 14):
+            assert spec["priority"] == 0 and spec["dequeueStrategy"] == "fifo"
+        assert spec["capability"]["cpu"] == "64000m" and spec["capability"]["memory"] == "262144Mi"
+        gpu = {k: v for k, v in spec["capability"].items() if k not in ("cpu", "memory")}
+        assert gpu == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"}}[provider]
+        # Reading the release off the installed CRD renders the same queue.
+        properties = catalog.crd_schema(*render.QUEUE_API)["properties"]["spec"]["properties"]
+        detected = render.queue_version_from_schema(properties)
+        assert (
+            render.render_queue(
+                name="trainyard-train",
+                vector=vector,
+                weight=3,
+                priority=-5,
+                fifo=True,
+                sharing=provider,
+                platform_queue="train",
+                volcano_version=detected,
+            )
+            == queue
+        )
+        command = render.render_queue_command(
+            queue="trainyard-train", uid="5e1f-uid", action="CloseQueue", namespace="trainyard"
+        )
+        catalog.validate(copy.deepcopy(command))
+        assert command["target"]["kind"] == "Queue" and command["target"]["name"] == "trainyard-train"
+        assert command["target"]["uid"] == "5e1f-uid" and command["action"] == "CloseQueue"
+
+
+@pytest.mark.parametrize("text", ["1.9", "v1.12.0", "1.14.2-rc.1"])
+def test_volcano_versions_parse(text):
+    assert render.parse_version(text) >= render.MIN_VOLCANO_VERSION
+
+
+@pytest.mark.parametrize("text", ["", "latest", "1", "one.two"])
+def test_a_volcano_version_that_is_not_one_is_refused_with_the_setting_named(text):
+    with pytest.raises(render.ManifestError, match="TRAINYARD_VOLCANO_VERSION"):
+        render.parse_version(text)
+    with pytest.raises(render.ManifestError, match="TRAINYARD_VOLCANO_VERSION"):
+        render.RenderOptions(volcano_version=(1, 8))
 
 
 def test_tensorboard_route_objects_validate_against_kubernetes():
@@ -432,7 +506,8 @@ def test_tensorboard_route_objects_validate_against_kubernetes():
         tls_secret="tb-wildcard",
     )
     for obj in (service, ingress):
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
     assert service["spec"]["selector"] == {"trainyard.io/job-id": JOB_ID, "trainyard.io/tensorboard": "true"}
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-url"].endswith(f"/tb/{JOB_ID}/")
     with pytest.raises(render.ManifestError, match="TRAINYARD_TB_BASE_DOMAIN"):
@@ -441,12 +516,23 @@ def test_tensorboard_route_objects_validate_against_kubernetes():
 
 def test_driver_alternatives_cover_each_precision():
     assert render.driver_alternatives("") == []
-    major = render.DRIVER_LABELS[0]
-    assert render.driver_alternatives("550") == [[{"key": major, "operator": "Gt", "values": ["549"]}]]
+    major, legacy_major = render.DRIVER_LABELS[0], render.LEGACY_DRIVER_LABELS[0]
+    assert render.driver_alternatives("550") == [
+        [{"key": major, "operator": "Gt", "values": ["549"]}],
+        [{"key": legacy_major, "operator": "Gt", "values": ["549"]}],
+    ]
     two = render.driver_alternatives("520.61")
-    assert [len(a) for a in two] == [1, 2] and two[1][-1] == {
+    assert [len(a) for a in two] == [1, 2, 1, 2] and two[1][-1] == {
         "key": render.DRIVER_LABELS[1],
         "operator": "Gt",
         "values": ["60"],
     }
     assert list(itertools.chain.from_iterable(render.driver_alternatives("550.54.15")))[-1]["values"] == ["14"]
+
+
+@pytest.mark.parametrize(("node_driver", "fits"), [("550.54.15", True), ("550.54.14", False), ("560.28.03", True)])
+def test_nodes_labelled_by_gfd_before_0_15_still_match_the_minimum_driver(node_driver, fits):
+    template = templates(render.render_job(describe(min_driver_version="550.54.15"), options()))["main"]
+    major, minor, revision = node_driver.split(".")
+    legacy = dict(zip(render.LEGACY_DRIVER_LABELS, (major, minor, revision), strict=True))
+    assert _schedulable(template, "gpu-node-0", legacy) is fits

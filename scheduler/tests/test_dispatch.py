@@ -107,6 +107,39 @@ def test_a_model_pinned_job_lands_on_that_model_and_waits_with_a_reason(platform
     assert submit(platform, gpu_models="A100|H100").gpu_models == ["A100", "H100"]
 
 
+def test_time_sliced_nodes_take_shares_and_plain_nodes_whole_cards(platform):  # noqa: F811
+    from dataclasses import replace
+
+    from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE
+
+    sliced = replace(node("sliced-0", 2, "NVIDIA A100-SXM4-80GB"), labels={SHARING_LABEL: SHARING_TIME_SLICED})
+    plain = replace(node("plain-0", 2, "NVIDIA A100-SXM4-80GB"), labels={SHARING_LABEL: SHARING_WHOLE})
+    fresh_pool(sliced, plain)
+    train = open_up()
+    whole = [submit(platform) for _ in range(3)]
+    shares = [submit(platform, spec="shared") for _ in range(2)]
+    assert services.queue_dispatch(queue_id=train.id) == 4
+    assert {placed_on(j)[0][0] for j in whole[:2]} == {"plain-0"}
+    assert {placed_on(j)[0][0] for j in shares} == {"sliced-0"}
+    waiting = Job.objects.get(pk=whole[2].pk)
+    assert waiting.state == "pending" and waiting.reason == "no_capacity"
+
+
+def test_whole_cards_wait_with_the_reason_when_every_node_is_time_sliced(platform):  # noqa: F811
+    from dataclasses import replace
+
+    from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED
+
+    fresh_pool(replace(node("sliced-0", 2, "NVIDIA A100-SXM4-80GB"), labels={SHARING_LABEL: SHARING_TIME_SLICED}))
+    train = open_up()
+    whole, share = submit(platform), submit(platform, spec="shared")
+    assert services.queue_dispatch(queue_id=train.id) == 1
+    assert placed_on(share)[0][0] == "sliced-0"
+    waiting = Job.objects.get(pk=whole.pk)
+    assert waiting.state == "pending" and waiting.reason == "no_capacity"
+    assert "every ready node is time-sliced" in waiting.message
+
+
 def test_host_cpu_and_memory_are_accounted_on_cluster_nodes(platform):  # noqa: F811
     # 8 free cards but 20 cores: the guaranteed spec asks 8 cores per card, so only two 1-card jobs fit.
     fresh_pool(node("small-cpu", 8, "NVIDIA A100-SXM4-80GB", cpu=20000))

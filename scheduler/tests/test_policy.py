@@ -532,3 +532,47 @@ def test_memory_in_eighths_follows_the_card_it_lands_on():
     assert (wide.node, wide.gpu_memory_mib) == ("b", 71680)
     with pytest.raises(ValueError):
         Request.fraction(250, gpu_memory_eighths=9)
+
+
+# ---- nodes whose device plugin decides what their cards can be -------------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_whole_cards_and_shares_go_only_to_nodes_that_serve_them(policy: str) -> None:
+    from scheduler.policy import SHARES_ONLY, WHOLE_ONLY
+
+    def pool() -> list[Node]:
+        sliced = make_node("time-sliced", [FULL_MILLI] * 4)
+        sliced.sharing = SHARES_ONLY
+        plain = make_node("plain", [FULL_MILLI] * 4)
+        plain.sharing = WHOLE_ONLY
+        return [sliced, plain]
+
+    nodes = pool()
+    alloc = Allocator(nodes, policy, MIX, seed=5)
+    for _ in range(4):
+        whole = alloc.place(Request.whole(1, cpu_milli=1000))
+        assert whole is not None and whole.node == "plain"
+    assert alloc.choose(Request.whole(1)) is None  # the time-sliced node's free cards serve shares only
+    for _ in range(12):
+        share = alloc.place(Request.fraction(250, cpu_milli=1000))
+        assert share is not None and share.node == "time-sliced"
+    assert choose(policy, pool(), Request.fraction(500), MIX).node == "time-sliced"
+    assert choose(policy, pool(), Request.whole(2), MIX).node == "plain"
+    assert alloc.choose(Request.cpu_only(1000)) is not None  # CPU-only work fits either
+
+
+def test_fragmentation_counts_the_cards_a_node_cannot_hand_out_to_a_type() -> None:
+    from scheduler.policy import SHARES_ONLY
+
+    shares_only = Workload.from_requests([Request.fraction(500)])
+    whole_only = Workload.from_requests([Request.whole(1)])
+    node = make_node("time-sliced", [FULL_MILLI, FULL_MILLI])
+    node.sharing = SHARES_ONLY
+    assert fragmentation(node, shares_only) == 0
+    assert fragmentation(node, whole_only) == 2 * FULL_MILLI  # all of it is useless to whole-card work
+
+
+def test_an_unknown_sharing_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="sharing mode"):
+        Node("x", 1000, [], sharing="mig")

@@ -20,19 +20,24 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
   `patch`, `mutate`, `delete`), `compact()` to expire watch history, a settable clock.
 - `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
   `wait_for_job_phase()`, `start()`/`stop()` for a background loop, `evict_pod()`, `fail_pod()`,
-  `lose_node()`/`restore_node()`, `set_queue_state()`.
-- `crds`: the real Volcano CRDs (`crds_available()`, `crd_schema()`, `validate()`).
+  `preempt_pod()`, `lose_node()`/`restore_node()`/`delete_node()` (pods of a lost node stay Terminating),
+  `set_queue_state()`, `hami_scheduler` (a simulated HAMi scheduler for pods that name it).
+- `crds`: the real Volcano CRDs (`crds_available()`, `crd_schema()`, `validate()`; `require()` skips a test
+  without them, or fails it under `CI=true`; `release_dirs()` names the release folders to test against).
 
-Deliberately not emulated (a backend must not rely on them passing here or failing here): authentication
-and RBAC; server-side apply; the exact `kubectl`-visible wording of most messages (reasons, codes and
-fields match; texts are close paraphrases); consistent snapshots for paginated lists and list
-`resourceVersion` semantics (lists are always the latest state); watch bookmarks; strategic merge patch
-beyond the common list merge keys; CRD defaulting inside `anyOf`, CEL rules and formats; Volcano's
-`timeout` on policies, the TaskFailed/Unknown/JobUpdated events, preemption and reclaim, hierarchical
-queues beyond "jobs only in leaf queues", exact `minResources` keys (plain resource names here), per-pod
-queue share (`deserved`); and, on the kube side, eviction API, ResourceQuota/LimitRange, PVCs, DNS and
-networking. Unknown fields are rejected by default (like `fieldValidation=Strict`); a real server's
-default prunes them with a warning — pass `field_validation="Warn"` to `FakeKubernetes` for that.
+Deliberately not emulated (a backend must not rely on them passing here or failing here): authentication and
+RBAC; server-side apply; the exact `kubectl`-visible wording of most messages (reasons, codes and fields
+match; texts are close paraphrases); consistent snapshots for paginated lists and list `resourceVersion`
+semantics (lists are always the latest state); watch bookmarks; strategic merge patch beyond the common list
+merge keys; CRD defaulting inside `anyOf`, CEL rules and formats; Volcano's `timeout` on policies, the
+TaskFailed/Unknown/JobUpdated events, the decisions of preemption and reclaim (`preempt_pod()` plays their
+outcome), hierarchical queues beyond "jobs only in leaf queues", exact `minResources` keys (plain resource
+names here), per-pod queue share (`deserved`); and, on the kube side, eviction API, ResourceQuota/LimitRange,
+PVCs, DNS and networking. Unknown fields are pruned as a real server does for the official client
+(`fieldValidation=Warn`, its default: the client never reads the warning) and listed in `kube.pruned`; they
+are rejected only when a request asks for `fieldValidation=Strict` (or with
+`FakeKubernetes(field_validation="Strict")`). `apiextensions.k8s.io/v1` CustomResourceDefinitions are served
+read-only from the CRD folder in use (`crd_dir=` picks a release folder such as `v1.9.0`).
 """
 
 from . import crds

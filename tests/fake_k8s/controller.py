@@ -12,9 +12,15 @@ It plays, in one deterministic `tick()`:
 - the scheduler: enqueue gated by queue state, queue `capability` and cluster overcommit (PodGroup stays
   Pending with an `Unschedulable` condition and the real events), then gang allocation of pods to nodes
   (resources, nodeSelector, required node affinity, taints, cordons); pods of `default-scheduler` are
-  placed one by one; pods naming any other scheduler stay Pending, as they would with no such scheduler;
+  placed one by one; pods naming HAMi's scheduler are placed by a simulated HAMi when `hami_scheduler` is
+  set; pods naming any other scheduler stay Pending, as they would with no such scheduler (a pod asking for
+  HAMi's `nvidia.com/gpumem` from Volcano stays Pending: no node advertises it);
+- the svc plugin's headless Service, ConfigMap and NetworkPolicy (none with `--disable-network-policy`);
+- Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete), and its vGPU card choice
+  (`volcano.sh/vgpu-ids-new`, ignoring the requested UUIDs as released versions do);
 - the kubelet: containers start, write their scripted logs, and end with the scripted outcome; graceful
-  deletions complete on the next tick.
+  deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
+  until the node returns or is deleted (`delete_node`: the pod garbage collector force-deletes them).
 
 Tests decide what each pod does with `script()`, and break things with `evict_pod()`, `fail_pod()`,
 `lose_node()`. Call `tick()` (or `run_until()`) for deterministic tests, or `start()` for a background loop.
@@ -69,6 +75,14 @@ TEMPLATE_UID = "volcano.sh/template-uid"
 GROUP_NAME = "scheduling.k8s.io/group-name"
 
 SCHEDULER = "volcano"
+# HAMi's per-card resources (never on a node's allocatable) and its pod annotations.
+HAMI_CARD_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage")
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+# Volcano's vGPU device sharing: pod resources, the node's card registry, the scheduler's choice on the pod.
+VGPU_NUMBER, VGPU_MEMORY, VGPU_CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
+VGPU_REGISTER = "volcano.sh/node-vgpu-register"
+VGPU_ASSIGNED = "volcano.sh/vgpu-ids-new"
 CONTROLLER_COMPONENT = "vc-controller-manager"
 FINISHED_PHASES = frozenset({"Completed", "Failed", "Terminated"})
 USER_POLICY_EVENTS = frozenset(
@@ -94,6 +108,7 @@ POD_LEVEL_REASONS = frozenset(
         "NodeLost",
         "DeadlineExceeded",
         "Shutdown",
+        "Terminated",  # graceful node shutdown
         "UnexpectedAdmissionError",
         "OutOfcpu",
         "OutOfmemory",
@@ -114,7 +129,8 @@ class PodScript:
     `reason` is either a container reason (`OOMKilled`, `Error`, `ContainerCannotRun`, ...) or a pod-level one
     (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output (or a mapping container ->
     text), written progressively over `run_ticks` ticks. `run_ticks=None` runs until something stops it.
-    `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting.
+    `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting: the main one, or the
+    init container (a native sidecar, say) named by `waiting_container`, which keeps the others initializing.
     """
 
     exit_code: int = 0
@@ -125,6 +141,7 @@ class PodScript:
     start_ticks: int = 0
     waiting_reason: str | None = None
     waiting_message: str | None = None
+    waiting_container: str | None = None
 
     def log_lines(self, container: str, main: str) -> list[str]:
         logs = self.logs
@@ -205,6 +222,10 @@ class VolcanoController:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errors: list[str] = []
+        self._lost_nodes: set[str] = set()
+        # The scheduler name of a simulated HAMi installation (None: HAMi is not installed, and its pods stay
+        # Pending like pods of any scheduler that does not exist).
+        self.hami_scheduler: str | None = None
         kube.add_admission(VolcanoAdmission(kube))
         kube.add_listener(self._on_change)
         kube.graceful_pod_deletion = True
@@ -239,6 +260,7 @@ class VolcanoController:
         start_ticks: int = 0,
         waiting_reason: str | None = None,
         waiting_message: str | None = None,
+        waiting_container: str | None = None,
     ) -> ScriptRule:
         """Script the pods that start from now on.
 
@@ -248,7 +270,17 @@ class VolcanoController:
         rule scripts (e.g. only the first attempt fails). The latest matching rule wins.
         """
         rule = ScriptRule(
-            PodScript(exit_code, reason, message, logs, run_ticks, start_ticks, waiting_reason, waiting_message),
+            PodScript(
+                exit_code,
+                reason,
+                message,
+                logs,
+                run_ticks,
+                start_ticks,
+                waiting_reason,
+                waiting_message,
+                waiting_container,
+            ),
             job=match if isinstance(match, str) else None,
             labels=match if isinstance(match, Mapping) else None,
             predicate=match if callable(match) else None,
@@ -369,8 +401,12 @@ class VolcanoController:
                 message=message,
             )
 
-    def lose_node(self, name: str) -> JSON:
-        """The node stops reporting: NotReady + unreachable taints; its pods fail with reason `NodeLost`."""
+    def lose_node(self, name: str, *, evict: bool = True) -> JSON:
+        """The node stops reporting, as on a real cluster: Ready becomes Unknown, the unreachable taints are
+        added, its pods are marked not ready and (`evict`, the taint manager once the default 300 s toleration
+        ran out) deleted gracefully. No kubelet confirms those deletions, so the pods stay `Terminating`, in
+        their last phase, until the node comes back (`restore_node`) or its Node object is deleted
+        (`delete_node`), or a client force-deletes them."""
         with self.kube.lock:
             now = rfc3339(self.kube.now())
 
@@ -395,21 +431,48 @@ class VolcanoController:
             self.kube.mutate("nodes", name, None, unreachable)
             node = self.kube.mutate("nodes", name, None, unknown, subresource="status")
             self._event(node, "NodeNotReady", f"Node {name} status is now: NodeNotReady", "Normal", "node-controller")
+            self._lost_nodes.add(name)
             for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
+                meta = pod["metadata"]
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
-                message = f"Node {name} which was running pod {pod['metadata']['name']} is unresponsive"
                 self._event(pod, "NodeNotReady", "Node is not ready", "Warning", "node-controller")
-                self._terminate_pod(
-                    pod,
-                    exit_code=137,
-                    container_reason="ContainerStatusUnknown",
-                    pod_reason="NodeLost",
-                    message=message,
-                    disruption="DeletionByTaintManager",
-                    container_message="The container could not be located when the pod was terminated",
-                )
+
+                def not_ready(p: JSON) -> None:
+                    _set_condition(p["status"], "Ready", "False", now)
+
+                self.kube.mutate("pods", meta["name"], meta["namespace"], not_ready, subresource="status")
+                if evict:
+                    self._event(
+                        pod, "TaintManagerEviction", f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
+                        "Normal", "taint-eviction-controller",
+                    )  # fmt: skip
+                    self.kube.delete("pods", meta["name"], meta["namespace"])
             return node
+
+    def delete_node(self, name: str) -> None:
+        """The Node object is deleted (the machine is gone): the pod garbage collector force-deletes its pods."""
+        with self.kube.lock:
+            self.kube.delete("nodes", name, None)
+            self._lost_nodes.discard(name)
+            for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
+                self.kube.delete("pods", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0)
+
+    def preempt_pod(self, namespace: str, name: str, *, action: str = "preempt") -> JSON:
+        """Volcano's scheduler evicts a pod to make room (`preempt` or `reclaim`): a DisruptionTarget condition,
+        an `Evict` event on the pod, and a graceful delete. The job controller sees the pod go (PodEvicted)."""
+        with self.kube.lock:
+            pod = self.kube.get("pods", name, namespace)
+            now = rfc3339(self.kube.now())
+            message = f"Pod is evicted, because of {action}"
+
+            def disrupted(p: JSON) -> None:
+                _set_condition(p["status"], "DisruptionTarget", "True", now, "PreemptionByScheduler", message)
+
+            self.kube.mutate("pods", name, namespace, disrupted, subresource="status")
+            self._event(pod, "Evict", message, "Warning", SCHEDULER)
+            self.kube.delete("pods", name, namespace)
+            return self.kube.get("pods", name, namespace) if self.kube.try_get("pods", name, namespace) else pod
 
     def restore_node(self, name: str) -> JSON:
         """Bring a lost node back to Ready and drop the unreachable taints."""
@@ -434,6 +497,7 @@ class VolcanoController:
                         )
 
             self.kube.mutate("nodes", name, None, reachable)
+            self._lost_nodes.discard(name)
             return self.kube.mutate("nodes", name, None, ready, subresource="status")
 
     def set_queue_state(self, name: str, state: str) -> JSON:
@@ -443,7 +507,10 @@ class VolcanoController:
                 QUEUE,
                 name,
                 None,
-                lambda q: q.setdefault("status", {}).update(state=state),
+                # `allocated` is a required status field in older releases (1.9).
+                lambda q: q.setdefault("status", {}).update(
+                    state=state, allocated=q["status"].get("allocated") or {"cpu": "0", "memory": "0"}
+                ),
                 subresource="status",
             )
 
@@ -952,6 +1019,22 @@ class VolcanoController:
                     "data": hosts,
                 },
             )
+            if "--disable-network-policy" not in (plugins.get("svc") or []):
+                # Volcano's svc plugin: only the job's own pods may reach them.
+                selector = {"matchLabels": {JOB_NAME: meta["name"], JOB_NAMESPACE: meta["namespace"]}}
+                self._create_quietly(
+                    "networkpolicies.networking.k8s.io",
+                    {
+                        "apiVersion": "networking.k8s.io/v1",
+                        "kind": "NetworkPolicy",
+                        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "ownerReferences": owner},
+                        "spec": {
+                            "podSelector": selector,
+                            "ingress": [{"from": [{"podSelector": selector}]}],
+                            "policyTypes": ["Ingress"],
+                        },
+                    },
+                )
         if "ssh" in plugins:
             self._create_quietly(
                 "secrets",
@@ -997,8 +1080,11 @@ class VolcanoController:
             spec = pod.get("spec") or {}
             if spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+            scheduler = spec.get("schedulerName", "default-scheduler")
+            if scheduler == "default-scheduler":
                 self._schedule_single(pod, nodes, usage)
+            elif self.hami_scheduler and scheduler == self.hami_scheduler:
+                self._schedule_hami(pod, nodes, usage)
 
     def _enqueue(self, pg: JSON, podgroups: list[JSON], pods: list[JSON], nodes: list[JSON]) -> None:
         meta, spec = pg["metadata"], pg.get("spec") or {}
@@ -1179,9 +1265,66 @@ class VolcanoController:
         self._bind(pod, node, "default-scheduler")
         usage[node] = _add(usage.get(node, {}), _pod_request(pod))
 
+    def _assign_vgpus(self, pod: JSON, node_name: str) -> None:
+        """Volcano's vGPU scheduling (deviceshare): the cards it gives a pod asking for `volcano.sh/vgpu-number`
+        go into `volcano.sh/vgpu-ids-new`. Released Volcano versions ignore `volcano.sh/vgpu-use-gpuuuid`; so
+        does this one, which takes the node's registered cards from the last, so that a test sees the drift."""
+        count = int(_pod_request(pod).get(VGPU_NUMBER, 0))
+        if count <= 0:
+            return
+        node = self.kube.try_get("nodes", node_name) or {}
+        raw = (node.get("metadata", {}).get("annotations") or {}).get(VGPU_REGISTER, "")
+        cards = [part.split(",", 1)[0] for part in raw.split(":") if part.startswith("GPU-")]
+        chosen = list(reversed(cards))[:count] or [f"GPU-{node_name}-{i}" for i in range(count)]
+        request = _pod_request(pod)
+        memory, cores = int(request.get(VGPU_MEMORY, 0)), int(request.get(VGPU_CORES, 0))
+        value = ":".join(f"{uuid},NVIDIA,{memory},{cores}" for uuid in chosen) + ":;"
+        meta = pod["metadata"]
+        self.kube.mutate(
+            "pods",
+            meta["name"],
+            meta["namespace"],
+            lambda p: p["metadata"].setdefault("annotations", {}).update({VGPU_ASSIGNED: value}),
+        )
+
+    def _schedule_hami(self, pod: JSON, nodes: list[JSON], usage: dict[str, Resources]) -> None:
+        """HAMi's scheduler: it accounts `nvidia.com/gpumem`/`gpucores` per card itself (nodes never advertise
+        them), honours `nvidia.com/use-gpuuuid`, and records the cards it chose on the pod."""
+        request = _pod_request(pod)
+        plain = {k: v for k, v in request.items() if k not in HAMI_CARD_RESOURCES}
+        wanted = [u for u in ((pod["metadata"].get("annotations") or {}).get(HAMI_USE_UUID) or "").split(",") if u]
+        stripped = copy.deepcopy(pod)
+        for container in stripped["spec"].get("containers") or []:
+            for part in ("requests", "limits"):
+                amounts = (container.get("resources") or {}).get(part) or {}
+                for key in HAMI_CARD_RESOURCES:
+                    amounts.pop(key, None)
+        node, why = _pick_node(stripped, nodes, usage)
+        if node is None:
+            detail = ", ".join(why) if why else "no nodes available to schedule pods"
+            self._unschedulable_pod(pod, f"0/{len(nodes)} nodes are available: {detail}.", self.hami_scheduler or "")
+            return
+        count = int(plain.get("nvidia.com/gpu", 0))
+        memory = int(request.get("nvidia.com/gpumem", 0))
+        cores = int(request.get("nvidia.com/gpucores", 0))
+        chosen = wanted[:count] or [f"GPU-{node}-{i}" for i in range(count)]
+        meta = pod["metadata"]
+        allocated = ":".join(f"{uuid},NVIDIA,{memory},{cores}" for uuid in chosen) + ":;"
+
+        def annotate(p: JSON) -> None:
+            annotations = p["metadata"].setdefault("annotations", {})
+            annotations[HAMI_ALLOCATED] = allocated
+            annotations["hami.io/vgpu-node"] = node
+
+        self.kube.mutate("pods", meta["name"], meta["namespace"], annotate)
+        self._bind(pod, node, self.hami_scheduler or "")
+        usage[node] = _add(usage.get(node, {}), plain)
+
     def _bind(self, pod: JSON, node: str, scheduler: str) -> None:
         meta = pod["metadata"]
         now = rfc3339(self.kube.now())
+        if scheduler == SCHEDULER:
+            self._assign_vgpus(pod, node)
         self.kube.mutate("pods", meta["name"], meta["namespace"], lambda p: p["spec"].__setitem__("nodeName", node))
 
         def scheduled(p: JSON) -> None:
@@ -1214,6 +1357,8 @@ class VolcanoController:
         self._runs = {uid: run for uid, run in self._runs.items() if uid in alive}
         for pod in pods:
             meta, spec = pod["metadata"], pod.get("spec") or {}
+            if spec.get("nodeName") in self._lost_nodes:
+                continue  # no kubelet answers for a lost node: its pods stay as they were (Terminating too)
             if meta.get("deletionTimestamp"):
                 self._runs.pop(meta["uid"], None)
                 self.kube.remove_terminating_pod(meta["namespace"], meta["name"])
@@ -1302,12 +1447,27 @@ class VolcanoController:
     def _wait_forever(self, pod: JSON, script: PodScript) -> None:
         meta = pod["metadata"]
         reason = script.waiting_reason or "ImagePullBackOff"
-        image = (pod["spec"]["containers"][0] or {}).get("image", "")
+        inits = {c["name"]: c for c in pod["spec"].get("initContainers") or []}
+        target = inits.get(script.waiting_container or "")
+        image = ((target or pod["spec"]["containers"][0]) or {}).get("image", "")
         message = script.waiting_message or (
             f'Back-off pulling image "{image}"' if "Image" in reason or "Pull" in reason else reason
         )
 
         def apply(p: JSON) -> None:
+            if target is not None:  # an init container waits; the regular ones never start
+                p["status"]["initContainerStatuses"] = [
+                    _container_status(
+                        c,
+                        {"waiting": {"reason": reason, "message": message}}
+                        if c["name"] == target["name"]
+                        else {"waiting": {"reason": "PodInitializing"}},
+                    )
+                    for c in p["spec"]["initContainers"]
+                ]
+                for status in p["status"].get("containerStatuses") or []:
+                    status["state"] = {"waiting": {"reason": "PodInitializing"}}
+                return
             statuses = p["status"].get("containerStatuses") or []
             if statuses:
                 statuses[0]["state"] = {"waiting": {"reason": reason, "message": message}}

@@ -5,11 +5,10 @@ override with the environment variable `TRAINYARD_VOLCANO_CRDS`) and treats a cu
 kube-apiserver with structural schemas does:
 
 1. null values of fields that are not `nullable` are dropped;
-2. fields the schema does not know are *rejected* (unless `x-kubernetes-preserve-unknown-fields` keeps
-   them). A real server prunes them silently by default and rejects them only with
-   `fieldValidation=Strict`; this harness rejects by default so that a manifest with a typo
-   (`minAvaliable`) fails a test instead of silently losing the field. Callers may ask for the real
-   default (`"Warn"`: prune and warn) or `"Ignore"` (prune);
+2. fields the schema does not know are pruned (unless `x-kubernetes-preserve-unknown-fields` keeps
+   them), with a warning under `fieldValidation=Warn` (the server's default, which the official client
+   never reads) and rejected only under `fieldValidation=Strict`. `validate()` defaults to Strict so that a
+   manifest test catches a typo (`minAvaliable`) or a field an older release lacks;
 3. the schema's `default` values are applied;
 4. the object is validated against the openAPIV3Schema (jsonschema), and `x-kubernetes-list-type`
    `set`/`map` uniqueness is enforced, with error messages shaped like the API server's.
@@ -41,6 +40,9 @@ CRD_FILES = (
 )
 
 FIELD_VALIDATION_MODES = ("Strict", "Warn", "Ignore")
+# Volcano releases whose CRDs sit in sub-folders of that name: the oldest the platform supports (1.9), one in the
+# middle, and the first with every Queue field the platform sets (1.14).
+RELEASES = ("v1.9.0", "v1.12.0", "v1.14.0")
 
 JSON = dict[str, Any]
 
@@ -61,13 +63,45 @@ def crds_available(directory: Path | None = None) -> bool:
 
 
 def unavailable_reason(directory: Path | None = None) -> str:
-    """A message for `pytest.skip` when `crds_available()` is False."""
+    """A message for `pytest.skip` when `crds_available()` is False: what is missing and how to get it."""
     folder = directory or crds_dir()
     missing = [name for name in CRD_FILES if not (folder / name).is_file()]
     return (
-        f"Volcano CRDs not found in {folder} (missing: {', '.join(missing)}); "
-        f"set {ENV_VAR} to the folder that holds the volcano-sh/volcano CRD YAML files"
+        f"Volcano CRDs not found in {folder} (missing: {', '.join(missing)}). To get them, copy "
+        "config/crd/volcano/bases/*.yaml of github.com/volcano-sh/volcano into that folder (a recent commit at "
+        f"the top, the release tags {', '.join(RELEASES)} into sub-folders of those names), or set {ENV_VAR} to "
+        "a folder laid out that way"
     )
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require(directory: Path | None = None) -> None:
+    """Skip the calling test when the CRD files are missing; under CI (`CI=true`) fail it instead, so that a
+    CI run without them cannot pass by skipping every test that needs them."""
+    if crds_available(directory):
+        return
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"CI=true and {unavailable_reason(directory)}", pytrace=False)
+    pytest.skip(unavailable_reason(directory))
+
+
+def release_dirs() -> dict[str, Path]:
+    """Every CRD folder to test against, oldest first: the released versions, then the newest snapshot."""
+    top = crds_dir()
+    return {**{release: top / release for release in RELEASES}, "newest": top}
+
+
+def release_version(name: str) -> tuple[int, int] | None:
+    """(major, minor) of a release folder name such as `v1.12.0`; None for the newest snapshot."""
+    if name not in RELEASES:
+        return None
+    major, minor = name.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
 
 
 def example_manifests(directory: Path | None = None) -> dict[str, JSON]:
@@ -160,6 +194,7 @@ class Prepared:
 
     obj: JSON
     warnings: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # the fields dropped, as `unknown field "<path>"`
 
 
 class CrdCatalog:
@@ -171,10 +206,12 @@ class CrdCatalog:
             raise FileNotFoundError(unavailable_reason(self.directory))
         self._by_plural: dict[tuple[str, str, str], CustomResource] = {}
         self._by_kind: dict[tuple[str, str], CustomResource] = {}
+        self.definitions: list[JSON] = []  # the CustomResourceDefinition objects as installed
         for name in CRD_FILES:
             with (self.directory / name).open(encoding="utf-8") as handle:
                 for doc in yaml.safe_load_all(handle):
                     if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                        self.definitions.append(doc)
                         for resource in _served_versions(doc):
                             self._by_plural[(resource.group, resource.version, resource.plural)] = resource
                             self._by_kind[(resource.api_version, resource.kind)] = resource
@@ -221,7 +258,7 @@ class CrdCatalog:
         causes += _list_type_causes(work, resource.schema, "")
         if causes:
             raise CrdValidationError(resource.group_kind, name, causes)
-        return Prepared(work, warnings)
+        return Prepared(work, warnings, [f'unknown field "{path}"' for path in unknown])
 
     def validate(self, obj: JSON, *, field_validation: str = "Strict") -> JSON:
         """Validate `obj` (apiVersion/kind pick the CRD); return the pruned, defaulted copy."""

@@ -219,6 +219,15 @@ BUILTIN_TYPES = (
     ResourceType(
         "networking.k8s.io", "v1", "ingresses", "Ingress", True, True, "V1Ingress", short_names=("ing",)
     ),
+    ResourceType(
+        "networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, False, "V1NetworkPolicy",
+        short_names=("netpol",),
+    ),
+    # Served so that clients can read what is installed; the schema of a CRD object itself is not checked.
+    ResourceType(
+        "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
+        short_names=("crd", "crds"),
+    ),
 )  # fmt: skip
 
 
@@ -854,7 +863,7 @@ class FakeKubernetes:
         crd_dir: str | None = None,
         nodes: int = 1,
         history_size: int = 1000,
-        field_validation: str = "Strict",
+        field_validation: str = "Warn",
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._lock = threading.RLock()
@@ -876,6 +885,9 @@ class FakeKubernetes:
         self._random = random.Random(0x5EED)
         self.internal_errors: list[str] = []
         self.default_field_validation = field_validation
+        # Every unknown field a write dropped (`<Kind> <name>: unknown field "<path>"`): a real server drops them
+        # silently for a client that does not ask for strict validation, so tests look here.
+        self.pruned: list[str] = []
         self._clock = clock or (lambda: datetime.now(UTC))
         self._admission: list[Any] = []
         self.graceful_pod_deletion = False  # True while a kubelet simulation removes terminating pods
@@ -893,6 +905,8 @@ class FakeKubernetes:
 
         for namespace in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create("namespaces", {"metadata": {"name": namespace}})
+        for definition in self.catalog.definitions if self.catalog is not None else []:
+            self.create("customresourcedefinitions.apiextensions.k8s.io", copy.deepcopy(definition))
         for index in range(nodes):
             self.add_node(f"gpu-node-{index}")
 
@@ -1625,6 +1639,8 @@ class FakeKubernetes:
             raise bad_request(
                 f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {listed}'
             )
+        name = (obj.get("metadata") or {}).get("name") or ""
+        self.pruned.extend(f'{rt.kind} {name}: unknown field "{path}"' for path in unknown)
         if field_validation == "Warn":
             warnings.extend(f'unknown field "{path}"' for path in unknown)
         return _prune_builtin(rt, obj)
@@ -1644,6 +1660,7 @@ class FakeKubernetes:
             else:
                 obj = prepared.obj
                 warnings.extend(prepared.warnings)
+                self.pruned.extend(f"{rt.kind} {name}: {path}" for path in prepared.unknown)
         causes += _meta_causes(rt, obj["metadata"], old)
         causes += _builtin_causes(rt, obj, old)
         if causes:
