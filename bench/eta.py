@@ -32,8 +32,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench.allocator import NODE_FILE, POD_FILE, load_trace, trace_dir_from_env, write_json
-from bench.api import bench_database_url, drop_database, recreate_database, setup_django
+from bench.allocator import POD_FILE, load_trace, trace_dir_from_env, write_json
+from bench.api import drop_database, setup_django
+from bench.scheduler import load_cluster, own_database, trace_present
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "eta.json"
@@ -199,23 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
 
     trace_dir = trace_dir_from_env()
-    missing = [f for f in (NODE_FILE, POD_FILE) if not (trace_dir / f).is_file()]
-    if missing:
-        print(f"eta benchmark skipped: trace not found ({', '.join(missing)} missing in {trace_dir})")
+    if not trace_present(trace_dir, "eta"):
         return 1 if os.environ.get("CI") == "true" else 0
-    configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
-    url = bench_database_url(configured, f"{(configured.rsplit('/', 1)[-1] or 'trainyard')}_bench_eta")
-    recreate_database(url)
-    os.environ["DATABASE_URL"] = url
-    os.environ["TRAINYARD_START_QUEUE"] = "bench-eta-starts"  # the bench plays the backend: nobody starts attempts
-    os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-eta-{os.getpid()}"
-    os.environ.setdefault("TRAINYARD_LOG_LEVEL", "WARNING")
+    url = own_database(url_name="eta")
     setup_django()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.utils import timezone
 
-    from bench.scheduler import load_cluster
     from quotas.models import Queue, Team
     from trainyard.seed import seed
 

@@ -57,6 +57,28 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[k]
 
 
+def trace_present(trace_dir: Path, benchmark: str) -> bool:
+    """Whether the trace's node and pod files are there; says which are missing when not."""
+    missing = [f for f in (NODE_FILE, POD_FILE) if not (trace_dir / f).is_file()]
+    if missing:
+        print(f"{benchmark} benchmark skipped: trace not found ({', '.join(missing)} missing in {trace_dir})")
+    return not missing
+
+
+def own_database(url_name: str) -> str:
+    """A database of the benchmark's own (``<db>_bench_<url_name>``, created afresh) and Celery queues nobody
+    else consumes (nothing starts the admitted attempts: the benchmark plays the backend, or none is needed).
+    Returns the database URL, also set as DATABASE_URL."""
+    configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
+    url = bench_database_url(configured, f"{(configured.rsplit('/', 1)[-1] or 'trainyard')}_bench_{url_name}")
+    recreate_database(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ["TRAINYARD_START_QUEUE"] = f"bench-{url_name}-starts"
+    os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-{url_name}-{os.getpid()}"
+    os.environ.setdefault("TRAINYARD_LOG_LEVEL", "WARNING")  # thousands of submission lines would hide the table
+    return url
+
+
 def load_cluster(nodes) -> None:
     from cluster.models import GPU, Node
 
@@ -476,18 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     trace_dir = trace_dir_from_env()
-    missing = [f for f in (NODE_FILE, POD_FILE) if not (trace_dir / f).is_file()]
-    if missing:
-        print(f"scheduler benchmark skipped: trace not found ({', '.join(missing)} missing in {trace_dir})")
+    if not trace_present(trace_dir, "scheduler"):
         return 1 if os.environ.get("CI") == "true" else 0
-    configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
-    url = bench_database_url(configured, f"{(configured.rsplit('/', 1)[-1] or 'trainyard')}_bench_scheduler")
-    recreate_database(url)
-    os.environ["DATABASE_URL"] = url
-    os.environ["TRAINYARD_START_QUEUE"] = "bench-scheduler-starts"  # nobody starts the attempts: no backend here
-    os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-scheduler-{os.getpid()}"
+    url = own_database(url_name="scheduler")
     os.environ["TRAINYARD_WORKLOAD_REFRESH_S"] = "3600"
-    os.environ.setdefault("TRAINYARD_LOG_LEVEL", "WARNING")  # 26,000 submission lines would cost CPU and hide the table
     setup_django()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
