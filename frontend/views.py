@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
@@ -31,12 +32,12 @@ from django.views.decorators.http import require_POST
 from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import driver_satisfies
 from frontend import wording
-from frontend.forms import CUSTOM_IMAGE, SubmitForm
+from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
 from jobs.api import JobFilter, JobSubmitSerializer
 from jobs.backends import sandbox
-from jobs.models import FailureRule, Job
+from jobs.models import FailureRule, Job, JobTemplate
 from jobs.states import JobState
 from quotas import selectors as quota
 from quotas.models import Queue, ResourceSpec
@@ -247,20 +248,30 @@ def _serializer_errors(form: SubmitForm, errors: dict) -> None:
             form.add_service_error(field, str(problem), getattr(problem, "code", "invalid"))
 
 
-@login_required
-def job_submit(request: HttpRequest) -> HttpResponse:
-    choices = _submit_choices(request.user)
-    if request.method == "POST":
-        form = SubmitForm(request.POST, gpu_models=[r["model"] for r in choices["gpu_models"]])
-        if form.is_valid():
-            job = _submit(request, form)
-            if job is not None:
-                messages.success(request, _("Job submitted."))
-                return redirect("frontend:job-detail", job_id=job.id)
-    else:
-        form = SubmitForm(
-            initial=_submit_defaults(request, choices), gpu_models=[r["model"] for r in choices["gpu_models"]]
-        )
+def _prefill(request: HttpRequest, choices: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`?from=<job>` (run again with changes) or `?template=<id>`: the form filled from it, and what it came from."""
+    catalog = {row["value"] for row in choices["images"]}
+    if request.GET.get("from"):
+        try:
+            job = _visible_job(request, uuid.UUID(request.GET["from"]))
+        except ValueError:
+            raise Http404("no such job")
+        return initial_from_submission(services.job_submission_data(job), catalog=catalog), {"job": job}
+    if request.GET.get("template"):
+        template = _visible_template(request, request.GET["template"])
+        body = {**template.body, "team": template.team.slug}
+        return initial_from_submission(body, catalog=catalog), {"template": template}
+    return None, {}
+
+
+def _visible_template(request: HttpRequest, template_id) -> JobTemplate:
+    if not str(template_id).isdigit():
+        raise Http404("no such template")
+    teams = quota.visible_teams(request.user)
+    return get_object_or_404(JobTemplate.objects.select_related("team", "created_by"), pk=template_id, team__in=teams)
+
+
+def _render_form(request: HttpRequest, form: SubmitForm, choices: dict[str, Any], **extra) -> HttpResponse:
     return render(
         request,
         "frontend/job_submit.html",
@@ -269,9 +280,124 @@ def job_submit(request: HttpRequest) -> HttpResponse:
             "form": form,
             "errors": form.errors_with_codes() if form.is_bound else {},
             **choices,
+            **extra,
         },
         status=400 if form.is_bound else 200,
     )
+
+
+@login_required
+def job_submit(request: HttpRequest) -> HttpResponse:
+    choices = _submit_choices(request.user)
+    models = [r["model"] for r in choices["gpu_models"]]
+    source: dict[str, Any] = {}
+    if request.method == "POST":
+        form = SubmitForm(request.POST, gpu_models=models)
+        if form.is_valid():
+            if "save_template" in request.POST:
+                template = _save_template(request, form)
+                if template is not None:
+                    messages.success(request, _("Saved template %(name)s.") % {"name": template.name})
+                    return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
+            else:
+                job = _submit(request, form)
+                if job is not None:
+                    messages.success(request, _("Job submitted."))
+                    return redirect("frontend:job-detail", job_id=job.id)
+    else:
+        initial, source = _prefill(request, choices)
+        if initial is None:
+            initial = _submit_defaults(request, choices)
+        initial["idempotency_key"] = uuid.uuid4().hex
+        form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, source=source, mode="submit")
+
+
+def _template_error(form: SubmitForm, exc: DomainError) -> None:
+    if exc.code in ("invalid_template_name", "template_exists"):
+        form.add_error("template_name", ValidationError(exc.detail, code=exc.code))
+    else:
+        form.add_service_error(exc.field, exc.detail, exc.code)
+
+
+def _save_template(request: HttpRequest, form: SubmitForm) -> JobTemplate | None:
+    body = form.submission()
+    team = body.pop("team")
+    try:
+        with transaction.atomic(durable=True):
+            return services.template_create(
+                user=request.user,
+                team_slug=team,
+                name=form.cleaned_data["template_name"],
+                body=body,
+                description=form.cleaned_data["template_description"],
+            )
+    except DomainError as exc:
+        _template_error(form, exc)
+        return None
+
+
+@login_required
+def template_list(request: HttpRequest) -> HttpResponse:
+    teams = list(quota.visible_teams(request.user).order_by("name"))
+    templates = list(
+        JobTemplate.objects.filter(team__in=teams).select_related("team", "created_by").order_by("team__name", "name")
+    )
+    for template in templates:
+        template.editable = services.may_edit_template(request.user, template)
+        body = template.body
+        command = body.get("command") or []
+        template.command_line = shlex.join(map(str, command)) if isinstance(command, list) else str(command)
+    return render(request, "frontend/template_list.html", {"nav": "templates", "templates": templates, "teams": teams})
+
+
+@login_required
+def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = _visible_template(request, template_id)
+    if not services.may_edit_template(request.user, template):
+        raise Http404("only the template's author and the team's maintainers may edit it")
+    choices = _submit_choices(request.user)
+    choices["teams"] = [template.team]  # a template stays in its team
+    models = [r["model"] for r in choices["gpu_models"]]
+    if request.method == "POST":
+        form = SubmitForm(request.POST, gpu_models=models)
+        if form.is_valid():
+            body = form.submission()
+            body.pop("team")
+            try:
+                with transaction.atomic(durable=True):
+                    services.template_update(
+                        user=request.user,
+                        template_id=template.pk,
+                        name=form.cleaned_data["template_name"],
+                        body=body,
+                        description=form.cleaned_data["template_description"],
+                    )
+            except DomainError as exc:
+                _template_error(form, exc)
+            else:
+                messages.success(request, _("Saved template %(name)s.") % {"name": form.cleaned_data["template_name"]})
+                return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
+    else:
+        catalog = {row["value"] for row in choices["images"]}
+        initial = initial_from_submission({**template.body, "team": template.team.slug}, catalog=catalog)
+        initial.update(template_name=template.name, template_description=template.description)
+        form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, mode="edit_template", template=template, source={})
+
+
+@login_required
+def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+    """GET asks for confirmation, POST deletes."""
+    template = _visible_template(request, template_id)
+    if not services.may_edit_template(request.user, template):
+        raise Http404("only the template's author and the team's maintainers may delete it")
+    if request.method == "POST":
+        with transaction.atomic(durable=True):
+            services.template_delete(user=request.user, template_id=template.pk)
+        messages.success(request, _("Deleted template %(name)s.") % {"name": template.name})
+        return redirect("frontend:template-list")
+    return render(request, "frontend/template_delete.html", {"nav": "templates", "template": template})
 
 
 def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
@@ -314,7 +440,6 @@ def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str,
         "spec": specs[-1] if specs else "",
         "image": image,
         "max_retries": "2",
-        "idempotency_key": uuid.uuid4().hex,
     }
 
 
