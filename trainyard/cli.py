@@ -2,7 +2,7 @@
 
     trainyard submit job.yaml [--wait] [--follow] [--idempotency-key K]
     trainyard submit --template NAME [overrides.yaml] [--team T]
-    trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | templates | login
+    trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | templates | tokens | login
 
 JOB is a job id, or its first 8 (or more) characters as the portal shows them.
 
@@ -658,6 +658,61 @@ def cmd_templates(args: argparse.Namespace, api: ApiClient) -> int:
     return EXIT_OK
 
 
+def cmd_tokens(args: argparse.Namespace, api: ApiClient) -> int:
+    if args.action == "create":
+        if not args.name:
+            raise CliError("give the new token a name: trainyard tokens create NAME", EXIT_USAGE)
+        body: dict[str, Any] = {"name": args.name}
+        if args.scope:
+            body["scopes"] = sorted({s.strip() for raw in args.scope for s in raw.split(",") if s.strip()})
+        if args.expires_days:
+            body["expires_in_days"] = args.expires_days
+        _, token = api.post("/tokens/", json=body)
+        _err(
+            f"created token {token['name']} (id {token['prefix']}, scopes {', '.join(token['scopes'])}); "
+            "it is printed once, below"
+        )
+        _out(token["token"])
+        return EXIT_OK
+    if args.action == "revoke":
+        if not args.name:
+            raise CliError("give the id of the token to revoke (the 8 characters `trainyard tokens` shows)", EXIT_USAGE)
+        api.request("DELETE", f"/tokens/{args.name.strip()}/", not_found=f"no token of yours has the id {args.name!r}")
+        _err(f"revoked token {args.name}")
+        return EXIT_OK
+    rows = api.get("/tokens/")
+    rows = rows.get("results", rows) if isinstance(rows, dict) else rows
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+
+    def status(t: dict) -> str:
+        if t.get("revoked_at"):
+            return "revoked"
+        if t.get("expires_at") and datetime.fromisoformat(t["expires_at"]) <= datetime.now().astimezone():
+            return "expired"
+        return "active"
+
+    _out(
+        _table(
+            ["ID", "NAME", "SCOPES", "CREATED", "EXPIRES", "LAST USED", "STATUS"],
+            [
+                (
+                    t["prefix"],
+                    t["name"],
+                    ",".join(t["scopes"]),
+                    _when(t["created_at"]),
+                    _when(t.get("expires_at")),
+                    _when(t.get("last_used_at")),
+                    status(t),
+                )
+                for t in rows
+            ],
+        )
+    )
+    return EXIT_OK
+
+
 def cmd_login(args: argparse.Namespace, env: dict[str, str]) -> int:
     url = normalize_url(args.url, origin="--url")
     raw = sys.stdin.readline() if args.token == "-" else args.token
@@ -783,6 +838,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team", metavar="T")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_templates)
+
+    p = sub.add_parser(
+        "tokens", help="your API tokens: list, create NAME, revoke ID (needs a token with the admin scope)"
+    )
+    p.add_argument("action", nargs="?", choices=["list", "create", "revoke"], default="list")
+    p.add_argument("name", nargs="?", help="create: the new token's name; revoke: its 8-character id")
+    p.add_argument("--scope", action="append", metavar="S", help="create: read, submit, admin (repeat, or a,b)")
+    p.add_argument("--expires-days", type=_positive_int, metavar="N", help="create: expire after N days")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_tokens)
 
     p = sub.add_parser("login", help="save the server address and an API token to the config file")
     p.add_argument("--url", required=True, help="the platform's address, e.g. https://trainyard.example.com")

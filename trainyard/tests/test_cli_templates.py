@@ -79,3 +79,26 @@ def test_short_job_ids_work_like_full_ones(cli, platform):  # noqa: F811
     assert unknown.code == 4 and "no job id starts with 00000000" in unknown.err
     too_short = cli("status", "abc")
     assert too_short.code == 4 and "is not a job id" in too_short.err
+
+
+def test_tokens_list_create_and_revoke_by_the_portal_id(cli, platform, monkeypatch):  # noqa: F811
+    from quotas.models import ApiToken
+    from quotas.tokens import token_create
+
+    refused = cli("tokens")  # the fixture's token has read and submit only
+    assert refused.code == 5 and "admin" in refused.err
+    admin, raw = token_create(user=platform, name="admin-ci", scopes=["read", "submit", "admin"])
+    monkeypatch.setenv("TRAINYARD_TOKEN", raw)
+    created = cli("tokens", "create", "nightly", "--scope", "read", "--expires-days", "7")
+    assert created.code == 0, created.err
+    new = ApiToken.objects.get(name="nightly")
+    assert created.out.strip().startswith(f"ty_{new.prefix}_") and new.scopes == ["read"]
+    listed = cli("tokens")
+    assert listed.code == 0 and new.prefix in listed.out and "nightly" in listed.out and "active" in listed.out
+    revoked = cli("tokens", "revoke", new.prefix)
+    assert revoked.code == 0, revoked.err
+    new.refresh_from_db()
+    assert new.revoked_at is not None
+    assert "revoked" in cli("tokens").out
+    missing = cli("tokens", "revoke", "00000000")
+    assert missing.code == 4 and "no token of yours has the id" in missing.err
