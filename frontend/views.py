@@ -40,6 +40,8 @@ from jobs.api import JobFilter, JobSubmitSerializer
 from jobs.backends import sandbox
 from jobs.models import FailureRule, Job, JobTemplate
 from jobs.states import JobState
+from monitoring.charts import PALETTE, Series, line_chart
+from monitoring.selectors import compare_metrics
 from quotas import selectors as quota
 from quotas import tokens
 from quotas.models import TOKEN_SCOPES, ApiToken, Queue, ResourceSpec
@@ -618,6 +620,100 @@ def job_log_download(request: HttpRequest, job_id) -> StreamingHttpResponse:
     response["X-Trainyard-First-Line"] = str(meta.first_line)
     response["X-Trainyard-Dropped-Lines"] = str(meta.dropped_lines)
     return response
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def _parameter_label(name: str) -> str:
+    labels = {
+        "command": _("Command"),
+        "image": _("Image"),
+        "queue": _("Queue"),
+        "spec": _("Spec"),
+        "gpus": _("GPUs"),
+        "replicas": _("Replicas"),
+        "gpu_models": _("GPU models"),
+        "timeout_s": _("Time limit (seconds)"),
+        "max_retries": _("Retries on platform failures"),
+        "working_dir": _("Working directory"),
+    }
+    return labels.get(name, name)
+
+
+@login_required
+def job_compare(request: HttpRequest) -> HttpResponse:
+    """Compare runs: the jobs ticked on the job list (`?job=`), or every job with a label (`?label=key=value`):
+    their TRAINYARD_METRIC series on one chart per metric, parameters side by side, final metrics sortable."""
+    ids = request.GET.getlist("job")
+    label = request.GET.get("label", "").strip()
+    only_diff = request.GET.get("diff") == "1"
+    jobs: list[Job] = []
+    error = ""
+    if ids or label:
+        try:
+            jobs = selectors.jobs_to_compare(request.user, ids=ids, label=label)
+        except ValidationFailed as exc:
+            error = exc.detail
+        if not jobs and not error:
+            error = _("No job you can see has the label %(label)s.") % {"label": label}
+    context: dict[str, Any] = {
+        "nav": "jobs",
+        "jobs": jobs,
+        "error": error,
+        "label": label,
+        "only_diff": only_diff,
+        "ids": ids,
+        "max_jobs": selectors.MAX_COMPARED,
+    }
+    if jobs:
+        colours = {str(job.id): PALETTE[i % len(PALETTE)] for i, job in enumerate(jobs)}
+        names = {str(job.id): f"{str(job.id)[:8]} {job.name}" for job in jobs}
+        metrics = compare_metrics(jobs)
+        charts = [
+            line_chart(
+                name,
+                [Series(names[job_id], points, colour=colours[job_id]) for job_id, points in by_job.items()],
+                time_axis=False,
+                y_min=None,
+                width=760,
+                height=240,
+            )
+            for name, by_job in sorted(metrics.series.items())
+        ]
+        rows = selectors.parameter_rows(jobs)
+        for row in rows:
+            row["label"] = _parameter_label(row["name"])
+            first = row["values"][0]
+            row["cells"] = [{"value": v, "changed": row["differs"] and v != first} for v in row["values"]]
+        now = timezone.now()
+        final_rows = []
+        for job in jobs:
+            ran = None
+            if job.started_at:
+                ran = ((job.finished_at or now) - job.started_at).total_seconds()
+            final_rows.append(
+                {
+                    "job": job,
+                    "colour": colours[str(job.id)],
+                    "ran_s": ran,
+                    "reports": metrics.reports[str(job.id)],
+                    "values": [metrics.final[str(job.id)].get(name) for name in metrics.names],
+                }
+            )
+        keep = {k: v for k, v in request.GET.lists() if k != "diff"}
+        context.update(
+            charts=charts,
+            step_axis=metrics.step_axis,
+            metric_names=metrics.names,
+            param_rows=[r for r in rows if r["differs"]] if only_diff else rows,
+            differing=sum(1 for r in rows if r["differs"]),
+            final_rows=final_rows,
+            colours=[colours[str(job.id)] for job in jobs],
+            diff_url="?" + urlencode({**keep, "diff": "1"}, doseq=True),
+            all_url="?" + urlencode(keep, doseq=True),
+        )
+    return render(request, "frontend/job_compare.html", context)
 
 
 # ------------------------------------------------------------------------------------------------ tokens
