@@ -87,9 +87,7 @@ def jobs_to_compare(user, *, ids: list[str], label: str = "") -> list[Job]:
                 visible.annotate(id_text=Cast("id", CharField())).filter(id_text__startswith=text).order_by()[:2]
             )
         if len(found) != 1:
-            raise ValidationFailed(
-                f"no single job of yours has an id starting {text}", code="unknown_job", field="job"
-            )
+            raise ValidationFailed(f"no single job of yours has an id starting {text}", code="unknown_job", field="job")
         chosen[found[0].pk] = found[0]
     if label:
         key, sep, value = label.partition("=")
