@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from trainyard.cli_client import ApiClient, ApiError, cli_version
-from trainyard.cli_config import Config, check_token, config_path, load_config, normalize_url, require_token
-from trainyard.cli_config import save_config as write_config
-from trainyard.cli_errors import (
+from .cli_client import ApiClient, ApiError, cli_version
+from .cli_config import Config, check_token, config_path, load_config, normalize_url, require_token
+from .cli_config import save_config as write_config
+from .cli_errors import (
     EXIT_BY_FINAL_STATE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -35,7 +35,7 @@ from trainyard.cli_errors import (
     TERMINAL_STATES,
     CliError,
 )
-from trainyard.cli_jobfile import JobFile, load_jobfile
+from .cli_jobfile import JobFile, load_jobfile
 
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 SHORT_ID_RE = re.compile(r"^[0-9a-fA-F][0-9a-fA-F-]{7,34}$")
