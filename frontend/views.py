@@ -269,7 +269,7 @@ def _prefill(request: HttpRequest, choices: dict[str, Any]) -> tuple[dict[str, A
 
 
 def _visible_template(request: HttpRequest, template_id) -> JobTemplate:
-    if not str(template_id).isdigit():
+    if not str(template_id).isdigit() or len(str(template_id)) > 9:
         raise Http404("no such template")
     teams = quota.visible_teams(request.user)
     return get_object_or_404(JobTemplate.objects.select_related("team", "created_by"), pk=template_id, team__in=teams)
@@ -789,6 +789,8 @@ def token_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     """GET asks for confirmation, POST revokes (the token stops working at once)."""
+    if token_id > 2**31 - 1:
+        raise Http404("no such token")
     token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
     if request.method == "POST":
         with transaction.atomic(durable=True):

@@ -511,7 +511,7 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
     serializer_class = JobTemplateSerializer
     filterset_class = JobTemplateFilter
     pagination_class = None
-    lookup_value_regex = "[0-9]+"
+    lookup_value_regex = "[0-9]{1,9}"  # wider would overflow the integer key (a 500, not a 404)
     token_scope = "submit"
 
     def get_queryset(self):
@@ -569,7 +569,12 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
     def submit(self, request, pk=None):
         """Submit a job from the template; the body may override its fields (env and labels merge)."""
         self.get_object()
-        overrides = _plain(request.data) if request.data else {}
+        if request.data in (None, "") or request.data == {}:
+            overrides = {}
+        elif isinstance(request.data, dict):
+            overrides = _plain(request.data)
+        else:
+            raise ValidationFailed("send an object of submission fields to override (or nothing)", code="invalid")
         key = request.headers.get("Idempotency-Key") or None
         if key is not None and len(key) > 200:
             raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")

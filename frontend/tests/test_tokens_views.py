@@ -91,3 +91,10 @@ def test_the_api_revokes_by_the_id_the_portal_shows(portal):
     assert api.delete(f"/api/v1/tokens/{token.prefix}/").status_code == 204
     token.refresh_from_db()
     assert token.revoked_at is not None
+
+
+def test_huge_ids_are_404s_not_errors(portal):
+    client = login(portal.demo)
+    assert client.get("/tokens/99999999999999/revoke/").status_code == 404
+    assert client.get("/templates/99999999999999/edit/").status_code == 404
+    assert client.get("/jobs/new/?template=99999999999999").status_code == 404

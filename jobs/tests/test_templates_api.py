@@ -159,3 +159,11 @@ def test_jobs_are_found_by_the_short_id_the_portal_shows():
     assert client_for("outsider").get("/api/v1/jobs/", {"id_prefix": job["id"][:8]}).json()["results"] == []
     short = demo.get("/api/v1/jobs/", {"id_prefix": "abc"})
     assert short.status_code == 400 and short.json()["code"] == "invalid_id_prefix"
+
+
+def test_odd_ids_and_bodies_are_4xx_not_errors():
+    demo = client_for("demo")
+    assert demo.get("/api/v1/templates/99999999999999/").status_code == 404
+    saved = create(demo).json()
+    bad = demo.post(f"/api/v1/templates/{saved['id']}/submit/", [1, 2], format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid"
