@@ -95,6 +95,10 @@ class SubmitForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["gpu_models"].choices = [(m, m) for m in (gpu_models or [])]
 
+    def clean_command(self) -> str:
+        # Browsers send a textarea's line breaks as CRLF; a multi-line argument (python -c '…') keeps plain LF.
+        return self.cleaned_data["command"].replace("\r\n", "\n")
+
     def clean_env(self) -> dict[str, str]:
         return _key_value_lines(self.cleaned_data["env"], code="invalid_env")
 

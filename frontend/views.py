@@ -263,7 +263,9 @@ def _prefill(request: HttpRequest, choices: dict[str, Any]) -> tuple[dict[str, A
         return initial_from_submission(services.job_submission_data(job), catalog=catalog), {"job": job}
     if request.GET.get("template"):
         template = _visible_template(request, request.GET["template"])
-        body = {**template.body, "team": template.team.slug}
+        # The label the API's template submit adds, here in the labels field where the user sees it.
+        labels = {services.TEMPLATE_LABEL: template.name, **(template.body.get("labels") or {})}
+        body = {**template.body, "team": template.team.slug, "labels": labels}
         return initial_from_submission(body, catalog=catalog), {"template": template}
     return None, {}
 
