@@ -389,7 +389,7 @@ def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
         initial = initial_from_submission({**template.body, "team": template.team.slug}, catalog=catalog)
         initial.update(template_name=template.name, template_description=template.description)
         form = SubmitForm(initial=initial, gpu_models=models)
-    return _render_form(request, form, choices, mode="edit_template", template=template, source={})
+    return _render_form(request, form, choices, mode="edit_template", template=template, source={}, nav="templates")
 
 
 @login_required
