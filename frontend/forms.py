@@ -6,6 +6,8 @@ serializer); the page shows their errors, with the same message and code, next t
 
 from __future__ import annotations
 
+import json
+import shlex
 from typing import Any
 
 from django import forms
@@ -13,6 +15,19 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.utils.translation import gettext_lazy as _
 
 CUSTOM_IMAGE = "__reference__"
+
+# Submission fields the form has no input for; a job or template opened in the form keeps them (shown, not lost).
+CARRIED_FIELDS = (
+    "replicas",
+    "working_dir",
+    "mounts",
+    "priority",
+    "tensorboard_logdir",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "cpu_milli",
+    "memory_mib",
+)
 
 # Where a service or serializer error about a submission field is shown on the form.
 FIELD_FOR: dict[str, str] = {
@@ -72,16 +87,35 @@ class SubmitForm(forms.Form):
     tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
     labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
     gpu_models = forms.MultipleChoiceField(label=_("GPU models"), required=False, choices=())
+    carried = forms.CharField(required=False, widget=forms.HiddenInput)
+    template_name = forms.CharField(label=_("Template name"), required=False, max_length=80)
+    template_description = forms.CharField(label=_("Template description"), required=False, max_length=300)
 
     def __init__(self, *args, gpu_models: list[str] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["gpu_models"].choices = [(m, m) for m in (gpu_models or [])]
+
+    def clean_command(self) -> str:
+        # Browsers send a textarea's line breaks as CRLF; a multi-line argument (python -c '…') keeps plain LF.
+        return self.cleaned_data["command"].replace("\r\n", "\n")
 
     def clean_env(self) -> dict[str, str]:
         return _key_value_lines(self.cleaned_data["env"], code="invalid_env")
 
     def clean_labels(self) -> dict[str, str]:
         return _key_value_lines(self.cleaned_data["labels"], code="invalid_labels")
+
+    def clean_carried(self) -> dict[str, Any]:
+        raw = self.cleaned_data["carried"]
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict) or set(value) - set(CARRIED_FIELDS):
+            raise ValidationError(_("the kept fields of the original job could not be read"), code="invalid_carried")
+        return value
 
     def submission(self) -> dict[str, Any]:
         """The body the REST API would receive for the same submission (empty optional fields left out)."""
@@ -101,6 +135,8 @@ class SubmitForm(forms.Form):
         if data.get("gpu_models"):
             body["gpu_models"] = list(data["gpu_models"])
         body["tensorboard"] = data["tensorboard"]
+        for name, value in (data.get("carried") or {}).items():
+            body.setdefault(name, value)
         return body
 
     def add_service_error(self, field: str | None, message: str, code: str) -> None:
@@ -114,3 +150,37 @@ class SubmitForm(forms.Form):
                 {"message": " ".join(e.messages), "code": e.code or "invalid"} for e in errors
             ]
         return out
+
+
+def initial_from_submission(body: dict[str, Any], *, catalog: set[str]) -> dict[str, Any]:
+    """The form's fields for a submission body (a job's, or a template's): the inverse of `submission()`."""
+    command = body.get("command") or []
+    args = body.get("args") or []
+    if isinstance(command, list):
+        command_line = shlex.join([*map(str, command), *map(str, args)])
+    else:
+        command_line = " ".join([str(command), *(shlex.quote(str(a)) for a in args)])
+    image = str(body.get("image") or "")
+    initial: dict[str, Any] = {
+        "team": body.get("team", ""),
+        "queue": body.get("queue", ""),
+        "spec": body.get("spec", ""),
+        "gpus": body.get("gpus", ""),
+        "image": image if image in catalog else CUSTOM_IMAGE,
+        "image_reference": "" if image in catalog else image,
+        "command": command_line,
+        "env": "\n".join(f"{k}={v}" for k, v in sorted((body.get("env") or {}).items())),
+        "labels": "\n".join(f"{k}={v}" for k, v in sorted((body.get("labels") or {}).items())),
+        "timeout_s": body.get("timeout_s", ""),
+        "max_retries": body.get("max_retries", ""),
+        "tensorboard": bool(body.get("tensorboard")),
+        "gpu_models": list(body.get("gpu_models") or []),
+        "name": body.get("name", ""),
+    }
+    carried = {k: body[k] for k in CARRIED_FIELDS if body.get(k) not in (None, "", [], {})}
+    if carried.get("replicas") == 1:
+        carried.pop("replicas")
+    if carried.get("priority") == 0:
+        carried.pop("priority")
+    initial["carried"] = json.dumps(carried) if carried else ""
+    return initial

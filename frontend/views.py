@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
@@ -26,20 +27,24 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import driver_satisfies
 from frontend import wording
-from frontend.forms import CUSTOM_IMAGE, SubmitForm
+from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
 from jobs.api import JobFilter, JobSubmitSerializer
 from jobs.backends import sandbox
-from jobs.models import FailureRule, Job
+from jobs.models import FailureRule, Job, JobTemplate
 from jobs.states import JobState
+from monitoring.charts import PALETTE, Series, line_chart
+from monitoring.selectors import compare_metrics
 from quotas import selectors as quota
-from quotas.models import Queue, ResourceSpec
+from quotas import tokens
+from quotas.models import TOKEN_SCOPES, ApiToken, Queue, ResourceSpec
 from trainyard.errors import Conflict, DomainError, NotFound, ValidationFailed
 
 JOBS_PER_PAGE = 50
@@ -247,20 +252,32 @@ def _serializer_errors(form: SubmitForm, errors: dict) -> None:
             form.add_service_error(field, str(problem), getattr(problem, "code", "invalid"))
 
 
-@login_required
-def job_submit(request: HttpRequest) -> HttpResponse:
-    choices = _submit_choices(request.user)
-    if request.method == "POST":
-        form = SubmitForm(request.POST, gpu_models=[r["model"] for r in choices["gpu_models"]])
-        if form.is_valid():
-            job = _submit(request, form)
-            if job is not None:
-                messages.success(request, _("Job submitted."))
-                return redirect("frontend:job-detail", job_id=job.id)
-    else:
-        form = SubmitForm(
-            initial=_submit_defaults(request, choices), gpu_models=[r["model"] for r in choices["gpu_models"]]
-        )
+def _prefill(request: HttpRequest, choices: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`?from=<job>` (run again with changes) or `?template=<id>`: the form filled from it, and what it came from."""
+    catalog = {row["value"] for row in choices["images"]}
+    if request.GET.get("from"):
+        try:
+            job = _visible_job(request, uuid.UUID(request.GET["from"]))
+        except ValueError:
+            raise Http404("no such job")
+        return initial_from_submission(services.job_submission_data(job), catalog=catalog), {"job": job}
+    if request.GET.get("template"):
+        template = _visible_template(request, request.GET["template"])
+        # The label the API's template submit adds, here in the labels field where the user sees it.
+        labels = {services.TEMPLATE_LABEL: template.name, **(template.body.get("labels") or {})}
+        body = {**template.body, "team": template.team.slug, "labels": labels}
+        return initial_from_submission(body, catalog=catalog), {"template": template}
+    return None, {}
+
+
+def _visible_template(request: HttpRequest, template_id) -> JobTemplate:
+    if not str(template_id).isdigit() or len(str(template_id)) > 9:
+        raise Http404("no such template")
+    teams = quota.visible_teams(request.user)
+    return get_object_or_404(JobTemplate.objects.select_related("team", "created_by"), pk=template_id, team__in=teams)
+
+
+def _render_form(request: HttpRequest, form: SubmitForm, choices: dict[str, Any], **extra) -> HttpResponse:
     return render(
         request,
         "frontend/job_submit.html",
@@ -269,9 +286,124 @@ def job_submit(request: HttpRequest) -> HttpResponse:
             "form": form,
             "errors": form.errors_with_codes() if form.is_bound else {},
             **choices,
+            **extra,
         },
         status=400 if form.is_bound else 200,
     )
+
+
+@login_required
+def job_submit(request: HttpRequest) -> HttpResponse:
+    choices = _submit_choices(request.user)
+    models = [r["model"] for r in choices["gpu_models"]]
+    source: dict[str, Any] = {}
+    if request.method == "POST":
+        form = SubmitForm(request.POST, gpu_models=models)
+        if form.is_valid():
+            if "save_template" in request.POST:
+                template = _save_template(request, form)
+                if template is not None:
+                    messages.success(request, _("Saved template %(name)s.") % {"name": template.name})
+                    return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
+            else:
+                job = _submit(request, form)
+                if job is not None:
+                    messages.success(request, _("Job submitted."))
+                    return redirect("frontend:job-detail", job_id=job.id)
+    else:
+        initial, source = _prefill(request, choices)
+        if initial is None:
+            initial = _submit_defaults(request, choices)
+        initial["idempotency_key"] = uuid.uuid4().hex
+        form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, source=source, mode="submit")
+
+
+def _template_error(form: SubmitForm, exc: DomainError) -> None:
+    if exc.code in ("invalid_template_name", "template_exists"):
+        form.add_error("template_name", ValidationError(exc.detail, code=exc.code))
+    else:
+        form.add_service_error(exc.field, exc.detail, exc.code)
+
+
+def _save_template(request: HttpRequest, form: SubmitForm) -> JobTemplate | None:
+    body = form.submission()
+    team = body.pop("team")
+    try:
+        with transaction.atomic(durable=True):
+            return services.template_create(
+                user=request.user,
+                team_slug=team,
+                name=form.cleaned_data["template_name"],
+                body=body,
+                description=form.cleaned_data["template_description"],
+            )
+    except DomainError as exc:
+        _template_error(form, exc)
+        return None
+
+
+@login_required
+def template_list(request: HttpRequest) -> HttpResponse:
+    teams = list(quota.visible_teams(request.user).order_by("name"))
+    templates = list(
+        JobTemplate.objects.filter(team__in=teams).select_related("team", "created_by").order_by("team__name", "name")
+    )
+    for template in templates:
+        template.editable = services.may_edit_template(request.user, template)
+        body = template.body
+        command = body.get("command") or []
+        template.command_line = shlex.join(map(str, command)) if isinstance(command, list) else str(command)
+    return render(request, "frontend/template_list.html", {"nav": "templates", "templates": templates, "teams": teams})
+
+
+@login_required
+def template_edit(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = _visible_template(request, template_id)
+    if not services.may_edit_template(request.user, template):
+        raise Http404("only the template's author and the team's maintainers may edit it")
+    choices = _submit_choices(request.user)
+    choices["teams"] = [template.team]  # a template stays in its team
+    models = [r["model"] for r in choices["gpu_models"]]
+    if request.method == "POST":
+        form = SubmitForm(request.POST, gpu_models=models)
+        if form.is_valid():
+            body = form.submission()
+            body.pop("team")
+            try:
+                with transaction.atomic(durable=True):
+                    services.template_update(
+                        user=request.user,
+                        template_id=template.pk,
+                        name=form.cleaned_data["template_name"],
+                        body=body,
+                        description=form.cleaned_data["template_description"],
+                    )
+            except DomainError as exc:
+                _template_error(form, exc)
+            else:
+                messages.success(request, _("Saved template %(name)s.") % {"name": form.cleaned_data["template_name"]})
+                return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
+    else:
+        catalog = {row["value"] for row in choices["images"]}
+        initial = initial_from_submission({**template.body, "team": template.team.slug}, catalog=catalog)
+        initial.update(template_name=template.name, template_description=template.description)
+        form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, mode="edit_template", template=template, source={}, nav="templates")
+
+
+@login_required
+def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+    """GET asks for confirmation, POST deletes."""
+    template = _visible_template(request, template_id)
+    if not services.may_edit_template(request.user, template):
+        raise Http404("only the template's author and the team's maintainers may delete it")
+    if request.method == "POST":
+        with transaction.atomic(durable=True):
+            services.template_delete(user=request.user, template_id=template.pk)
+        messages.success(request, _("Deleted template %(name)s.") % {"name": template.name})
+        return redirect("frontend:template-list")
+    return render(request, "frontend/template_delete.html", {"nav": "templates", "template": template})
 
 
 def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
@@ -314,7 +446,6 @@ def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str,
         "spec": specs[-1] if specs else "",
         "image": image,
         "max_retries": "2",
-        "idempotency_key": uuid.uuid4().hex,
     }
 
 
@@ -491,6 +622,186 @@ def job_log_download(request: HttpRequest, job_id) -> StreamingHttpResponse:
     response["X-Trainyard-First-Line"] = str(meta.first_line)
     response["X-Trainyard-Dropped-Lines"] = str(meta.dropped_lines)
     return response
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def _parameter_label(name: str) -> str:
+    labels = {
+        "command": _("Command"),
+        "image": _("Image"),
+        "queue": _("Queue"),
+        "spec": _("Spec"),
+        "gpus": _("GPUs"),
+        "replicas": _("Replicas"),
+        "gpu_models": _("GPU models"),
+        "timeout_s": _("Time limit (seconds)"),
+        "max_retries": _("Retries on platform failures"),
+        "working_dir": _("Working directory"),
+    }
+    return labels.get(name, name)
+
+
+@login_required
+def job_compare(request: HttpRequest) -> HttpResponse:
+    """Compare runs: the jobs ticked on the job list (`?job=`), or every job with a label (`?label=key=value`):
+    their TRAINYARD_METRIC series on one chart per metric, parameters side by side, final metrics sortable."""
+    ids = request.GET.getlist("job")
+    label = request.GET.get("label", "").strip()
+    only_diff = request.GET.get("diff") == "1"
+    jobs: list[Job] = []
+    error = ""
+    if ids or label:
+        try:
+            jobs = selectors.jobs_to_compare(request.user, ids=ids, label=label)
+        except ValidationFailed as exc:
+            error = exc.detail
+        if not jobs and not error:
+            error = _("No job you can see has the label %(label)s.") % {"label": label}
+    context: dict[str, Any] = {
+        "nav": "jobs",
+        "jobs": jobs,
+        "error": error,
+        "label": label,
+        "only_diff": only_diff,
+        "ids": ids,
+        "max_jobs": selectors.MAX_COMPARED,
+    }
+    if jobs:
+        colours = {str(job.id): PALETTE[i % len(PALETTE)] for i, job in enumerate(jobs)}
+        names = {str(job.id): f"{str(job.id)[:8]} {job.name}" for job in jobs}
+        metrics = compare_metrics(jobs)
+        charts = [
+            line_chart(
+                name,
+                [Series(names[job_id], points, colour=colours[job_id]) for job_id, points in by_job.items()],
+                time_axis=False,
+                y_min=None,
+                width=760,
+                height=240,
+            )
+            for name, by_job in sorted(metrics.series.items())
+        ]
+        rows = selectors.parameter_rows(jobs)
+        for row in rows:
+            row["label"] = _parameter_label(row["name"])
+            first = row["values"][0]
+            row["cells"] = [{"value": v, "changed": row["differs"] and v != first} for v in row["values"]]
+        now = timezone.now()
+        final_rows = []
+        for job in jobs:
+            ran = None
+            if job.started_at:
+                ran = ((job.finished_at or now) - job.started_at).total_seconds()
+            final_rows.append(
+                {
+                    "job": job,
+                    "colour": colours[str(job.id)],
+                    "ran_s": ran,
+                    "reports": metrics.reports[str(job.id)],
+                    "values": [metrics.final[str(job.id)].get(name) for name in metrics.names],
+                }
+            )
+        keep = {k: v for k, v in request.GET.lists() if k != "diff"}
+        context.update(
+            charts=charts,
+            step_axis=metrics.step_axis,
+            metric_names=metrics.names,
+            param_rows=[r for r in rows if r["differs"]] if only_diff else rows,
+            differing=sum(1 for r in rows if r["differs"]),
+            final_rows=final_rows,
+            colours=[colours[str(job.id)] for job in jobs],
+            diff_url="?" + urlencode({**keep, "diff": "1"}, doseq=True),
+            all_url="?" + urlencode(keep, doseq=True),
+        )
+    return render(request, "frontend/job_compare.html", context)
+
+
+# ------------------------------------------------------------------------------------------------ tokens
+
+
+def _token_rows(user) -> list[dict[str, Any]]:
+    now = timezone.now()
+    rows = []
+    for token in ApiToken.objects.filter(user=user).order_by("-created_at"):
+        if token.revoked_at is not None:
+            status = "revoked"
+        elif token.expires_at is not None and token.expires_at <= now:
+            status = "expired"
+        else:
+            status = "active"
+        rows.append({"token": token, "status": status})
+    return rows
+
+
+@never_cache
+@login_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    """The user's API tokens; POST makes one, whose secret this response shows once (never stored, never again)."""
+    created = None
+    errors: dict[str, str] = {}
+    values = {"name": "", "expires_in_days": "", "scopes": ["read", "submit"]}
+    status = 200
+    if request.method == "POST":
+        values = {
+            "name": request.POST.get("name", "").strip(),
+            "expires_in_days": request.POST.get("expires_in_days", "").strip(),
+            "scopes": request.POST.getlist("scopes"),
+        }
+        days: int | None = None
+        if not values["name"]:
+            errors["name"] = _("Give the token a name, e.g. the pipeline that will use it.")
+        elif len(values["name"]) > 100:
+            errors["name"] = _("At most 100 characters.")
+        if values["expires_in_days"]:
+            try:
+                days = int(values["expires_in_days"])
+                if not 1 <= days <= 3650:
+                    raise ValueError
+            except ValueError:
+                errors["expires_in_days"] = _("A whole number of days between 1 and 3650, or empty for no expiry.")
+        if not values["scopes"] or set(values["scopes"]) - set(TOKEN_SCOPES):
+            errors["scopes"] = _("Pick at least one of read, submit and admin.")
+        if not errors:
+            with transaction.atomic(durable=True):
+                token, raw = tokens.token_create(
+                    user=request.user, name=values["name"], expires_in_days=days, scopes=values["scopes"]
+                )
+            created = {"token": token, "raw": raw}
+            values = {"name": "", "expires_in_days": "", "scopes": ["read", "submit"]}
+        else:
+            status = 400
+    return render(
+        request,
+        "frontend/token_list.html",
+        {
+            "nav": "tokens",
+            "rows": _token_rows(request.user),
+            "created": created,
+            "errors": errors,
+            "values": values,
+            "scopes": TOKEN_SCOPES,
+            "api_url": request.build_absolute_uri("/").rstrip("/"),
+        },
+        status=status,
+    )
+
+
+@login_required
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    """GET asks for confirmation, POST revokes (the token stops working at once)."""
+    if token_id > 2**31 - 1:
+        raise Http404("no such token")
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    if request.method == "POST":
+        with transaction.atomic(durable=True):
+            tokens.token_revoke(token=token)
+        messages.success(
+            request, _("Revoked token %(name)s (%(prefix)s).") % {"name": token.name, "prefix": token.prefix}
+        )
+        return redirect("frontend:token-list")
+    return render(request, "frontend/token_revoke.html", {"nav": "tokens", "token": token})
 
 
 # ------------------------------------------------------------------------------------------------ queues

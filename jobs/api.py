@@ -1,11 +1,13 @@
 """Jobs over REST: submit (with Idempotency-Key), batch submit, list/filter, detail, cancel, retry,
-reproduce, events, attempts, logs and log search."""
+reproduce, events, attempts, logs and log search; job templates (list, create, edit, delete, submit)."""
 
 import functools
+import re
 
 from django.contrib.auth import get_user_model
 from django.db import models, transaction
 from django.db.models import Subquery
+from django.db.models.functions import Cast
 from django.utils import timezone
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -15,11 +17,14 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from jobs import lifecycle, logstore, selectors, services
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobEvent, JobTemplate
 from jobs.states import JobState
+from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
 from trainyard.api import NewestFirstCursor, ScopedActionsMixin, int_param
 from trainyard.errors import ValidationFailed
+
+SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}$")
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -237,6 +242,9 @@ class JobFilter(filters.FilterSet):
     queue = filters.CharFilter(method="filter_queue", help_text="queue name")
     spec = filters.CharFilter(method="filter_spec", help_text="spec name")
     label = filters.CharFilter(method="filter_label", help_text="key=value")
+    id_prefix = filters.CharFilter(
+        method="filter_id_prefix", help_text="the first 8 or more characters of a job id, as the portal shows them"
+    )
     submitted_after = filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
     submitted_before = filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
 
@@ -261,6 +269,16 @@ class JobFilter(filters.FilterSet):
         if not sep or not key:
             raise ValidationFailed("label filter must be key=value", code="invalid_label_filter", field="label")
         return queryset.filter(labels__contains={key: val})
+
+    def filter_id_prefix(self, queryset, name, value):
+        prefix = value.strip().lower()
+        if not SHORT_ID.match(prefix):
+            raise ValidationFailed(
+                "id_prefix must be 8 to 36 characters of a job id (hex digits and dashes)",
+                code="invalid_id_prefix",
+                field="id_prefix",
+            )
+        return queryset.annotate(id_text=Cast("id", models.CharField())).filter(id_text__startswith=prefix)
 
 
 class BatchSubmitSerializer(serializers.Serializer):
@@ -448,6 +466,127 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         context = min(int_param(request, "context", default=2), 10)
         hits = list(logstore.search(logstore.attempt_dir(str(job.id), number), query, context=context))
         return Response({"attempt": number, "query": query, "hits": hits, "count": len(hits)})
+
+
+# ------------------------------------------------------------------------------------------- templates
+
+
+class JobTemplateSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    job = serializers.JSONField(source="body")
+
+    class Meta:
+        model = JobTemplate
+        fields = ["id", "team", "name", "description", "job", "created_by", "updated_by", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class JobTemplateCreateSerializer(serializers.Serializer):
+    team = serializers.SlugField()
+    name = serializers.CharField(max_length=80)
+    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    job = serializers.DictField(help_text="submission fields as in POST /api/v1/jobs/, without team")
+
+
+class JobTemplateUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80, required=False)
+    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    job = serializers.DictField(required=False, help_text="replaces the template's whole job")
+
+
+class JobTemplateFilter(filters.FilterSet):
+    team = filters.CharFilter(field_name="team__slug", help_text="team slug")
+    name = filters.CharFilter(field_name="name", help_text="template name")
+
+    class Meta:
+        model = JobTemplate
+        fields = []
+
+
+class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A team's saved submissions: any member may list and submit them; their author and the team's
+    maintainers may edit or delete them."""
+
+    serializer_class = JobTemplateSerializer
+    filterset_class = JobTemplateFilter
+    pagination_class = None
+    lookup_value_regex = "[0-9]{1,9}"  # wider would overflow the integer key (a 500, not a 404)
+    token_scope = "submit"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return JobTemplate.objects.none()
+        teams = quota_selectors.visible_teams(self.request.user)
+        return JobTemplate.objects.filter(team__in=teams).select_related("team", "created_by").order_by("team", "name")
+
+    @extend_schema(request=JobTemplateCreateSerializer, responses={201: JobTemplateSerializer})
+    def create(self, request):
+        """Save a template; its job is checked like a submission (400 with the submission's codes)."""
+        payload = JobTemplateCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        with transaction.atomic(durable=True):
+            template = services.template_create(
+                user=request.user,
+                team_slug=data["team"],
+                name=data["name"],
+                body=request.data.get("job"),
+                description=data.get("description", ""),
+            )
+        return Response(JobTemplateSerializer(template).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobTemplateUpdateSerializer, responses=JobTemplateSerializer)
+    def partial_update(self, request, pk=None):
+        """Rename, describe or replace the job of a template (its author or a maintainer of the team)."""
+        self.get_object()
+        payload = JobTemplateUpdateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        with transaction.atomic(durable=True):
+            template = services.template_update(
+                user=request.user,
+                template_id=int(pk),
+                name=data.get("name"),
+                body=request.data.get("job") if "job" in data else None,
+                description=data.get("description"),
+            )
+        return Response(JobTemplateSerializer(template).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        self.get_object()
+        with transaction.atomic(durable=True):
+            services.template_delete(user=request.user, template_id=int(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={201: JobDetailSerializer, 200: JobDetailSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+    )
+    @action(detail=True, methods=["post"])
+    def submit(self, request, pk=None):
+        """Submit a job from the template; the body may override its fields (env and labels merge)."""
+        self.get_object()
+        if request.data in (None, "") or request.data == {}:
+            overrides = {}
+        elif isinstance(request.data, dict):
+            overrides = _plain(request.data)
+        else:
+            raise ValidationFailed("send an object of submission fields to override (or nothing)", code="invalid")
+        key = request.headers.get("Idempotency-Key") or None
+        if key is not None and len(key) > 200:
+            raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
+        with transaction.atomic(durable=True):
+            job, created = services.template_submit(
+                user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
+            )
+        return Response(
+            JobDetailSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+    submit_actions = frozenset({"create", "submit"})
 
 
 def _plain(data) -> dict:

@@ -249,3 +249,27 @@ class TensorBoardRoute(models.Model):
                 fields=["host"], condition=Q(state="active") & ~Q(host=""), name="tb_host_unique_active"
             ),
         ]
+
+
+class JobTemplate(models.Model):
+    """A team's saved submission: the body of `POST /api/v1/jobs/` without the team, ready to submit again.
+
+    Any member of the team may use it; its author and the team's maintainers may edit or delete it."""
+
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="job_templates")
+    name = models.SlugField(max_length=80, help_text="unique within the team; `trainyard submit --template NAME`")
+    description = models.CharField(max_length=300, blank=True)
+    body = models.JSONField(help_text="submission fields (queue, spec, image, command, env, …) without the team")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="job_templates"
+    )
+    updated_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="job_template_name_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.name}"

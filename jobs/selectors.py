@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import CharField, QuerySet
+from django.db.models.functions import Cast
 
 from jobs.models import Job
 from jobs.states import JobState
@@ -36,3 +37,81 @@ def estimated_waits(queue, waiting: list[Job]) -> dict:
 def line_clears(waiting: list[Job], waits: dict):
     """When the last job of the line may start (the line has cleared), or None for an empty line."""
     return waits.get(waiting[-1].id) if waiting else None
+
+
+MAX_COMPARED = 20
+
+
+def jobs_to_compare(user, *, ids: list[str], label: str = "") -> list[Job]:
+    """The jobs a comparison shows: those named by id (the first 8+ characters will do), and/or the newest
+    `MAX_COMPARED` with a label `key=value`; only jobs the user may see, oldest first."""
+    import re
+
+    from trainyard.errors import ValidationFailed
+
+    visible = jobs_visible_to(user)
+    chosen: dict = {}
+    for raw in [part for value in ids for part in re.split(r"[\s,]+", value)]:
+        text = raw.strip().lower()
+        if not text:
+            continue
+        if not re.fullmatch(r"[0-9a-f][0-9a-f-]{7,35}", text):
+            raise ValidationFailed(f"{raw!r} is not a job id", code="invalid_job_id", field="job")
+        if len(text) == 36:
+            found = list(visible.filter(pk=text)[:1])
+        else:
+            found = list(
+                visible.annotate(id_text=Cast("id", CharField())).filter(id_text__startswith=text).order_by()[:2]
+            )
+        if len(found) != 1:
+            raise ValidationFailed(f"no single job of yours has an id starting {text}", code="unknown_job", field="job")
+        chosen[found[0].pk] = found[0]
+    if label:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            raise ValidationFailed("label must be key=value", code="invalid_label_filter", field="label")
+        for job in visible.filter(labels__contains={key: value}).order_by("-submitted_at")[:MAX_COMPARED]:
+            chosen.setdefault(job.pk, job)
+    if len(chosen) > MAX_COMPARED:
+        raise ValidationFailed(
+            f"compare at most {MAX_COMPARED} jobs at once ({len(chosen)} chosen)", code="too_many_jobs", field="job"
+        )
+    return sorted(chosen.values(), key=lambda j: (j.submitted_at, str(j.pk)))
+
+
+def job_parameters(job: Job) -> dict[str, str]:
+    """What a job was asked to run with, flattened to comparable text: the rows of a comparison."""
+    import shlex
+
+    params = {
+        "command": shlex.join([*map(str, job.command), *map(str, job.args)]),
+        "image": job.image_reference + (f"@{job.image_digest}" if job.image_digest else ""),
+        "queue": job.queue.name,
+        "spec": job.spec.name if job.spec_id else "explicit",
+        "gpus": f"{job.gpu_count} x {job.gpu_milli / 1000:g} GPU, {job.gpu_memory_mib} MiB",
+        "replicas": str(job.replicas),
+        "gpu_models": ", ".join(job.gpu_models) or "any",
+        "timeout_s": str(job.timeout_s),
+        "max_retries": str(job.max_retries),
+        "working_dir": job.working_dir,
+    }
+    for key, value in sorted(job.env.items()):
+        params[f"env.{key}"] = str(value)
+    for key, value in sorted(job.labels.items()):
+        params[f"label.{key}"] = str(value)
+    for key, value in sorted((job.ci or {}).items()):
+        params[f"ci.{key}"] = str(value)
+    return params
+
+
+def parameter_rows(jobs: list[Job]) -> list[dict]:
+    """One row per parameter any of the jobs has: each job's value (None where it has none), and whether they differ."""
+    per_job = [job_parameters(job) for job in jobs]
+    names: list[str] = []
+    for params in per_job:
+        names += [n for n in params if n not in names]
+    rows = []
+    for name in names:
+        values = [params.get(name) for params in per_job]
+        rows.append({"name": name, "values": values, "differs": len(set(values)) > 1})
+    return rows

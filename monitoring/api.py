@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cluster.models import GPU
-from jobs.selectors import jobs_visible_to
+from jobs.selectors import job_parameters, jobs_to_compare, jobs_visible_to, parameter_rows
 from monitoring import selectors, services
 from monitoring.models import (
     RULE_EDITABLE_FIELDS,
@@ -455,6 +455,51 @@ class JobMonitoringViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
 
 
 # ----------------------------------------------------------------------------------- scheduling, usage
+
+
+class CompareView(ScopedActionsMixin, APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("job", str, many=True, description="job ids (or their first 8+ characters); repeat"),
+            OpenApiParameter("label", str, description="key=value: also the newest jobs with this label"),
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request):
+        """Compare runs: up to 20 jobs' parameters (with which differ), every TRAINYARD_METRIC series on common
+        axes (the step when all reports have one, else seconds since each job's first report), final values."""
+        jobs = jobs_to_compare(
+            request.user, ids=request.query_params.getlist("job"), label=request.query_params.get("label", "")
+        )
+        if not jobs:
+            raise ValidationFailed("name jobs with ?job=ID (repeat) or ?label=key=value", code="no_jobs", field="job")
+        metrics = selectors.compare_metrics(jobs)
+        rows = parameter_rows(jobs)
+        return Response(
+            {
+                "jobs": [
+                    {
+                        "id": str(j.id),
+                        "name": j.name,
+                        "state": j.state,
+                        "owner": j.owner.username,
+                        "submitted_at": j.submitted_at,
+                        "started_at": j.started_at,
+                        "finished_at": j.finished_at,
+                        "parameters": job_parameters(j),
+                        "final_metrics": metrics.final[str(j.id)],
+                        "reports": metrics.reports[str(j.id)],
+                    }
+                    for j in jobs
+                ],
+                "different_parameters": [r["name"] for r in rows if r["differs"]],
+                "x_axis": "step" if metrics.step_axis else "seconds",
+                "series": {
+                    name: {job_id: [[x, y] for x, y in points] for job_id, points in by_job.items()}
+                    for name, by_job in metrics.series.items()
+                },
+            }
+        )
 
 
 class SchedulingView(ScopedActionsMixin, APIView):

@@ -13,6 +13,7 @@ router.register("jobs", api.JobMonitoringViewSet, basename="monitoring-job")
 router.register("notifications", api.NotificationViewSet, basename="monitoring-notification")
 urlpatterns = [
     path("usage/", api.UsageView.as_view(), name="monitoring-usage"),
+    path("compare/", api.CompareView.as_view(), name="monitoring-compare"),
     path("scheduling/", api.SchedulingView.as_view(), name="monitoring-scheduling"),
     *router.urls,
 ]

@@ -15,6 +15,7 @@ PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#d
 class Series:
     name: str
     points: list[tuple[float, float]] = field(default_factory=list)
+    colour: str = ""  # fixed per series (a job keeps its colour across charts); else by position
 
 
 def _fmt(value: float) -> str:
@@ -95,7 +96,7 @@ def line_chart(
             f'y2="{py(threshold):.1f}" stroke="#dc2626" stroke-dasharray="4 3"/>'
         )
     for i, s in enumerate(drawn):
-        colour = PALETTE[i % len(PALETTE)]
+        colour = s.colour or PALETTE[i % len(PALETTE)]
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(s.points))
         parts.append(
             f'<polyline data-series="{escape(s.name)}" fill="none" stroke="{colour}" stroke-width="1.5" '
@@ -103,7 +104,7 @@ def line_chart(
         )
     parts.append("</svg>")
     legend = "".join(
-        f'<span class="legend-item"><span class="swatch" style="background:{PALETTE[i % len(PALETTE)]}">'
+        f'<span class="legend-item"><span class="swatch" style="background:{s.colour or PALETTE[i % len(PALETTE)]}">'
         f"</span>{escape(s.name)}</span>"
         for i, s in enumerate(drawn)
     )

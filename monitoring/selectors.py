@@ -349,3 +349,47 @@ def usage_report(
         UsageRow(day=k[0], team=k[1], user=k[2], spec=k[3], gpu_model=k[4], gpu_hours=round(v[0], 6), jobs=len(v[1]))
         for k, v in sorted(totals.items())
     ]
+
+
+# ------------------------------------------------------------------------------------------ comparison
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The business metrics of several jobs on common axes: per metric, each job's (x, y) points; each job's
+    last value of every metric it reported; x is the step when every report of every job has one."""
+
+    step_axis: bool
+    names: list[str]
+    series: dict[str, dict[str, list[tuple[float, float]]]]
+    final: dict[str, dict[str, float]]
+    reports: dict[str, int]
+
+
+def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
+    by_job: dict[str, list[BusinessMetric]] = defaultdict(list)
+    for metric in BusinessMetric.objects.filter(job__in=jobs).order_by("job", "at", "id"):
+        by_job[str(metric.job_id)].append(metric)
+    step_axis = all(m.step is not None for rows in by_job.values() for m in rows)
+    series: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(dict)
+    final: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        rows = by_job.get(str(job.id), [])
+        last: dict[str, float] = {}
+        points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        origin = rows[0].at if rows else None
+        for m in rows:
+            x = float(m.step) if step_axis else (m.at - origin).total_seconds()
+            for key, value in m.values.items():
+                points[key].append((x, float(value)))
+                last[key] = float(value)
+        for key, values in points.items():
+            series[key][str(job.id)] = _thin(values, limit)
+        final[str(job.id)] = last
+    return Comparison(
+        step_axis=step_axis,
+        names=sorted(series),
+        series=dict(series),
+        final=final,
+        reports={str(job.id): len(by_job.get(str(job.id), [])) for job in jobs},
+    )

@@ -279,8 +279,14 @@ class TokenViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.GenericVi
 
     @extend_schema(responses={204: None})
     def destroy(self, request, pk=None):
-        """Revoke a token (it stops working at once)."""
-        token = ApiToken.objects.filter(user=request.user, pk=pk).first() if str(pk).isdigit() else None
+        """Revoke a token by its number or by the 8-character id the portal shows (the `prefix`)."""
+        key = str(pk).strip().lower()
+        token = None
+        if len(key) == 8 and all(c in "0123456789abcdef" for c in key):
+            found = list(ApiToken.objects.filter(user=request.user, prefix=key)[:2])
+            token = found[0] if len(found) == 1 else None
+        if token is None and key.isdigit() and len(key) < 12:
+            token = ApiToken.objects.filter(user=request.user, pk=int(key)).first()
         if token is None:
             raise NotFound("token not found")
         with transaction.atomic(durable=True):

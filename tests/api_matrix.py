@@ -97,6 +97,7 @@ def make_world() -> World:
         last_seen_at=now,
         actions_taken=[{"action": "restart_job", "detail": f"stopped {job.id}#1", "attempts": [f"{job.id}#1"]}],
     )
+    template = services.template_create(user=mia, team_slug="demo", name="matrix", body={**base})
     token, _ = token_create(user=get_user_model().objects.get(username="demo"), name="someone's")
     values = {
         "/jobs/{id}": str(job.id),
@@ -105,6 +106,7 @@ def make_world() -> World:
         "/monitoring/rules/{id}": str(rule.id),
         "/monitoring/notifications/{id}": "999999",
         "/tokens/{id}": str(token.id),
+        "/templates/{id}": str(template.id),
         "{uuid}": gpu.uuid,
         "/images/{name}": "python-3.11",
         "/nodes/{name}": Node.objects.first().name,

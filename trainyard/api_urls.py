@@ -5,11 +5,12 @@ from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
 from images.api import ImageViewSet
-from jobs.api import JobViewSet
+from jobs.api import JobTemplateViewSet, JobViewSet
 from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
+router.register("templates", JobTemplateViewSet, basename="job-template")
 router.register("queues", QueueViewSet, basename="queue")
 router.register("teams", TeamViewSet, basename="team")
 router.register("specs", SpecViewSet, basename="spec")

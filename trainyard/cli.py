@@ -1,7 +1,10 @@
 """`trainyard`: the command line for CI pipelines and terminals, a client of the REST API (`/api/v1/`).
 
     trainyard submit job.yaml [--wait] [--follow] [--idempotency-key K]
-    trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | login
+    trainyard submit --template NAME [overrides.yaml] [--team T]
+    trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | templates | tokens | login
+
+JOB is a job id, or its first 8 (or more) characters as the portal shows them.
 
 Human output goes to stdout, progress and errors to stderr (one line, never a traceback); `--json` prints
 machine-readable output. Exit codes are in `cli_errors` and docs/cli.md. It imports nothing from Django.
@@ -20,10 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from trainyard.cli_client import ApiClient, ApiError, cli_version
-from trainyard.cli_config import Config, check_token, config_path, load_config, normalize_url, require_token
-from trainyard.cli_config import save_config as write_config
-from trainyard.cli_errors import (
+from .cli_client import ApiClient, ApiError, cli_version
+from .cli_config import Config, check_token, config_path, load_config, normalize_url, require_token
+from .cli_config import save_config as write_config
+from .cli_errors import (
     EXIT_BY_FINAL_STATE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -32,9 +35,10 @@ from trainyard.cli_errors import (
     TERMINAL_STATES,
     CliError,
 )
-from trainyard.cli_jobfile import JobFile, load_jobfile
+from .cli_jobfile import JobFile, load_jobfile
 
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+SHORT_ID_RE = re.compile(r"^[0-9a-fA-F][0-9a-fA-F-]{7,34}$")
 ATTEMPT_ENDED = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 MAX_TRANSIENT_ERRORS = 8
 LOG_PAGE = 1000
@@ -53,13 +57,24 @@ def _print_json(data: Any) -> None:
     _out(json.dumps(data, indent=2, sort_keys=False))
 
 
-def _job_id(raw: str) -> str:
-    if not UUID_RE.match(raw.strip()):
+def _job_id(api: ApiClient, raw: str) -> str:
+    """A full job id, or the first 8+ characters the portal shows, resolved among the jobs the token can see."""
+    text = raw.strip().lower()
+    if UUID_RE.match(text):
+        return text
+    if not SHORT_ID_RE.match(text):
         raise CliError(
-            f"{raw!r} is not a job id (a UUID like 3f2c6e1a-0b7d-4c52-9a51-1d0e5b7c9f20; see `trainyard list`)",
+            f"{raw!r} is not a job id (a UUID like 3f2c6e1a-0b7d-4c52-9a51-1d0e5b7c9f20, or its first 8 characters "
+            "as the portal shows them; see `trainyard list`)",
             EXIT_USAGE,
         )
-    return raw.strip().lower()
+    found = api.get("/jobs/", params={"id_prefix": text, "page_size": 5}).get("results", [])
+    if not found:
+        raise CliError(f"no job id starts with {text} (or it belongs to a team you are not in)", EXIT_USAGE)
+    if len(found) > 1:
+        names = ", ".join(f"{j['id']} ({j['name']})" for j in found)
+        raise CliError(f"{text} is the start of several job ids: {names}; give more characters", EXIT_USAGE)
+    return found[0]["id"]
 
 
 def _when(value: str | None) -> str:
@@ -270,11 +285,31 @@ def _finish(job: dict, *, as_json: bool) -> int:
 # ----------------------------------------------------------------------------------------------- commands
 
 
+def _template(api: ApiClient, name: str, team: str | None) -> dict:
+    params = {"name": name, **({"team": team} if team else {})}
+    found = api.get("/templates/", params=params)
+    if not found:
+        known = api.get("/templates/", params={"team": team} if team else None)
+        have = ", ".join(sorted(f"{t['team']}/{t['name']}" for t in known)) or "none"
+        where = f" in team {team}" if team else " in your teams"
+        raise CliError(f"no template named {name!r}{where} (templates: {have})", EXIT_USAGE)
+    if len(found) > 1:
+        teams = ", ".join(t["team"] for t in found)
+        raise CliError(f"several teams have a template named {name!r} ({teams}): add --team", EXIT_USAGE)
+    return found[0]
+
+
 def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
-    jobfile = load_jobfile(args.file)
+    if args.file is None and not args.template:
+        raise CliError("give a job file, or --template NAME (see `trainyard submit --help`)", EXIT_USAGE)
+    jobfile = load_jobfile(args.file) if args.file is not None else JobFile("(template)", {}, {})
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     try:
-        status, job = api.post("/jobs/", json=jobfile.data, headers=headers)
+        if args.template:
+            template = _template(api, args.template, args.team)
+            status, job = api.post(f"/templates/{template['id']}/submit/", json=jobfile.data, headers=headers)
+        else:
+            status, job = api.post("/jobs/", json=jobfile.data, headers=headers)
     except ApiError as exc:
         raise _located(exc, jobfile)
     if status == 200:
@@ -330,7 +365,7 @@ def _queue_wait(api: ApiClient, job: dict) -> dict | None:
 
 
 def cmd_status(args: argparse.Namespace, api: ApiClient) -> int:
-    job_id = _job_id(args.job)
+    job_id = _job_id(api, args.job)
     job = api.get(f"/jobs/{job_id}/", not_found=f"job {job_id} not found (or it belongs to a team you are not in)")
     attempts = api.get(f"/jobs/{job_id}/attempts/")
     wait = _queue_wait(api, job)
@@ -434,7 +469,7 @@ def cmd_list(args: argparse.Namespace, api: ApiClient) -> int:
 
 
 def cmd_logs(args: argparse.Namespace, api: ApiClient) -> int:
-    job_id = _job_id(args.job)
+    job_id = _job_id(api, args.job)
     attempts = api.get(
         f"/jobs/{job_id}/attempts/", not_found=f"job {job_id} not found (or it belongs to a team you are not in)"
     )
@@ -469,7 +504,7 @@ def cmd_logs(args: argparse.Namespace, api: ApiClient) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, api: ApiClient) -> int:
-    job_id = _job_id(args.job)
+    job_id = _job_id(api, args.job)
     try:
         _, job = api.post(f"/jobs/{job_id}/cancel/", not_found=f"job {job_id} not found")
     except ApiError as exc:
@@ -601,6 +636,94 @@ def cmd_quota(args: argparse.Namespace, api: ApiClient) -> int:
     return EXIT_OK
 
 
+def cmd_templates(args: argparse.Namespace, api: ApiClient) -> int:
+    templates = api.get("/templates/", params={"team": args.team} if args.team else None)
+    if args.json:
+        _print_json(templates)
+        return EXIT_OK
+    if not templates:
+        _err("no templates (save one from the portal's submit form, or POST /api/v1/templates/)")
+        return EXIT_OK
+
+    def command(body: dict) -> str:
+        cmd = body.get("command") or []
+        return shlex.join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+
+    _out(
+        _table(
+            ["TEAM", "NAME", "QUEUE", "SPEC", "IMAGE", "COMMAND", "DESCRIPTION"],
+            [
+                (
+                    t["team"],
+                    t["name"],
+                    t["job"].get("queue"),
+                    t["job"].get("spec"),
+                    t["job"].get("image"),
+                    command(t["job"]),
+                    t["description"],
+                )
+                for t in templates
+            ],
+        )
+    )
+    return EXIT_OK
+
+
+def cmd_tokens(args: argparse.Namespace, api: ApiClient) -> int:
+    if args.action == "create":
+        if not args.name:
+            raise CliError("give the new token a name: trainyard tokens create NAME", EXIT_USAGE)
+        body: dict[str, Any] = {"name": args.name}
+        if args.scope:
+            body["scopes"] = sorted({s.strip() for raw in args.scope for s in raw.split(",") if s.strip()})
+        if args.expires_days:
+            body["expires_in_days"] = args.expires_days
+        _, token = api.post("/tokens/", json=body)
+        _err(
+            f"created token {token['name']} (id {token['prefix']}, scopes {', '.join(token['scopes'])}); "
+            "it is printed once, below"
+        )
+        _out(token["token"])
+        return EXIT_OK
+    if args.action == "revoke":
+        if not args.name:
+            raise CliError("give the id of the token to revoke (the 8 characters `trainyard tokens` shows)", EXIT_USAGE)
+        api.request("DELETE", f"/tokens/{args.name.strip()}/", not_found=f"no token of yours has the id {args.name!r}")
+        _err(f"revoked token {args.name}")
+        return EXIT_OK
+    rows = api.get("/tokens/")
+    rows = rows.get("results", rows) if isinstance(rows, dict) else rows
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+
+    def status(t: dict) -> str:
+        if t.get("revoked_at"):
+            return "revoked"
+        if t.get("expires_at") and datetime.fromisoformat(t["expires_at"]) <= datetime.now().astimezone():
+            return "expired"
+        return "active"
+
+    _out(
+        _table(
+            ["ID", "NAME", "SCOPES", "CREATED", "EXPIRES", "LAST USED", "STATUS"],
+            [
+                (
+                    t["prefix"],
+                    t["name"],
+                    ",".join(t["scopes"]),
+                    _when(t["created_at"]),
+                    _when(t.get("expires_at")),
+                    _when(t.get("last_used_at")),
+                    status(t),
+                )
+                for t in rows
+            ],
+        )
+    )
+    return EXIT_OK
+
+
 def cmd_login(args: argparse.Namespace, env: dict[str, str]) -> int:
     url = normalize_url(args.url, origin="--url")
     raw = sys.stdin.readline() if args.token == "-" else args.token
@@ -672,8 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="seconds between polls of the server (default 2)",
         )
 
-    p = sub.add_parser("submit", help="submit a job from a YAML file (fields as in POST /api/v1/jobs/)")
-    p.add_argument("file", help="the job file, or - for standard input")
+    p = sub.add_parser("submit", help="submit a job from a YAML file (fields as in POST /api/v1/jobs/) or a template")
+    p.add_argument(
+        "file", nargs="?", help="the job file, or - for standard input; with --template, fields that override it"
+    )
+    p.add_argument("--template", metavar="NAME", help="submit from the team's saved template NAME")
+    p.add_argument("--team", metavar="T", help="the template's team, when several of your teams have one so named")
     p.add_argument("--wait", action="store_true", help="wait until the job ends; the exit code tells how")
     p.add_argument("--follow", "-f", action="store_true", help="print the job's log lines while waiting")
     p.add_argument("--idempotency-key", metavar="K", help="submitting again with the same key returns the same job")
@@ -682,7 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_submit)
 
     p = sub.add_parser("status", help="a job's state, reason, queue position and attempts")
-    p.add_argument("job", help="job id")
+    p.add_argument("job", help="job id (or its first 8 characters)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_status)
 
@@ -695,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_list)
 
     p = sub.add_parser("logs", help="a job's log lines (the latest attempt unless --attempt)")
-    p.add_argument("job", help="job id")
+    p.add_argument("job", help="job id (or its first 8 characters)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
     p.add_argument("--attempt", type=_positive_int, metavar="N")
     p.add_argument("--tail", type=_positive_int, metavar="N", help="only the last N lines (at most 5000)")
@@ -703,7 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_logs)
 
     p = sub.add_parser("cancel", help="cancel a pending or running job")
-    p.add_argument("job", help="job id")
+    p.add_argument("job", help="job id (or its first 8 characters)")
     p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
     interval(p)
     p.set_defaults(handler=cmd_cancel)
@@ -717,6 +844,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("team", nargs="?", help="team slug (default: all your teams)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_quota)
+
+    p = sub.add_parser("templates", help="your teams' saved job templates (submit one with submit --template)")
+    p.add_argument("--team", metavar="T")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_templates)
+
+    p = sub.add_parser(
+        "tokens", help="your API tokens: list, create NAME, revoke ID (needs a token with the admin scope)"
+    )
+    p.add_argument("action", nargs="?", choices=["list", "create", "revoke"], default="list")
+    p.add_argument("name", nargs="?", help="create: the new token's name; revoke: its 8-character id")
+    p.add_argument("--scope", action="append", metavar="S", help="create: read, submit, admin (repeat, or a,b)")
+    p.add_argument("--expires-days", type=_positive_int, metavar="N", help="create: expire after N days")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_tokens)
 
     p = sub.add_parser("login", help="save the server address and an API token to the config file")
     p.add_argument("--url", required=True, help="the platform's address, e.g. https://trainyard.example.com")

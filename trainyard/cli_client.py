@@ -1,7 +1,8 @@
 """The CLI's HTTP client for the REST API (`/api/v1/`): bearer-token auth, the platform's JSON errors turned
 into one-line `CliError`s, and a bounded number of retries after 429 that honour `Retry-After`.
 
-It speaks plain HTTP through httpx and imports nothing from Django, so it runs on any CI machine.
+It speaks plain HTTP through httpx and imports nothing from Django, so it runs on any CI machine; the same
+modules are packaged alone as `trainyard-cli` (cli/pyproject.toml), so imports between them are relative.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from typing import Any
 
 import httpx
 
-from trainyard.cli_errors import EXIT_AUTH, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+from .cli_errors import EXIT_AUTH, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
 API = "/api/v1"
 
 
 def cli_version() -> str:
+    # The same modules ship in the platform (`trainyard`) and alone (`trainyard-cli`, as package trainyard_cli).
+    distribution = "trainyard-cli" if __package__ == "trainyard_cli" else "trainyard"
     try:
-        return metadata.version("trainyard")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "dev"
 

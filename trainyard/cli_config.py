@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from trainyard.cli_errors import EXIT_AUTH, CliError
+from .cli_errors import EXIT_AUTH, CliError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CONFIG_KEYS = ("url", "token")

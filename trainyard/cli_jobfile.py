@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from trainyard.cli_errors import EXIT_USAGE, CliError
+from .cli_errors import EXIT_USAGE, CliError
 
 EXAMPLE_FIELDS = "team, queue, spec, image and command"
 

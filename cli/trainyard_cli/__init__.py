@@ -1,0 +1,1 @@
+"""The `trainyard` command line, packaged alone (`pip install ./cli`): a client of the REST API only."""

@@ -1,0 +1,115 @@
+"""Compare runs: jobs picked by id (or the portal's 8-character ids) or by label, their TRAINYARD_METRIC series,
+parameters with the differences marked, and final metrics; over REST and in the portal."""
+
+import re
+
+import pytest
+from rest_framework.test import APIClient
+
+from frontend.tests.conftest import login, submit
+from monitoring import services as monitoring
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runs(portal):
+    a = submit(portal.demo, name="lr-0.1", env={"EPOCHS": "3", "LR": "0.1"}, labels={"sweep": "lr"})
+    b = submit(portal.demo, name="lr-0.3", env={"EPOCHS": "3", "LR": "0.3"}, labels={"sweep": "lr"})
+    c = submit(portal.demo, name="other", labels={"sweep": "bs"})
+    monitoring.business_metrics_report(job=a, data=[{"step": s, "loss": 1 / s, "acc": s / 10} for s in (1, 2, 3)])
+    monitoring.business_metrics_report(job=b, data=[{"step": s, "loss": 2 / s} for s in (1, 2, 3, 4)])
+    return a, b, c
+
+
+def api(user):
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def test_api_compares_series_parameters_and_final_values(portal, runs):
+    a, b, c = runs
+    response = api(portal.demo).get("/api/v1/monitoring/compare/", {"job": [str(a.id), str(b.id)[:8]]})
+    assert response.status_code == 200, response.json()
+    data = response.json()
+    assert [j["id"] for j in data["jobs"]] == [str(a.id), str(b.id)]
+    assert data["x_axis"] == "step"
+    assert data["series"]["loss"][str(a.id)] == [[1.0, 1.0], [2.0, 0.5], [3.0, 1 / 3]]
+    assert len(data["series"]["loss"][str(b.id)]) == 4 and str(b.id) not in data["series"]["acc"]
+    assert data["jobs"][0]["final_metrics"] == {"loss": 1 / 3, "acc": 0.3}
+    assert data["jobs"][1]["final_metrics"] == {"loss": 0.5}
+    assert data["different_parameters"] == ["env.LR"]
+    assert data["jobs"][1]["parameters"]["env.LR"] == "0.3"
+
+
+def test_api_compares_every_job_with_a_label(portal, runs):
+    a, b, c = runs
+    data = api(portal.demo).get("/api/v1/monitoring/compare/", {"label": "sweep=lr"}).json()
+    assert [j["name"] for j in data["jobs"]] == ["lr-0.1", "lr-0.3"]
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({}, "no_jobs"),
+        ({"job": "zz"}, "invalid_job_id"),
+        ({"job": "00000000"}, "unknown_job"),
+        ({"label": "sweep"}, "invalid_label_filter"),
+    ],
+)
+def test_api_bad_choices_are_400s_with_a_code(portal, runs, params, code):
+    response = api(portal.demo).get("/api/v1/monitoring/compare/", params)
+    assert response.status_code == 400 and response.json()["code"] == code
+
+
+def test_api_never_compares_another_teams_jobs(portal, runs):
+    a, b, c = runs
+    outsider = api(portal.outsider)
+    assert outsider.get("/api/v1/monitoring/compare/", {"job": str(a.id)}).json()["code"] == "unknown_job"
+    assert outsider.get("/api/v1/monitoring/compare/", {"label": "sweep=lr"}).json()["code"] == "no_jobs"
+
+
+def test_api_refuses_more_than_twenty_jobs(portal):
+    ids = [str(submit(portal.demo, labels={"big": "1"}).id) for _ in range(21)]
+    response = api(portal.demo).get("/api/v1/monitoring/compare/", {"job": ids})
+    assert response.status_code == 400 and response.json()["code"] == "too_many_jobs"
+
+
+def test_portal_page_draws_one_line_per_job_and_marks_differences(portal, runs):
+    a, b, c = runs
+    client = login(portal.demo)
+    listing = client.get("/jobs/").content.decode()
+    assert 'id="compare-form"' in listing and f'name="job" value="{a.id}" form="compare-form"' in listing
+    page = client.get(f"/jobs/compare/?job={a.id}&job={b.id}")
+    body = page.content.decode()
+    assert page.status_code == 200
+    loss_chart = re.search(r"<figcaption>loss</figcaption>(.*?)</figure>", body, re.S).group(1)
+    assert loss_chart.count("<polyline") == 2 and f"{str(a.id)[:8]} lr-0.1" in loss_chart
+    # parameters: the differing row is marked, the equal one is not
+    lr_row = re.search(r'<tr data-param="env.LR" class="differs">(.*?)</tr>', body, re.S).group(1)
+    assert "<mark><code>0.3</code></mark>" in lr_row and "<mark><code>0.1</code></mark>" not in lr_row
+    assert '<tr data-param="env.EPOCHS">' in body
+    # final metrics: sortable, with the last values and an empty cell where a job never reported
+    final = re.search(r'<table class="data sortable" id="final-metrics">(.*?)</table>', body, re.S).group(1)
+    assert 'data-metric="acc"' in final and 'data-metric="loss"' in final
+    row_b = re.search(rf'<tr data-job="{b.id}">(.*?)</tr>', final, re.S).group(1)
+    assert 'data-value="0.5"' in row_b and 'data-value=""' in row_b
+    only = client.get(f"/jobs/compare/?job={a.id}&job={b.id}&diff=1").content.decode()
+    assert 'data-param="env.LR"' in only and 'data-param="env.EPOCHS"' not in only
+
+
+def test_portal_page_by_label_and_its_errors(portal, runs):
+    client = login(portal.demo)
+    by_label = client.get("/jobs/compare/?label=sweep%3Dbs").content.decode()
+    assert "None of these jobs has reported a metric yet" in by_label and "other" in by_label
+    missing = client.get("/jobs/compare/?label=sweep%3Dnone").content.decode()
+    assert 'id="compare-error"' in missing and "sweep=none" in missing
+    outsider = login(portal.outsider).get(f"/jobs/compare/?job={runs[0].id}").content.decode()
+    assert 'id="compare-error"' in outsider and "lr-0.1" not in outsider
+
+
+def test_the_id_box_takes_several_short_ids(portal, runs):
+    a, b, c = runs
+    body = login(portal.demo).get("/jobs/compare/", {"job": f"{str(a.id)[:8]} {str(c.id)[:8]},"}).content.decode()
+    assert 'id="compare-error"' not in body and "lr-0.1" in body and "other" in body
