@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cluster.models import GPU
-from jobs import classifier
+from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
@@ -92,6 +92,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         gang=job.queue.gang and job.replicas > 1,
         secondary_network=job.queue.secondary_network,
         gpu_products=_gpu_products(job, attempt),
+        checkpoint=checkpoints.attempt_plan(attempt),
     )
 
 
@@ -238,6 +239,10 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
             continue
         if obs.log_lines_lost and not obs.finished:
             _logs_degraded(attempt, obs)
+        if obs.checkpoints and not obs.finished:
+            with transaction.atomic():  # two observers at once record each checkpoint once
+                _lock(job_id=attempt.job_id, attempt_id=attempt.id)
+                checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         if obs.phase == "running" and attempt.state == AttemptState.STARTING:
             with transaction.atomic():
                 job = Job.objects.select_for_update().get(pk=attempt.job_id)
@@ -297,6 +302,8 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.ended_at = _ended_at(obs)
         if obs.log_lines_lost:
             _logs_degraded(attempt, obs)
+        if obs.checkpoints:
+            checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         attempt.exit_code = obs.exit_code
         attempt.signal = obs.signal
         attempt.reason = (obs.reason or "")[:200]

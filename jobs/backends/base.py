@@ -55,6 +55,8 @@ class AttemptDescription:
     # GPU product label values (GPU Feature Discovery's `nvidia.com/gpu.product`) a job pinned to GPU models
     # may land on; empty when the job accepts any model.
     gpu_products: list[str] = field(default_factory=list)
+    # Checkpoints (jobs/checkpoints.py): {"prefix": object key prefix, "restore": the checkpoint to start from}.
+    checkpoint: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +82,7 @@ class Observation:
     ended_at: float | None = None  # the process's own end time (epoch seconds), where the backend knows it
     log_lines_lost: int = 0  # lines the log store could not keep (unwritable or full)
     log_error: str = ""
+    checkpoints: dict | None = None  # the attempt's checkpoint upload manifest, where the backend syncs them
 
     @property
     def finished(self) -> bool:
