@@ -231,7 +231,9 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
     live = list(live_qs)
     if not live:
         return 0
-    observations = get_backend(backend_name).observe([a.backend_ref for a in live])
+    backend = get_backend(backend_name)
+    observations = backend.observe([a.backend_ref for a in live])
+    _hold_checkpoint_uploads(backend, live)
     changed = 0
     for attempt in live:
         obs = observations.get(attempt.backend_ref)
@@ -267,6 +269,17 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
                 Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
                 _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
     return changed
+
+
+def _hold_checkpoint_uploads(backend, live: list[Attempt]) -> None:
+    """Checkpoint uploads of teams over their storage quota wait (nothing is lost); the others go on."""
+    hold = getattr(backend, "hold_checkpoints", None)
+    if hold is None:
+        return
+    teams = dict(Job.objects.filter(pk__in={a.job_id for a in live}).values_list("id", "team_id"))
+    over = checkpoints.teams_over_storage_quota(set(teams.values()))
+    for attempt in live:
+        hold(attempt.backend_ref, teams.get(attempt.job_id) in over)
 
 
 def _logs_degraded(attempt: Attempt, obs: Observation) -> None:

@@ -287,6 +287,7 @@ CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
     "task": "jobs.reconcile_lifecycle",
     "schedule": TRAINYARD_LIFECYCLE_RECONCILE_S,
 }
+CELERY_BEAT_SCHEDULE["prune-checkpoints"] = {"task": "jobs.prune_checkpoints", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)

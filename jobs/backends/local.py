@@ -274,10 +274,13 @@ class LocalBackend:
     def hold_checkpoints(self, ref: str, held: bool) -> None:
         """Make the attempt's checkpoint uploads wait (the team's storage quota is full), or let them go on."""
         hold = self._folder(ref) / "checkpoint_hold"
-        if held:
-            hold.write_text("storage quota full")
-        else:
-            hold.unlink(missing_ok=True)
+        try:
+            if held:
+                hold.write_text("storage quota full")
+            else:
+                hold.unlink(missing_ok=True)
+        except OSError:
+            pass  # the attempt's folder is gone: nothing to hold
 
     @staticmethod
     def _log_faults(folder: Path) -> dict:
