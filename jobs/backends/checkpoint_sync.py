@@ -164,7 +164,9 @@ class CheckpointSync:
 
     def s3(self):
         if self._s3 is None:
-            self._s3 = objectstore.client(self.store, timeout_s=60.0, attempts=2)
+            s3 = objectstore.client(self.store, timeout_s=60.0, attempts=2)
+            objectstore.ensure_bucket(self.store, s3)  # a store down raises here: retried with backoff
+            self._s3 = s3
         return self._s3
 
     # ------------------------------------------------------------------ restore
