@@ -86,14 +86,20 @@ class TeamDetailSerializer(TeamSerializer):
         return selectors.team_usage_by_spec(team)
 
 
+INT_MAX = 2**31 - 1  # the columns' ranges: a larger number is a 400, never a database error
+BIGINT_MAX = 2**63 - 1
+
+
 class QuotaUpdateSerializer(serializers.Serializer):
-    gpu_milli = serializers.IntegerField(min_value=0, required=False)
-    gpu_memory_mib = serializers.IntegerField(min_value=0, required=False)
-    cpu_milli = serializers.IntegerField(min_value=0, required=False)
-    memory_mib = serializers.IntegerField(min_value=0, required=False)
-    max_running_jobs = serializers.IntegerField(min_value=0, required=False)
-    max_jobs_per_user = serializers.IntegerField(min_value=0, required=False)
-    storage_quota_bytes = serializers.IntegerField(min_value=0, required=False, help_text="0 = no limit")
+    gpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
+    cpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
+    max_running_jobs = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    max_jobs_per_user = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    storage_quota_bytes = serializers.IntegerField(
+        min_value=0, max_value=BIGINT_MAX, required=False, help_text="0 = no limit"
+    )
     checkpoint_keep_last = serializers.IntegerField(min_value=0, max_value=1000, required=False)
     checkpoint_retention_days = serializers.IntegerField(min_value=0, max_value=36500, required=False)
 

@@ -110,3 +110,64 @@ def test_resume_from_another_job(platform, celery_worker_thread, checkpoint_stor
     assert retried.resume_from_id == first.id
     reproduced = services.job_reproduce(job_id=first.id, user=platform)
     assert reproduced.resume_from_id is None
+
+
+def test_a_cancelled_job_still_saves_its_checkpoints_at_the_end(
+    platform, celery_worker_thread, checkpoint_store, settings
+):
+    settings.TRAINYARD_CHECKPOINT_SYNC_S = 120.0  # no periodic pass in this test: only the final sync can save it
+    job = submit(platform, command=["sh", "-c", 'echo 1 > "$TRAINYARD_CHECKPOINT_DIR/ckpt-7.pt"; sleep 60'])
+    wait_for(lambda: reload(job).state == JobState.RUNNING, timeout=60)
+    import time
+
+    time.sleep(1.0)  # the file is written
+    services.job_cancel(job_id=job.id, actor="demo")
+    job = wait_for(lambda: finished(job), timeout=60)
+    assert job.state == JobState.CANCELLED
+    saved = Checkpoint.objects.get(job=job)
+    assert saved.name == "ckpt-7.pt" and saved.step == 7
+    assert _object(checkpoint_store, saved.key) == b"1\n"
+
+
+def test_checkpoints_api_is_scoped_to_the_team_and_teams_show_storage(platform, checkpoint_store):
+    from django.test import Client
+    from django.utils import timezone
+
+    from jobs.models import Attempt
+    from quotas.models import Team
+    from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+    job = submit(platform, command=["true"])
+    attempt = Attempt.objects.create(job=job, number=1, backend="local", state="failed", ended_at=timezone.now())
+    Checkpoint.objects.create(
+        job=job, attempt=attempt, name="ckpt-3.pt", step=3, size_bytes=1234, sha256="a" * 64, bucket="b",
+        key=f"demo/{job.id}/attempt-1/ckpt-3.pt", saved_at=timezone.now(),
+        files=[{"path": "ckpt-3.pt", "key": "k", "size": 1234, "sha256": "a" * 64}],
+    )  # fmt: skip
+    mine = Client()
+    mine.force_login(platform)
+    rows = mine.get(f"/api/v1/jobs/{job.id}/checkpoints/").json()
+    assert [(r["name"], r["step"], r["size_bytes"], r["attempt"]) for r in rows] == [("ckpt-3.pt", 3, 1234, 1)]
+    assert rows[0]["download_url"] == f"/api/v1/jobs/{job.id}/checkpoints/{rows[0]['id']}/download/"
+    outsider = UserFactory(username="olga")
+    MembershipFactory(team=TeamFactory(slug="other"), user=outsider)
+    theirs = Client()
+    theirs.force_login(outsider)
+    assert theirs.get(f"/api/v1/jobs/{job.id}/checkpoints/").status_code == 404
+    assert theirs.get(f"/api/v1/jobs/{job.id}/checkpoints/{rows[0]['id']}/download/").status_code == 404
+
+    team = mine.get("/api/v1/teams/demo/").json()
+    assert team["storage"]["used_bytes"] == 1234 and team["storage"]["quota_bytes"] == 0
+    staff = Client()
+    staff.force_login(UserFactory(username="boss", is_staff=True))
+    answer = staff.patch(
+        "/api/v1/teams/demo/quota/", {"storage_quota_bytes": 5000, "checkpoint_keep_last": 3},
+        content_type="application/json",
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["storage"] == {"used_bytes": 1234, "quota_bytes": 5000, "keep_last": 3, "retention_days": 30}
+    assert Team.objects.get(slug="demo").checkpoint_keep_last == 3
+    bad = staff.patch("/api/v1/teams/demo/quota/", {"checkpoint_keep_last": -1}, content_type="application/json")
+    assert bad.status_code == 400
+    page = mine.get("/teams/demo/").content.decode()
+    assert "Checkpoint storage" in page and "1.2\xa0KB of 4.9\xa0KB used" in page
