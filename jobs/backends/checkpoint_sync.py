@@ -21,6 +21,7 @@ Restore: before the command starts, the files of the checkpoint to resume from a
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 
 from trainyard import objectstore
 
@@ -52,21 +54,53 @@ class Digest:
         return hashlib.md5(b"".join(self.part_md5s)).hexdigest() + f"-{len(self.part_md5s)}"  # noqa: S324
 
 
-def digest(path: Path) -> Digest:
+def open_beneath(root: Path, rel: str):
+    """Open `root/rel` for reading without following a symlink anywhere below `root` (the job owns that tree and
+    may swap a file or folder for a link at any moment; the supervisor reading it has more rights than the job)."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in {".", ".."} for p in parts):
+        raise ChangedDuringUpload(f"{rel}: not a plain path")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        try:
+            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            raise ChangedDuringUpload(f"{rel}: {exc.strerror}") from None
+    except NotADirectoryError:
+        raise ChangedDuringUpload(f"{rel}: a folder on its path is not a folder any more") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ChangedDuringUpload(f"{rel}: a symlink on its path") from None
+        raise
+    finally:
+        os.close(fd)
+    if not S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise ChangedDuringUpload(f"{rel}: not a regular file")
+    os.set_blocking(leaf, True)
+    return os.fdopen(leaf, "rb")
+
+
+def digest(f) -> Digest:
+    """Checksums of an open file, read from its start."""
+    f.seek(0)
     md5, sha, part, part_len, parts, size = hashlib.md5(), hashlib.sha256(), hashlib.md5(), 0, [], 0  # noqa: S324
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_BYTES):
-            size += len(chunk)
-            md5.update(chunk)
-            sha.update(chunk)
-            while chunk:
-                take = chunk[: PART_BYTES - part_len]
-                part.update(take)
-                part_len += len(take)
-                chunk = chunk[len(take) :]
-                if part_len == PART_BYTES:
-                    parts.append(part.digest())
-                    part, part_len = hashlib.md5(), 0  # noqa: S324
+    while chunk := f.read(READ_BYTES):
+        size += len(chunk)
+        md5.update(chunk)
+        sha.update(chunk)
+        while chunk:
+            take = chunk[: PART_BYTES - part_len]
+            part.update(take)
+            part_len += len(take)
+            chunk = chunk[len(take) :]
+            if part_len == PART_BYTES:
+                parts.append(part.digest())
+                part, part_len = hashlib.md5(), 0  # noqa: S324
     if part_len:
         parts.append(part.digest())
     return Digest(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest(), part_md5s=parts)
@@ -86,21 +120,24 @@ class ChangedDuringUpload(Exception):
     pass
 
 
-def upload_file(s3, *, bucket: str, key: str, path: Path) -> dict:
-    """Upload one file and verify what the store holds; ChangedDuringUpload when the file moved under us."""
+def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = None) -> dict:
+    """Upload one file and verify what the store holds; ChangedDuringUpload when the file moved under us.
+    `root`: the folder the job owns; no symlink below it is followed."""
     import base64
 
     from boto3.s3.transfer import TransferConfig
 
-    before = _stat(path)
-    if before is None:
-        raise ChangedDuringUpload(f"{path.name} disappeared")
-    d = digest(path)
-    if (d.size, before[1]) != before or _stat(path) != before:
-        raise ChangedDuringUpload(f"{path.name} changed while it was read")
-    meta = {"sha256": d.sha256}
-    if d.size <= PART_BYTES:
-        with open(path, "rb") as f:
+    root, rel = (path.parent, path.name) if root is None else (root, str(path.relative_to(root)))
+    with open_beneath(root, rel) as f:
+        st = os.fstat(f.fileno())
+        before = (st.st_size, st.st_mtime_ns)
+        d = digest(f)
+        st = os.fstat(f.fileno())
+        if d.size != before[0] or (st.st_size, st.st_mtime_ns) != before:
+            raise ChangedDuringUpload(f"{rel} changed while it was read")
+        meta = {"sha256": d.sha256}
+        f.seek(0)
+        if d.size <= PART_BYTES:
             s3.put_object(
                 Bucket=bucket,
                 Key=key,
@@ -109,13 +146,14 @@ def upload_file(s3, *, bucket: str, key: str, path: Path) -> dict:
                 ContentMD5=base64.b64encode(bytes.fromhex(d.md5)).decode(),
                 Metadata=meta,
             )
-    else:
-        config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=4)
-        s3.upload_file(str(path), bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
-    head = s3.head_object(Bucket=bucket, Key=key)
-    stored_etag = str(head.get("ETag", "")).strip('"')
-    if _stat(path) != before or head.get("ContentLength") != d.size or stored_etag != d.etag:
-        raise ChangedDuringUpload(f"{path.name} changed during the upload (the stored copy does not match)")
+        else:
+            config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=4)
+            s3.upload_fileobj(f, bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
+        head = s3.head_object(Bucket=bucket, Key=key)
+        stored_etag = str(head.get("ETag", "")).strip('"')
+        st = os.fstat(f.fileno())
+    if (st.st_size, st.st_mtime_ns) != before or head.get("ContentLength") != d.size or stored_etag != d.etag:
+        raise ChangedDuringUpload(f"{rel} changed during the upload (the stored copy does not match)")
     return {"key": key, "size": d.size, "sha256": d.sha256, "etag": stored_etag, "mtime_ns": before[1]}
 
 

@@ -67,6 +67,22 @@ def test_a_symlink_in_the_checkpoint_folder_is_not_followed(object_store, tmp_pa
     assert sync.uploaded == {} and sync.unsaved == []
 
 
+def test_a_folder_swapped_for_a_symlink_is_not_followed_by_the_upload(object_store, tmp_path):
+    """The job may replace a folder with a link between the scan and the upload: the read never leaves its tree."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("platform secret")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "sub").symlink_to(outside)
+    s3 = objectstore.client(object_store)
+    with pytest.raises(ChangedDuringUpload, match="symlink|not a folder"):
+        upload_file(s3, bucket=object_store.bucket, key="never", path=ckpt / "sub" / "secret", root=ckpt)
+    (ckpt / "direct").symlink_to(outside / "secret")
+    with pytest.raises(ChangedDuringUpload):
+        upload_file(s3, bucket=object_store.bucket, key="never", path=ckpt / "direct", root=ckpt)
+
+
 # ------------------------------------------------------------------------------------------- retention and quota
 
 
