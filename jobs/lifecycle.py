@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from cluster.models import GPU
 from cluster.services import slices_follow_assignment
-from jobs import classifier
+from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
@@ -94,6 +94,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         secondary_network=job.queue.secondary_network,
         outbound_network=job.queue.outbound_network,
         gpu_products=_gpu_products(job, attempt),
+        checkpoint=checkpoints.attempt_plan(attempt),
     )
 
 
@@ -232,7 +233,9 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
     live = list(live_qs)
     if not live:
         return 0
-    observations = get_backend(backend_name).observe([a.backend_ref for a in live])
+    backend = get_backend(backend_name)
+    observations = backend.observe([a.backend_ref for a in live])
+    _hold_checkpoint_uploads(backend, live)
     changed = 0
     for attempt in live:
         obs = observations.get(attempt.backend_ref)
@@ -242,6 +245,10 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
             _logs_degraded(attempt, obs)
         if obs.assigned_gpus and not obs.finished:
             _follow_assignment(attempt, obs.assigned_gpus)
+        if obs.checkpoints and not obs.finished:
+            with transaction.atomic():  # two observers at once record each checkpoint once
+                _lock(job_id=attempt.job_id, attempt_id=attempt.id)
+                checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         if obs.phase == "running" and attempt.state == AttemptState.STARTING:
             with transaction.atomic():
                 job = Job.objects.select_for_update().get(pk=attempt.job_id)
@@ -294,6 +301,17 @@ def _follow_assignment(attempt: Attempt, assigned: dict[str, tuple[str, ...]]) -
     )
 
 
+def _hold_checkpoint_uploads(backend, live: list[Attempt]) -> None:
+    """Checkpoint uploads of teams over their storage quota wait (nothing is lost); the others go on."""
+    hold = getattr(backend, "hold_checkpoints", None)
+    if hold is None:
+        return
+    teams = dict(Job.objects.filter(pk__in={a.job_id for a in live}).values_list("id", "team_id"))
+    over = checkpoints.teams_over_storage_quota(set(teams.values()))
+    for attempt in live:
+        hold(attempt.backend_ref, teams.get(attempt.job_id) in over)
+
+
 def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
     """One platform event per attempt when its log store fails; its count is brought up to date."""
     data = {"lines_lost": obs.log_lines_lost, "error": obs.log_error}
@@ -327,6 +345,8 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.ended_at = _ended_at(obs)
         if obs.log_lines_lost:
             _logs_degraded(attempt, obs)
+        if obs.checkpoints:
+            checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         attempt.exit_code = obs.exit_code
         attempt.signal = obs.signal
         attempt.reason = (obs.reason or "")[:200]

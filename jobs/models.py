@@ -60,6 +60,14 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
     reproduced_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
+    resume_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="resumed_by",
+        help_text="the job whose latest checkpoint this job's first attempt starts from",
+    )
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
     reason = models.CharField(max_length=60, blank=True)
     message = models.TextField(blank=True)
@@ -273,3 +281,32 @@ class JobTemplate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id}/{self.name}"
+
+
+class Checkpoint(models.Model):
+    """One checkpoint an attempt saved to the object store: a top-level file or folder of its checkpoint folder.
+
+    Recorded only once every file of it was uploaded and verified (size, MD5/ETag, SHA-256). `files` lists each
+    file's path (relative to the checkpoint folder), object key, size and SHA-256; `sha256` is the file's own for
+    a single file, else the SHA-256 of the sorted "path sha256" lines.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="checkpoints")
+    name = models.CharField(max_length=500)
+    step = models.BigIntegerField(null=True, blank=True, help_text="the last number in the name, when it has one")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64)
+    bucket = models.CharField(max_length=63)
+    key = models.CharField(max_length=1024, help_text="object key of the file, or the prefix of the folder")
+    files = models.JSONField(default=list)
+    saved_at = models.DateTimeField(help_text="when its last file was uploaded")
+    deleted_at = models.DateTimeField(null=True, blank=True, help_text="removed from the store by retention")
+
+    class Meta:
+        ordering = ["job", "-saved_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "name"], name="checkpoint_unique_per_attempt")]
+        indexes = [models.Index(fields=["job", "deleted_at"], name="checkpoint_job_live")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.attempt_id}:{self.name}"

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import shlex
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,6 +286,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
     paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
+    resume_from = _resume_from(data.get("resume_from"), team=team)
     return Resolved(
         fields=dict(
             name=name,
@@ -307,8 +309,29 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             labels=labels,
             gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
+            resume_from=resume_from,
         )
     )
+
+
+def _resume_from(value: Any, *, team: Team) -> Job | None:
+    """The job whose latest checkpoint the new job starts from: one of the same team's jobs."""
+    if value in (None, ""):
+        return None
+    try:
+        job_id = uuid.UUID(str(value))
+    except ValueError:
+        raise ValidationFailed(
+            f"resume_from must be a job id, got '{value}'", code="invalid_resume_from", field="resume_from"
+        ) from None
+    source = Job.objects.filter(pk=job_id).only("id", "team_id").first()
+    if source is None or source.team_id != team.id:
+        raise ValidationFailed(
+            f"job {job_id} is not one of team {team.slug}'s jobs: only a job of the same team can be resumed",
+            code="unknown_resume_from",
+            field="resume_from",
+        )
+    return source
 
 
 def _gpu_models(value: Any) -> list[str]:
@@ -572,20 +595,34 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     return data
 
 
-def job_resubmit(*, job_id, user) -> Job:
-    """Retry a finished job as a new job with the same request (the image tag is resolved again)."""
+def _resume_data(job: Job, resume: bool) -> dict[str, Any]:
+    """`resume_from` for a retry or reproduction: the original job, when asked (its checkpoints, or the ones it
+    resumed from itself while it saved none)."""
+    if not resume:
+        return {}
+    from jobs.checkpoints import latest
+
+    source = job if latest(job.id) is not None or not job.resume_from_id else job.resume_from
+    return {"resume_from": str(source.id)}
+
+
+def job_resubmit(*, job_id, user, resume: bool = True) -> Job:
+    """Retry a finished job as a new job with the same request (the image tag is resolved again); with `resume`,
+    the new job starts from the latest checkpoint of the original."""
     job = Job.objects.select_related("team", "queue", "spec", "base_image", "project_image").get(pk=job_id)
     if not job.is_terminal:
         raise InvalidTransition("only a finished job can be resubmitted", from_state=job.state, to_state="pending")
-    new, _ = job_submit(user=user, data=_clone_data(job, pin_digest=False))
+    new, _ = job_submit(user=user, data={**_clone_data(job, pin_digest=False), **_resume_data(job, resume)})
     _event(new, "resubmitted", actor=user.username, message=f"resubmitted from job {job.id}")
     return new
 
 
-def job_reproduce(*, job_id, user) -> Job:
-    """A new job with the same pinned image digest, spec, command and env as the original."""
+def job_reproduce(*, job_id, user, resume: bool = False) -> Job:
+    """A new job with the same pinned image digest, spec, command and env as the original; with `resume`, it
+    starts from the original's latest checkpoint."""
     job = Job.objects.select_related("team", "queue", "spec", "base_image", "project_image").get(pk=job_id)
-    new, _ = job_submit(user=user, data=_clone_data(job, pin_digest=True), reproduced_from=job)
+    data = {**_clone_data(job, pin_digest=True), **_resume_data(job, resume)}
+    new, _ = job_submit(user=user, data=data, reproduced_from=job)
     _event(
         new,
         "reproduced",

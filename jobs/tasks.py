@@ -80,6 +80,13 @@ def reconcile_lifecycle() -> dict:
     return lifecycle.lifecycle_reconcile()
 
 
+@shared_task(name="jobs.prune_checkpoints", soft_time_limit=600, time_limit=900)
+def prune_checkpoints() -> dict:
+    from jobs import checkpoints
+
+    return checkpoints.checkpoints_prune()
+
+
 @shared_task(name="trainyard.heartbeat")
 def heartbeat() -> str:
     return "beat"  # its run is recorded by trainyard.loops, like every beat loop's

@@ -140,6 +140,10 @@ class TeamAdmin(admin.ModelAdmin):
                 "fields": (*QUOTA_FIELDSET, "max_running_jobs", "max_jobs_per_user"),
             },
         ),
+        (
+            "Checkpoint storage (docs/storage.md)",
+            {"fields": ("storage_quota_bytes", "checkpoint_keep_last", "checkpoint_retention_days")},
+        ),
         ("Live usage", {"fields": ("usage_now",)}),
     )
     readonly_fields = ("usage_now",)

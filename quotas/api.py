@@ -51,16 +51,28 @@ class MemberSerializer(serializers.ModelSerializer):
 class TeamSerializer(serializers.ModelSerializer):
     quota = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    storage = serializers.SerializerMethodField()
 
     class Meta:
         model = Team
-        fields = ["slug", "name", "namespace", "quota", "usage", "max_running_jobs", "max_jobs_per_user"]
+        fields = ["slug", "name", "namespace", "quota", "usage", "max_running_jobs", "max_jobs_per_user", "storage"]
 
     def get_quota(self, team) -> dict:
         return team.vector()
 
     def get_usage(self, team) -> dict:
         return selectors.team_usage(team)
+
+    def get_storage(self, team) -> dict:
+        """Checkpoint bytes in the object store against the team's storage quota, and its retention."""
+        from jobs.checkpoints import team_storage_used
+
+        return {
+            "used_bytes": team_storage_used([team.id]).get(team.id, 0),
+            "quota_bytes": team.storage_quota_bytes,
+            "keep_last": team.checkpoint_keep_last,
+            "retention_days": team.checkpoint_retention_days,
+        }
 
 
 class TeamDetailSerializer(TeamSerializer):
@@ -74,13 +86,22 @@ class TeamDetailSerializer(TeamSerializer):
         return selectors.team_usage_by_spec(team)
 
 
+INT_MAX = 2**31 - 1  # the columns' ranges: a larger number is a 400, never a database error
+BIGINT_MAX = 2**63 - 1
+
+
 class QuotaUpdateSerializer(serializers.Serializer):
-    gpu_milli = serializers.IntegerField(min_value=0, required=False)
-    gpu_memory_mib = serializers.IntegerField(min_value=0, required=False)
-    cpu_milli = serializers.IntegerField(min_value=0, required=False)
-    memory_mib = serializers.IntegerField(min_value=0, required=False)
-    max_running_jobs = serializers.IntegerField(min_value=0, required=False)
-    max_jobs_per_user = serializers.IntegerField(min_value=0, required=False)
+    gpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
+    cpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
+    max_running_jobs = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    max_jobs_per_user = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    storage_quota_bytes = serializers.IntegerField(
+        min_value=0, max_value=BIGINT_MAX, required=False, help_text="0 = no limit"
+    )
+    checkpoint_keep_last = serializers.IntegerField(min_value=0, max_value=1000, required=False)
+    checkpoint_retention_days = serializers.IntegerField(min_value=0, max_value=36500, required=False)
 
 
 class MembershipInputSerializer(serializers.Serializer):

@@ -35,6 +35,16 @@ class Team(ResourceVector):
     max_running_jobs = models.PositiveIntegerField(default=20)
     max_jobs_per_user = models.PositiveIntegerField(default=10, help_text="running jobs per member")
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    # Checkpoints in the object store (jobs/checkpoints.py, docs/storage.md).
+    storage_quota_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="object-store bytes the team's checkpoints may use; 0 = no limit"
+    )
+    checkpoint_keep_last = models.PositiveSmallIntegerField(
+        default=5, help_text="checkpoints kept per job (the newest steps); 0 = all"
+    )
+    checkpoint_retention_days = models.PositiveIntegerField(
+        default=30, help_text="checkpoints older than this are deleted; 0 = never"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

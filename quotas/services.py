@@ -7,7 +7,14 @@ from quotas.models import Membership, Queue, QuotaChange, Team
 from quotas.selectors import VECTOR_FIELDS
 from trainyard.errors import NotFound, ValidationFailed
 
-TEAM_QUOTA_FIELDS = (*VECTOR_FIELDS, "max_running_jobs", "max_jobs_per_user")
+TEAM_QUOTA_FIELDS = (
+    *VECTOR_FIELDS,
+    "max_running_jobs",
+    "max_jobs_per_user",
+    "storage_quota_bytes",
+    "checkpoint_keep_last",
+    "checkpoint_retention_days",
+)
 QUEUE_FIELDS = (*VECTOR_FIELDS, "state", "priority", "weight", "ordering", "max_timeout_s", "default_timeout_s")
 
 

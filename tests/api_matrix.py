@@ -114,6 +114,7 @@ def make_world() -> World:
         "/specs/{name}": "shared",
         "{slug}": "demo",
         "{username}": "mia",
+        "{checkpoint_id}": "999999",
     }
     return World(job_id=str(job.id), other_job_id=str(other_job.id), values=values)
 

@@ -45,3 +45,27 @@ def test_embedded_servers_want_their_generated_passwords():
         redis.Redis(host=rd.hostname, port=rd.port).ping()
     hba = (var / "pgdata" / "pg_hba.conf").read_text().splitlines()
     assert not [line for line in hba if line.strip() and not line.startswith("#") and line.split()[-1] == "trust"]
+
+
+def test_embedded_object_store_wants_its_generated_keys():
+    if not os.environ.get("TRAINYARD_VAR_DIR"):
+        pytest.skip("run through `make smoke-embedded` (embedded servers in a scratch var/)")
+    import stat
+    from pathlib import Path
+
+    from trainyard import objectstore
+
+    var = Path(os.environ["TRAINYARD_VAR_DIR"])
+    for name in ["s3.password", "s3.json"]:
+        assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
+    assert urlparse(os.environ["TRAINYARD_S3_URL"]).hostname == "127.0.0.1"
+    key, _, secret = (var / "s3.password").read_text().strip().partition(":")
+    assert (os.environ["TRAINYARD_S3_ACCESS_KEY_ID"], os.environ["TRAINYARD_S3_SECRET_ACCESS_KEY"]) == (key, secret)
+    store = objectstore.S3Config.from_env()
+    s3 = objectstore.client(store)
+    s3.put_object(Bucket=store.bucket, Key="smoke/hello", Body=b"hi")
+    assert s3.get_object(Bucket=store.bucket, Key="smoke/hello")["Body"].read() == b"hi"
+    wrong = objectstore.S3Config(url=store.url, bucket=store.bucket, access_key_id=key, secret_access_key="wrong")
+    with pytest.raises(objectstore.StoreError):
+        objectstore.ensure_bucket(wrong)
+    assert (var / "seaweedfs" / "volume").is_dir()

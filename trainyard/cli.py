@@ -1,8 +1,9 @@
 """`trainyard`: the command line for CI pipelines and terminals, a client of the REST API (`/api/v1/`).
 
-    trainyard submit job.yaml [--wait] [--follow] [--idempotency-key K]
+    trainyard submit job.yaml [--wait] [--follow] [--idempotency-key K] [--resume-from JOB]
     trainyard submit --template NAME [overrides.yaml] [--team T]
-    trainyard status JOB | list | logs JOB [-f] | cancel JOB | queues [NAME] | quota [TEAM] | templates | tokens | login
+    trainyard status JOB | list | logs JOB [-f] | cancel JOB | checkpoints JOB | queues [NAME] | quota [TEAM]
+    trainyard templates | tokens | login
 
 JOB is a job id, or its first 8 (or more) characters as the portal shows them.
 
@@ -303,6 +304,8 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
     if args.file is None and not args.template:
         raise CliError("give a job file, or --template NAME (see `trainyard submit --help`)", EXIT_USAGE)
     jobfile = load_jobfile(args.file) if args.file is not None else JobFile("(template)", {}, {})
+    if args.resume_from:
+        jobfile.data["resume_from"] = _job_id(args.resume_from)
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     try:
         if args.template:
@@ -518,6 +521,54 @@ def cmd_cancel(args: argparse.Namespace, api: ApiClient) -> int:
     if not args.wait:
         return EXIT_OK
     return _interruptible(job_id, lambda: _finish(wait_for_job(api, job_id, interval=args.interval), as_json=False))
+
+
+def _bytes(n: int | None) -> str:
+    value = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value} B"  # pragma: no cover
+
+
+def cmd_checkpoints(args: argparse.Namespace, api: ApiClient) -> int:
+    job_id = _job_id(args.job)
+    rows = api.get(f"/jobs/{job_id}/checkpoints/", not_found=f"job {job_id} not found (or not your team's)")
+    if args.download is None:
+        if args.json:
+            _print_json(rows)
+        elif not rows:
+            _err(f"job {job_id} has no checkpoint saved yet")
+        else:
+            table = [
+                (r["id"], r["name"], r["step"], _bytes(r["size_bytes"]), r["attempt"], _when(r["saved_at"]),
+                 len(r["files"]))
+                for r in rows
+            ]  # fmt: skip
+            _out(_table(["ID", "NAME", "STEP", "SIZE", "ATTEMPT", "SAVED", "FILES"], table))
+        return EXIT_OK
+    chosen = next((r for r in rows if r["id"] == args.download), None)
+    if chosen is None:
+        raise CliError(
+            f"job {job_id} has no checkpoint {args.download} (see `trainyard checkpoints {job_id}`)", EXIT_USAGE
+        )
+    files = chosen["files"] if args.path is None else [f for f in chosen["files"] if f["path"] == args.path]
+    if not files:
+        raise CliError(f"checkpoint {chosen['name']} has no file {args.path!r}", EXIT_USAGE)
+    if len(files) > 1 and args.output is not None:
+        raise CliError("--output names one file: choose it with --path, or give --dir for all of them", EXIT_USAGE)
+    for f in files:
+        target = args.output or os.path.join(args.dir, f["path"])
+        if args.output is None and not os.path.abspath(target).startswith(os.path.abspath(args.dir) + os.sep):
+            raise CliError(f"refusing to write {f['path']!r} outside {args.dir}", EXIT_USAGE)
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        with open(target, "wb") as dest:
+            size = api.download(
+                f"/jobs/{job_id}/checkpoints/{chosen['id']}/download/", params={"path": f["path"]}, dest=dest
+            )
+        _err(f"saved {f['path']} ({_bytes(size)}) to {target}")
+    return EXIT_OK
 
 
 def cmd_queues(args: argparse.Namespace, api: ApiClient) -> int:
@@ -805,6 +856,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="print the job's log lines while waiting")
     p.add_argument("--idempotency-key", metavar="K", help="submitting again with the same key returns the same job")
     p.add_argument("--json", action="store_true", help="print the job as JSON instead of its id")
+    p.add_argument("--resume-from", metavar="JOB", help="start from the latest checkpoint of this job (same team)")
     interval(p)
     p.set_defaults(handler=cmd_submit)
 
@@ -834,6 +886,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
     interval(p)
     p.set_defaults(handler=cmd_cancel)
+
+    p = sub.add_parser("checkpoints", help="a job's checkpoints in the object store; --download ID fetches one")
+    p.add_argument("job", help="job id")
+    p.add_argument("--download", type=_positive_int, metavar="ID", help="download this checkpoint's files")
+    p.add_argument("--path", metavar="P", help="only this file of the checkpoint")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the (one) file here")
+    p.add_argument("--dir", default=".", metavar="D", help="write the files under D, by their paths (default .)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_checkpoints)
 
     p = sub.add_parser("queues", help="queues, their usage and who waits (give a NAME for the line)")
     p.add_argument("name", nargs="?", help="one queue: the waiting jobs with positions and estimated waits")

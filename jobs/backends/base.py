@@ -55,6 +55,8 @@ class AttemptDescription:
     # GPU product label values (GPU Feature Discovery's `nvidia.com/gpu.product`) a job pinned to GPU models
     # may land on; empty when the job accepts any model.
     gpu_products: list[str] = field(default_factory=list)
+    # Checkpoints (jobs/checkpoints.py): {"prefix": object key prefix, "restore": the checkpoint to start from}.
+    checkpoint: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +85,7 @@ class Observation:
     # The cards the device plugin really gave the attempt, by node (GPU UUIDs), where the backend can read them
     # back and they may differ from the placement; empty when unknown.
     assigned_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    checkpoints: dict | None = None  # the attempt's checkpoint upload manifest, where the backend syncs them
 
     @property
     def finished(self) -> bool:

@@ -101,10 +101,12 @@ class LocalBackend:
         job_root = self.root / desc.job_id
         workdir = job_path(job_root, desc.working_dir, default="work")
         tb_dir = str(job_path(job_root, desc.tensorboard_logdir, default="tensorboard"))
+        ckpt_dir = job_root / "checkpoints" / f"attempt-{desc.attempt_number}"
+        ckpt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         box = sandbox.plan(
             job_id=desc.job_id,
             workdir=workdir,
-            job_dirs=[job_root / "work", job_root / "tensorboard"],
+            job_dirs=[job_root / "work", job_root / "tensorboard", ckpt_dir],
             devices=[d.__dict__ for d in desc.devices],
             outbound=desc.outbound_network,
             folder=folder,
@@ -119,6 +121,7 @@ class LocalBackend:
             "TRAINYARD_JOB_ID": desc.job_id,
             "TRAINYARD_ATTEMPT": str(desc.attempt_number),
             "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
+            "TRAINYARD_CHECKPOINT_DIR": str(ckpt_dir),
         }
         spec = {
             "argv": [*desc.command, *desc.args],
@@ -129,6 +132,7 @@ class LocalBackend:
             "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
             "grace_s": settings.TRAINYARD_CANCEL_GRACE_S,
             "sandbox": box,
+            "checkpoint": self._checkpoint_spec(desc, ckpt_dir),
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -157,6 +161,23 @@ class LocalBackend:
                 raise RuntimeError(f"the local supervisor did not start within {SUPERVISOR_START_S:g} s")
             time.sleep(0.02)
         return ref
+
+    @staticmethod
+    def _checkpoint_spec(desc: AttemptDescription, ckpt_dir: Path) -> dict | None:
+        """What the supervisor needs to sync the checkpoint folder (None: no object store, they stay local)."""
+        from jobs.checkpoints import store_config
+
+        store = store_config()
+        if store is None or not desc.checkpoint:
+            return None
+        return {
+            "dir": str(ckpt_dir),
+            "store": store.to_dict(),
+            "prefix": desc.checkpoint["prefix"],
+            "restore": desc.checkpoint.get("restore"),
+            "sync_s": settings.TRAINYARD_CHECKPOINT_SYNC_S,
+            "final_wait_s": settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
+        }
 
     def _runner_alive(self, folder: Path) -> bool:
         """A supervisor holds the folder's lock for as long as it lives."""
@@ -195,6 +216,7 @@ class LocalBackend:
             alive = self._runner_alive(folder)
             status_path = folder / "status.json"  # read after the liveness check: it may have just ended
             faults = self._log_faults(folder)
+            manifest = self._checkpoints(folder)
             if status_path.exists():
                 status = json.loads(status_path.read_text())
                 code, sig = status.get("exit_code"), status.get("signal")
@@ -213,12 +235,14 @@ class LocalBackend:
                     ended_at=status.get("ended_at"),
                     log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
                     log_error=status.get("log_error") or faults.get("error") or "",
+                    checkpoints=manifest,
                 )
             elif alive:
                 result[ref] = Observation(
                     phase="running",
                     log_lines_lost=int(faults.get("lines_lost") or 0),
                     log_error=faults.get("error", ""),
+                    checkpoints=manifest,
                 )
             else:
                 left = self.fence(ref)
@@ -238,8 +262,27 @@ class LocalBackend:
                         ended_at=time.time(),
                         log_lines_lost=int(faults.get("lines_lost") or 0),
                         log_error=faults.get("error", ""),
+                        checkpoints=manifest,
                     )
         return result
+
+    @staticmethod
+    def _checkpoints(folder: Path) -> dict | None:
+        try:
+            return json.loads((folder / "checkpoints.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def hold_checkpoints(self, ref: str, held: bool) -> None:
+        """Make the attempt's checkpoint uploads wait (the team's storage quota is full), or let them go on."""
+        hold = self._folder(ref) / "checkpoint_hold"
+        try:
+            if held:
+                hold.write_text("storage quota full")
+            else:
+                hold.unlink(missing_ok=True)
+        except OSError:
+            pass  # the attempt's folder is gone: nothing to hold
 
     @staticmethod
     def _log_faults(folder: Path) -> dict:

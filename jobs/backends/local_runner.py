@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from jobs.backends import proctree, sandbox
+from jobs.backends.checkpoint_sync import CheckpointSync
 from jobs.logstore import RING_LINES, LogWriter
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
@@ -217,6 +218,31 @@ def main(folder: Path) -> int:
     box = spec.get("sandbox")
     net = None
     fds: list[int] = []
+    ckpt = None
+    if spec.get("checkpoint"):
+        sbox = box or {}
+        ckpt = CheckpointSync(folder, spec["checkpoint"], chown=sbox.get("uid") if sbox.get("drop_root") else None)
+        plan = spec["checkpoint"].get("restore")
+        if plan:
+            try:
+                spec["env"]["TRAINYARD_RESUME_FROM"] = str(ckpt.restore(plan))
+                logs.line(f"[trainyard] restored checkpoint {plan['name']} (job {plan.get('job')}, attempt "
+                          f"{plan.get('attempt')}) into {spec['env']['TRAINYARD_RESUME_FROM']}")  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the command never starts without the checkpoint it resumes
+                logs.line(f"[trainyard] could not restore checkpoint {plan['name']}: {exc}")
+                logs.close()
+                _write_json(
+                    folder / "status.json",
+                    {
+                        "exit_code": 125,
+                        "signal": None,
+                        "cancelled": False,
+                        "reason": "CheckpointRestoreError",
+                        "ended_at": time.time(),
+                    },
+                )
+                return 0
+        ckpt.start()
     try:
         cwd.mkdir(parents=True, exist_ok=True)
         if box and box.get("network"):
@@ -312,6 +338,11 @@ def main(folder: Path) -> int:
         logs.line(partial)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
     sandbox.detach_network(net)
+    if ckpt is not None:
+        ckpt.finish()  # whatever the outcome; bounded by the final wait
+        if ckpt.unsaved:
+            logs.line(f"[trainyard] {len(ckpt.unsaved)} checkpoint file(s) not saved to the object store"
+                      + (f": {ckpt.error}" if ckpt.error else ""))  # fmt: skip
     logs.close()
     code = child.returncode
     reason = ""

@@ -1,0 +1,342 @@
+"""Checkpoint upload and restore for one attempt, run by the local supervisor (no Django in this process).
+
+The attempt's checkpoint folder (`TRAINYARD_CHECKPOINT_DIR`) is scanned every `sync_s` seconds in a thread of
+the supervisor, never in the job's own process, so the job's writes are never slowed or blocked. A file is
+uploaded once it has kept the same size and modification time across a whole sync period; after the command
+ends, everything left is uploaded (bounded by `final_wait_s`), whatever the outcome.
+
+Every upload is verified: the file's MD5, SHA-256 and per-part MD5s are computed first; a single PUT carries
+`Content-MD5` (the store rejects other bytes), a multipart upload's ETag must equal the MD5 of the part MD5s, the
+stored size must match, and the file must have the same size and mtime after the upload as before. A file that
+changed meanwhile is never recorded; it is tried again once it settles.
+
+What was uploaded is written to `checkpoints.json` in the attempt folder; the platform's observer reads it and
+records the checkpoints (jobs/checkpoints.py). The platform may write `checkpoint_hold` there (its team's storage
+quota is full): uploads then wait, and the manifest says so. A store that fails is retried with a doubling
+backoff (up to a minute); the job keeps running.
+
+Restore: before the command starts, the files of the checkpoint to resume from are downloaded into the folder
+(SHA-256 checked) and `TRAINYARD_RESUME_FROM` names it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from stat import S_ISREG
+
+from trainyard import objectstore
+
+PART_BYTES = 64 * 1024 * 1024  # multipart threshold and part size: the ETag check recomputes with the same size
+READ_BYTES = 1024 * 1024
+MAX_BACKOFF_S = 60.0
+HOLD_FILE = "checkpoint_hold"
+MANIFEST = "checkpoints.json"
+
+
+@dataclass
+class Digest:
+    size: int
+    md5: str
+    sha256: str
+    part_md5s: list[bytes] = field(default_factory=list)
+
+    @property
+    def etag(self) -> str:
+        if self.size <= PART_BYTES:
+            return self.md5
+        return hashlib.md5(b"".join(self.part_md5s)).hexdigest() + f"-{len(self.part_md5s)}"  # noqa: S324
+
+
+def open_beneath(root: Path, rel: str):
+    """Open `root/rel` for reading without following a symlink anywhere below `root` (the job owns that tree and
+    may swap a file or folder for a link at any moment; the supervisor reading it has more rights than the job)."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in {".", ".."} for p in parts):
+        raise ChangedDuringUpload(f"{rel}: not a plain path")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        try:
+            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            raise ChangedDuringUpload(f"{rel}: {exc.strerror}") from None
+    except NotADirectoryError:
+        raise ChangedDuringUpload(f"{rel}: a folder on its path is not a folder any more") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ChangedDuringUpload(f"{rel}: a symlink on its path") from None
+        raise
+    finally:
+        os.close(fd)
+    if not S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise ChangedDuringUpload(f"{rel}: not a regular file")
+    os.set_blocking(leaf, True)
+    return os.fdopen(leaf, "rb")
+
+
+def digest(f) -> Digest:
+    """Checksums of an open file, read from its start."""
+    f.seek(0)
+    md5, sha, part, part_len, parts, size = hashlib.md5(), hashlib.sha256(), hashlib.md5(), 0, [], 0  # noqa: S324
+    while chunk := f.read(READ_BYTES):
+        size += len(chunk)
+        md5.update(chunk)
+        sha.update(chunk)
+        while chunk:
+            take = chunk[: PART_BYTES - part_len]
+            part.update(take)
+            part_len += len(take)
+            chunk = chunk[len(take) :]
+            if part_len == PART_BYTES:
+                parts.append(part.digest())
+                part, part_len = hashlib.md5(), 0  # noqa: S324
+    if part_len:
+        parts.append(part.digest())
+    return Digest(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest(), part_md5s=parts)
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    if not path.is_file() or path.is_symlink():
+        return None  # a symlink the job planted would let it read the platform's files through the upload
+    return st.st_size, st.st_mtime_ns
+
+
+class ChangedDuringUpload(Exception):
+    pass
+
+
+def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = None) -> dict:
+    """Upload one file and verify what the store holds; ChangedDuringUpload when the file moved under us.
+    `root`: the folder the job owns; no symlink below it is followed."""
+    import base64
+
+    from boto3.s3.transfer import TransferConfig
+
+    root, rel = (path.parent, path.name) if root is None else (root, str(path.relative_to(root)))
+    with open_beneath(root, rel) as f:
+        st = os.fstat(f.fileno())
+        before = (st.st_size, st.st_mtime_ns)
+        d = digest(f)
+        st = os.fstat(f.fileno())
+        if d.size != before[0] or (st.st_size, st.st_mtime_ns) != before:
+            raise ChangedDuringUpload(f"{rel} changed while it was read")
+        meta = {"sha256": d.sha256}
+        f.seek(0)
+        if d.size <= PART_BYTES:
+            s3.put_object(
+                Bucket=bucket,
+                Key=key,
+                Body=f,
+                ContentLength=d.size,
+                ContentMD5=base64.b64encode(bytes.fromhex(d.md5)).decode(),
+                Metadata=meta,
+            )
+        else:
+            config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=4)
+            s3.upload_fileobj(f, bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
+        head = s3.head_object(Bucket=bucket, Key=key)
+        stored_etag = str(head.get("ETag", "")).strip('"')
+        st = os.fstat(f.fileno())
+    if (st.st_size, st.st_mtime_ns) != before or head.get("ContentLength") != d.size or stored_etag != d.etag:
+        raise ChangedDuringUpload(f"{rel} changed during the upload (the stored copy does not match)")
+    return {"key": key, "size": d.size, "sha256": d.sha256, "etag": stored_etag, "mtime_ns": before[1]}
+
+
+def download_file(s3, *, bucket: str, key: str, path: Path, sha256: str, size: int | None = None) -> None:
+    """Fetch one object into `path`, checking its SHA-256 (and size) before it takes its final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.restoring")
+    sha = hashlib.sha256()
+    written = 0
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    with open(tmp, "wb") as f:
+        for chunk in iter(lambda: body.read(READ_BYTES), b""):
+            sha.update(chunk)
+            written += len(chunk)
+            f.write(chunk)
+    if sha.hexdigest() != sha256 or (size is not None and written != size):
+        tmp.unlink(missing_ok=True)
+        raise objectstore.StoreError(f"{key}: the downloaded copy does not match its checksum")
+    os.replace(tmp, path)
+
+
+class CheckpointSync:
+    """The uploader of one attempt's checkpoint folder (see the module docstring)."""
+
+    def __init__(self, folder: Path, conf: dict, *, chown: int | None = None):
+        self.folder = folder
+        self.dir = Path(conf["dir"])
+        self.store = objectstore.S3Config(**conf["store"])
+        self.prefix = conf["prefix"]
+        self.sync_s = float(conf.get("sync_s", 30.0))
+        self.final_wait_s = float(conf.get("final_wait_s", 300.0))
+        self.chown = chown
+        self.seen: dict[str, tuple[int, int]] = {}
+        self.uploaded: dict[str, dict] = {}
+        self.skip: dict[str, tuple[int, int]] = {}  # restored files, as they were restored: not uploaded again
+        self.error = ""
+        self.failures = 0
+        self.retry_at = 0.0
+        self.final = False
+        self.unsaved: list[str] = []
+        self.restored: dict = {}
+        self._s3 = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def s3(self):
+        if self._s3 is None:
+            s3 = objectstore.client(self.store, timeout_s=60.0, attempts=2)
+            objectstore.ensure_bucket(self.store, s3)  # a store down raises here: retried with backoff
+            self._s3 = s3
+        return self._s3
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, plan: dict) -> Path:
+        """Download the checkpoint named in `plan` into the folder; returns its path in the folder."""
+        for item in plan["files"]:
+            target = self.dir / item["path"]
+            if not target.resolve().is_relative_to(self.dir.resolve()):
+                raise objectstore.StoreError(f"refusing to restore outside the checkpoint folder: {item['path']}")
+            download_file(
+                self.s3(), bucket=self.store.bucket, key=item["key"], path=target, sha256=item["sha256"],
+                size=item.get("size"),
+            )  # fmt: skip
+            if self.chown is not None:
+                for p in [target, *target.parents]:
+                    if p == self.dir or not p.is_relative_to(self.dir):
+                        break
+                    os.chown(p, self.chown, self.chown)
+            stat = _stat(target)
+            if stat is not None:
+                self.skip[item["path"]] = stat
+        self.restored = {"name": plan["name"], "job": plan.get("job", ""), "attempt": plan.get("attempt")}
+        self.write_manifest()
+        return self.dir / plan["name"]
+
+    # ------------------------------------------------------------------ sync
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.sync_s):
+            self.sync_once(final=False)
+
+    def held(self) -> bool:
+        return (self.folder / HOLD_FILE).exists()
+
+    def _files(self) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        if not self.dir.is_dir():
+            return found
+        for root, dirs, files in os.walk(self.dir):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+            for name in files:
+                if name.endswith(".restoring"):
+                    continue
+                path = Path(root) / name
+                stat = _stat(path)
+                if stat is not None:
+                    found[str(path.relative_to(self.dir))] = stat
+        return found
+
+    def pending(self, files: dict[str, tuple[int, int]]) -> list[str]:
+        """Files present whose current content is neither uploaded nor restored."""
+        waiting = []
+        for rel, stat in files.items():
+            done = self.uploaded.get(rel)
+            if self.skip.get(rel) == stat or (done and (done["size"], done["mtime_ns"]) == stat):
+                continue
+            waiting.append(rel)
+        return sorted(waiting)
+
+    def sync_once(self, *, final: bool) -> bool:
+        """One pass: upload what has settled (everything, when final). True when nothing is left to upload."""
+        with self._lock:
+            files = self._files()
+            waiting = self.pending(files)
+            if self.held() or (not final and time.monotonic() < self.retry_at):
+                self.seen = files
+                self.write_manifest(files)
+                return not waiting
+            for rel in waiting:
+                settled = self.seen.get(rel) == files[rel]
+                if not (final or settled):
+                    continue
+                try:
+                    record = upload_file(
+                        self.s3(), bucket=self.store.bucket, key=self.prefix + rel, path=self.dir / rel
+                    )
+                except ChangedDuringUpload:
+                    continue  # still being written: the next pass sees it settle
+                except Exception as exc:  # noqa: BLE001 - a store failure never stops the job
+                    self.failures += 1
+                    self.error = objectstore.describe_error(exc)
+                    self.retry_at = time.monotonic() + min(MAX_BACKOFF_S, self.sync_s * 2 ** min(self.failures, 8))
+                    break
+                record["uploaded_at"] = time.time()
+                self.uploaded[rel] = record
+                self.failures, self.error = 0, ""
+            self.seen = self._files()
+            left = self.pending(self.seen)
+            self.write_manifest(self.seen)
+            return not left
+
+    def finish(self) -> None:
+        """The last sync after the command ended: retry with backoff until all is saved or the wait is over."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.final_wait_s)
+        deadline = time.monotonic() + self.final_wait_s
+        delay = 1.0
+        while True:
+            if not self.held() and self.sync_once(final=True):
+                break
+            if time.monotonic() + delay > deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+        self.final = True
+        files = self._files()
+        self.unsaved = self.pending(files)
+        self.write_manifest(files)
+
+    def write_manifest(self, files: dict[str, tuple[int, int]] | None = None) -> None:
+        files = self._files() if files is None else files
+        data = {
+            "prefix": self.prefix,
+            "bucket": self.store.bucket,
+            "files": self.uploaded,
+            "pending": self.pending(files),
+            "error": self.error,
+            "failures": self.failures,
+            "held": self.held(),
+            "final": self.final,
+            "unsaved": self.unsaved,
+            "restored": self.restored,
+        }
+        tmp = self.folder / (MANIFEST + ".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.folder / MANIFEST)
+        except OSError:
+            pass
