@@ -80,6 +80,16 @@ def test_user_error_fails_without_retry(platform, celery_worker_thread):
     assert len(attempts) == 1 and attempts[0].exit_code == 1 and attempts[0].rule == "user-exit-1-2"
 
 
+def test_a_users_own_unknown_exit_code_is_the_users_and_not_retried(platform, celery_worker_thread):
+    job = submit(platform, command=["python3", "-c", "import sys; print('giving up'); sys.exit(3)"], max_retries=2)
+    job = wait_for(lambda: finished(job))
+    assert job.state == JobState.FAILED and job.failure_class == "user" and job.exit_code == 3
+    attempt = job.attempts.get()  # one attempt: nothing retried
+    assert (attempt.rule, attempt.reaction) == ("user-exit", "no_retry")
+    assert "non-zero code of its own" in job.suggestion
+    assert not job.events.filter(to_state=JobState.RETRYING).exists()
+
+
 def test_cuda_oom_in_log_is_a_user_failure_with_a_suggestion(platform, celery_worker_thread):
     job = submit(platform, command=["sh", "-c", "echo 'RuntimeError: CUDA out of memory. Tried to allocate'; exit 3"])
     job = wait_for(lambda: finished(job))
