@@ -36,6 +36,7 @@ from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
 from jobs.api import JobFilter, JobSubmitSerializer
 from jobs.backends import sandbox
+from jobs.lifecycle import backend_runtime
 from jobs.models import FailureRule, Job
 from jobs.states import JobState
 from quotas import selectors as quota
@@ -173,6 +174,11 @@ def _card_mib() -> int:
     return services._reference_card_mib()
 
 
+def _backend_runtime() -> dict[str, Any]:
+    """What the configured backend runs a command with (the local backend: the host's Python and PATH)."""
+    return backend_runtime(settings.TRAINYARD_BACKEND)
+
+
 def _submit_choices(user) -> dict[str, Any]:
     """Everything the pickers show: queues with their waits, specs with what they guarantee and cost, images
     with the nodes whose drivers can run them."""
@@ -231,6 +237,7 @@ def _submit_choices(user) -> dict[str, Any]:
         .order_by("model")
     ]
     return {
+        "runtime": _backend_runtime(),
         "teams": teams,
         "gpu_models": gpu_models,
         "queue_rows": queue_rows,
@@ -333,8 +340,12 @@ def _live_context(job: Job) -> dict[str, Any]:
     wait_s = None
     if job.state == JobState.PENDING:
         wait_s = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
+    recorded = (job.reproduce or {}).get("runtime")
     return {
         "job": job,
+        # What ran (from the reproduce record), or what will run for a job that has not started.
+        "runtime": recorded or _backend_runtime(),
+        "runtime_recorded": bool(recorded),
         "attempts": attempts,
         "events": events,
         "suggestions": suggestions,
@@ -358,9 +369,23 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
         for d in devices
     )
     request = record.get("request") or {}
+    runtime = record.get("runtime") or {}
+    requested = record.get("image_requested") or {}
+    if record.get("image_used", True):
+        image_rows: list[tuple[str, Any]] = [
+            (_("Image"), record.get("image_reference")),
+            (_("Image digest"), record.get("image_digest") or _("not pinned")),
+        ]
+    else:
+        image_rows = [
+            (_("Image"), _("not used: the local backend ran the command on the host")),
+            (_("Image requested"), " ".join(filter(None, [requested.get("reference"), requested.get("digest")]))),
+            (_("Python"), f"{runtime.get('python_version', '')} {runtime.get('python', '')}".strip()),
+            ("PATH", runtime.get("path")),
+            (_("Sandbox"), _("on") if runtime.get("sandbox") else _("off")),
+        ]
     rows: list[tuple[str, Any]] = [
-        (_("Image"), record.get("image_reference")),
-        (_("Image digest"), record.get("image_digest") or _("not pinned")),
+        *image_rows,
         (_("Spec"), record.get("spec") or _("explicit request")),
         (_("Request"), ", ".join(f"{k}={v}" for k, v in request.items())),
         (_("Node"), record.get("node")),

@@ -422,3 +422,47 @@ def test_every_job_page_says_when_the_sandbox_is_off(portal, settings):
     settings.TRAINYARD_SANDBOX = "off"
     body = client.get(f"/jobs/{job.id}/").content.decode()
     assert 'id="sandbox-off"' in body and "Jobs run unsandboxed." in body
+
+
+def test_submit_form_and_job_page_say_what_the_local_backend_really_runs(portal):
+    import sys
+
+    from jobs.backends.local import command_path
+
+    form = html.unescape(login(portal.demo).get("/jobs/new/").content.decode())
+    assert "What runs: the host, not the image." in form
+    assert f"Python {'.'.join(map(str, sys.version_info[:3]))} <code>{sys.executable}</code>" in form
+    assert f'<code class="wrap">{command_path()}</code>' in form
+    job = submit(portal.demo)
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert "not used: runs on the host's Python" in page and "What runs: the host, not the image." in page
+
+    # Once started, the page shows the reproduce record's own words: what ran.
+    services.queue_dispatch(queue_id=job.queue_id)
+    Job.objects.filter(pk=job.pk).update(
+        reproduce={
+            "image_used": False,
+            "image_reference": None,
+            "image_digest": None,
+            "image_requested": {"reference": job.image_reference, "digest": job.image_digest},
+            "runtime": {
+                "kind": "host",
+                "image_used": False,
+                "python": "/opt/py/bin/python",
+                "python_version": "3.11.9",
+                "path": "/opt/py/bin:/usr/bin",
+                "sandbox": True,
+            },
+        }
+    )
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert "not used: the local backend ran the command on the host" in page
+    assert "3.11.9 /opt/py/bin/python" in page and "/opt/py/bin:/usr/bin" in page
+    assert f"{job.image_reference} {job.image_digest}" in page  # what was asked for, labelled as such
+    assert "not used: runs on the host's Python 3.11.9" in page
+
+
+def test_a_cluster_backend_runs_the_image_and_the_form_says_nothing_about_the_host(portal, settings):
+    settings.TRAINYARD_BACKEND = "volcano"
+    form = login(portal.demo).get("/jobs/new/").content.decode()
+    assert "What runs: the host" not in form and 'data-role="runtime"' not in form

@@ -1,6 +1,8 @@
 """End to end with real processes and a real Celery worker: the local backend runs every job."""
 
 import json
+import os
+import sys
 import threading
 
 import pytest
@@ -60,7 +62,12 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.SUCCEEDED
     assert "limit=6144m sm=25 attempt=1" in log_text(job)
-    assert job.reproduce["image_digest"] == "sha256:" + "4" * 64
+    # The local backend ran the command on the host, not in the image: the record says so, with what did run.
+    record = job.reproduce
+    assert record["image_used"] is False and record["image_digest"] is None and record["image_reference"] is None
+    assert record["image_requested"] == {"reference": job.image_reference, "digest": "sha256:" + "4" * 64}
+    assert record["runtime"]["kind"] == "host" and record["runtime"]["python"] == sys.executable
+    assert record["runtime"]["path"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert job.reproduce["driver_version"] and job.reproduce["emulated_gpus"] is True
     assert not active_slices().exists()
     kinds = list(job.events.values_list("to_state", flat=True))
@@ -69,6 +76,13 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
         ["pending", "admitted", "starting", "running", "succeeded"],
         ["pending", "admitted", "starting", "succeeded"],
     )
+
+
+def test_python_in_a_local_job_is_the_platforms_own_interpreter(platform, celery_worker_thread):
+    job = submit(platform, command=["python", "-c", "import sys; print('ran', sys.executable, sys.version_info[:2])"])
+    job = wait_for(lambda: finished(job))
+    assert job.state == JobState.SUCCEEDED, log_text(job)
+    assert f"ran {sys.executable} {tuple(sys.version_info[:2])}" in log_text(job)
 
 
 def test_user_error_fails_without_retry(platform, celery_worker_thread):
