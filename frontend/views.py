@@ -34,7 +34,7 @@ from frontend import wording
 from frontend.forms import CUSTOM_IMAGE, SubmitForm
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
-from jobs.api import JobFilter, JobSubmitSerializer
+from jobs.api import JobFilter, submission_check
 from jobs.backends import sandbox
 from jobs.lifecycle import backend_runtime
 from jobs.models import FailureRule, Job
@@ -248,22 +248,15 @@ def _submit_choices(user) -> dict[str, Any]:
     }
 
 
-def _serializer_errors(form: SubmitForm, errors: dict) -> None:
-    for field, problems in errors.items():
-        for problem in problems if isinstance(problems, list) else [problems]:
-            form.add_service_error(field, str(problem), getattr(problem, "code", "invalid"))
-
-
 @login_required
 def job_submit(request: HttpRequest) -> HttpResponse:
     choices = _submit_choices(request.user)
     if request.method == "POST":
         form = SubmitForm(request.POST, gpu_models=[r["model"] for r in choices["gpu_models"]])
-        if form.is_valid():
-            job = _submit(request, form)
-            if job is not None:
-                messages.success(request, _("Job submitted."))
-                return redirect("frontend:job-detail", job_id=job.id)
+        job = _submit(request, form, form_valid=form.is_valid())
+        if job is not None:
+            messages.success(request, _("Job submitted."))
+            return redirect("frontend:job-detail", job_id=job.id)
     else:
         form = SubmitForm(
             initial=_submit_defaults(request, choices), gpu_models=[r["model"] for r in choices["gpu_models"]]
@@ -281,14 +274,23 @@ def job_submit(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
-    """Validate as the API does (input serializer, then the service); errors land on the form's fields."""
+def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job | None:
+    """Validate as the API does (input serializer, then the service), reporting every problem at once; errors
+    land on the form's fields. A field the form itself could not read is judged only by the form."""
     data = form.submission()
-    payload = JobSubmitSerializer(data=data)
-    if not payload.is_valid():
-        _serializer_errors(form, payload.errors)
+    try:
+        submission_check(user=request.user, data=data)
+        if not form_valid:
+            services.job_validate(user=request.user, data=data)
+    except NotFound as exc:
+        form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
-    key = form.cleaned_data["idempotency_key"] or None
+    except ValidationFailed as exc:
+        form.add_service_errors(getattr(exc, "errors", None) or [exc])
+        return None
+    if not form_valid:
+        return None
+    key = form.cleaned_data.get("idempotency_key") or None
     try:
         try:
             with transaction.atomic(durable=True):
@@ -304,7 +306,7 @@ def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
         form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
     except DomainError as exc:
-        form.add_service_error(exc.field, exc.detail, exc.code)
+        form.add_service_errors(getattr(exc, "errors", None) or [exc])
         return None
     return job
 

@@ -10,6 +10,7 @@ from django.utils.translation import gettext as _
 
 from frontend import wording
 from quotas.models import Team
+from trainyard.units import human_duration
 
 register = template.Library()
 
@@ -30,6 +31,14 @@ def duration(seconds: float | int | None) -> str:
         return _("%(h)d h %(m)d min") % {"h": hours, "m": minutes} if minutes else _("%(h)d h") % {"h": hours}
     days, hours = divmod(hours, 24)
     return _("%(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("%(d)d d") % {"d": days}
+
+
+@register.filter
+def time_limit(seconds: float | int | None) -> str:
+    """A time limit as users write one: '4h', '30m', '1h 30m' (the submit form and the API accept the same)."""
+    if seconds is None or seconds == "":
+        return "—"
+    return human_duration(seconds)
 
 
 @register.filter

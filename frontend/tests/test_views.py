@@ -466,3 +466,36 @@ def test_a_cluster_backend_runs_the_image_and_the_form_says_nothing_about_the_ho
     settings.TRAINYARD_BACKEND = "volcano"
     form = login(portal.demo).get("/jobs/new/").content.decode()
     assert "What runs: the host" not in form and 'data-role="runtime"' not in form
+
+
+def test_the_form_lists_every_problem_at_once_in_its_own_order(portal):
+    response = login(portal.demo).post(
+        "/jobs/new/",
+        {
+            "team": "demo",
+            "queue": "debug",
+            "spec": "guaranteed",
+            "image": "__reference__",
+            "image_reference": "evil.example.com/x:1",
+            "command": "",
+            "env": "CUDA_VISIBLE_DEVICES=0\n1BAD=x",
+            "timeout_s": "soon",
+            "max_retries": "99",
+            "labels": "no equals sign here",
+        },
+    )
+    assert response.status_code == 400
+    body = html.unescape(response.content.decode())
+    summary = body[body.index('id="error-summary"') : body.index("</ul>", body.index('id="error-summary"'))]
+    codes = re.findall(r'<code class="error-code">([^<]+)</code>', summary)
+    assert codes == [
+        "spec_not_allowed_in_queue",
+        "image_registry_not_allowed",
+        "empty_command",
+        "reserved_env_name",
+        "invalid_env_name",
+        "invalid",
+        "invalid_max_retries",
+        "invalid_labels",
+    ]
+    assert not Job.objects.exists()
