@@ -20,6 +20,7 @@ urlpatterns = [
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/states.json", views.job_states, name="job-states"),
     path("jobs/new/", views.job_submit, name="job-submit"),
+    path("jobs/cancel/", views.job_bulk_cancel, name="job-bulk-cancel"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/live/", views.job_live, name="job-live"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),

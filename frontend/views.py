@@ -354,10 +354,18 @@ def _live_context(job: Job) -> dict[str, Any]:
         "wait_s": wait_s,
         "terminal": job.is_terminal,
         "reason_text": wording.reason_sentence(job.reason),
+        # Each fact once: the suggestion has its own line, so the message does not repeat it.
+        "message_text": _without(job.message, job.suggestion),
         "reproduce_rows": _reproduce_rows(job),
         "env_rows": sorted(job.env.items()),
         "command_line": shlex.join([*job.command, *job.args]),
     }
+
+
+def _without(message: str, repeated: str) -> str:
+    if not repeated or repeated not in message:
+        return message
+    return message.replace(repeated, "").strip().rstrip(".").strip()
 
 
 def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
@@ -395,7 +403,6 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
         (_("CUDA"), record.get("cuda_version")),
         (_("GPUs emulated"), _("yes") if record.get("emulated_gpus") else _("no")),
         (_("Placement"), placement),
-        (_("Command"), shlex.join([*(record.get("command") or []), *(record.get("args") or [])])),
         (_("Working directory"), record.get("working_dir")),
         (_("Backend"), record.get("backend")),
         (_("Platform version"), record.get("platform_version")),
@@ -471,6 +478,45 @@ def job_cancel(request: HttpRequest, job_id) -> HttpResponse:
     else:
         messages.success(request, _("Cancel requested.") if job.state == JobState.CANCELLING else _("Cancelled."))
     return redirect("frontend:job-detail", job_id=job.id)
+
+
+@require_POST
+@login_required
+def job_bulk_cancel(request: HttpRequest) -> HttpResponse:
+    """Cancel the jobs ticked on the job list: each in its own transaction, so one that just finished does not
+    keep the others running."""
+    ids = []
+    for value in request.POST.getlist("job")[:JOBS_PER_PAGE]:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    jobs = list(selectors.jobs_visible_to(request.user).filter(pk__in=ids).order_by("submitted_at"))
+    if not jobs:
+        messages.error(request, _("Select the jobs to cancel first."))
+        return redirect("frontend:job-list")
+    done, refused = [], []
+    for job in jobs:
+        if job.is_terminal:
+            refused.append(
+                _("%(name)s: already %(state)s") % {"name": job.name, "state": wording.state_label(job.state)}
+            )
+            continue
+        try:
+            with transaction.atomic(durable=True):
+                services.job_cancel(job_id=job.id, actor=request.user.username)
+        except DomainError as exc:
+            refused.append(f"{job.name}: {exc.detail}")
+        else:
+            done.append(job.name)
+    if done:
+        names = ", ".join(done)
+        messages.success(
+            request, _("Cancel requested for %(count)s jobs: %(names)s") % {"count": len(done), "names": names}
+        )
+    if refused:
+        messages.error(request, _("Not cancelled: %(list)s") % {"list": "; ".join(refused)})
+    return redirect("frontend:job-list")
 
 
 @require_POST

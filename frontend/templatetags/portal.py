@@ -34,11 +34,38 @@ def duration(seconds: float | int | None) -> str:
 
 
 @register.filter
+def catalog(text: str | None) -> str:
+    """A sentence the platform stored in English (a seeded description, a failure rule's suggestion), in the
+    reader's language where the catalogue has it; an admin's own text is shown as written."""
+    return _(text) if text else (text or "")
+
+
+@register.filter
 def time_limit(seconds: float | int | None) -> str:
     """A time limit as users write one: '4h', '30m', '1h 30m' (the submit form and the API accept the same)."""
     if seconds is None or seconds == "":
         return "—"
     return human_duration(seconds)
+
+
+@register.filter
+def job_gpus(job) -> str:
+    """What a job holds or asks for, in cards: '2 × 1 GPU', '0.25 GPU', '4 × 2 × 1 GPU' for replicas."""
+    share = gpus(job.gpu_milli)
+    per = _("%(n)s GPU") % {"n": share}
+    count = job.gpu_count * (job.replicas or 1)
+    return per if count == 1 else f"{count} × {per}"
+
+
+@register.filter
+def job_duration(job) -> str:
+    """How long it ran (or has run so far); for a job that has not started, how long it has waited."""
+    if job.started_at:
+        end = job.finished_at or timezone.now()
+        return duration((end - job.started_at).total_seconds())
+    if job.finished_at:
+        return "—"
+    return _("waiting %(wait)s") % {"wait": duration((timezone.now() - job.submitted_at).total_seconds())}
 
 
 @register.filter

@@ -319,6 +319,14 @@ def test_portal_in_a_real_browser(live_portal, page):
     shot(gpus, "06-gpus")
     gpus.close()
 
+    # Cancel asks first: dismissing keeps the job running; accepting cancels it.
+    asked = []
+    tab.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    tab.click("form[action$='/cancel/'] button")
+    time.sleep(0.5)
+    assert asked and asked[0].startswith(f"Cancel job {long_job.name}?")
+    assert Job.objects.get(pk=long_job.pk).state == JobState.RUNNING
+    tab.once("dialog", lambda dialog: dialog.accept())
     tab.click("form[action$='/cancel/'] button")
     tab.wait_for_url(re.compile(rf"/jobs/{long_job.id}/$"))
     wait_state(tab, "cancelled")

@@ -499,3 +499,40 @@ def test_the_form_lists_every_problem_at_once_in_its_own_order(portal):
         "invalid_labels",
     ]
     assert not Job.objects.exists()
+
+
+def test_job_list_shows_gpus_duration_owner_and_cancels_several_at_once(portal):
+    waiting = [submit(portal.demo, name=f"sweep-{i}", spec="guaranteed") for i in range(2)]
+    theirs = submit(portal.outsider, team="vision", name="their-job")
+    client = login(portal.demo)
+    page = html.unescape(client.get("/jobs/").content.decode())
+    assert "GPUs" in page and "Duration" in page and "Owner" in page
+    assert "1 GPU" in page and "waiting 0 s" in page
+    assert 'data-confirm="Cancel the %(count)s selected jobs?' in page
+    response = client.post(
+        "/jobs/cancel/", {"job": [str(j.id) for j in waiting] + [str(theirs.id), "not-a-uuid"]}, follow=True
+    )
+    body = html.unescape(response.content.decode())
+    assert "Cancel requested for 2 jobs: sweep-0, sweep-1" in body
+    assert [Job.objects.get(pk=j.pk).state for j in waiting] == [JobState.CANCELLED] * 2
+    assert Job.objects.get(pk=theirs.pk).state == JobState.PENDING  # not the demo user's to see, let alone cancel
+    again = html.unescape(client.post("/jobs/cancel/", {"job": [str(waiting[0].id)]}, follow=True).content.decode())
+    assert "Not cancelled: sweep-0: already cancelled" in again
+    assert "Select the jobs to cancel first." in client.post("/jobs/cancel/", {}, follow=True).content.decode()
+    assert client.get("/jobs/cancel/").status_code == 405
+
+
+def test_cancel_asks_first_and_the_job_page_says_each_fact_once(portal):
+    job = submit(portal.demo, name="once")
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert 'data-confirm="Cancel job once? Its processes are stopped' in page
+    services.queue_dispatch(queue_id=job.queue_id)
+    attempt = job.attempts.get()
+    services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
+    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    header = page[: page.index('id="logs-title"')]
+    suggestion = Job.objects.get(pk=job.pk).suggestion
+    assert header.count(suggestion) == 1
+    record = page[page.index('id="repro-title"') :]
+    assert record.count("python train.py") == 1  # the command once, under its own heading
