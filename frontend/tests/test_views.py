@@ -536,3 +536,19 @@ def test_cancel_asks_first_and_the_job_page_says_each_fact_once(portal):
     assert header.count(suggestion) == 1
     record = page[page.index('id="repro-title"') :]
     assert record.count("python train.py") == 1  # the command once, under its own heading
+
+
+def test_stored_sentences_and_seeded_descriptions_read_in_chinese(portal):
+    job = submit(portal.demo, name="zh-job")
+    services.queue_dispatch(queue_id=job.queue_id)
+    services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
+    attempt = job.attempts.get()
+    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    client = login(portal.demo)
+    client.cookies["django_language"] = "zh-hans"
+    page = html.unescape(client.get(f"/jobs/{job.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "命令自行以非零退出码退出" in page
+    form = html.unescape(client.get("/jobs/new/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "任意档位的单节点训练。" in form and "一块卡 1/4 的算力和 2/8 的显存" in form
+    cluster = html.unescape(client.get("/monitoring/cluster/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "集群监控" in cluster and "资源池与队列" in cluster
