@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from django import template
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from frontend import wording
 from quotas.models import Team
@@ -31,6 +33,37 @@ def duration(seconds: float | int | None) -> str:
         return _("%(h)d h %(m)d min") % {"h": hours, "m": minutes} if minutes else _("%(h)d h") % {"h": hours}
     days, hours = divmod(hours, 24)
     return _("%(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("%(d)d d") % {"d": days}
+
+
+# Timeline sentences the platform stores in English, matched whole and said in the reader's language.
+EVENT_SENTENCES = [
+    (re.compile(r"^submitted to queue (?P<queue>\S+)$"), gettext_noop("submitted to queue %(queue)s")),
+    (re.compile(r"^admitted; placed on (?P<where>.+)$"), gettext_noop("admitted; placed on %(where)s")),
+    (
+        re.compile(r"^handed to the (?P<backend>\w+) backend as (?P<ref>\S+)$"),
+        gettext_noop("handed to the %(backend)s backend as %(ref)s"),
+    ),
+    (re.compile(r"^running$"), gettext_noop("running")),
+    (re.compile(r"^exit code 0$"), gettext_noop("exit code 0")),
+    (re.compile(r"^cancelled$"), gettext_noop("cancelled")),
+    (re.compile(r"^cancelled by (?P<who>\S+)$"), gettext_noop("cancelled by %(who)s")),
+    (re.compile(r"^cancel requested by (?P<who>\S+)$"), gettext_noop("cancel requested by %(who)s")),
+    (re.compile(r"^timed out and stopped$"), gettext_noop("timed out and stopped")),
+    (re.compile(r"^exited with code (?P<code>-?\d+)$"), gettext_noop("exited with code %(code)s")),
+    (re.compile(r"^was killed by signal (?P<signal>\d+)$"), gettext_noop("was killed by signal %(signal)s")),
+]
+
+
+@register.filter
+def event_text(message: str | None) -> str:
+    """A timeline message in the reader's language where it is one of the platform's own sentences."""
+    if not message:
+        return ""
+    for pattern, sentence in EVENT_SENTENCES:
+        match = pattern.match(message)
+        if match:
+            return _(sentence) % match.groupdict()
+    return message
 
 
 @register.filter

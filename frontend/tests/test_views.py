@@ -548,6 +548,7 @@ def test_stored_sentences_and_seeded_descriptions_read_in_chinese(portal):
     client.cookies["django_language"] = "zh-hans"
     page = html.unescape(client.get(f"/jobs/{job.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
     assert "命令自行以非零退出码退出" in page
+    assert "已提交到队列 train" in page  # the timeline's own sentences too
     form = html.unescape(client.get("/jobs/new/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
     assert "任意档位的单节点训练。" in form and "一块卡 1/4 的算力和 2/8 的显存" in form
     cluster = html.unescape(client.get("/monitoring/cluster/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
