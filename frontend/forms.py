@@ -51,6 +51,25 @@ FIELD_FOR: dict[str, str] = {
 }
 
 
+# The order the page shows its fields in: the error summary lists problems in it.
+FORM_ORDER = (
+    "non_field",
+    "team",
+    "queue",
+    "spec",
+    "gpus",
+    "image",
+    "command",
+    "env",
+    "timeout_s",
+    "max_retries",
+    "tensorboard",
+    "gpu_models",
+    "labels",
+    "name",
+)
+
+
 def _key_value_lines(text: str, *, code: str) -> dict[str, str]:
     """`KEY=value` per line; blank lines and `#` comments are skipped. Names are checked by the service."""
     pairs: dict[str, str] = {}
@@ -82,7 +101,7 @@ class SubmitForm(forms.Form):
     image_reference = forms.CharField(label=_("Other image reference"), required=False, max_length=300)
     command = forms.CharField(label=_("Command"), required=False, widget=forms.Textarea)
     env = forms.CharField(label=_("Environment"), required=False, widget=forms.Textarea)
-    timeout_s = forms.CharField(label=_("Time limit (seconds)"), required=False)
+    timeout_s = forms.CharField(label=_("Time limit"), required=False)
     max_retries = forms.CharField(label=_("Retries on platform failures"), required=False)
     tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
     labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
@@ -119,28 +138,40 @@ class SubmitForm(forms.Form):
 
     def submission(self) -> dict[str, Any]:
         """The body the REST API would receive for the same submission (empty optional fields left out)."""
+        # Fields the form itself could not read (a bad KEY=value line) are left out: the API would get none.
         data = self.cleaned_data
-        body: dict[str, Any] = {"team": data["team"], "queue": data["queue"], "command": data["command"]}
-        image = data["image_reference"].strip() if data["image"] == CUSTOM_IMAGE else data["image"]
+        body: dict[str, Any] = {
+            "team": data.get("team", ""),
+            "queue": data.get("queue", ""),
+            "command": data.get("command", ""),
+        }
+        image = data.get("image_reference", "").strip() if data.get("image") == CUSTOM_IMAGE else data.get("image")
         if image:
             body["image"] = image
         for name in ("name", "spec", "gpus", "timeout_s", "max_retries"):
-            value = str(data[name]).strip()
+            value = str(data.get(name) or "").strip()
             if value:
                 body[name] = value
-        if data["env"]:
+        if data.get("env"):
             body["env"] = data["env"]
-        if data["labels"]:
+        if data.get("labels"):
             body["labels"] = data["labels"]
         if data.get("gpu_models"):
             body["gpu_models"] = list(data["gpu_models"])
-        body["tensorboard"] = data["tensorboard"]
+        body["tensorboard"] = bool(data.get("tensorboard"))
         for name, value in (data.get("carried") or {}).items():
             body.setdefault(name, value)
         return body
 
     def add_service_error(self, field: str | None, message: str, code: str) -> None:
         self.add_error(FIELD_FOR.get(field or ""), ValidationError(message, code=code))
+
+    def add_service_errors(self, errors: list) -> None:
+        """Each of a ValidationErrors' problems, unless the form already found one for that field."""
+        unreadable = {name for name in ("env", "labels") if name in self.errors}  # the service saw none of these
+        for error in errors:
+            if error.field not in unreadable:
+                self.add_service_error(error.field, error.detail, error.code)
 
     def errors_with_codes(self) -> dict[str, list[dict[str, str]]]:
         """Per field (`non_field` for the rest): each error's message and its stable code (the API's `code`)."""
@@ -149,7 +180,8 @@ class SubmitForm(forms.Form):
             out["non_field" if name == NON_FIELD_ERRORS else name] = [
                 {"message": " ".join(e.messages), "code": e.code or "invalid"} for e in errors
             ]
-        return out
+        rank = {name: i for i, name in enumerate(FORM_ORDER)}
+        return dict(sorted(out.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def initial_from_submission(body: dict[str, Any], *, catalog: set[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ urlpatterns = [
     path("jobs/states.json", views.job_states, name="job-states"),
     path("jobs/new/", views.job_submit, name="job-submit"),
     path("jobs/compare/", views.job_compare, name="job-compare"),
+    path("jobs/cancel/", views.job_bulk_cancel, name="job-bulk-cancel"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/live/", views.job_live, name="job-live"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),

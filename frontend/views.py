@@ -36,8 +36,9 @@ from frontend import wording
 from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
-from jobs.api import JobFilter, JobSubmitSerializer
+from jobs.api import JobFilter, submission_check
 from jobs.backends import sandbox
+from jobs.lifecycle import backend_runtime
 from jobs.models import FailureRule, Job, JobTemplate
 from jobs.states import JobState
 from monitoring.charts import PALETTE, Series, line_chart
@@ -178,6 +179,11 @@ def _card_mib() -> int:
     return services._reference_card_mib()
 
 
+def _backend_runtime() -> dict[str, Any]:
+    """What the configured backend runs a command with (the local backend: the host's Python and PATH)."""
+    return backend_runtime(settings.TRAINYARD_BACKEND)
+
+
 def _submit_choices(user) -> dict[str, Any]:
     """Everything the pickers show: queues with their waits, specs with what they guarantee and cost, images
     with the nodes whose drivers can run them."""
@@ -236,6 +242,7 @@ def _submit_choices(user) -> dict[str, Any]:
         .order_by("model")
     ]
     return {
+        "runtime": _backend_runtime(),
         "teams": teams,
         "gpu_models": gpu_models,
         "queue_rows": queue_rows,
@@ -299,17 +306,18 @@ def job_submit(request: HttpRequest) -> HttpResponse:
     source: dict[str, Any] = {}
     if request.method == "POST":
         form = SubmitForm(request.POST, gpu_models=models)
-        if form.is_valid():
-            if "save_template" in request.POST:
-                template = _save_template(request, form)
-                if template is not None:
-                    messages.success(request, _("Saved template %(name)s.") % {"name": template.name})
-                    return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
-            else:
-                job = _submit(request, form)
-                if job is not None:
-                    messages.success(request, _("Job submitted."))
-                    return redirect("frontend:job-detail", job_id=job.id)
+        valid = form.is_valid()
+        if "save_template" in request.POST:
+            template = _save_template(request, form) if valid else None
+            if template is not None:
+                messages.success(request, _("Saved template %(name)s.") % {"name": template.name})
+                return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
+        else:
+            # Every problem at once: the service judges what the form could read even when another field failed.
+            job = _submit(request, form, form_valid=valid)
+            if job is not None:
+                messages.success(request, _("Job submitted."))
+                return redirect("frontend:job-detail", job_id=job.id)
     else:
         initial, source = _prefill(request, choices)
         if initial is None:
@@ -406,14 +414,23 @@ def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
     return render(request, "frontend/template_delete.html", {"nav": "templates", "template": template})
 
 
-def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
-    """Validate as the API does (input serializer, then the service); errors land on the form's fields."""
+def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job | None:
+    """Validate as the API does (input serializer, then the service), reporting every problem at once; errors
+    land on the form's fields. A field the form itself could not read is judged only by the form."""
     data = form.submission()
-    payload = JobSubmitSerializer(data=data)
-    if not payload.is_valid():
-        _serializer_errors(form, payload.errors)
+    try:
+        submission_check(user=request.user, data=data)
+        if not form_valid:
+            services.job_validate(user=request.user, data=data)
+    except NotFound as exc:
+        form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
-    key = form.cleaned_data["idempotency_key"] or None
+    except ValidationFailed as exc:
+        form.add_service_errors(getattr(exc, "errors", None) or [exc])
+        return None
+    if not form_valid:
+        return None
+    key = form.cleaned_data.get("idempotency_key") or None
     try:
         try:
             with transaction.atomic(durable=True):
@@ -429,7 +446,7 @@ def _submit(request: HttpRequest, form: SubmitForm) -> Job | None:
         form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
     except DomainError as exc:
-        form.add_service_error(exc.field, exc.detail, exc.code)
+        form.add_service_errors(getattr(exc, "errors", None) or [exc])
         return None
     return job
 
@@ -464,18 +481,30 @@ def _live_context(job: Job) -> dict[str, Any]:
     wait = None
     if job.state == JobState.PENDING:
         wait = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
+    recorded = (job.reproduce or {}).get("runtime")
     return {
         "job": job,
+        # What ran (from the reproduce record), or what will run for a job that has not started.
+        "runtime": recorded or _backend_runtime(),
+        "runtime_recorded": bool(recorded),
         "attempts": attempts,
         "events": events,
         "suggestions": suggestions,
         "wait": wait,
         "terminal": job.is_terminal,
         "reason_text": wording.reason_sentence(job.reason),
+        # Each fact once: the suggestion has its own line, so the message does not repeat it.
+        "message_text": _without(job.message, job.suggestion),
         "reproduce_rows": _reproduce_rows(job),
         "env_rows": sorted(job.env.items()),
         "command_line": shlex.join([*job.command, *job.args]),
     }
+
+
+def _without(message: str, repeated: str) -> str:
+    if not repeated or repeated not in message:
+        return message
+    return message.replace(repeated, "").strip().rstrip(".").strip()
 
 
 def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
@@ -489,9 +518,23 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
         for d in devices
     )
     request = record.get("request") or {}
+    runtime = record.get("runtime") or {}
+    requested = record.get("image_requested") or {}
+    if record.get("image_used", True):
+        image_rows: list[tuple[str, Any]] = [
+            (_("Image"), record.get("image_reference")),
+            (_("Image digest"), record.get("image_digest") or _("not pinned")),
+        ]
+    else:
+        image_rows = [
+            (_("Image"), _("not used: the local backend ran the command on the host")),
+            (_("Image requested"), " ".join(filter(None, [requested.get("reference"), requested.get("digest")]))),
+            (_("Python"), f"{runtime.get('python_version', '')} {runtime.get('python', '')}".strip()),
+            ("PATH", runtime.get("path")),
+            (_("Sandbox"), _("on") if runtime.get("sandbox") else _("off")),
+        ]
     rows: list[tuple[str, Any]] = [
-        (_("Image"), record.get("image_reference")),
-        (_("Image digest"), record.get("image_digest") or _("not pinned")),
+        *image_rows,
         (_("Spec"), record.get("spec") or _("explicit request")),
         (_("Request"), ", ".join(f"{k}={v}" for k, v in request.items())),
         (_("Node"), record.get("node")),
@@ -499,7 +542,6 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
         (_("CUDA"), record.get("cuda_version")),
         (_("GPUs emulated"), _("yes") if record.get("emulated_gpus") else _("no")),
         (_("Placement"), placement),
-        (_("Command"), shlex.join([*(record.get("command") or []), *(record.get("args") or [])])),
         (_("Working directory"), record.get("working_dir")),
         (_("Backend"), record.get("backend")),
         (_("Platform version"), record.get("platform_version")),
@@ -592,6 +634,45 @@ def job_cancel(request: HttpRequest, job_id) -> HttpResponse:
     else:
         messages.success(request, _("Cancel requested.") if job.state == JobState.CANCELLING else _("Cancelled."))
     return redirect("frontend:job-detail", job_id=job.id)
+
+
+@require_POST
+@login_required
+def job_bulk_cancel(request: HttpRequest) -> HttpResponse:
+    """Cancel the jobs ticked on the job list: each in its own transaction, so one that just finished does not
+    keep the others running."""
+    ids = []
+    for value in request.POST.getlist("job")[:JOBS_PER_PAGE]:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    jobs = list(selectors.jobs_visible_to(request.user).filter(pk__in=ids).order_by("submitted_at"))
+    if not jobs:
+        messages.error(request, _("Select the jobs to cancel first."))
+        return redirect("frontend:job-list")
+    done, refused = [], []
+    for job in jobs:
+        if job.is_terminal:
+            refused.append(
+                _("%(name)s: already %(state)s") % {"name": job.name, "state": wording.state_label(job.state)}
+            )
+            continue
+        try:
+            with transaction.atomic(durable=True):
+                services.job_cancel(job_id=job.id, actor=request.user.username)
+        except DomainError as exc:
+            refused.append(f"{job.name}: {exc.detail}")
+        else:
+            done.append(job.name)
+    if done:
+        names = ", ".join(done)
+        messages.success(
+            request, _("Cancel requested for %(count)s jobs: %(names)s") % {"count": len(done), "names": names}
+        )
+    if refused:
+        messages.error(request, _("Not cancelled: %(list)s") % {"list": "; ".join(refused)})
+    return redirect("frontend:job-list")
 
 
 @require_POST

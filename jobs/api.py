@@ -11,7 +11,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -22,7 +22,29 @@ from jobs.states import JobState
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
 from trainyard.api import NewestFirstCursor, ScopedActionsMixin, int_param
-from trainyard.errors import ValidationFailed
+from trainyard.errors import NotFound, ValidationErrors, ValidationFailed
+from trainyard.units import parse_duration
+
+
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "integer"}, {"type": "string"}],
+        "description": "seconds, or a duration such as 4h, 30m, 1h30m",
+        "example": "4h",
+    }
+)
+class DurationField(serializers.Field):
+    """Seconds as a number, or a human duration (`4h`, `30m`, `1h30m`)."""
+
+    def to_internal_value(self, data):
+        try:
+            return parse_duration(data, field=self.field_name, default=None)
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(exc.detail, code="invalid") from None
+
+    def to_representation(self, value):
+        return value
+
 
 SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}$")
 
@@ -48,7 +70,7 @@ class JobSubmitSerializer(serializers.Serializer):
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
     working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
-    timeout_s = serializers.IntegerField(required=False)
+    timeout_s = DurationField(required=False, allow_null=True)
     max_retries = serializers.IntegerField(required=False)
     tensorboard = serializers.BooleanField(required=False)
     tensorboard_logdir = serializers.CharField(max_length=500, required=False, allow_blank=True)
@@ -72,6 +94,38 @@ class JobSubmitSerializer(serializers.Serializer):
                 {name: [serializers.ErrorDetail("unknown field", code="unknown_field")] for name in sorted(unknown)}
             )
         return attrs
+
+
+def _flatten(field: str, errors) -> list[ValidationFailed]:
+    """A serializer's errors for one field (lists, or a dict for a mapping's items) as domain errors."""
+    if isinstance(errors, dict):
+        return [e for key, sub in errors.items() for e in _flatten(field, sub)]
+    if isinstance(errors, list):
+        return [e for sub in errors for e in _flatten(field, sub)]
+    return [ValidationFailed(str(errors), code=getattr(errors, "code", "invalid") or "invalid", field=field)]
+
+
+def submission_check(*, user, data: dict) -> None:
+    """Every problem of a submission at once, in the form's order: the input serializer's (types, sizes) and
+    the service's (queue, spec, quota, image, env...) for the fields the serializer passed. Raises
+    ValidationErrors / ValidationFailed (400) or NotFound (the team); returns when the serializer is content
+    (the service then checks the rest as it submits)."""
+    payload = JobSubmitSerializer(data=data)
+    if payload.is_valid():
+        return
+    problems = [e for field, errs in payload.errors.items() for e in _flatten(field, errs)]
+    if not isinstance(data, dict):
+        raise ValidationErrors(problems) if len(problems) > 1 else problems[0]
+    rest = {k: v for k, v in data.items() if k not in payload.errors}
+    try:
+        services.job_validate(user=user, data=rest)
+    except NotFound:
+        if "team" not in payload.errors:
+            raise
+    except ValidationFailed as exc:
+        problems += [e for e in getattr(exc, "errors", None) or [exc] if e.field not in payload.errors]
+    problems.sort(key=lambda e: services.field_rank(e.field))
+    raise ValidationErrors(problems) if len(problems) > 1 else problems[0]
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -341,8 +395,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     )
     def create(self, request):
         """Submit a job."""
-        payload = JobSubmitSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
+        submission_check(user=request.user, data=request.data)
         key = request.headers.get("Idempotency-Key") or None
         if key is not None and len(key) > 200:
             raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
@@ -360,14 +413,16 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         items = request.data["jobs"]
         errors = {}
         for i, item in enumerate(items):
-            one = JobSubmitSerializer(data=item)
-            if not one.is_valid():
-                errors[str(i)] = one.errors
-                continue
             try:
+                submission_check(user=request.user, data=item)
                 services.job_validate(user=request.user, data=_plain(item))
             except ValidationFailed as exc:
-                errors[str(i)] = {exc.field or "non_field_errors": [{"message": exc.detail, "code": exc.code}]}
+                fields: dict[str, list[dict[str, str]]] = {}
+                for one in getattr(exc, "errors", None) or [exc]:
+                    fields.setdefault(one.field or "non_field_errors", []).append(
+                        {"message": one.detail, "code": one.code}
+                    )
+                errors[str(i)] = fields
         if errors:
             first = next(iter(errors.values()))
             code = _first_code(first)

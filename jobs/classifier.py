@@ -1,7 +1,9 @@
 """Failure classification: exit code, signal, reason, log text and node health → class and reaction.
 
 The rules are rows of `FailureRule` (admin-editable); `DEFAULT_RULES` seeds them. The lowest `order` that
-matches wins; when none does, an unknown failure is retried up to the job's limit.
+matches wins. When none does, a plain non-zero exit of the user's own process (no signal, no platform reason,
+no sign of trouble on the node) is the user's and is not retried; anything else unknown (a signal nobody
+explained, a lost attempt) is retried up to the job's limit.
 """
 
 import re
@@ -132,6 +134,26 @@ class Verdict:
 
 
 UNKNOWN = Verdict("platform", "retry", "unknown", "The failure was not recognised; retried up to the job's limit.")
+USER_EXIT = Verdict(
+    "user",
+    "no_retry",
+    "user-exit",
+    "The command exited with a non-zero code of its own: read the end of the log. It is not retried, since a rerun "
+    "of the same command would most likely fail the same way.",
+)
+# What backends report for a process that ended by itself with a non-zero code (Kubernetes: "Error").
+PLAIN_EXIT_REASONS = frozenset({"", "Error"})
+
+
+def is_plain_user_exit(obs: "Observation") -> bool:
+    """The user's own process exited by itself with a code below 128 (128+N is a shell's way to say signal N)."""
+    return (
+        obs.exit_code is not None
+        and 0 < obs.exit_code < 128
+        and not obs.signal
+        and obs.reason in PLAIN_EXIT_REASONS
+        and not obs.node_unhealthy
+    )
 
 
 def seed_default_rules() -> None:
@@ -163,4 +185,6 @@ def classify(obs: Observation, rules: list[FailureRule] | None = None) -> Verdic
                 return Verdict(rule.failure_class, rule.reaction, rule.name, rule.suggestion)
         except re.error:
             continue  # a broken regex typed by an admin must not stop classification
+    if is_plain_user_exit(obs):
+        return USER_EXIT
     return UNKNOWN

@@ -3,6 +3,10 @@
 On connect: the last `tail` lines (or the lines after `after`, when a client resumes), then new lines as
 the attempt writes them, job state changes, and a note when a retry starts a new attempt. Only members
 of the job's team (or staff) may subscribe; others are closed with 4403.
+
+A client that sends `metrics=<version>` (the job page) also gets the job's metrics charts, redrawn whenever
+the job reports something new (`{"type": "metrics", "version": n, "html": ...}`, in the language `lang`).
+A streamed line that carries a metric wakes the metric scan at once, instead of at its next beat.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.utils import translation
 
 from jobs import logstore
 from jobs.realtime import job_group
@@ -20,6 +26,8 @@ from jobs.realtime import job_group
 POLL_S = 0.05
 END_CHECK_S = 0.5
 BATCH = 2000
+METRICS_MIN_INTERVAL_S = 0.5  # at most two chart redraws a second per socket, however fast the job reports
+METRIC_TAG = "TRAINYARD_METRIC"
 
 
 class _Tailer:
@@ -84,6 +92,13 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         self.attempt = _int(params, "attempt", latest)
         self.tail = min(_int(params, "tail", 200), 5000)
         self.after = params.get("after", [None])[0]
+        self.metrics_version = _int(params, "metrics", -1) if "metrics" in params else None
+        languages = {code for code, _name in settings.LANGUAGES}
+        lang = params.get("lang", [""])[0].lower()
+        self.lang = lang if lang in languages else settings.LANGUAGE_CODE
+        self.metrics_task: asyncio.Task | None = None
+        self.metrics_dirty = False
+        self.scan_woken_at = 0.0
         self.current_state = info["state"]
         self.ended = False
         await self.channel_layer.group_add(job_group(self.job_id), self.channel_name)
@@ -96,12 +111,16 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         self.tailer = _Tailer.for_running_loop()
         self.tailer.add(self)
         self.pump = asyncio.create_task(self._follow())
+        if self.metrics_version is not None:
+            await self.job_metrics({})  # charts the page missed between its render and this socket
 
     async def disconnect(self, code):
         pump = getattr(self, "pump", None)
         if pump:
             pump.cancel()
             self.tailer.remove(self)
+        if getattr(self, "metrics_task", None):
+            self.metrics_task.cancel()
         if hasattr(self, "job_id"):
             await self.channel_layer.group_discard(job_group(self.job_id), self.channel_name)
 
@@ -130,6 +149,45 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(
             {"type": "lines", "attempt": self.attempt, "lines": [{"n": ln.number, "text": ln.text} for ln in lines]}
         )
+        if self.metrics_version is not None and any(METRIC_TAG in ln.text for ln in lines):
+            self._wake_metric_scan()
+
+    def _wake_metric_scan(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self.scan_woken_at < METRICS_MIN_INTERVAL_S:
+            return
+        self.scan_woken_at = now
+        asyncio.get_running_loop().run_in_executor(None, _wake_metric_scan)
+
+    async def job_metrics(self, event):
+        """New metrics were stored: redraw, coalescing a burst into one redraw per interval."""
+        if self.metrics_version is None:
+            return
+        if self.metrics_task is not None and not self.metrics_task.done():
+            self.metrics_dirty = True
+            return
+        self.metrics_task = asyncio.create_task(self._send_metrics())
+
+    async def _send_metrics(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.metrics_dirty = False
+            started = loop.time()
+            version, html = await self._metrics_html()
+            if version != self.metrics_version:
+                self.metrics_version = version
+                await self.send_json({"type": "metrics", "version": version, "html": html})
+            await asyncio.sleep(max(0.0, METRICS_MIN_INTERVAL_S - (loop.time() - started)))
+            if not self.metrics_dirty:
+                return
+
+    @database_sync_to_async
+    def _metrics_html(self) -> tuple[int, str]:
+        from jobs.models import Job
+        from monitoring.views import business_charts_html
+
+        with translation.override(self.lang):
+            return business_charts_html(Job.objects.get(pk=self.job_id))
 
     async def _follow(self) -> None:
         # The shared tailer wakes this socket when its file changed (or at least every END_CHECK_S, to notice
@@ -186,6 +244,19 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content, **kwargs):
         pass  # the stream is one-way; clients reconnect with ?after= to resume
+
+
+def _wake_metric_scan() -> None:
+    """Ask a worker for a metric scan now; one request a second for the whole platform is plenty."""
+    from django.core.cache import cache
+
+    from trainyard.celery import app
+
+    try:
+        if cache.add("trainyard:metric-scan-woken", 1, timeout=1):
+            app.send_task("monitoring.scan_job_metrics")
+    except Exception:  # noqa: BLE001 - the beat's own scan comes soon anyway
+        pass
 
 
 def _int(params: dict, name: str, default: int) -> int:

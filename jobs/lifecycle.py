@@ -142,6 +142,16 @@ def _attempt_claim(*, attempt_id: int) -> Attempt | None:
         return None
 
 
+def backend_runtime(name: str) -> dict:
+    """What a backend runs a command with: the local backend says which host Python and PATH; a cluster backend
+    runs the job's image (no `runtime` of its own)."""
+    if name == "local":
+        from jobs.backends.local import runtime
+
+        return runtime()
+    return {"kind": "container", "image_used": True}
+
+
 def _lock(*, job_id, attempt_id: int) -> None:
     """Row locks in the one order every writer uses: the job, then its attempt."""
     list(Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True))
@@ -174,10 +184,16 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             return
         now = timezone.now()
         node = attempt.node
+        runtime = backend_runtime(attempt.backend)
+        image_used = runtime.get("image_used", True)
         reproduce = {
-            "image_reference": job.image_reference,
-            "image_digest": job.image_digest,
-            "image_pinned": bool(job.image_digest),
+            # What ran: the image only where the backend runs one; the local backend runs on the host (runtime).
+            "image_reference": job.image_reference if image_used else None,
+            "image_digest": job.image_digest if image_used else None,
+            "image_pinned": bool(job.image_digest) if image_used else False,
+            "image_used": image_used,
+            "image_requested": {"reference": job.image_reference, "digest": job.image_digest},
+            "runtime": runtime,
             "spec": job.spec.name if job.spec else None,
             "request": {
                 "gpu_count": job.gpu_count,

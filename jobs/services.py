@@ -12,6 +12,8 @@ import json
 import re
 import shlex
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,8 @@ from jobs.models import Attempt, Job, JobEvent, JobTemplate
 from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
 from quotas import selectors as quota
 from quotas.models import Team
-from trainyard.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from trainyard.errors import Conflict, Forbidden, NotFound, ValidationErrors, ValidationFailed
+from trainyard.units import human_duration, human_resource, parse_duration
 
 log = structlog.get_logger(__name__)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -98,15 +101,22 @@ def _validate_env(env: Any) -> dict[str, str]:
         return {}
     if not isinstance(env, dict):
         raise ValidationFailed("env must be a mapping of NAME: value", code="invalid_env", field="env")
-    clean = {}
+    clean, problems = {}, []
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise ValidationFailed(
-                f"'{key}' is not a valid environment variable name", code="invalid_env_name", field="env"
+            problems.append(
+                ValidationFailed(
+                    f"'{key}' is not a valid environment variable name", code="invalid_env_name", field="env"
+                )
             )
-        if key.startswith(RESERVED_ENV_PREFIXES):
-            raise ValidationFailed(f"'{key}' is set by the platform", code="reserved_env_name", field="env")
-        clean[key] = "" if value is None else str(value)
+        elif key.startswith(RESERVED_ENV_PREFIXES):
+            problems.append(ValidationFailed(f"'{key}' is set by the platform", code="reserved_env_name", field="env"))
+        else:
+            clean[key] = "" if value is None else str(value)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ValidationErrors(problems)  # every bad variable at once
     return clean
 
 
@@ -130,162 +140,269 @@ def _name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The order the submit form shows its fields in (the API's own fields after them): errors are reported in it.
+FIELD_ORDER = (
+    "team",
+    "queue",
+    "replicas",
+    "spec",
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "cpu_milli",
+    "memory_mib",
+    "image",
+    "command",
+    "args",
+    "env",
+    "timeout_s",
+    "max_retries",
+    "tensorboard",
+    "tensorboard_logdir",
+    "gpu_models",
+    "labels",
+    "name",
+    "working_dir",
+    "mounts",
+    "priority",
+    "ci",
+)
+
+
+def field_rank(field: str | None) -> int:
+    return FIELD_ORDER.index(field) if field in FIELD_ORDER else len(FIELD_ORDER)
+
+
+class _Problems:
+    """Collects every problem of a submission instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.found: list[ValidationFailed] = []
+
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except ValidationFailed as exc:
+            self.found.extend(getattr(exc, "errors", None) or [exc])
+        except (TypeError, ValueError) as exc:  # a number that is not one (the API's serializer says so first)
+            self.found.append(ValidationFailed(str(exc), code="invalid"))
+
+    def raise_any(self) -> None:
+        if not self.found:
+            return
+        ordered = sorted(self.found, key=lambda e: field_rank(e.field))  # stable: one field's problems keep order
+        if len(ordered) == 1:
+            raise ordered[0]
+        raise ValidationErrors(ordered)
+
+
+def _whole(data: dict[str, Any], name: str, default: int) -> int:
+    value = data.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValidationFailed(f"{name} must be a whole number", code="invalid", field=name) from None
+
+
 def job_validate(*, user, data: dict[str, Any]) -> Resolved:
-    """Check a submission up front; raise ValidationFailed (400, with field and code) or NotFound."""
+    """Check a submission up front; raise NotFound (the team), or ValidationFailed / ValidationErrors (400) with
+    every problem found, each with its field and code, in the form's order."""
     ref = reference.current()
     team = ref.teams.get(_name(data.get("team")))
     if team is None or not ref.is_member(user, team):
-        raise NotFound("team not found (or you are not a member)", code="unknown_team")
+        raise NotFound("team not found (or you are not a member)", code="unknown_team", field="team")
+    problems = _Problems()
     queue = ref.queues.get(_name(data.get("queue")))
-    if queue is None:
-        raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
-    if not ref.queue_allows_team(queue, team):
-        raise ValidationFailed(
-            f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed", field="queue"
-        )
-    replicas = int(data.get("replicas") or 1)
-    if replicas < 1 or replicas > 64:
-        raise ValidationFailed("replicas must be between 1 and 64", code="invalid_replicas", field="replicas")
-    if replicas > 1 and not queue.gang:
-        raise ValidationFailed(
-            f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not",
-            code="replicas_need_gang_queue",
-            field="replicas",
-        )
+    with problems.check():
+        if queue is None:
+            raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
+        if not ref.queue_allows_team(queue, team):
+            raise ValidationFailed(
+                f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed", field="queue"
+            )
+    replicas = 1
+    with problems.check():
+        replicas = _whole(data, "replicas", 1)
+        if replicas < 1 or replicas > 64:
+            raise ValidationFailed("replicas must be between 1 and 64", code="invalid_replicas", field="replicas")
+        if replicas > 1 and queue is not None and not queue.gang:
+            raise ValidationFailed(
+                f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not",
+                code="replicas_need_gang_queue",
+                field="replicas",
+            )
     card_mib, drivers = reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
     spec_name = data.get("spec")
     explicit = data.get("gpu_milli") is not None or data.get("gpu_memory_mib") is not None
-    spec = None
+    request: dict[str, Any] | None = None
+    default_timeout = queue.default_timeout_s if queue is not None else None
     if spec_name:
-        if explicit:
-            raise ValidationFailed(
-                "give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
-                code="spec_and_explicit_request",
-                field="spec",
-            )
-        spec = ref.specs.get(_name(spec_name))
-        if spec is None:
-            raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
-        if not ref.queue_allows_spec(queue, spec):
-            allowed = ", ".join(ref.queue_spec_names(queue)) or "none"
-            raise ValidationFailed(
-                f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
-                code="spec_not_allowed_in_queue",
-                field="spec",
-            )
-        gpu_count = int(data.get("gpus") or spec.gpu_count)
-        if gpu_count != spec.gpu_count and not spec.exclusive:
-            raise ValidationFailed("only the guaranteed tier takes several GPUs", code="invalid_gpus", field="gpus")
-        if gpu_count < 1 or gpu_count > 16:
-            raise ValidationFailed("gpus must be between 1 and 16", code="invalid_gpus", field="gpus")
-        request = dict(
-            spec=spec,
-            gpu_count=gpu_count,
-            gpu_milli=spec.gpu_milli,
-            exclusive=spec.exclusive,
-            gpu_memory_eighths=spec.gpu_memory_eighths,
-            gpu_memory_mib=card_mib * spec.gpu_memory_eighths // 8,
-            cpu_milli=spec.cpu_milli_per_gpu * gpu_count,
-            memory_mib=spec.memory_mib_per_gpu * gpu_count,
-        )
-        default_timeout = min(spec.default_timeout_s, queue.max_timeout_s)
+        spec = None
+        with problems.check():
+            if explicit:
+                raise ValidationFailed(
+                    "give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
+                    code="spec_and_explicit_request",
+                    field="spec",
+                )
+            spec = ref.specs.get(_name(spec_name))
+            if spec is None:
+                raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
+            if queue is not None and not ref.queue_allows_spec(queue, spec):
+                allowed = ", ".join(ref.queue_spec_names(queue)) or "none"
+                raise ValidationFailed(
+                    f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
+                    code="spec_not_allowed_in_queue",
+                    field="spec",
+                )
+        if spec is not None:
+            with problems.check():
+                gpu_count = _whole(data, "gpus", spec.gpu_count) or spec.gpu_count
+                if gpu_count != spec.gpu_count and not spec.exclusive:
+                    raise ValidationFailed(
+                        "only the guaranteed tier takes several GPUs", code="invalid_gpus", field="gpus"
+                    )
+                if gpu_count < 1 or gpu_count > 16:
+                    raise ValidationFailed("gpus must be between 1 and 16", code="invalid_gpus", field="gpus")
+                request = dict(
+                    spec=spec,
+                    gpu_count=gpu_count,
+                    gpu_milli=spec.gpu_milli,
+                    exclusive=spec.exclusive,
+                    gpu_memory_eighths=spec.gpu_memory_eighths,
+                    gpu_memory_mib=card_mib * spec.gpu_memory_eighths // 8,
+                    cpu_milli=spec.cpu_milli_per_gpu * gpu_count,
+                    memory_mib=spec.memory_mib_per_gpu * gpu_count,
+                )
+            if queue is not None:
+                default_timeout = min(spec.default_timeout_s, queue.max_timeout_s)
     elif explicit:
-        if not queue.allow_explicit_request:
-            raise ValidationFailed(
-                f"queue '{queue.name}' takes specs only", code="explicit_request_not_allowed", field="gpu_milli"
+        with problems.check():
+            if queue is not None and not queue.allow_explicit_request:
+                raise ValidationFailed(
+                    f"queue '{queue.name}' takes specs only", code="explicit_request_not_allowed", field="gpu_milli"
+                )
+            milli = _whole(data, "gpu_milli", 0)
+            memory = _whole(data, "gpu_memory_mib", 0)
+            if not 1 <= milli <= 1000:
+                raise ValidationFailed("gpu_milli must be 1..1000", code="invalid_gpu_milli", field="gpu_milli")
+            if not 1 <= memory <= card_mib:
+                raise ValidationFailed(
+                    f"gpu_memory_mib must be 1..{card_mib}", code="invalid_gpu_memory", field="gpu_memory_mib"
+                )
+            gpu_count = _whole(data, "gpus", 1) or 1
+            if gpu_count < 1 or gpu_count > 16 or (gpu_count > 1 and milli != 1000):
+                raise ValidationFailed(
+                    "an explicit request takes 1..16 whole GPUs (gpu_milli 1000), or a share of one",
+                    code="invalid_gpus",
+                    field="gpus",
+                )
+            cpu_milli, host_memory = _whole(data, "cpu_milli", 2000) or 2000, _whole(data, "memory_mib", 8192) or 8192
+            if cpu_milli < 1 or host_memory < 1:
+                raise ValidationFailed(
+                    "cpu_milli and memory_mib must be positive", code="invalid_host_request", field="cpu_milli"
+                )
+            request = dict(
+                spec=None,
+                gpu_count=gpu_count,
+                gpu_milli=milli,
+                exclusive=milli == 1000,
+                gpu_memory_eighths=None,
+                gpu_memory_mib=card_mib if milli == 1000 else memory,
+                cpu_milli=cpu_milli,
+                memory_mib=host_memory,
             )
-        milli = int(data.get("gpu_milli") or 0)
-        memory = int(data.get("gpu_memory_mib") or 0)
-        if not 1 <= milli <= 1000:
-            raise ValidationFailed("gpu_milli must be 1..1000", code="invalid_gpu_milli", field="gpu_milli")
-        if not 1 <= memory <= card_mib:
-            raise ValidationFailed(
-                f"gpu_memory_mib must be 1..{card_mib}", code="invalid_gpu_memory", field="gpu_memory_mib"
-            )
-        gpu_count = int(data.get("gpus") or 1)
-        if gpu_count < 1 or gpu_count > 16 or (gpu_count > 1 and milli != 1000):
-            raise ValidationFailed(
-                "an explicit request takes 1..16 whole GPUs (gpu_milli 1000), or a share of one",
-                code="invalid_gpus",
-                field="gpus",
-            )
-        cpu_milli, host_memory = int(data.get("cpu_milli") or 2000), int(data.get("memory_mib") or 8192)
-        if cpu_milli < 1 or host_memory < 1:
-            raise ValidationFailed(
-                "cpu_milli and memory_mib must be positive", code="invalid_host_request", field="cpu_milli"
-            )
-        request = dict(
-            spec=None,
-            gpu_count=gpu_count,
-            gpu_milli=milli,
-            exclusive=milli == 1000,
-            gpu_memory_eighths=None,
-            gpu_memory_mib=card_mib if milli == 1000 else memory,
-            cpu_milli=cpu_milli,
-            memory_mib=host_memory,
-        )
-        default_timeout = queue.default_timeout_s
     else:
-        raise ValidationFailed("a spec is required", code="unknown_spec", field="spec")
-    cards = request["gpu_count"] * replicas
-    totals = dict(
-        total_gpu_milli=request["gpu_milli"] * cards,
-        total_gpu_memory_mib=request["gpu_memory_mib"] * cards,
-        total_cpu_milli=request["cpu_milli"] * replicas,
-        total_memory_mib=request["memory_mib"] * replicas,
-    )
-    vector = {k.removeprefix("total_"): v for k, v in totals.items()}
-    over = quota.fits(vector, {}, queue.vector())
-    if over:
-        raise ValidationFailed(
-            f"the request ({vector[over]} {over}) is larger than queue '{queue.name}' can ever hold "
-            f"({queue.vector()[over]})",
-            code="request_exceeds_queue_capability",
-            field="spec",
+        problems.found.append(ValidationFailed("a spec is required", code="unknown_spec", field="spec"))
+    totals: dict[str, int] = {}
+    if request is not None:
+        cards = request["gpu_count"] * replicas
+        totals = dict(
+            total_gpu_milli=request["gpu_milli"] * cards,
+            total_gpu_memory_mib=request["gpu_memory_mib"] * cards,
+            total_cpu_milli=request["cpu_milli"] * replicas,
+            total_memory_mib=request["memory_mib"] * replicas,
         )
-    over = quota.fits(vector, {}, team.vector())
-    if over:
-        raise ValidationFailed(
-            f"the request ({vector[over]} {over}) is larger than team {team.slug}'s whole quota "
-            f"({team.vector()[over]})",
-            code="request_exceeds_team_quota",
-            field="spec",
-        )
-    timeout = data.get("timeout_s")
-    timeout = default_timeout if timeout in (None, "") else int(timeout)
-    if timeout < 1:
-        raise ValidationFailed("timeout_s must be positive", code="invalid_timeout", field="timeout_s")
-    if timeout > queue.max_timeout_s:
-        raise ValidationFailed(
-            f"timeout {timeout} s is over queue '{queue.name}''s maximum of {queue.max_timeout_s} s",
-            code="timeout_exceeds_queue_maximum",
-            field="timeout_s",
-        )
-    if not data.get("image"):
-        raise ValidationFailed("an image is required", code="unknown_image", field="image")
-    image = _resolve_image(str(data["image"]), team, ref)
-    needs = image["min_driver_version"]
-    if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
-        raise ValidationFailed(
-            f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
-            f"{max(drivers, key=pool.version_tuple)}",
-            code="image_incompatible_with_all_nodes",
-            field="image",
-        )
-    env = _validate_env(data.get("env"))
-    command = _command(data.get("command"))
+        vector = {k.removeprefix("total_"): v for k, v in totals.items()}
+        with problems.check():
+            over = quota.fits(vector, {}, queue.vector()) if queue is not None else None
+            if over:
+                raise ValidationFailed(
+                    f"the job needs {human_resource(over, vector[over])}; queue '{queue.name}' holds at most "
+                    f"{human_resource(over, queue.vector()[over])}, so it could never start there",
+                    code="request_exceeds_queue_capability",
+                    field="spec",
+                )
+            over = quota.fits(vector, {}, team.vector())
+            if over:
+                raise ValidationFailed(
+                    f"the job needs {human_resource(over, vector[over])}; team {team.slug}'s whole quota is "
+                    f"{human_resource(over, team.vector()[over])}, so it could never start",
+                    code="request_exceeds_team_quota",
+                    field="spec",
+                )
+    timeout = default_timeout
+    with problems.check():
+        timeout = parse_duration(data.get("timeout_s"), field="timeout_s", default=default_timeout)
+        if timeout is not None and timeout < 1:
+            raise ValidationFailed("timeout_s must be positive", code="invalid_timeout", field="timeout_s")
+        if timeout is not None and queue is not None and timeout > queue.max_timeout_s:
+            raise ValidationFailed(
+                f"time limit {human_duration(timeout)} is over queue '{queue.name}''s maximum of "
+                f"{human_duration(queue.max_timeout_s)}",
+                code="timeout_exceeds_queue_maximum",
+                field="timeout_s",
+            )
+    image: dict[str, Any] = {}
+    with problems.check():
+        if not data.get("image"):
+            raise ValidationFailed("an image is required", code="unknown_image", field="image")
+        image = _resolve_image(str(data["image"]), team, ref)
+        needs = image["min_driver_version"]
+        if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
+            raise ValidationFailed(
+                f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
+                f"{max(drivers, key=pool.version_tuple)}",
+                code="image_incompatible_with_all_nodes",
+                field="image",
+            )
+    env: dict[str, str] = {}
+    with problems.check():
+        env = _validate_env(data.get("env"))
+    command: list[str] = []
+    with problems.check():
+        command = _command(data.get("command"))
     args = data.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise ValidationFailed("args must be a list of strings", code="invalid_args", field="args")
+    with problems.check():
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValidationFailed("args must be a list of strings", code="invalid_args", field="args")
     labels = data.get("labels") or {}
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise ValidationFailed("labels must map strings to strings", code="invalid_labels", field="labels")
-    gpu_models = _gpu_models(data.get("gpu_models"))
-    max_retries = int(data.get("max_retries") if data.get("max_retries") is not None else 2)
-    if not 0 <= max_retries <= 10:
-        raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
+    with problems.check():
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise ValidationFailed("labels must map strings to strings", code="invalid_labels", field="labels")
+    gpu_models: list[str] = []
+    with problems.check():
+        gpu_models = _gpu_models(data.get("gpu_models"))
+    max_retries = 2
+    with problems.check():
+        max_retries = _whole(data, "max_retries", 2)
+        if not 0 <= max_retries <= 10:
+            raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
+    paths = None
+    with problems.check():
+        paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
+    priority = 0
+    with problems.check():
+        if queue is not None:
+            priority = validation.job_priority(data.get("priority"), user=user, team=team, queue=queue)
+    problems.raise_any()
+    assert queue is not None and request is not None and paths is not None and timeout is not None
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
-    paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
     resume_from = _resume_from(data.get("resume_from"), team=team)
     return Resolved(
         fields=dict(
@@ -300,7 +417,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             args=args,
             env=env,
             working_dir=paths.working_dir,
-            priority=validation.job_priority(data.get("priority"), user=user, team=team, queue=queue),
+            priority=priority,
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),

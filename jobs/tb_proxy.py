@@ -1,4 +1,11 @@
-"""The authenticated reverse proxy in front of each job's local TensorBoard (`/tb/<job-id>/...`)."""
+"""The authenticated reverse proxy in front of each job's local TensorBoard (`/tb/<job-id>/...`).
+
+TensorBoard serves under the route's path prefix, but its page still names a few assets from the site's root
+(`url(/font-roboto/...)` in its inline styles): those are rewritten into the prefix here, so nothing the page
+loads leaves `/tb/<job-id>/` (where the access check and the cookie of a shared link apply).
+"""
+
+import re
 
 import httpx
 from django.conf import settings
@@ -22,12 +29,32 @@ HOP_BY_HOP = {
     "content-length",
     "cookie",
     "authorization",
+    # The body is read decoded (httpx undoes gzip), so the browser must get it plain and unlabelled: asking the
+    # upstream on loopback for an encoding only costs a decode here.
+    "accept-encoding",
 }
+# Copied from TensorBoard's answer; never content-encoding or content-length (the body is sent as read, decoded).
+PASSED_HEADERS = ("cache-control", "etag", "last-modified", "location", "content-disposition")
+REWRITTEN_TYPES = ("text/html", "text/css")
+ROOT_URL = re.compile(rb"""url\((['"]?)/(?!/)""")
 COOKIE = "tb_access"
 
 
 def _cookie_name(job_id) -> str:
     return f"{COOKIE}_{str(job_id).replace('-', '')}"
+
+
+def _into_prefix(body: bytes, job_id) -> bytes:
+    """`url(/x)` → `url(/tb/<job-id>/x)`, leaving URLs already inside the prefix alone."""
+    prefix = f"/tb/{job_id}/".encode()
+
+    def fix(match: re.Match) -> bytes:
+        start = match.end()
+        if body.startswith(prefix, start - 1):
+            return match.group(0)
+        return b"url(" + match.group(1) + prefix
+
+    return ROOT_URL.sub(fix, body)
 
 
 @csrf_exempt
@@ -58,6 +85,7 @@ def tensorboard_proxy(request, job_id, path=""):
         )
     params = [(k, v) for k, v in request.GET.lists() if k != "tb_sig" for v in v]
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers["accept-encoding"] = "identity"
     upstream = f"http://127.0.0.1:{route.port}/tb/{job_id}/{path}"
     try:
         with httpx.Client(timeout=30) as client:
@@ -68,12 +96,12 @@ def tensorboard_proxy(request, job_id, path=""):
         )
         response["Retry-After"] = "2"
         return response
-    response = HttpResponse(
-        answer.content,
-        status=answer.status_code,
-        content_type=answer.headers.get("content-type", "application/octet-stream"),
-    )
-    for name in ("cache-control", "etag", "last-modified", "content-encoding", "location"):
+    content_type = answer.headers.get("content-type", "application/octet-stream")
+    body = answer.content
+    if content_type.split(";")[0].strip() in REWRITTEN_TYPES:
+        body = _into_prefix(body, job_id)
+    response = HttpResponse(body, status=answer.status_code, content_type=content_type)
+    for name in PASSED_HEADERS:
         if name in answer.headers:
             response[name] = answer.headers[name]
     if via_link:

@@ -211,6 +211,16 @@ def _thin(points: list, limit: int) -> list:
     return [points[int(i * step)] for i in range(limit - 1)] + [points[-1]]
 
 
+def job_business_metrics(job: Job, *, limit: int = 1000) -> list[BusinessMetric]:
+    """What the job reported about itself, in time order, thinned to at most 5 x limit reports."""
+    return _thin(list(BusinessMetric.objects.filter(job=job).order_by("at", "id")[:20000]), 5 * limit)
+
+
+def business_version(job_id) -> int:
+    """Moves whenever the job reports something new (the newest report's id; 0 before the first)."""
+    return BusinessMetric.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True).first() or 0
+
+
 @dataclass
 class DeviceTelemetry:
     device: LogicalDevice
@@ -243,14 +253,14 @@ def job_telemetry(job: Job, *, now: datetime | None = None, limit: int = 1000) -
             )
         )
     processes = _thin(list(JobGpuSample.objects.filter(job=job).select_related("gpu").order_by("at")[:20000]), limit)
-    metrics = list(BusinessMetric.objects.filter(job=job).order_by("at", "id")[:20000])
+    metrics = job_business_metrics(job, limit=limit)
     waited = None
     if job.admitted_at:
         waited = (job.admitted_at - job.submitted_at).total_seconds()
     return {
         "devices": devices,
         "processes": processes,
-        "business": _thin(metrics, 5 * limit),
+        "business": metrics,
         "scheduling": {
             "queue": job.queue.name,
             "state": job.state,

@@ -742,6 +742,8 @@ def business_metrics_report(*, job: Job, data: Any, now: datetime | None = None)
     moment = _now(now)
     attempt = job.attempts.order_by("-number").values_list("number", flat=True).first()
     with transaction.atomic(durable=True):
+        job_id = str(job.id)
+        transaction.on_commit(lambda: _metrics_changed(job_id), robust=True)
         return BusinessMetric.objects.bulk_create(
             [
                 BusinessMetric(
@@ -819,7 +821,19 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
             saved.save()
         report.metrics += len(rows)
         report.malformed += malformed
+        if rows:
+            _metrics_changed(str(attempt.job_id))
     return report
+
+
+def _metrics_changed(job_id: str) -> None:
+    """Tell the job page's open sockets (after commit); a lost notice costs a stale chart until the next one."""
+    from jobs.realtime import job_metrics_changed
+
+    try:
+        job_metrics_changed(job_id=job_id)
+    except Exception:  # noqa: BLE001 - the rows are stored; a channel layer that is down must not fail the pass
+        log.warning("metrics_notify_failed", job_id=job_id, exc_info=True)
 
 
 # -------------------------------------------------------------------------------------- scheduling layer

@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -234,20 +235,33 @@ def job_charts_context(job) -> dict:
         if data["processes"]
         else None
     )
-    series = selectors.business_series(data["business"])
-    step_axis = bool(data["business"]) and all(m.step is not None for m in data["business"])
-    business_charts = [
-        line_chart(name, [Series(name, points)], time_axis=False, y_min=None) for name, points in sorted(series.items())
-    ]
     alerts_for_job = Alert.objects.filter(job_ids__contains=[str(job.id)]).order_by("-started_at")[:20]
     return {
         "job": job,
         "devices": devices,
         "processes": processes,
-        "business_charts": business_charts,
-        "step_axis": step_axis,
+        **_business_context(data["business"]),
+        "version": selectors.business_version(job.id),
         "scheduling": data["scheduling"],
         "peak_memory_mib": data["peak_memory_mib"],
         "alerts": alerts_for_job,
-        "reports": len(data["business"]),
     }
+
+
+def _business_context(metrics) -> dict:
+    series = selectors.business_series(metrics)
+    return {
+        "business_charts": [
+            line_chart(name, [Series(name, points)], time_axis=False, y_min=None)
+            for name, points in sorted(series.items())
+        ],
+        "step_axis": bool(metrics) and all(m.step is not None for m in metrics),
+        "reports": len(metrics),
+    }
+
+
+def business_charts_html(job) -> tuple[int, str]:
+    """(version, the business layer's charts as HTML): what the job page's socket redraws live."""
+    version = selectors.business_version(job.id)
+    context = _business_context(selectors.job_business_metrics(job))
+    return version, render_to_string("monitoring/_business_charts.html", {**context, "version": version})

@@ -7,6 +7,7 @@ Quota and capability edits never write the row directly: they go through `team_q
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import forms
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from jobs.states import JobState
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
@@ -22,12 +24,71 @@ from quotas.selectors import queue_usage, team_usage
 from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
 from quotas.tokens import token_revoke
 from trainyard.errors import DomainError
+from trainyard.units import human_resource
 
 QUOTA_FIELDSET = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
+# Stored in milli and MiB; shown and typed in GPUs, cores and GiB: (label, stored units per shown unit, step).
+HUMAN_UNITS: dict[str, tuple[str, int, str]] = {
+    "gpu_milli": ("GPUs", 1000, "0.25"),
+    "gpu_memory_mib": ("GPU memory (GiB)", 1024, "1"),
+    "cpu_milli": ("CPU cores", 1000, "0.5"),
+    "memory_mib": ("memory (GiB)", 1024, "1"),
+}
 
 
-def _ratio(used: int, limit: int) -> str:
-    return f"{used} / {limit}"
+def _shown(name: str, value: int) -> str:
+    return human_resource(name, value) if name in HUMAN_UNITS else str(value)
+
+
+def usage_bar(name: str, used: int, limit: int) -> str:
+    """`2 of 4 GPUs (50%)` with a bar: amber from 90 %, red when full."""
+    pct = 0 if not limit else min(100, round(100 * used / limit))
+    colour = "#b91c1c" if limit and used >= limit else ("#b45309" if pct >= 90 else "#2563eb")
+    if name in HUMAN_UNITS:
+        text = f"{_shown(name, used).split(' ', 1)[0]} of {_shown(name, limit)} ({pct}%)"
+    else:
+        text = f"{used} of {limit} {name} ({pct}%)"
+    return format_html(
+        '<div class="quota-usage" style="min-width:12rem"><div style="background:#e5e7eb;border-radius:3px;'
+        'height:0.5rem;width:12rem"><div role="presentation" style="background:{};height:100%;width:{}%;'
+        'border-radius:3px"></div></div><span>{}</span></div>',
+        colour,
+        pct,
+        text,
+    )
+
+
+class ScaledField(forms.DecimalField):
+    """A stored integer (milli, MiB) edited in a person's unit (GPUs, GiB); cleans back to the stored integer."""
+
+    def __init__(self, *, scale: int, **kwargs: Any) -> None:
+        self.scale = scale
+        super().__init__(min_value=0, decimal_places=3, **kwargs)
+
+    def clean(self, value: Any) -> int:
+        shown = super().clean(value)
+        return int((Decimal(shown) * self.scale).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+class HumanQuotaForm(forms.ModelForm):
+    """Quota and capability fields in GPUs, cores and GiB instead of milli and MiB."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (label, scale, step) in HUMAN_UNITS.items():
+            if name not in self.fields:
+                continue
+            stored = self.fields[name]
+            self.fields[name] = ScaledField(
+                scale=scale,
+                label=label,
+                required=stored.required,
+                help_text=f"stored as {name}",
+                widget=forms.NumberInput(attrs={"step": step}),
+            )
+            raw = self.initial.get(name)
+            if raw is not None:
+                self.initial[name] = (Decimal(int(raw)) / scale).normalize()
 
 
 def _save_audited(
@@ -117,8 +178,15 @@ class MembershipInline(admin.TabularInline):
     extra = 0
 
 
+class TeamForm(HumanQuotaForm):
+    class Meta:
+        model = Team
+        fields = ("name", "slug", "namespace", *QUOTA_FIELDSET, "max_running_jobs", "max_jobs_per_user")
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
+    form = TeamForm
     list_display = (
         "name",
         "slug",
@@ -157,17 +225,17 @@ class TeamAdmin(admin.ModelAdmin):
             obj._usage_cache = team_usage(obj)
         return obj._usage_cache
 
-    @admin.display(description="GPU milli used / quota")
+    @admin.display(description="GPUs used of quota")
     def gpu_milli_usage(self, obj: Team) -> str:
-        return _ratio(self._usage(obj)["gpu_milli"], obj.gpu_milli)
+        return usage_bar("gpu_milli", self._usage(obj)["gpu_milli"], obj.gpu_milli)
 
-    @admin.display(description="GPU memory MiB used / quota")
+    @admin.display(description="GPU memory used of quota")
     def gpu_memory_usage(self, obj: Team) -> str:
-        return _ratio(self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
+        return usage_bar("gpu_memory_mib", self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
 
-    @admin.display(description="jobs running / max")
+    @admin.display(description="jobs running of max")
     def running_jobs(self, obj: Team) -> str:
-        return _ratio(self._usage(obj)["jobs"], obj.max_running_jobs)
+        return usage_bar("jobs", self._usage(obj)["jobs"], obj.max_running_jobs)
 
     @admin.display(description="members", ordering="member_total")
     def member_count(self, obj: Team) -> int:
@@ -178,9 +246,9 @@ class TeamAdmin(admin.ModelAdmin):
         if obj.pk is None:
             return "-"
         used = self._usage(obj)
-        parts = [f"{name}: {_ratio(used[name], getattr(obj, name))}" for name in QUOTA_FIELDSET]
-        parts.append(f"jobs holding quota: {_ratio(used['jobs'], obj.max_running_jobs)}")
-        return "; ".join(parts)
+        rows = [(HUMAN_UNITS[name][0], usage_bar(name, used[name], getattr(obj, name))) for name in QUOTA_FIELDSET]
+        rows.append(("jobs holding quota", usage_bar("jobs", used["jobs"], obj.max_running_jobs)))
+        return format_html_join("", "<div><strong>{}</strong> {}</div>", rows)
 
     def save_model(self, request: HttpRequest, obj: Team, form: forms.ModelForm, change: bool) -> None:
         _save_audited(request, obj, form, change, TEAM_QUOTA_FIELDS, lambda **kw: team_quota_update(team=obj, **kw))
@@ -189,7 +257,7 @@ class TeamAdmin(admin.ModelAdmin):
 # ---------------------------------------------------------------------------------------------- queues
 
 
-class QueueForm(forms.ModelForm):
+class QueueForm(HumanQuotaForm):
     class Meta:
         model = Queue
         fields = (
@@ -268,13 +336,13 @@ class QueueAdmin(admin.ModelAdmin):
             obj._usage_cache = queue_usage(obj)
         return obj._usage_cache
 
-    @admin.display(description="GPU milli used / capability")
+    @admin.display(description="GPUs used of capability")
     def gpu_milli_usage(self, obj: Queue) -> str:
-        return _ratio(self._usage(obj)["gpu_milli"], obj.gpu_milli)
+        return usage_bar("gpu_milli", self._usage(obj)["gpu_milli"], obj.gpu_milli)
 
-    @admin.display(description="GPU memory MiB used / capability")
+    @admin.display(description="GPU memory used of capability")
     def gpu_memory_usage(self, obj: Queue) -> str:
-        return _ratio(self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
+        return usage_bar("gpu_memory_mib", self._usage(obj)["gpu_memory_mib"], obj.gpu_memory_mib)
 
     @admin.display(description="jobs holding quota")
     def running_jobs(self, obj: Queue) -> int:
@@ -289,9 +357,9 @@ class QueueAdmin(admin.ModelAdmin):
         if obj.pk is None:
             return "-"
         used = self._usage(obj)
-        parts = [f"{name}: {_ratio(used[name], getattr(obj, name))}" for name in QUOTA_FIELDSET]
-        parts.append(f"jobs holding quota: {used['jobs']}; waiting: {getattr(obj, 'waiting_total', 0)}")
-        return "; ".join(parts)
+        rows = [(HUMAN_UNITS[name][0], usage_bar(name, used[name], getattr(obj, name))) for name in QUOTA_FIELDSET]
+        rows.append(("jobs", f"{used['jobs']} holding quota; {getattr(obj, 'waiting_total', 0)} waiting"))
+        return format_html_join("", "<div><strong>{}</strong> {}</div>", rows)
 
     def save_model(self, request: HttpRequest, obj: Queue, form: forms.ModelForm, change: bool) -> None:
         _save_audited(request, obj, form, change, QUEUE_FIELDS, lambda **kw: queue_update(queue=obj, **kw))

@@ -34,6 +34,16 @@ class ValidationFailed(DomainError):
     code = "invalid"
 
 
+class ValidationErrors(ValidationFailed):
+    """Several problems found at once (each a ValidationFailed with its field), in the order a form shows them;
+    the response's `code` and `detail` are the first one's and `fields` holds them all."""
+
+    def __init__(self, errors: list[ValidationFailed]):
+        first = errors[0]
+        super().__init__(first.detail, code=first.code, field=first.field)
+        self.errors = errors
+
+
 class NotFound(DomainError):
     code = "not_found"
     http_status = status.HTTP_404_NOT_FOUND
@@ -100,8 +110,14 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         return Response(_outage_body(code), status=503, headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)})
     if isinstance(exc, DomainError):
         body: dict[str, Any] = {"code": exc.code, "detail": exc.detail, **exc.extra}
-        if exc.field:
-            body["fields"] = {exc.field: [{"message": exc.detail, "code": exc.code}]}
+        fields: dict[str, list[dict[str, str]]] = {}
+        for one in getattr(exc, "errors", None) or [exc]:
+            if one.field:
+                fields.setdefault(one.field, []).append({"message": one.detail, "code": one.code})
+        if fields:
+            body["fields"] = fields
+        if len(getattr(exc, "errors", None) or []) > 1:
+            body["detail"] = f"{len(exc.errors)} problems: " + "; ".join(e.detail for e in exc.errors)
         return Response(body, status=exc.http_status)
     if isinstance(exc, RequestDataTooBig):
         return Response({"code": "request_too_large", "detail": str(exc)}, status=413)

@@ -184,7 +184,12 @@ def _sized_to(info, data: dict, *, share: float = 1.0) -> dict:
     }
 
 
-def seed(*, admin_password: str | None = None, demo_password: str | None = None) -> SeedReport:
+def seed(
+    *, admin_password: str | None = None, demo_password: str | None = None, demo_team_share: float = 1.0
+) -> SeedReport:
+    """`demo_team_share`: the demo team's GPU quota as a share of the train queue's. `manage.py seed` (what
+    `make run`, docker-compose and k8s run) gives it half, so a new user sees a wait on the team's quota while
+    the queue still has room; the test suite's worlds keep the team as large as the queue."""
     report = SeedReport()
     info = None
     if settings.TRAINYARD_BACKEND == "local":
@@ -205,13 +210,14 @@ def seed(*, admin_password: str | None = None, demo_password: str | None = None)
                 dict(
                     name="Demo team",
                     namespace="trainyard-demo",
-                    gpu_milli=4000,
-                    gpu_memory_mib=96 * GIB,
+                    gpu_milli=int(4000 * demo_team_share),
+                    gpu_memory_mib=int(96 * GIB * demo_team_share),
                     cpu_milli=64000,
                     memory_mib=256 * GIB,
                     max_running_jobs=20,
                     max_jobs_per_user=10,
                 ),
+                share=demo_team_share,
             ),
         )
         if created:

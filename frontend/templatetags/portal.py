@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from django import template
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from frontend import wording
 from quotas.models import Team
+from trainyard.units import human_duration
 
 register = template.Library()
 
@@ -30,6 +33,72 @@ def duration(seconds: float | int | None) -> str:
         return _("%(h)d h %(m)d min") % {"h": hours, "m": minutes} if minutes else _("%(h)d h") % {"h": hours}
     days, hours = divmod(hours, 24)
     return _("%(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("%(d)d d") % {"d": days}
+
+
+# Timeline sentences the platform stores in English, matched whole and said in the reader's language.
+EVENT_SENTENCES = [
+    (re.compile(r"^submitted to queue (?P<queue>\S+)$"), gettext_noop("submitted to queue %(queue)s")),
+    (re.compile(r"^admitted; placed on (?P<where>.+)$"), gettext_noop("admitted; placed on %(where)s")),
+    (
+        re.compile(r"^handed to the (?P<backend>\w+) backend as (?P<ref>\S+)$"),
+        gettext_noop("handed to the %(backend)s backend as %(ref)s"),
+    ),
+    (re.compile(r"^running$"), gettext_noop("running")),
+    (re.compile(r"^exit code 0$"), gettext_noop("exit code 0")),
+    (re.compile(r"^cancelled$"), gettext_noop("cancelled")),
+    (re.compile(r"^cancelled by (?P<who>\S+)$"), gettext_noop("cancelled by %(who)s")),
+    (re.compile(r"^cancel requested by (?P<who>\S+)$"), gettext_noop("cancel requested by %(who)s")),
+    (re.compile(r"^timed out and stopped$"), gettext_noop("timed out and stopped")),
+    (re.compile(r"^exited with code (?P<code>-?\d+)$"), gettext_noop("exited with code %(code)s")),
+    (re.compile(r"^was killed by signal (?P<signal>\d+)$"), gettext_noop("was killed by signal %(signal)s")),
+]
+
+
+@register.filter
+def event_text(message: str | None) -> str:
+    """A timeline message in the reader's language where it is one of the platform's own sentences."""
+    if not message:
+        return ""
+    for pattern, sentence in EVENT_SENTENCES:
+        match = pattern.match(message)
+        if match:
+            return _(sentence) % match.groupdict()
+    return message
+
+
+@register.filter
+def catalog(text: str | None) -> str:
+    """A sentence the platform stored in English (a seeded description, a failure rule's suggestion), in the
+    reader's language where the catalogue has it; an admin's own text is shown as written."""
+    return _(text) if text else (text or "")
+
+
+@register.filter
+def time_limit(seconds: float | int | None) -> str:
+    """A time limit as users write one: '4h', '30m', '1h 30m' (the submit form and the API accept the same)."""
+    if seconds is None or seconds == "":
+        return "—"
+    return human_duration(seconds)
+
+
+@register.filter
+def job_gpus(job) -> str:
+    """What a job holds or asks for, in cards: '2 × 1 GPU', '0.25 GPU', '4 × 2 × 1 GPU' for replicas."""
+    share = gpus(job.gpu_milli)
+    per = _("%(n)s GPU") % {"n": share}
+    count = job.gpu_count * (job.replicas or 1)
+    return per if count == 1 else f"{count} × {per}"
+
+
+@register.filter
+def job_duration(job) -> str:
+    """How long it ran (or has run so far); for a job that has not started, how long it has waited."""
+    if job.started_at:
+        end = job.finished_at or timezone.now()
+        return duration((end - job.started_at).total_seconds())
+    if job.finished_at:
+        return "—"
+    return _("waiting %(wait)s") % {"wait": duration((timezone.now() - job.submitted_at).total_seconds())}
 
 
 @register.filter

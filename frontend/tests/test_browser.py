@@ -319,6 +319,14 @@ def test_portal_in_a_real_browser(live_portal, page):
     shot(gpus, "06-gpus")
     gpus.close()
 
+    # Cancel asks first: dismissing keeps the job running; accepting cancels it.
+    asked = []
+    tab.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    tab.click("form[action$='/cancel/'] button")
+    time.sleep(0.5)
+    assert asked and asked[0].startswith(f"Cancel job {long_job.name}?")
+    assert Job.objects.get(pk=long_job.pk).state == JobState.RUNNING
+    tab.once("dialog", lambda dialog: dialog.accept())
     tab.click("form[action$='/cancel/'] button")
     tab.wait_for_url(re.compile(rf"/jobs/{long_job.id}/$"))
     wait_state(tab, "cancelled")
@@ -397,3 +405,92 @@ def test_portal_in_a_real_browser(live_portal, page):
     shot(tab, "15-job-zh")
     tab.goto("/queues/train/")
     shot(tab, "16-queue-zh")
+
+
+# A job that writes real TensorBoard scalars with TensorBoard's own event writer (on the platform's Python, which
+# is what `python` means in a local job), then stays up a little while.
+SCALAR_WRITER = """
+import os, time
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+writer = EventFileWriter(os.environ["TRAINYARD_TENSORBOARD_LOGDIR"])
+for step in range(1, 51):
+    value = Summary.Value(tag="train/loss", simple_value=2.0 / step)
+    writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
+writer.close()
+print("wrote 50 scalars")
+time.sleep(30)
+"""
+
+
+def _dark_pixels(png: bytes) -> int:
+    """Pixels of a chart's series line: dark, unlike the white background and the light grey grid."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    return sum(1 for pixel in Image.open(BytesIO(png)).convert("RGB").getdata() if max(pixel) < 140)
+
+
+def log_in(tab, username: str = "demo", password: str = "demo-pass-123") -> None:
+    tab.goto("/login/")
+    tab.fill("#id_username", username)
+    tab.fill("#id_password", password)
+    tab.click("button.primary")
+    tab.wait_for_url(re.compile(r"/jobs/$"))
+
+
+def test_tensorboard_through_the_proxy_draws_the_jobs_scalars(live_portal, page):
+    tab = page
+    job, _ = services.job_submit(
+        user=live_portal.demo,
+        data={
+            "team": "demo",
+            "queue": "train",
+            "spec": "shared",
+            "image": "python-3.11",
+            "command": ["python", "-c", SCALAR_WRITER],
+            "tensorboard": True,
+            "name": "tb-scalars",
+        },
+    )
+    log_in(tab)
+    tab.goto(f"/jobs/{job.id}/")
+    tab.wait_for_function("document.querySelector('#log-panel').innerText.includes('wrote 50 scalars')")
+    tab.wait_for_selector("#tb-link", timeout=60_000)
+    href = tab.get_attribute("#tb-link", "href")
+    prefix = f"/tb/{job.id}/"
+    assert href == prefix
+
+    tb = tab.context.new_page()
+    requests, failures, errors = [], [], []
+    tb.on("request", lambda r: requests.append(r.url))
+    tb.on("requestfailed", lambda r: failures.append(f"{r.url}: {r.failure}"))
+    tb.on("pageerror", lambda e: errors.append(str(e)))
+    deadline = time.monotonic() + 90
+    while True:
+        response = tb.goto(href)
+        if response.status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert response.status == 200, response.text()[:300]
+    # The scalar card of the job's tag, with its line drawn (TensorBoard draws in SVG without WebGL, else on a canvas).
+    card = tb.locator("scalar-card", has_text="train/loss")
+    card.first.wait_for(timeout=90_000)
+    # The series is drawn on a canvas (by TensorBoard's chart worker): look at its pixels, as a person would.
+    canvas = card.first.locator(".series-view canvas").first
+    deadline = time.monotonic() + 60
+    while True:
+        drawn = _dark_pixels(canvas.screenshot())
+        if drawn > 150 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert drawn > 150, f"the scalar chart has no line drawn ({drawn} dark pixels)"
+    shot(tb, "17-tensorboard-scalars")
+    base = live_portal.url
+    outside = [u for u in requests if u.startswith(base) and not u.startswith(base + prefix)]
+    assert not outside, f"TensorBoard asked for URLs outside its route: {outside[:5]}"
+    assert not failures, failures[:5]
+    assert not errors, errors[:5]
+    tb.close()

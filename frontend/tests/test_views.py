@@ -422,3 +422,134 @@ def test_every_job_page_says_when_the_sandbox_is_off(portal, settings):
     settings.TRAINYARD_SANDBOX = "off"
     body = client.get(f"/jobs/{job.id}/").content.decode()
     assert 'id="sandbox-off"' in body and "Jobs run unsandboxed." in body
+
+
+def test_submit_form_and_job_page_say_what_the_local_backend_really_runs(portal):
+    import sys
+
+    from jobs.backends.local import command_path
+
+    form = html.unescape(login(portal.demo).get("/jobs/new/").content.decode())
+    assert "What runs: the host, not the image." in form
+    assert f"Python {'.'.join(map(str, sys.version_info[:3]))} <code>{sys.executable}</code>" in form
+    assert f'<code class="wrap">{command_path()}</code>' in form
+    job = submit(portal.demo)
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert "not used: runs on the host's Python" in page and "What runs: the host, not the image." in page
+
+    # Once started, the page shows the reproduce record's own words: what ran.
+    services.queue_dispatch(queue_id=job.queue_id)
+    Job.objects.filter(pk=job.pk).update(
+        reproduce={
+            "image_used": False,
+            "image_reference": None,
+            "image_digest": None,
+            "image_requested": {"reference": job.image_reference, "digest": job.image_digest},
+            "runtime": {
+                "kind": "host",
+                "image_used": False,
+                "python": "/opt/py/bin/python",
+                "python_version": "3.11.9",
+                "path": "/opt/py/bin:/usr/bin",
+                "sandbox": True,
+            },
+        }
+    )
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert "not used: the local backend ran the command on the host" in page
+    assert "3.11.9 /opt/py/bin/python" in page and "/opt/py/bin:/usr/bin" in page
+    assert f"{job.image_reference} {job.image_digest}" in page  # what was asked for, labelled as such
+    assert "not used: runs on the host's Python 3.11.9" in page
+
+
+def test_a_cluster_backend_runs_the_image_and_the_form_says_nothing_about_the_host(portal, settings):
+    settings.TRAINYARD_BACKEND = "volcano"
+    form = login(portal.demo).get("/jobs/new/").content.decode()
+    assert "What runs: the host" not in form and 'data-role="runtime"' not in form
+
+
+def test_the_form_lists_every_problem_at_once_in_its_own_order(portal):
+    response = login(portal.demo).post(
+        "/jobs/new/",
+        {
+            "team": "demo",
+            "queue": "debug",
+            "spec": "guaranteed",
+            "image": "__reference__",
+            "image_reference": "evil.example.com/x:1",
+            "command": "",
+            "env": "CUDA_VISIBLE_DEVICES=0\n1BAD=x",
+            "timeout_s": "soon",
+            "max_retries": "99",
+            "labels": "no equals sign here",
+        },
+    )
+    assert response.status_code == 400
+    body = html.unescape(response.content.decode())
+    summary = body[body.index('id="error-summary"') : body.index("</ul>", body.index('id="error-summary"'))]
+    codes = re.findall(r'<code class="error-code">([^<]+)</code>', summary)
+    assert codes == [
+        "spec_not_allowed_in_queue",
+        "image_registry_not_allowed",
+        "empty_command",
+        "reserved_env_name",
+        "invalid_env_name",
+        "invalid",
+        "invalid_max_retries",
+        "invalid_labels",
+    ]
+    assert not Job.objects.exists()
+
+
+def test_job_list_shows_gpus_duration_owner_and_cancels_several_at_once(portal):
+    waiting = [submit(portal.demo, name=f"sweep-{i}", spec="guaranteed") for i in range(2)]
+    theirs = submit(portal.outsider, team="vision", name="their-job")
+    client = login(portal.demo)
+    page = html.unescape(client.get("/jobs/").content.decode())
+    assert "GPUs" in page and "Duration" in page and "Owner" in page
+    assert "1 GPU" in page and "waiting 0 s" in page
+    assert 'data-confirm="Cancel the %(count)s selected jobs?' in page
+    response = client.post(
+        "/jobs/cancel/", {"job": [str(j.id) for j in waiting] + [str(theirs.id), "not-a-uuid"]}, follow=True
+    )
+    body = html.unescape(response.content.decode())
+    assert "Cancel requested for 2 jobs: sweep-0, sweep-1" in body
+    assert [Job.objects.get(pk=j.pk).state for j in waiting] == [JobState.CANCELLED] * 2
+    assert Job.objects.get(pk=theirs.pk).state == JobState.PENDING  # not the demo user's to see, let alone cancel
+    again = html.unescape(client.post("/jobs/cancel/", {"job": [str(waiting[0].id)]}, follow=True).content.decode())
+    assert "Not cancelled: sweep-0: already cancelled" in again
+    assert "Select the jobs to cancel first." in client.post("/jobs/cancel/", {}, follow=True).content.decode()
+    assert client.get("/jobs/cancel/").status_code == 405
+
+
+def test_cancel_asks_first_and_the_job_page_says_each_fact_once(portal):
+    job = submit(portal.demo, name="once")
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    assert 'data-confirm="Cancel job once? Its processes are stopped' in page
+    services.queue_dispatch(queue_id=job.queue_id)
+    attempt = job.attempts.get()
+    services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
+    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
+    header = page[: page.index('id="logs-title"')]
+    suggestion = Job.objects.get(pk=job.pk).suggestion
+    assert header.count(suggestion) == 1
+    record = page[page.index('id="repro-title"') :]
+    assert record.count("python train.py") == 1  # the command once, under its own heading
+
+
+def test_stored_sentences_and_seeded_descriptions_read_in_chinese(portal):
+    job = submit(portal.demo, name="zh-job")
+    services.queue_dispatch(queue_id=job.queue_id)
+    services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
+    attempt = job.attempts.get()
+    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    client = login(portal.demo)
+    client.cookies["django_language"] = "zh-hans"
+    page = html.unescape(client.get(f"/jobs/{job.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "命令自行以非零退出码退出" in page
+    assert "已提交到队列 train" in page  # the timeline's own sentences too
+    form = html.unescape(client.get("/jobs/new/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "任意档位的单节点训练。" in form and "一块卡 1/4 的算力和 2/8 的显存" in form
+    cluster = html.unescape(client.get("/monitoring/cluster/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
+    assert "集群监控" in cluster and "资源池与队列" in cluster

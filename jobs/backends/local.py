@@ -72,6 +72,26 @@ def _check_sandbox() -> None:
         _sandbox_checked = True
 
 
+def command_path() -> str:
+    """The PATH a local job's command is resolved on: the platform's own interpreter first (so `python` is the
+    Python the platform runs on, with its installed packages), then the worker's PATH."""
+    first = str(Path(sys.executable).parent)
+    rest = [p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p and p != first]
+    return os.pathsep.join([first, *rest])
+
+
+def runtime() -> dict:
+    """What really runs a local job's command, for the submit form, the job page and the reproduce record."""
+    return {
+        "kind": "host",
+        "image_used": False,
+        "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])),
+        "path": command_path(),
+        "sandbox": sandbox.enabled(),
+    }
+
+
 def _runner_path() -> str:
     return os.pathsep.join(filter(None, [str(BASE_DIR), os.environ.get("PYTHONPATH")]))
 
@@ -112,7 +132,7 @@ class LocalBackend:
             folder=folder,
         )
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PATH": command_path(),
             "HOME": str(workdir),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "PYTHONUNBUFFERED": "1",

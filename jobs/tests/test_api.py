@@ -332,3 +332,55 @@ def test_gpu_models_are_checked_against_the_pool_and_shown_on_the_job(world):
     assert accepted.status_code == 201, accepted.json()
     detail = client.get(f"/api/v1/jobs/{accepted.json()['id']}/").json()
     assert detail["gpu_models"] == ["h100"]
+
+
+def test_every_problem_of_a_submission_is_reported_at_once_in_the_forms_order(world):
+    demo = client_for("demo")
+    bad = body(
+        queue="debug",
+        spec="guaranteed",  # debug offers shared only
+        image="evil.example.com/x:1",  # a registry that is not allowed
+        command="",
+        env={"CUDA_VISIBLE_DEVICES": "0", "1BAD": "x"},
+        timeout_s="soon",  # refused by the input serializer; the service still judges the rest
+        max_retries=99,
+    )
+    response = demo.post("/api/v1/jobs/", bad, format="json")
+    assert response.status_code == 400
+    answer = response.json()
+    assert list(answer["fields"]) == ["spec", "image", "command", "env", "timeout_s", "max_retries"]
+    assert answer["code"] == "spec_not_allowed_in_queue"  # the first, in the form's order
+    assert [e["code"] for e in answer["fields"]["env"]] == ["reserved_env_name", "invalid_env_name"]
+    assert answer["fields"]["timeout_s"][0]["code"] == "invalid"
+    assert answer["fields"]["max_retries"][0]["code"] == "invalid_max_retries"
+    assert answer["detail"].startswith("7 problems: ")
+    assert not Job.objects.exists()
+
+    batch = demo.post("/api/v1/jobs/batch/", {"jobs": [body(), bad]}, format="json")
+    assert batch.status_code == 400 and list(batch.json()["jobs"]["1"]) == list(answer["fields"])
+
+    one = demo.post("/api/v1/jobs/", body(max_retries=99), format="json").json()
+    assert one["code"] == "invalid_max_retries" and list(one["fields"]) == ["max_retries"]
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("4h", 14400), ("30m", 1800), ("1h30m", 5400), (600, 600), ("90", 90)])
+def test_time_limits_are_accepted_in_human_units(world, given, seconds):
+    response = client_for("demo").post("/api/v1/jobs/", body(timeout_s=given), format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["timeout_s"] == seconds
+
+
+def test_a_time_limit_over_the_queue_maximum_is_said_in_human_units(world):
+    answer = client_for("demo").post("/api/v1/jobs/", body(queue="debug", timeout_s="5h"), format="json").json()
+    assert answer["code"] == "timeout_exceeds_queue_maximum"
+    assert "time limit 5h is over queue 'debug''s maximum of 4h" in answer["detail"]
+
+
+def test_a_request_larger_than_the_queue_is_said_in_gpus(world):
+    import re
+
+    answer = client_for("demo").post("/api/v1/jobs/", body(spec="guaranteed", gpus=16), format="json").json()
+    assert answer["code"] == "request_exceeds_queue_capability"
+    assert re.search(
+        r"the job needs 16 GPUs; queue 'train' holds at most \d+ GPUs?, so it could never", answer["detail"]
+    )

@@ -1,6 +1,8 @@
 """End to end with real processes and a real Celery worker: the local backend runs every job."""
 
 import json
+import os
+import sys
 import threading
 
 import pytest
@@ -60,7 +62,12 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.SUCCEEDED
     assert "limit=6144m sm=25 attempt=1" in log_text(job)
-    assert job.reproduce["image_digest"] == "sha256:" + "4" * 64
+    # The local backend ran the command on the host, not in the image: the record says so, with what did run.
+    record = job.reproduce
+    assert record["image_used"] is False and record["image_digest"] is None and record["image_reference"] is None
+    assert record["image_requested"] == {"reference": job.image_reference, "digest": "sha256:" + "4" * 64}
+    assert record["runtime"]["kind"] == "host" and record["runtime"]["python"] == sys.executable
+    assert record["runtime"]["path"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert job.reproduce["driver_version"] and job.reproduce["emulated_gpus"] is True
     assert not active_slices().exists()
     kinds = list(job.events.values_list("to_state", flat=True))
@@ -71,6 +78,13 @@ def test_job_succeeds_with_its_placement_in_the_environment(platform, celery_wor
     )
 
 
+def test_python_in_a_local_job_is_the_platforms_own_interpreter(platform, celery_worker_thread):
+    job = submit(platform, command=["python", "-c", "import sys; print('ran', sys.executable, sys.version_info[:2])"])
+    job = wait_for(lambda: finished(job))
+    assert job.state == JobState.SUCCEEDED, log_text(job)
+    assert f"ran {sys.executable} {tuple(sys.version_info[:2])}" in log_text(job)
+
+
 def test_user_error_fails_without_retry(platform, celery_worker_thread):
     job = submit(platform, command=["sh", "-c", "echo bad input >&2; exit 1"], max_retries=3)
     job = wait_for(lambda: finished(job))
@@ -78,6 +92,16 @@ def test_user_error_fails_without_retry(platform, celery_worker_thread):
     assert job.failure_class == "user"
     attempts = list(job.attempts.all())
     assert len(attempts) == 1 and attempts[0].exit_code == 1 and attempts[0].rule == "user-exit-1-2"
+
+
+def test_a_users_own_unknown_exit_code_is_the_users_and_not_retried(platform, celery_worker_thread):
+    job = submit(platform, command=["python3", "-c", "import sys; print('giving up'); sys.exit(3)"], max_retries=2)
+    job = wait_for(lambda: finished(job))
+    assert job.state == JobState.FAILED and job.failure_class == "user" and job.exit_code == 3
+    attempt = job.attempts.get()  # one attempt: nothing retried
+    assert (attempt.rule, attempt.reaction) == ("user-exit", "no_retry")
+    assert "non-zero code of its own" in job.suggestion
+    assert not job.events.filter(to_state=JobState.RETRYING).exists()
 
 
 def test_cuda_oom_in_log_is_a_user_failure_with_a_suggestion(platform, celery_worker_thread):

@@ -242,3 +242,44 @@ def test_the_daily_budget_is_the_jobs_across_its_attempts(tmp_path):
     other.write_line("hello")
     other.close()
     assert not other.meta.ring and other.meta.day_lines == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_charts_redraw_live_over_the_log_socket(job_with_log, settings):
+    """A metric line the job prints reaches the page's chart over the same socket as the log, in its language."""
+    job, demo, writer = job_with_log
+    from jobs.models import Attempt
+    from monitoring import services as monitoring_services
+
+    Attempt.objects.filter(job=job).update(state="running")
+
+    async def scenario():
+        page = _communicator(job.id, demo, "tail=1&metrics=0&lang=zh-hans")
+        plain = _communicator(job.id, demo, "tail=1")  # a client that did not ask (the CLI) gets no charts
+        assert (await page.connect())[0] and (await plain.connect())[0]
+        await _receive_until(page, "lines")
+        await _receive_until(plain, "lines")
+        await asyncio.to_thread(
+            lambda: (
+                writer.write_line('TRAINYARD_METRIC {"step": 1, "loss": 0.9}'),
+                writer.write_line('TRAINYARD_METRIC {"step": 2, "loss": 0.4}'),
+                writer.flush(),
+            )
+        )
+        await _receive_until(page, "lines")
+        await asyncio.to_thread(monitoring_services.business_metrics_scan)  # what the woken worker runs
+        charts = await _receive_until(page, "metrics")
+        assert charts["version"] > 0 and 'data-series="loss"' in charts["html"] and "<polyline" in charts["html"]
+        assert "x 轴：训练步数" in charts["html"]  # rendered in the page's language
+        await asyncio.to_thread(
+            monitoring_services.business_metrics_report, job=job, data={"step": 3, "loss": 0.2, "accuracy": 0.8}
+        )
+        again = await _receive_until(page, "metrics")
+        assert again["version"] > charts["version"] and 'data-series="accuracy"' in again["html"]
+        while not plain.output_queue.empty():
+            assert (await plain.receive_json_from())["type"] != "metrics"
+        await page.disconnect()
+        await plain.disconnect()
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())

@@ -73,6 +73,15 @@ def test_several_routes_at_once_are_isolated_authenticated_and_freed(platform):
     for job in jobs:
         page = _get_until_ok(member, f"/tb/{job.id}/")
         assert page.status_code == 200 and b"TensorBoard" in page.content
+        # The browser gets the body as sent (never labelled gzip after it was decoded), and no asset URL that
+        # leaves the job's route.
+        gzipped = member.get(f"/tb/{job.id}/", HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+        assert "Content-Encoding" not in gzipped and gzipped.content.startswith(b"<!doctype html>")
+        assert b"url(/font-roboto/" not in gzipped.content
+        assert f"url(/tb/{job.id}/font-roboto/".encode() in gzipped.content
+        script = member.get(f"/tb/{job.id}/index.js", HTTP_ACCEPT_ENCODING="gzip")
+        assert script.status_code == 200 and "Content-Encoding" not in script
+        assert script["Content-Type"].startswith(("application/javascript", "text/javascript"))
     stranger = Client()
     stranger.force_login(UserFactory(username="stranger"))
     assert stranger.get(f"/tb/{jobs[0].id}/").status_code == 404

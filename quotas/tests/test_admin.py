@@ -3,6 +3,8 @@ jobs are view-only but cancellable, rules with broken regexes are refused, pool 
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
@@ -171,8 +173,10 @@ def test_team_quota_change_in_the_admin_is_audited_and_admits_a_waiting_job(worl
 
     page = staff.get(change_url(team))
     data = form_data(page)
-    assert data["gpu_milli"] == 250 and data["memberships-TOTAL_FORMS"] == 1
-    data.update(gpu_milli="1000", max_jobs_per_user="12")
+    # Quota is typed in GPUs and GiB (stored in milli and MiB).
+    assert str(data["gpu_milli"]) == "0.25" and data["memberships-TOTAL_FORMS"] == 1
+    assert str(data["gpu_memory_mib"]) == str(Decimal(team.gpu_memory_mib) / 1024)
+    data.update(gpu_milli="1", max_jobs_per_user="12")
     response = staff.post(change_url(team), data)
     assert response.status_code == 302, response.context["adminform"].form.errors
 
@@ -190,7 +194,9 @@ def test_team_quota_change_in_the_admin_is_audited_and_admits_a_waiting_job(worl
     assert job.state == JobState.ADMITTED
 
     listing = staff.get(changelist_url(Team)).content.decode()
-    assert "500 / 1000" in listing
+    assert "0.5 of 1 GPU (50%)" in listing and 'class="quota-usage"' in listing
+    page = staff.get(change_url(team)).content.decode()
+    assert "GPU memory (GiB)" in page and "0.5 of 1 GPU (50%)" in page
     audit = staff.get(change_url(team)).content.decode()
     assert "quota changes (audit trail)" in audit.lower() and "admin" in audit
 
@@ -210,7 +216,7 @@ def test_quota_audit_rows_cannot_be_edited_or_deleted(world, staff):
 def test_queue_edits_and_close_action_go_through_the_audited_service(world, staff):
     queue = Queue.objects.get(name="debug")
     data = form_data(staff.get(change_url(queue)))
-    data.update(gpu_milli="3000", description="quick runs")
+    data.update(gpu_milli="3", description="quick runs")
     response = staff.post(change_url(queue), data)
     assert response.status_code == 302, response.context["adminform"].form.errors
 

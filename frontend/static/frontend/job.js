@@ -1,5 +1,6 @@
-/* Job page: the live log panel (WebSocket stream, resumes after the last line seen), log search,
-   the TensorBoard link, and a refresh of the header and history when the job changes state. */
+/* Job page: the live log panel (WebSocket stream, resumes after the last line seen), the metrics charts
+   (redrawn from the same stream), log search, the TensorBoard link, and a refresh of the header and history
+   when the job changes state. */
 (function () {
   "use strict";
 
@@ -19,6 +20,7 @@
   const download = document.getElementById("log-download");
   const live = document.getElementById("job-header");
   const announcer = document.getElementById("state-announcer");
+  const business = document.querySelector('[data-part="business"]');
 
   let attempt = parseInt(panel.dataset.attempt, 10) || 1;
   let latest = attempt;
@@ -93,6 +95,11 @@
   function connect() {
     closeSocket();
     const params = new URLSearchParams({ attempt: String(attempt), tail: String(tail) });
+    // The metrics charts ride on the same socket: the server redraws them when the job reports something new.
+    if (business) {
+      params.set("metrics", business.dataset.version || "0");
+      params.set("lang", document.documentElement.lang || "en");
+    }
     if (lastSeen !== null) params.set("after", String(lastSeen));
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(`${scheme}//${location.host}/ws/jobs/${jobId}/logs/?${params}`);
@@ -139,6 +146,12 @@
           latest = message.attempt;
           addAttemptOption(latest);
           if (following) switchAttempt(latest, true);
+        }
+        break;
+      case "metrics":
+        if (business) {
+          business.innerHTML = message.html;
+          business.dataset.version = String(message.version);
         }
         break;
       case "end":

@@ -6,6 +6,9 @@ from django.core.management.base import BaseCommand
 
 from trainyard.seed import seed
 
+# Half the train queue: the demo team's third whole-GPU job waits on the team's quota, not on the queue's.
+DEMO_TEAM_SHARE = 0.5
+
 
 class Command(BaseCommand):
     help = "Create specs, queues, a demo team and users, base images (only what is missing)."
@@ -14,6 +17,7 @@ class Command(BaseCommand):
         report = seed(
             admin_password=os.environ.get("TRAINYARD_ADMIN_PASSWORD") or None,
             demo_password=os.environ.get("TRAINYARD_DEMO_PASSWORD") or None,
+            demo_team_share=DEMO_TEAM_SHARE,
         )
         for item in report.created:
             self.stdout.write(f"created {item}")
