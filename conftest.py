@@ -20,13 +20,18 @@ def _isolated_broker_queue():
 
 @pytest.fixture(autouse=True)
 def _no_queued_dispatch_mark(_isolated_broker_queue):
-    """A pass requested by an earlier test (with no worker to run it) must not hold back this test's requests."""
+    """A pass requested by an earlier test (with no worker to run it) must not hold back this test's requests, and
+    neither may the rate-limit windows earlier tests filled (user and token ids repeat across test databases)."""
     from django.core.cache import cache
 
     from trainyard.wake import wake_key
 
     try:
         cache.delete(wake_key())
+        client = cache.redis_client()
+        stale = list(client.scan_iter(match=cache.make_key("throttle_*"), count=1000))
+        if stale:
+            client.delete(*stale)
     except Exception:  # noqa: BLE001 - tests without Redis do not dispatch
         pass
     yield

@@ -190,6 +190,7 @@ def test_rate_limit_answers_429_with_retry_after(world, settings):
     from rest_framework.throttling import SimpleRateThrottle
 
     api_settings.reload()
+    original_rates = SimpleRateThrottle.THROTTLE_RATES
     SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
     try:
         demo = client_for("demo")
@@ -199,7 +200,8 @@ def test_rate_limit_answers_429_with_retry_after(world, settings):
         assert int(limited["Retry-After"]) > 0 and limited.json()["code"] == "throttled"
         assert Job.objects.count() == 3
     finally:
-        settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK}
+        # The class attribute outlives the settings fixture: later tests must get the real rates back.
+        SimpleRateThrottle.THROTTLE_RATES = original_rates
         api_settings.reload()
 
 
