@@ -305,7 +305,7 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
         raise CliError("give a job file, or --template NAME (see `trainyard submit --help`)", EXIT_USAGE)
     jobfile = load_jobfile(args.file) if args.file is not None else JobFile("(template)", {}, {})
     if args.resume_from:
-        jobfile.data["resume_from"] = _job_id(args.resume_from)
+        jobfile.data["resume_from"] = _job_id(api, args.resume_from)
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     try:
         if args.template:
@@ -533,7 +533,7 @@ def _bytes(n: int | None) -> str:
 
 
 def cmd_checkpoints(args: argparse.Namespace, api: ApiClient) -> int:
-    job_id = _job_id(args.job)
+    job_id = _job_id(api, args.job)
     rows = api.get(f"/jobs/{job_id}/checkpoints/", not_found=f"job {job_id} not found (or not your team's)")
     if args.download is None:
         if args.json:

@@ -80,7 +80,9 @@ def test_portal_page_draws_one_line_per_job_and_marks_differences(portal, runs):
     a, b, c = runs
     client = login(portal.demo)
     listing = client.get("/jobs/").content.decode()
-    assert 'id="compare-form"' in listing and f'name="job" value="{a.id}" form="compare-form"' in listing
+    # One checkbox per job serves both buttons: "Compare selected" sends the ticked jobs here by GET.
+    assert 'id="compare-selected" formmethod="get" formaction="/jobs/compare/"' in listing
+    assert f'name="job" value="{a.id}"' in listing
     page = client.get(f"/jobs/compare/?job={a.id}&job={b.id}")
     body = page.content.decode()
     assert page.status_code == 200
