@@ -502,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if os.environ.get("CI") == "true" else 0
     url = own_database(url_name="scheduler")
     os.environ["TRAINYARD_WORKLOAD_REFRESH_S"] = "3600"
+    # Nobody starts the admitted attempts here (there is no backend): the latency phase's worker must not spend
+    # its first minutes "restarting" thousands of them (the reconciler runs on every worker start).
+    os.environ["TRAINYARD_START_OVERDUE_S"] = str(10**8)
     setup_django()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
