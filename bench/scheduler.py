@@ -23,11 +23,13 @@ Run: ``make bench-scheduler`` (``--quick`` for a smaller replay). Results: ``ben
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import platform as py_platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -320,19 +322,76 @@ def backlog(user, pods, sizes: list[int]) -> list[dict]:
     return out
 
 
-def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4") -> dict:
+def _submitter(user_id, request, start: float, rate: float, ks: range, results) -> None:
+    """One submitting process (forked): submits jobs number `ks` each at `start + k / rate` (wall clock), in two
+    threads, and sends back (job ids, how late each submission started)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from jobs.services import job_submit
+
+    user = get_user_model().objects.get(pk=user_id)
+    lag: list[float] = []
+
+    def submit_one(k: int):
+        due = start + k / rate
+        now = time.time()
+        if due > now:
+            time.sleep(due - now)
+        lag.append(max(0.0, time.time() - due))
+        try:
+            return str(job_submit(user=user, data=job_body(request))[0].id)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        ids = list(pool.map(submit_one, ks))
+    results.put((ids, lag))
+
+
+def _passes_logged(path: Path) -> dict:
+    """The worker's dispatch passes during the latency phase, from its JSON log lines."""
+    import json
+
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        if '"dispatch_pass"' not in line:
+            continue
+        try:
+            rows.append(json.loads(line[line.index("{") :]))
+        except ValueError:
+            continue
+    path.unlink(missing_ok=True)
+    totals = [r.get("total_ms", 0.0) for r in rows]
+    return {
+        "logged": len(rows),
+        "fast": sum(1 for r in rows if r.get("fast")),
+        "admitted": sum(r.get("admitted", 0) for r in rows),
+        "total_ms_p50": round(percentile(totals, 50), 1),
+        "total_ms_p99": round(percentile(totals, 99), 1),
+        "total_ms_max": round(max(totals), 1) if totals else None,
+        **{
+            f"{phase}_ms_p50": round(percentile([r.get(f"{phase}_ms", 0.0) for r in rows], 50), 1)
+            for phase in ("read", "decide", "write", "waits")
+        },
+        "note": "passes that admitted something or took over 1 s (the worker logs those)",
+    }
+
+
+def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4", processes: int = 2) -> dict:
     """`rate` submissions/s for `seconds` while `waiting` jobs wait. The full cluster is split by GPU model, as
     teams often are: the waiting jobs (the trace shapes that no longer fit) are pinned to the other models, the
     `model` cards are emptied (their jobs cancelled, releasing them) and the new jobs, small shares, are pinned to
-    them. Four submitter threads pace the arrivals; a real Celery worker process runs the coalesced passes."""
-    from concurrent.futures import ThreadPoolExecutor
+    them. Submitter processes pace the arrivals; a real Celery worker process runs the coalesced passes."""
 
     from django.conf import settings
     from django.db import connection
 
     from cluster.models import GPU
     from jobs.models import Attempt, Job
-    from jobs.services import job_cancel, job_submit
+    from jobs.services import job_cancel
     from scheduler import policy
 
     others = sorted(set(GPU.objects.exclude(model=model).values_list("model", flat=True)))
@@ -345,7 +404,15 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
     for job_id in on_model:
         job_cancel(job_id=job_id, actor="bench")
     pending = Job.objects.filter(state="pending").count()
-    env = {**os.environ, "TRAINYARD_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE}
+    env = {
+        **os.environ,
+        "TRAINYARD_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "TRAINYARD_LOG_LEVEL": "INFO",  # its dispatch_pass lines give each pass's timings
+        "TRAINYARD_LOG_FORMAT": "json",
+    }
+    worker_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - open for the worker's whole life, closed below
+        prefix="bench-scheduler-worker-", suffix=".log", delete=False
+    )
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -357,7 +424,7 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
             "--pool",
             "solo",
             "--loglevel",
-            "WARNING",
+            "INFO",
             "-Q",
             settings.CELERY_TASK_DEFAULT_QUEUE,
             "--without-heartbeat",
@@ -366,27 +433,33 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
         ],
         cwd=REPO,
         env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
     )
     small = policy.Request.fraction(100, cpu_milli=1000, memory_mib=1024, gpu_model=model)
     n = int(rate * seconds)
     warm_s = warm_up(worker)
-    start = time.perf_counter() + 1
+    start = time.time() + 2
+    # Submitters in processes of their own, as web processes are: one Python process could not offer 100/s
+    # while sharing its interpreter lock four ways (the earlier threads-only run fell 61 s behind).
+    connection.close()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    children = [
+        context.Process(target=_submitter, args=(user.pk, small, start, rate, range(k, n, processes), results))
+        for k in range(processes)
+    ]
+    for child in children:
+        child.start()
+    ids: list = []
     lag: list[float] = []
-
-    def submit_one(k: int):
-        due = start + k / rate
-        now = time.perf_counter()
-        if due > now:
-            time.sleep(due - now)
-        lag.append(max(0.0, time.perf_counter() - due))
-        try:
-            return job_submit(user=user, data=job_body(small))[0].id
-        finally:
-            connection.close()
-
     try:
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            ids = list(pool.map(submit_one, range(n)))
+        for _ in children:
+            got_ids, got_lag = results.get(timeout=seconds * 20 + 120)
+            ids += got_ids
+            lag += got_lag
+        for child in children:
+            child.join(timeout=30)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if not Job.objects.filter(id__in=ids, state="pending").exists():
@@ -399,6 +472,8 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
             worker.wait(timeout=20)
         except subprocess.TimeoutExpired:
             worker.kill()
+        worker_log.close()
+    passes = _passes_logged(Path(worker_log.name))
     waits = [(a - s).total_seconds() for s, a, _state in rows if a is not None]
     return {
         "rate_per_s": rate,
@@ -411,6 +486,8 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
         "p99_s": round(percentile(waits, 99), 3),
         "max_s": round(max(waits), 3) if waits else None,
         "submitter_lag_p99_s": round(percentile(lag, 99), 3),
+        "submitter_processes": processes,
+        "passes": passes,
         "worker_first_pass_s": warm_s,
         "note": "submit-to-admitted from the Job rows' submitted_at and admitted_at; new jobs are 1/10-card "
         f"shares pinned to the emptied {model} cards, the waiting ones to the other models; the dispatch passes "

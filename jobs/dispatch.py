@@ -184,19 +184,20 @@ class JobStore:
             row = cursor.fetchone()
         return row[0] if row else 0
 
-    def joined(self, *, known: set) -> list[scheduler.Waiting] | None:
-        """The waiting jobs that are not `known`, or None when a known one no longer waits. It reads the ids of
-        every waiting job (an index-only scan of `job_waiting`) and the rows of the new ones alone. There is no
-        time window: a submission that commits late is found like any other."""
+    def joined(self, *, known: set[str]) -> list[scheduler.Waiting] | None:
+        """The waiting jobs whose ids (as text) are not `known`, or None when a known one no longer waits. It reads
+        the ids of every waiting job (an index-only scan of `job_waiting`) and the rows of the new ones alone. There
+        is no time window: a submission that commits late is found like any other. The ids travel as text: 5,000
+        UUID objects built and compared in Python cost a fast pass more than everything else it read."""
         with connection.cursor() as cursor:
-            cursor.execute("SELECT id FROM jobs_job WHERE state = 'pending'")
+            cursor.execute("SELECT id::text FROM jobs_job WHERE state = 'pending'")
             ids = {r[0] for r in cursor.fetchall()}
         if not known <= ids:
             return None
         fresh = ids - known
         if not fresh:
             return []
-        return [_row_waiting(row) for row in _pending_rows("AND id = ANY(%s)", [list(fresh)])]
+        return [_row_waiting(row) for row in _pending_rows("AND id = ANY(%s::uuid[])", [list(fresh)])]
 
     def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
         """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""

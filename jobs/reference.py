@@ -94,13 +94,22 @@ def current() -> Snapshot:
     return snapshot
 
 
-def cluster_facts(default_card_mib: int) -> tuple[int, list[str]]:
-    """(memory of the largest healthy card, or the default when none; driver versions of the usable nodes)."""
+@dataclass(frozen=True)
+class ClusterFacts:
+    card_mib: int  # memory of the largest healthy card, or the default when none
+    drivers: list[str]  # the distinct driver versions of the usable nodes
+    models: list[str]  # the distinct GPU models the pool has (or had), sorted
+
+
+def cluster_facts(default_card_mib: int) -> ClusterFacts:
+    """What validation needs of the live pool, in one query of three small aggregates (distinct values, so the
+    answer stays a few strings on a cluster of thousands of cards)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT max(memory_mib) FROM cluster_gpu WHERE health = %s),"
-            " (SELECT array_agg(driver_version ORDER BY name) FROM cluster_node WHERE state <> %s)",
+            " (SELECT array_agg(DISTINCT driver_version) FROM cluster_node WHERE state <> %s),"
+            " (SELECT array_agg(DISTINCT model) FROM cluster_gpu)",
             [GPU.Health.HEALTHY.value, Node.State.UNHEALTHY.value],
         )
-        card_mib, drivers = cursor.fetchone()
-    return int(card_mib or default_card_mib), list(drivers or [])
+        card_mib, drivers, models = cursor.fetchone()
+    return ClusterFacts(int(card_mib or default_card_mib), list(drivers or []), sorted(models or []))

@@ -23,7 +23,6 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from cluster import services as pool
-from cluster.models import GPU
 from jobs import reference, validation
 from jobs.models import Attempt, Job, JobEvent, JobTemplate
 from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
@@ -52,7 +51,7 @@ class Resolved:
 
 
 def _reference_card_mib() -> int:
-    return reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)[0]
+    return reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB).card_mib
 
 
 def _registry_of(reference: str) -> str:
@@ -234,7 +233,8 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 code="replicas_need_gang_queue",
                 field="replicas",
             )
-    card_mib, drivers = reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
+    facts = reference.cluster_facts(settings.TRAINYARD_DEFAULT_GPU_MEMORY_MIB)
+    card_mib, drivers = facts.card_mib, facts.drivers
     spec_name = data.get("spec")
     explicit = data.get("gpu_milli") is not None or data.get("gpu_memory_mib") is not None
     request: dict[str, Any] | None = None
@@ -387,7 +387,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             raise ValidationFailed("labels must map strings to strings", code="invalid_labels", field="labels")
     gpu_models: list[str] = []
     with problems.check():
-        gpu_models = _gpu_models(data.get("gpu_models"))
+        gpu_models = _gpu_models(data.get("gpu_models"), known=facts.models)
     max_retries = 2
     with problems.check():
         max_retries = _whole(data, "max_retries", 2)
@@ -451,7 +451,7 @@ def _resume_from(value: Any, *, team: Team) -> Job | None:
     return source
 
 
-def _gpu_models(value: Any) -> list[str]:
+def _gpu_models(value: Any, *, known: list[str]) -> list[str]:
     """The GPU models (or families, `A100`) a job may run on, each matching at least one model the pool has
     or had; `"a|b"` and a list are both accepted. Empty: any model."""
     if value in (None, "", []):
@@ -469,7 +469,6 @@ def _gpu_models(value: Any) -> list[str]:
         )
     from scheduler.pool import model_matches
 
-    known = sorted(set(GPU.objects.values_list("model", flat=True)))
     unknown = [w for w in wanted if not any(model_matches(w, m) for m in known)]
     if unknown:
         raise ValidationFailed(

@@ -212,7 +212,7 @@ class Store(Protocol):
 
     def backlog_version(self) -> int: ...
 
-    def joined(self, *, known: set) -> list[Waiting] | None: ...  # waiting jobs not known; None if one left
+    def joined(self, *, known: set[str]) -> list[Waiting] | None: ...  # waiting jobs not known; None if one left
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
@@ -535,7 +535,7 @@ class Carry:
     key: tuple  # (pool structure, pool ledger, reference rows, waiting lines) version numbers
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
-    known: set  # ids of the jobs left waiting
+    known: set[str]  # ids (as text) of the jobs left waiting
 
 
 _carry: Carry | None = None
@@ -647,7 +647,7 @@ def run_pass(
                 store.record_waits(changed)
             report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped and pool.ledger_version is not None:
-            known = {w.job.id for w in decided.waits}
+            known = {str(w.job.id) for w in decided.waits}
             if carry is not None:
                 known |= carry.known
             lines_version = versions[1]
@@ -667,6 +667,7 @@ def run_pass(
             admitted=report.admitted,
             waiting=report.waiting,
             fast=report.fast,
+            total_ms=round(report.total_s * 1000, 1),
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),

@@ -1,8 +1,10 @@
 """Django settings, read from the environment (see `.env.example`) with safe local defaults."""
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import environ
 
@@ -102,6 +104,12 @@ if env.bool("TRAINYARD_DB_POOL", default=False):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    # Parallel test workers (`make test` runs pytest-xdist) get a Redis database each, next to the configured one,
+    # as pytest-django gives each its own PostgreSQL database: rate-limit windows and channel groups stay apart.
+    _url = urlsplit(REDIS_URL)
+    _db = int(_url.path.strip("/") or 0) + 1 + int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    REDIS_URL = urlunsplit(_url._replace(path=f"/{_db % 16}"))
 CACHES = {
     "default": {
         "BACKEND": "trainyard.cache.SharedRedisCache",
@@ -126,6 +134,9 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Workers log through the platform's structured handlers (console or JSON lines, TRAINYARD_LOG_LEVEL), not
+# Celery's own format, which would print structlog's events as Python dicts.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
