@@ -11,8 +11,9 @@ venv: .venv/.installed
 run: venv
 	@$(BIN)/python -m trainyard.standalone
 
+# The bulk of the suite in two parallel workers, then the fault suite and the browser tests alone (scripts/test.sh).
 test: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python -m trainyard.embedded exec -- scripts/test.sh $(PYTEST_ARGS)
 
 # The fault suite alone (also part of `make test`): real processes, PostgreSQL and Redis stopped and started.
 test-faults: venv

@@ -82,6 +82,9 @@ def make_world() -> World:
     job, _ = services.job_submit(user=mia, data={**base, "team": "demo", "env": {"API_KEY": SECRET_ENV_VALUE}})
     other_job, _ = services.job_submit(user=olga, data={**base, "team": "other"})
     gpu = GPU.objects.select_related("node").first()
+    from monitoring.defaults import seed_rules
+
+    seed_rules(AlertRule)  # a test that flushed the database (transactional) took the migration's rules with it
     rule = AlertRule.objects.first()
     now = timezone.now()
     alert = Alert.objects.create(

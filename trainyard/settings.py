@@ -1,10 +1,8 @@
 """Django settings, read from the environment (see `.env.example`) with safe local defaults."""
 
-import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import environ
 
@@ -104,12 +102,6 @@ if env.bool("TRAINYARD_DB_POOL", default=False):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
-if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
-    # Parallel test workers (`make test` runs pytest-xdist) get a Redis database each, next to the configured one,
-    # as pytest-django gives each its own PostgreSQL database: rate-limit windows and channel groups stay apart.
-    _url = urlsplit(REDIS_URL)
-    _db = int(_url.path.strip("/") or 0) + 1 + int(os.environ["PYTEST_XDIST_WORKER"][2:])
-    REDIS_URL = urlunsplit(_url._replace(path=f"/{_db % 16}"))
 CACHES = {
     "default": {
         "BACKEND": "trainyard.cache.SharedRedisCache",

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# `make test`: the bulk of the suite in parallel pytest-xdist workers (each with its own PostgreSQL and Redis
+# databases), then the fault suite and the browser tests on their own: they time real processes, real outages
+# and a real browser, and two of them at once on a small machine would measure each other.
+# Arguments go to both runs (`make test PYTEST_ARGS=path`); a run that selects nothing (exit 5) is not a failure.
+set -uo pipefail
+cd "${0%/*}/.."
+py=.venv/bin/python
+workers="${TRAINYARD_TEST_WORKERS:-2}"
+"$py" -m pytest -n "$workers" --dist loadfile -m "not faults and not browser" "$@"
+bulk=$?
+"$py" -m pytest -m "faults or browser" "$@"
+alone=$?
+[ "$bulk" -eq 5 ] && bulk=0
+[ "$alone" -eq 5 ] && alone=0
+if [ "$bulk" -ne 0 ]; then exit "$bulk"; fi
+exit "$alone"
