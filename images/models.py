@@ -57,14 +57,14 @@ class BaseImage(ImageFacts):
     containerfile = models.TextField(blank=True, help_text="built by the platform when set; else an external image")
     owners = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="owned_base_images")
 
-    def __str__(self) -> str:
-        return self.name
-
     class Meta:
         ordering = ["name"]
         constraints = [
             models.CheckConstraint(condition=Q(digest="") | Q(digest__regex=DIGEST_RE), name="baseimage_digest_fmt")
         ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ProjectImage(ImageFacts):
@@ -77,15 +77,15 @@ class ProjectImage(ImageFacts):
     last_used_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 
-    def __str__(self) -> str:
-        return f"{self.team.slug}/{self.name}"
-
     class Meta:
         ordering = ["team", "name"]
         constraints = [
             models.UniqueConstraint(fields=["team", "name"], name="projectimage_unique_per_team"),
             models.CheckConstraint(condition=Q(digest="") | Q(digest__regex=DIGEST_RE), name="projectimage_digest_fmt"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.name}"
 
 
 class TeamImageSettings(models.Model):
