@@ -182,6 +182,7 @@ class ProjectImageViewSet(
     """A team's images on a catalog base: create or update (and build), rebuild on demand."""
 
     serializer_class = ProjectImageSerializer
+    token_scope = "submit"  # building a team's image is like submitting a job
 
     queryset = ProjectImage.objects.none()  # for the schema; requests see get_queryset's
 
