@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Prefetch, QuerySet
 
-from images.models import SEVERITY_RANK, BaseImage, ImageBuild, ProjectImage
+from images.models import SEVERITY_RANK, BaseImage, Finding, ImageBuild, ProjectImage
 from quotas.models import Membership, Team
 from trainyard.errors import NotFound
 
@@ -43,6 +43,16 @@ def last_build(image: BaseImage | ProjectImage) -> ImageBuild | None:
     if cached is not None:
         return cached[0] if cached else None
     return image.builds.order_by("-created_at", "-id").first()
+
+
+def load_severity_counts(builds: list[ImageBuild]) -> None:
+    """Findings per severity of many builds in one query (for catalog pages)."""
+    counts: dict[int, dict[str, int]] = {b.pk: {} for b in builds}
+    rows = Finding.objects.filter(build__in=builds).values_list("build_id", "severity").annotate(n=Count("id"))
+    for build_id, severity, n in rows:
+        counts[build_id][severity] = n
+    for build in builds:
+        build._severity_counts = counts[build.pk]
 
 
 def severity_counts(build: ImageBuild) -> dict[str, int]:
