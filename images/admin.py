@@ -207,7 +207,7 @@ class ProjectImageAdmin(CompatibilityAdmin):
     list_select_related = ("team", "base")
     autocomplete_fields = ("team", "base")
     fieldsets = (
-        (None, {"fields": ("name", "team", "base", "stale", "last_used_at", *IMAGE_FACTS)}),
+        (None, {"fields": ("name", "team", "base", "stale", *IMAGE_FACTS)}),
         ("Build", {"fields": ("containerfile", "requirements")}),
         ("Compatibility", {"fields": ("compatibility_matrix",)}),
     )

@@ -141,7 +141,6 @@ class ProjectImageSerializer(CompatibilityMixin, serializers.ModelSerializer):
             "stale",
             "scan_status",
             "last_rebuilt",
-            "last_used_at",
             "last_build",
             "compatible_nodes",
             "incompatible_nodes",

@@ -74,7 +74,6 @@ class ProjectImage(ImageFacts):
     containerfile = models.TextField(blank=True, help_text="FROM must name a catalog base image")
     requirements = models.TextField(blank=True, help_text="requirements.txt installed with pip on the base")
     stale = models.BooleanField(default=False, help_text="its base was rebuilt since its last build")
-    last_used_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
 
     class Meta:

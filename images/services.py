@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from images import registry, scan
@@ -572,8 +572,9 @@ def project_images_expire(*, now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     cutoff = now - timedelta(days=settings.TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS)
     gone = []
-    for image in ProjectImage.objects.select_related("team"):
-        seen = max(filter(None, [image.last_used_at, image.last_rebuilt]), default=None)
+    # The newest job naming the image, through the reverse relation (the images app imports nothing of jobs).
+    for image in ProjectImage.objects.select_related("team").annotate(last_job=Max("job__submitted_at")):
+        seen = max(filter(None, [image.last_job, image.last_rebuilt]), default=None)
         if seen is not None and seen >= cutoff:
             continue
         if image.digest and settings.TRAINYARD_REGISTRY_URL:

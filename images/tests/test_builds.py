@@ -142,3 +142,34 @@ def test_the_catalog_holds_at_most_the_configured_number_of_bases(images_env, se
         define_base(images_env, "three")
     assert err.value.code == "too_many_base_images"
     assert ProjectImage.objects.count() == 0
+
+
+def test_data_files_and_size_over_the_limits_are_warned_about_in_the_build_record(images_env, settings):
+    assert built(define_base(images_env)).warnings == []  # the default limits: nothing to say
+    settings.TRAINYARD_IMAGE_DATA_WARN_MIB = 0
+    settings.TRAINYARD_IMAGE_SIZE_WARN_MIB = 0
+    image = services.project_image_define(
+        team=TeamFactory(slug="data"), name="fat", base="tiny-base",
+        containerfile="FROM tiny-base\nRUN echo weights > /model.safetensors\n",
+    )  # fmt: skip
+    build = built(image)
+    warnings = {w["code"]: w["detail"] for w in build.warnings}
+    assert build.status == "succeeded" and set(warnings) == {"data_in_image", "image_too_large"}
+    assert "/model.safetensors" in warnings["data_in_image"]
+
+
+def test_unused_project_images_expire_from_the_catalog_and_the_registry(images_env, settings):
+    built(define_base(images_env))
+    team = TeamFactory(slug="old")
+    images = {}
+    for name in ("unused", "recent"):
+        images[name] = services.project_image_define(
+            team=team, name=name, base="tiny-base", containerfile=f"FROM tiny-base\nRUN echo {name} > /n\n"
+        )
+        built(images[name])
+    ProjectImage.objects.filter(pk=images["unused"].pk).update(last_rebuilt=timezone.now() - timedelta(days=91))
+    unused = ProjectImage.objects.get(pk=images["unused"].pk)
+    assert services.project_images_expire() == ["old/unused"]
+    assert list(ProjectImage.objects.values_list("name", flat=True)) == ["recent"]
+    with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client, pytest.raises(registry.ManifestUnknown):
+        client.manifest("trainyard/old/unused", unused.digest)
