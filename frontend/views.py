@@ -427,7 +427,7 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
     except NotFound as exc:
         form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
-    except ValidationFailed as exc:
+    except DomainError as exc:  # a 400 of any field, or a registry that cannot pin the image now
         form.add_service_errors(getattr(exc, "errors", None) or [exc])
         return None
     if not form_valid:

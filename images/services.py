@@ -560,10 +560,18 @@ def images_rebuild_due(*, now: datetime | None = None) -> list[ImageBuild]:
     """Request a rebuild of every platform-built base whose last successful build is older than the period."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.TRAINYARD_IMAGE_REBUILD_S)
+    # A base whose build failed is asked again a day later (or a period, if shorter), not every hour.
+    retry_after = now - timedelta(seconds=min(settings.TRAINYARD_IMAGE_REBUILD_S, 24 * 3600))
     builds = []
-    for base in BaseImage.objects.exclude(containerfile=""):
-        if base.last_rebuilt is None or base.last_rebuilt < cutoff:
-            builds.append(build_request(image=base, trigger=ImageBuild.Trigger.SCHEDULE))
+    for base in BaseImage.objects.exclude(containerfile="").annotate(last_request=Max("builds__created_at")):
+        if base.last_rebuilt is not None and base.last_rebuilt >= cutoff:
+            continue
+        if base.last_request is not None and base.last_request >= retry_after:
+            active = base.builds.filter(status__in=["queued", "waiting_registry", "running"]).first()
+            if active is not None:
+                builds.append(active)
+            continue
+        builds.append(build_request(image=base, trigger=ImageBuild.Trigger.SCHEDULE))
     return builds
 
 

@@ -1,5 +1,6 @@
 """Fixtures for image tests: the session's registry and podman storage, and a tiny "upstream" image made here
-(a dynamic /bin/sh with its libraries, a dpkg status file and one Python package's metadata) pushed to it."""
+(a dynamic /bin/sh with its libraries, a dpkg status file, one Python package's metadata and a shell script standing
+in for python3) pushed to it."""
 
 import json
 import shutil
@@ -57,6 +58,11 @@ def upstream(registry_url, build_root, tmp_path_factory):
     meta = rootfs / "usr/lib/python3/dist-packages/PyYAML-5.3.dist-info/METADATA"
     meta.parent.mkdir(parents=True)
     meta.write_text(METADATA)
+    # A stand-in for Python, so a requirements-only image's `python3 -m pip install -r …` step runs here.
+    python = rootfs / "usr/bin/python3"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text('#!/bin/sh\necho "$@" > /pip-ran\n')
+    python.chmod(0o755)
     (context / "Containerfile").write_text("FROM scratch\nCOPY rootfs/ /\n")
     reference = f"{urlparse(registry_url).netloc}/upstream/tiny:1"
     built = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-tiny", str(context))

@@ -129,6 +129,11 @@ def test_the_schedule_rebuilds_bases_older_than_a_week_only(images_env, settings
     BaseImage.objects.create(name="external", reference="nvcr.io/nvidia/pytorch:24.10-py3")  # not ours to build
     builds = services.images_rebuild_due()
     assert [b.base_image.name for b in builds] == ["old-base"] and builds[0].trigger == "schedule"
+    assert services.images_rebuild_due() == builds  # the hourly pass finds the queued build, asks for no other
+    ImageBuild.objects.filter(pk=builds[0].pk).update(status="failed")
+    assert services.images_rebuild_due() == []  # a failed one is asked again a day later, not every hour
+    ImageBuild.objects.filter(pk=builds[0].pk).update(created_at=timezone.now() - timedelta(days=1, minutes=1))
+    assert [b.pk for b in services.images_rebuild_due()] != [builds[0].pk]
     assert settings.CELERY_BEAT_SCHEDULE["rebuild-images"]["task"] == "images.rebuild_due"
     assert settings.TRAINYARD_IMAGE_REBUILD_S == 7 * 24 * 3600
 
@@ -173,3 +178,16 @@ def test_unused_project_images_expire_from_the_catalog_and_the_registry(images_e
     assert list(ProjectImage.objects.values_list("name", flat=True)) == ["recent"]
     with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client, pytest.raises(registry.ManifestUnknown):
         client.manifest("trainyard/old/unused", unused.digest)
+
+
+def test_a_requirements_file_alone_builds_as_a_pip_install_on_the_pinned_base(images_env):
+    base = built(define_base(images_env))
+    image = services.project_image_define(
+        team=TeamFactory(slug="deps"), name="deps", base="tiny-base", requirements="numpy==2.1.0\n"
+    )
+    build = built(image)
+    assert build.status == "succeeded", build.log
+    lines = build.containerfile.splitlines()
+    assert lines[0].endswith(f"/trainyard/base/tiny-base@{base.digest}")
+    assert "COPY requirements.txt" in lines[1] and "pip install --no-cache-dir -r" in lines[2]
+    assert len(build.layers) == 4  # the base's two, the requirements file, the install

@@ -39,3 +39,27 @@ def test_the_catalog_shows_scans_sizes_and_stale_images_and_rebuilds_on_request(
     page = client.get(f"/images/builds/{build.pk}/").content.decode()
     assert "GHSA-8q59-q68h-6hv4" in page and "PyYAML" in page and "podman build" in page and build.digest in page
     assert login(portal.outsider).get(f"/images/builds/{build.pk}/").status_code == 404
+
+
+@pytest.mark.parametrize("down", [False, True])
+def test_the_submit_form_names_a_tag_the_registry_lacks_or_a_registry_that_is_down(
+    portal,  # noqa: F811
+    images_env,
+    settings,
+    down,
+):
+    from images import registry
+    from jobs.models import Job
+    from trainyard.embedded import free_port
+
+    host = registry.platform_registry()
+    if down:
+        settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+    form = {"team": "demo", "queue": "train", "spec": "shared", "image": "__reference__",
+            "image_reference": f"{host}/upstream/tiny:gone", "command": "python train.py", "timeout_s": "3600",
+            "max_retries": "0"}  # fmt: skip
+    response = login(portal.demo).post("/jobs/new/", form)
+    assert response.status_code == 400
+    expected = "registry_unavailable" if down else "image_not_found"
+    assert f'<code class="error-code">{expected}</code>' in response.content.decode()
+    assert not Job.objects.exists()
