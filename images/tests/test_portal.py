@@ -52,9 +52,9 @@ def test_the_submit_form_names_a_tag_the_registry_lacks_or_a_registry_that_is_do
     from jobs.models import Job
     from trainyard.embedded import free_port
 
-    host = registry.platform_registry()
     if down:
         settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+    host = registry.platform_registry()
     form = {"team": "demo", "queue": "train", "spec": "shared", "image": "__reference__",
             "image_reference": f"{host}/upstream/tiny:gone", "command": "python train.py", "timeout_s": "3600",
             "max_retries": "0"}  # fmt: skip
