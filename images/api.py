@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from cluster.models import Node
 from cluster.services import driver_satisfies
 from images import selectors, services
-from images.models import BaseImage, Finding, ImageBuild, ProjectImage
+from images.models import BaseImage, Finding, ImageBuild, ProjectImage, ScanException, ScanPolicy
 from quotas.selectors import is_member
 from trainyard.api import ScopedActionsMixin
 from trainyard.errors import Forbidden, ValidationFailed
@@ -262,3 +262,40 @@ class FeedViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValidationFailed(f"not an OSV feed: {exc}", code="invalid_feed") from None
         return Response({"loaded": loaded}, status=status.HTTP_201_CREATED)
+
+
+class ScanExceptionSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = ScanException
+        fields = ["id", "vuln_id", "image", "reason", "created_by", "created_at", "expires_at"]
+        read_only_fields = ["id", "created_by", "created_at"]
+
+
+class ScanPolicySerializer(serializers.ModelSerializer):
+    queue = serializers.CharField(source="queue.name", read_only=True)
+    exceptions = ScanExceptionSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ScanPolicy
+        fields = ["queue", "max_severity", "require_scan", "exceptions"]
+        read_only_fields = fields
+
+
+class ScanPolicyViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Each queue's scan policy with its exceptions; staff grant an exception (a reason and an expiry required)."""
+
+    serializer_class = ScanPolicySerializer
+    queryset = ScanPolicy.objects.select_related("queue").prefetch_related("exceptions__created_by")
+    lookup_field = "queue__name"
+    lookup_url_kwarg = "queue"
+
+    @extend_schema(request=ScanExceptionSerializer, responses={201: ScanExceptionSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def exceptions(self, request, queue=None):
+        policy = self.get_object()
+        data = ScanExceptionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        granted = services.scan_exception_grant(policy=policy, user=request.user, **data.validated_data)
+        return Response(ScanExceptionSerializer(granted).data, status=status.HTTP_201_CREATED)

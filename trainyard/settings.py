@@ -190,6 +190,7 @@ SPECTACULAR_SETTINGS = {
         "QueueStateEnum": "quotas.models.Queue.State",
         "NodeStateEnum": "cluster.models.Node.State",
         "AlertLevelEnum": "monitoring.models.AlertRule.Level",
+        "SeverityEnum": "images.models.Severity",
     },
 }
 

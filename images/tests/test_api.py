@@ -101,3 +101,26 @@ def test_the_feed_and_trivy_reports_load_through_the_api_for_staff_only(images_e
     trivy = build.findings.get(source="trivy")
     assert (trivy.vuln_id, trivy.package, trivy.fixed_version) == ("CVE-2024-0001", "tzdata", "2024b-0+deb12u1")
     assert ImageBuild.objects.get(pk=build.pk).findings.filter(source="feed").count() == 2  # the feed's are kept
+
+
+def test_scan_policies_are_readable_and_staff_grant_expiring_exceptions_through_the_api(people):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from images.models import ScanPolicy
+    from quotas.models import Queue
+
+    ScanPolicy.objects.create(queue=Queue.objects.create(name="prod"), max_severity="medium")
+    listed = people["member"].get("/api/v1/scan-policies/").json()
+    assert listed == [{"queue": "prod", "max_severity": "medium", "require_scan": False, "exceptions": []}]
+    grant = {"vuln_id": "GHSA-8q59-q68h-6hv4", "reason": "not reachable", "expires_at": (
+        timezone.now() + timedelta(days=2)).isoformat()}  # fmt: skip
+    assert people["member"].post("/api/v1/scan-policies/prod/exceptions/", grant, format="json").status_code == 403
+    granted = people["staff"].post("/api/v1/scan-policies/prod/exceptions/", grant, format="json")
+    assert granted.status_code == 201 and granted.json()["created_by"] == "ops"
+    expired = {**grant, "expires_at": (timezone.now() - timedelta(days=1)).isoformat()}
+    refused = people["staff"].post("/api/v1/scan-policies/prod/exceptions/", expired, format="json")
+    assert refused.status_code == 400 and refused.json()["code"] == "exception_expired"
+    no_reason = people["staff"].post("/api/v1/scan-policies/prod/exceptions/", {**grant, "reason": " "}, format="json")
+    assert no_reason.status_code == 400

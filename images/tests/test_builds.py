@@ -98,6 +98,7 @@ def test_a_build_waits_for_a_registry_that_is_down_and_says_so(images_env, setti
     assert services.build_run(build_id=build.pk).status == "succeeded"
 
 
+@pytest.mark.slow  # four builds
 def test_a_base_rebuild_marks_project_images_stale_and_rebuilds_where_the_team_asks(images_env):
     base = define_base(images_env)
     assert built(base).status == "succeeded"
