@@ -238,7 +238,7 @@ def _enqueue(build_id: int) -> None:
     run_build.delay(build_id)
 
 
-def _repository(image: BaseImage | ProjectImage) -> str:
+def repository_of(image: BaseImage | ProjectImage) -> str:
     if isinstance(image, BaseImage):
         return f"trainyard/base/{image.name}"
     return f"trainyard/{image.team.slug}/{image.name}"
@@ -249,7 +249,7 @@ def _podman(*args: str) -> list[str]:
     return ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args]
 
 
-def _render(build: ImageBuild) -> tuple[str, dict[str, str], str]:
+def render_build(build: ImageBuild) -> tuple[str, dict[str, str], str]:
     """What to build: the Containerfile with every catalog FROM pinned to its base's digest, extra context files,
     and the base digest it builds on ("" for a base image)."""
     image = build.image
@@ -299,7 +299,7 @@ def build_run(*, build_id: int) -> ImageBuild:
         build.save(update_fields=["status", "started_at"])
     image = build.image
     try:
-        containerfile, files, base_digest = _render(build)
+        containerfile, files, base_digest = render_build(build)
     except ValidationFailed as exc:
         return _finish(build, ok=False, message=f"{exc.detail}\n")
     if not settings.TRAINYARD_REGISTRY_URL:
@@ -310,7 +310,7 @@ def build_run(*, build_id: int) -> ImageBuild:
     except registry.RegistryError as exc:
         _wait(build, str(exc))
     host = registry.platform_registry()
-    repository = _repository(image)
+    repository = repository_of(image)
     target = f"{host}/{repository}"
     local = f"localhost/trainyard-build-{build.pk}"
     context = Path(tempfile.mkdtemp(prefix=f"build-{build.pk}-", dir=_build_dir()))
@@ -588,7 +588,7 @@ def project_images_expire(*, now: datetime | None = None) -> list[str]:
         if image.digest and settings.TRAINYARD_REGISTRY_URL:
             try:
                 with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
-                    client.delete(_repository(image), image.digest)
+                    client.delete(repository_of(image), image.digest)
             except registry.RegistryError:
                 continue  # try again next pass rather than forget what the registry holds
         gone.append(f"{image.team.slug}/{image.name}")
