@@ -32,6 +32,28 @@ class LayerWalk:
     data_files: list[tuple[str, int]]  # (path, bytes) of files that look like data or weights
 
 
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (a registry blob as it downloads)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks = iter(chunks)
+        self.buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:
+        while not self.buffer:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.buffer = chunk
+        n = min(len(target), len(self.buffer))
+        target[:n] = self.buffer[:n]
+        self.buffer = self.buffer[n:]
+        return n
+
+
 def _norm(name: str) -> str:
     return name.lstrip("./")
 
@@ -40,8 +62,8 @@ def walk_layers(blobs: Iterable[Iterator[bytes]]) -> LayerWalk:
     """Read each layer (a gzip or plain tar stream) in order; later layers replace and white out earlier files."""
     files: dict[str, bytes | int] = {}  # interesting path -> content (metadata) or size (data file)
     for chunks in blobs:
-        raw = io.BytesIO(b"".join(chunks))
-        with tarfile.open(fileobj=raw, mode="r:*") as tar:
+        # Streamed: a CUDA layer is gigabytes, never held in memory; only metadata files are read.
+        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|*") as tar:
             for member in tar:
                 path = _norm(member.name)
                 head, _, base = path.rpartition("/")
@@ -76,7 +98,8 @@ def walk_layers(blobs: Iterable[Iterator[bytes]]) -> LayerWalk:
 def _dpkg_packages(text: str) -> Iterator[dict[str, str]]:
     for stanza in text.split("\n\n"):
         fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, flags=re.M))
-        if fields.get("Package") and fields.get("Version") and "installed" in fields.get("Status", "installed"):
+        state = fields.get("Status", "install ok installed").split()[-1:]  # want/flag/state: the state is last
+        if fields.get("Package") and fields.get("Version") and state == ["installed"]:
             yield {"type": "deb", "name": fields["Package"], "version": fields["Version"]}
 
 
