@@ -118,7 +118,7 @@ class CompatibilityAdmin(admin.ModelAdmin):
 
 @admin.register(Registry)
 class RegistryAdmin(admin.ModelAdmin):
-    list_display = ("host", "allowed")
+    list_display = ("host", "allowed", "endpoint")
     list_editable = ("allowed",)
     list_filter = ("allowed",)
     search_fields = ("host",)

@@ -13,6 +13,9 @@ class Registry(models.Model):
 
     host = models.CharField(max_length=253, unique=True)
     allowed = models.BooleanField(default=True)
+    endpoint = models.URLField(
+        blank=True, help_text="where tags are resolved to digests (a mirror); blank: https://<host>"
+    )
 
     class Meta:
         verbose_name_plural = "registries"

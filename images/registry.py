@@ -150,7 +150,7 @@ class Client:
     def resolve(self, repository: str, tag: str) -> str:
         """The digest `repository:tag` points to now (HEAD, so nothing is downloaded)."""
         response = self._request("HEAD", f"{repository}/manifests/{tag}", headers={"Accept": ACCEPT})
-        if response.status_code in (401, 403, 404):
+        if response.status_code in (400, 401, 403, 404):  # 400: a name or tag the registry refuses outright
             raise ManifestUnknown(f"{repository}:{tag} is not in the registry")
         if response.status_code != 200:
             raise RegistryError(f"the registry answered {response.status_code} for {repository}:{tag}")
@@ -199,10 +199,22 @@ class Client:
         return response.status_code in (200, 202)
 
 
-def resolve(reference: str) -> str:
-    """The digest a `host/repo:tag` reference points to at this moment."""
+def resolve(reference: str, *, endpoint: str | None = None) -> str:
+    """The digest a `host/repo:tag` reference points to at this moment (asked of `endpoint` when given)."""
     ref = parse(reference)
     if ref.digest:
         return ref.digest
-    with Client.for_host(ref.host) as client:
+    with Client(endpoint) if endpoint else Client.for_host(ref.host) as client:
         return client.resolve(ref.repository, ref.tag)
+
+
+# The distribution spec's grammar: lowercase path components joined by '/', a tag of word characters.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
+REFERENCE = re.compile(
+    rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$"
+)
+
+
+def is_valid(reference: str) -> bool:
+    return bool(REFERENCE.match(reference)) and len(reference) <= 255

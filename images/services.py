@@ -53,10 +53,16 @@ class RegistryWaiting(Exception):
 # ----------------------------------------------------------------------------------------- submission
 
 
-def image_pin(*, reference: str) -> str:
-    """The digest `reference` (host/repo:tag) points to now; 400 `image_not_found`, 503 `registry_unavailable`."""
+def image_pin(*, reference: str, endpoint: str | None = None) -> str:
+    """The digest `reference` (host/repo:tag) points to now, asked of `endpoint` (a mirror) or the reference's own
+    registry; 400 `invalid_image_reference` / `image_not_found`, 503 `registry_unavailable`."""
+    if not registry.is_valid(reference):
+        raise ValidationFailed(
+            f"'{reference}' is not an image reference (host/repository:tag)", code="invalid_image_reference",
+            field="image",
+        )  # fmt: skip
     try:
-        return registry.resolve(reference)
+        return registry.resolve(reference, endpoint=endpoint)
     except registry.ManifestUnknown:
         raise ValidationFailed(
             f"'{reference}' is not in its registry (no such repository or tag)", code="image_not_found", field="image"

@@ -92,14 +92,16 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 )
         min_driver = ""
     platform = image_registry.platform_registry()
+    endpoint = None
     if not (platform and reference.startswith(platform + "/")):
         registry = _registry_of(reference)
         if registry not in ref.allowed_registries:
             raise ValidationFailed(
                 f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
             )
+        endpoint = ref.registry_endpoints.get(registry)
     if not digest:
-        digest = image_services.image_pin(reference=reference)
+        digest = image_services.image_pin(reference=reference, endpoint=endpoint)
     return dict(
         image_reference=reference,
         image_digest=digest,
