@@ -23,9 +23,10 @@ test-faults: venv
 test-gpu: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -m gpu -s jobs/tests/test_real_gpu.py
 
-# The embedded path on its own: no DATABASE_URL/REDIS_URL/TRAINYARD_S3_URL, servers started from the wheels in a scratch var/.
+# The embedded path on its own: no DATABASE_URL/REDIS_URL/TRAINYARD_S3_URL/TRAINYARD_REGISTRY_URL, servers started from the
+# wheels (the image registry from Debian's docker-registry) in a scratch var/.
 smoke-embedded: venv
-	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && env -u DATABASE_URL -u REDIS_URL -u TRAINYARD_S3_URL TRAINYARD_VAR_DIR=$$d \
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && env -u DATABASE_URL -u REDIS_URL -u TRAINYARD_S3_URL -u TRAINYARD_REGISTRY_URL TRAINYARD_VAR_DIR=$$d \
 	  $(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_smoke_embedded.py
 
 lint: venv

@@ -76,6 +76,46 @@ def object_store(tmp_path_factory):
         running.stop()
 
 
+@pytest.fixture(scope="session")
+def registry_url(tmp_path_factory):
+    """A real image registry for the session: the one TRAINYARD_REGISTRY_URL names, else Debian's docker-registry
+    started here on a free loopback port (skipped when it is not installed, failed under CI=true)."""
+    from trainyard import embedded
+
+    if os.environ.get("TRAINYARD_REGISTRY_URL"):
+        yield os.environ["TRAINYARD_REGISTRY_URL"]
+        return
+    if embedded.registry_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("docker-registry is not installed (apt-get install docker-registry)")
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+    running = embedded.Embedded()
+    urls = embedded.start_registry(tmp_path_factory.mktemp("registry"), running)
+    try:
+        yield urls["TRAINYARD_REGISTRY_URL"]
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def build_root(tmp_path_factory):
+    """Podman storage of this session's image builds (its own --root/--runroot, never the machine's)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("podman") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("podman is not installed (apt-get install podman)")
+        pytest.skip("podman is not installed (apt-get install podman)")
+    root = tmp_path_factory.mktemp("containers")
+    yield root
+    subprocess.run(
+        ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), "system", "reset", "--force"],
+        capture_output=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture
 def checkpoint_store(object_store, settings):
     """Point the platform's checkpoint settings at the session's object store, syncing every half second."""

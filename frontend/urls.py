@@ -37,5 +37,7 @@ urlpatterns = [
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("images/", views.image_list, name="image-list"),
+    path("images/<str:kind>/<int:pk>/build/", views.image_build, name="image-build"),
+    path("images/builds/<int:pk>/", views.image_build_detail, name="image-build-detail"),
     path("gpus/", views.gpu_list, name="gpu-list"),
 ]

@@ -34,6 +34,8 @@ from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import driver_satisfies
 from frontend import wording
 from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
+from images import selectors as image_selectors
+from images import services as image_services
 from images.models import BaseImage, ProjectImage
 from jobs import logstore, selectors, services
 from jobs.api import JobFilter, submission_check
@@ -425,7 +427,7 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
     except NotFound as exc:
         form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
-    except ValidationFailed as exc:
+    except DomainError as exc:  # a 400 of any field, or a registry that cannot pin the image now
         form.add_service_errors(getattr(exc, "errors", None) or [exc])
         return None
     if not form_valid:
@@ -1009,9 +1011,14 @@ def image_list(request: HttpRequest) -> HttpResponse:
     nodes = list(Node.objects.order_by("name"))
     team_ids = list(quota.visible_teams(request.user).values_list("id", flat=True))
     catalog: list[BaseImage | ProjectImage] = [
-        *BaseImage.objects.all(),
-        *ProjectImage.objects.filter(team_id__in=team_ids).select_related("base", "team"),
+        *BaseImage.objects.prefetch_related(image_selectors.RECENT_BUILDS),
+        *ProjectImage.objects.filter(team_id__in=team_ids)
+        .select_related("base", "team")
+        .prefetch_related(image_selectors.RECENT_BUILDS),
     ]
+    builds = [b for image in catalog if (b := image_selectors.last_build(image)) is not None]
+    image_selectors.load_severity_counts(builds)
+    now = timezone.now()
     rows = []
     for image in catalog:
         project = isinstance(image, ProjectImage)
@@ -1023,6 +1030,7 @@ def image_list(request: HttpRequest) -> HttpResponse:
             }
             for node in nodes
         ]
+        build = image_selectors.last_build(image)
         rows.append(
             {
                 "image": image,
@@ -1030,9 +1038,46 @@ def image_list(request: HttpRequest) -> HttpResponse:
                 "min_driver": minimum,
                 "cells": cells,
                 "usable": any(c["runs"] for c in cells) or not nodes,
+                "build": build,
+                "findings": [(s, n) for s, n in image_selectors.severity_counts(build).items() if n] if build else [],
+                "age_days": (now - image.last_rebuilt).days if image.last_rebuilt else None,
+                "can_build": project or (request.user.is_staff and bool(image.containerfile)),
             }
         )
     return render(request, "frontend/image_list.html", {"nav": "images", "rows": rows, "nodes": nodes})
+
+
+@login_required
+@require_POST
+def image_build(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
+    """Rebuild a project image (a member of its team) or a platform base (staff)."""
+    if kind not in ("base", "project"):
+        raise Http404
+    if kind == "project":
+        image = get_object_or_404(ProjectImage.objects.select_related("team"), pk=pk)
+        allowed = quota.is_member(request.user, image.team)
+    else:
+        image = get_object_or_404(BaseImage, pk=pk)
+        allowed = request.user.is_staff
+    if not allowed:
+        raise Http404
+    try:
+        build = image_services.build_request(image=image, user=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.detail)
+        return redirect("frontend:image-list")
+    messages.success(request, _("Build %(id)s of %(image)s is queued.") % {"id": build.pk, "image": image})
+    return redirect("frontend:image-build-detail", pk=build.pk)
+
+
+@login_required
+def image_build_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    build = get_object_or_404(image_selectors.builds_visible_to(request.user).prefetch_related("findings"), pk=pk)
+    return render(
+        request,
+        "frontend/image_build.html",
+        {"nav": "images", "build": build, "findings": list(build.findings.all())},
+    )
 
 
 @login_required

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from django.db import connection
 
 from cluster.models import GPU, Node
-from images.models import BaseImage, ProjectImage, Registry
+from images.models import BaseImage, ProjectImage, Registry, ScanPolicy
 from quotas.models import Membership, Queue, ResourceSpec, Team
 
 
@@ -34,6 +34,8 @@ class Snapshot:
     base_images: dict[str, BaseImage]
     project_images: dict[tuple[int, str], ProjectImage]  # (team id, name), with .base loaded
     allowed_registries: frozenset[str]
+    scan_policies: dict[int, ScanPolicy]  # by queue id
+    registry_endpoints: dict[str, str]  # host -> where its tags are resolved (a mirror), where one is set
 
     def is_member(self, user, team: Team) -> bool:
         return user.is_staff or (user.pk, team.pk) in self.members
@@ -78,6 +80,8 @@ def _load(version: int | None) -> Snapshot:
         base_images={b.name: b for b in BaseImage.objects.all()},
         project_images={(p.team_id, p.name): p for p in ProjectImage.objects.select_related("base")},
         allowed_registries=frozenset(Registry.objects.filter(allowed=True).values_list("host", flat=True)),
+        scan_policies={p.queue_id: p for p in ScanPolicy.objects.all()},
+        registry_endpoints=dict(Registry.objects.exclude(endpoint="").values_list("host", "endpoint")),
     )
 
 

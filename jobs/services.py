@@ -23,6 +23,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from cluster import services as pool
+from images import registry as image_registry
+from images import services as image_services
 from jobs import reference, validation
 from jobs.models import Attempt, Job, JobEvent, JobTemplate
 from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
@@ -62,6 +64,9 @@ def _registry_of(reference: str) -> str:
 
 
 def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, Any]:
+    """The image a submission names, pinned: a catalog image's built digest, a reference's own digest, else the
+    digest its tag points to now in the registry (images.services.image_pin: 400 `image_not_found`, 503
+    `registry_unavailable`), so the job and its reproduce record always name `repo@sha256:…`."""
     base = ref.base_images.get(name)
     project = None if base else ref.project_images.get((team.pk, name))
     image = base or project
@@ -69,6 +74,10 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
         reference = image.reference
         digest = image.digest
         min_driver = image.min_driver_version or (project.base.min_driver_version if project else "")
+        if not reference:
+            raise ValidationFailed(f"image '{name}' has not been built yet", code="image_not_built", field="image")
+        if "@" in reference:
+            reference, digest = reference.split("@", 1)
     else:
         reference = name.strip()
         if not reference or any(ch.isspace() for ch in reference) or len(reference) > 300:
@@ -81,11 +90,17 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                     "an image digest must look like sha256:<64 hex>", code="invalid_digest", field="image"
                 )
         min_driver = ""
-    registry = _registry_of(reference)
-    if registry not in ref.allowed_registries:
-        raise ValidationFailed(
-            f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
-        )
+    platform = image_registry.platform_registry()
+    endpoint = None
+    if not (platform and reference.startswith(platform + "/")):
+        registry = _registry_of(reference)
+        if registry not in ref.allowed_registries:
+            raise ValidationFailed(
+                f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
+            )
+        endpoint = ref.registry_endpoints.get(registry)
+    if not digest:
+        digest = image_services.image_pin(reference=reference, endpoint=endpoint)
     return dict(
         image_reference=reference,
         image_digest=digest,
@@ -361,6 +376,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         if not data.get("image"):
             raise ValidationFailed("an image is required", code="unknown_image", field="image")
         image = _resolve_image(str(data["image"]), team, ref)
+        policy = ref.scan_policies.get(queue.pk) if queue is not None else None
+        if policy is not None:
+            image_services.image_admit(
+                policy=policy, queue=queue, reference=image["image_reference"], digest=image["image_digest"]
+            )
         needs = image["min_driver_version"]
         if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
             raise ValidationFailed(

@@ -59,8 +59,10 @@ class World:
     values: dict[str, str]
 
 
-def make_world() -> World:
-    """Seeded platform; team demo (maintainer demo, member mia) with a job holding a secret; team other (olga)."""
+def make_world(registry_url: str | None = None) -> World:
+    """Seeded platform; team demo (maintainer demo, member mia) with a job holding a secret; team other (olga);
+    a project image of team demo with a failed build; a scan policy on queue train. Tags of the allow-listed
+    registries are resolved against `registry_url` (the session's real registry, as a mirror), never the internet."""
     from cluster.models import GPU, Node
     from jobs import services
     from monitoring.models import Alert, AlertRule
@@ -101,6 +103,18 @@ def make_world() -> World:
         actions_taken=[{"action": "restart_job", "detail": f"stopped {job.id}#1", "attempts": [f"{job.id}#1"]}],
     )
     template = services.template_create(user=mia, team_slug="demo", name="matrix", body={**base})
+    from images.models import BaseImage, ImageBuild, ProjectImage, Registry, ScanPolicy
+
+    if registry_url:
+        Registry.objects.update(endpoint=registry_url)
+    project_image = ProjectImage.objects.create(
+        team=demo_team,
+        name="matrix",
+        base=BaseImage.objects.get(name="python-3.11"),
+        containerfile="FROM python-3.11\n",
+    )
+    build = ImageBuild.objects.create(project_image=project_image, status="failed", log="matrix build log")
+    ScanPolicy.objects.create(queue=Queue.objects.get(name="train"), max_severity="critical")
     token, _ = token_create(user=get_user_model().objects.get(username="demo"), name="someone's")
     values = {
         "/jobs/{id}": str(job.id),
@@ -112,6 +126,9 @@ def make_world() -> World:
         "/templates/{id}": str(template.id),
         "{uuid}": gpu.uuid,
         "/images/{name}": "python-3.11",
+        "/project-images/{id}": str(project_image.id),
+        "/image-builds/{id}": str(build.id),
+        "/scan-policies/{queue}": "train",
         "/nodes/{name}": Node.objects.first().name,
         "/queues/{name}": "train",
         "/specs/{name}": "shared",

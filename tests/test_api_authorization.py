@@ -35,11 +35,11 @@ def _staff_only(op) -> bool:
 
 
 @pytest.fixture
-def world(settings):
+def world(settings, registry_url):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": []}
-    return make_world()
+    return make_world(registry_url)
 
 
 def test_the_matrix_covers_every_operation():

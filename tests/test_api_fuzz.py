@@ -88,11 +88,11 @@ OPS = operations()
 
 
 @pytest.fixture
-def world(settings):
+def world(settings, registry_url):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": []}
-    return make_world()
+    return make_world(registry_url)
 
 
 def _fuzz(client, op, url):

@@ -69,3 +69,23 @@ def test_embedded_object_store_wants_its_generated_keys():
     with pytest.raises(objectstore.StoreError):
         objectstore.ensure_bucket(wrong)
     assert (var / "seaweedfs" / "volume").is_dir()
+
+
+def test_embedded_registry_serves_the_distribution_api():
+    if not os.environ.get("TRAINYARD_VAR_DIR"):
+        pytest.skip("run through `make smoke-embedded` (embedded servers in a scratch var/)")
+    import stat
+    from pathlib import Path
+
+    import httpx
+
+    from trainyard import embedded
+
+    if embedded.registry_binary() is None and os.environ.get("CI") != "true":
+        pytest.skip("docker-registry is not installed: no embedded image registry")
+    var = Path(os.environ["TRAINYARD_VAR_DIR"])
+    url = os.environ["TRAINYARD_REGISTRY_URL"]
+    assert urlparse(url).hostname == "127.0.0.1"
+    assert httpx.get(f"{url}/v2/", timeout=5).status_code == 200
+    assert stat.S_IMODE((var / "registry.yml").stat().st_mode) == 0o600
+    assert (var / "registry").is_dir()

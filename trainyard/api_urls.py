@@ -4,7 +4,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
-from images.api import ImageViewSet
+from images.api import FeedViewSet, ImageBuildViewSet, ImageViewSet, ProjectImageViewSet, ScanPolicyViewSet
 from jobs.api import JobTemplateViewSet, JobViewSet
 from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
 
@@ -15,6 +15,10 @@ router.register("queues", QueueViewSet, basename="queue")
 router.register("teams", TeamViewSet, basename="team")
 router.register("specs", SpecViewSet, basename="spec")
 router.register("images", ImageViewSet, basename="image")
+router.register("project-images", ProjectImageViewSet, basename="project-image")
+router.register("image-builds", ImageBuildViewSet, basename="image-build")
+router.register("vulnerability-feed", FeedViewSet, basename="vulnerability-feed")
+router.register("scan-policies", ScanPolicyViewSet, basename="scan-policy")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")
 router.register("tokens", TokenViewSet, basename="token")

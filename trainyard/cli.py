@@ -29,6 +29,7 @@ from .cli_config import Config, check_token, config_path, load_config, normalize
 from .cli_config import save_config as write_config
 from .cli_errors import (
     EXIT_BY_FINAL_STATE,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -629,6 +630,105 @@ def cmd_queues(args: argparse.Namespace, api: ApiClient) -> int:
     return EXIT_OK
 
 
+def _findings(build: dict | None) -> str:
+    if not build or not build.get("scanned_at"):
+        return "not scanned"
+    counts = build.get("findings") or {}
+    found = [f"{counts[s]} {s}" for s in ("critical", "high", "medium", "low", "unknown") if counts.get(s)]
+    return ", ".join(found) or "none"
+
+
+def _short(digest: str) -> str:
+    return digest[7:19] if digest.startswith("sha256:") else (digest or "-")
+
+
+def _image_row(image: dict, *, team: str, base: str) -> tuple:
+    build = image.get("last_build")
+    nodes = len(image.get("compatible_nodes") or [])
+    total = nodes + len(image.get("incompatible_nodes") or [])
+    stale = " (stale)" if image.get("stale") else ""
+    return (
+        image["name"] + stale,
+        team,
+        base,
+        _short(image.get("digest", "")),
+        _bytes(build.get("size_bytes")) if build and build.get("size_bytes") else "-",
+        _when(image.get("last_rebuilt")),
+        _findings(build),
+        f"{nodes}/{total}",
+    )
+
+
+def cmd_images(args: argparse.Namespace, api: ApiClient) -> int:
+    bases = api.get("/images/")
+    projects = api.get("/project-images/")
+    if args.team:
+        projects = [p for p in projects if p["team"] == args.team]
+    if args.json:
+        _print_json({"base_images": bases, "project_images": projects})
+        return EXIT_OK
+    rows = [_image_row(b, team="(base)", base=b.get("framework") or "-") for b in ([] if args.team else bases)]
+    rows += [_image_row(p, team=p["team"], base=p["base"]) for p in projects]
+    _out(_table(["IMAGE", "TEAM", "BASE", "DIGEST", "SIZE", "BUILT", "FINDINGS", "NODES"], rows))
+    return EXIT_OK
+
+
+TERMINAL_BUILD = {"succeeded", "failed"}
+
+
+def _wait_build(api: ApiClient, build: dict, *, interval: float) -> dict:
+    said = ""
+    while build["status"] not in TERMINAL_BUILD:
+        if build["status"] == "waiting_registry" and said != "waiting_registry":
+            _err("the registry is unreachable; the build waits and retries (see its log)")
+        said = build["status"]
+        time.sleep(interval)
+        build = api.get(f"/image-builds/{build['id']}/")
+    return api.get(f"/image-builds/{build['id']}/")
+
+
+def cmd_image(args: argparse.Namespace, api: ApiClient) -> int:
+    if args.action == "status":
+        build = api.get(f"/image-builds/{args.name}/", not_found=f"no image build {args.name}")
+    elif args.team:
+        body: dict[str, Any] = {"team": args.team, "name": args.name, "base": args.base or ""}
+        if args.file:
+            body["containerfile"] = _read_text(args.file)
+        if args.requirements:
+            body["requirements"] = _read_text(args.requirements)
+        if not args.base:
+            raise CliError("a project image needs --base (a catalog base image; see `trainyard images`)", EXIT_USAGE)
+        _, image = api.post("/project-images/", json=body)
+        build = image["last_build"]
+        _err(f"building {args.team}/{args.name} on {args.base}: build {build['id']} is {build['status']}")
+    else:
+        _, build = api.post(f"/images/{args.name}/build/", not_found=f"no base image {args.name!r}")
+        _err(f"rebuilding base image {args.name}: build {build['id']} is {build['status']}")
+    if args.wait and build["status"] not in TERMINAL_BUILD:
+        build = _wait_build(api, build, interval=args.interval)
+    if args.json:
+        _print_json(build)
+    else:
+        _out(f"build {build['id']} of {build['image']}: {build['status']}")
+        if build.get("digest"):
+            _out(f"  {build['reference'].rsplit(':', 1)[0]}@{build['digest']}")
+        if build.get("size_bytes"):
+            _out(f"  size {_bytes(build['size_bytes'])}, findings: {_findings(build)}")
+        for warning in build.get("warnings") or []:
+            _out(f"  warning ({warning['code']}): {warning['detail']}")
+        if build["status"] == "failed" or args.log:
+            _out((build.get("log") or "").rstrip()[-4000:])
+    return EXIT_FAILED if build["status"] == "failed" else EXIT_OK
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
+
+
 def _print_team(team: dict) -> None:
     quota, usage = team["quota"], team["usage"]
     _out(f"team {team['slug']} ({team['name']})")
@@ -920,6 +1020,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expires-days", type=_positive_int, metavar="N", help="create: expire after N days")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_tokens)
+
+    p = sub.add_parser("images", help="the image catalog: bases and your teams' images, scans, sizes, nodes")
+    p.add_argument("--team", metavar="T", help="only this team's project images")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_images)
+
+    p = sub.add_parser("image", help="build NAME: (re)build a project image (--team, --base) or a base; status ID")
+    p.add_argument("action", choices=["build", "status"])
+    p.add_argument("name", help="build: the image's name; status: a build id")
+    p.add_argument("--team", metavar="T", help="build a project image of this team (else: rebuild the base NAME)")
+    p.add_argument("--base", metavar="B", help="the catalog base image it builds on")
+    p.add_argument("-f", "--file", metavar="CONTAINERFILE", help="its Containerfile (FROM must name the base)")
+    p.add_argument("-r", "--requirements", metavar="FILE", help="a requirements.txt installed on the base")
+    p.add_argument("--wait", action="store_true", help="wait for the build; exit 1 when it fails")
+    p.add_argument("--log", action="store_true", help="print the build's log")
+    interval(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_image)
 
     p = sub.add_parser("login", help="save the server address and an API token to the config file")
     p.add_argument("--url", required=True, help="the platform's address, e.g. https://trainyard.example.com")

@@ -1,7 +1,8 @@
 """Embedded PostgreSQL, Redis and object store from pip wheels, for machines where none is configured.
 
-`python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` / `TRAINYARD_S3_URL`
-point at a working server (the configured ones, else embedded ones kept under var/), then runs CMD with them
+`python -m trainyard.embedded exec -- CMD...` makes sure `DATABASE_URL` / `REDIS_URL` / `TRAINYARD_S3_URL` /
+`TRAINYARD_REGISTRY_URL` point at a working server (the configured ones, else embedded ones kept under var/; the
+image registry is Debian's docker-registry program, not a wheel), then runs CMD with them
 set and stops what it started when CMD ends.
 
 Every embedded server wants a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`,
@@ -72,7 +73,12 @@ def _wait_for(check, *, seconds: float, what: str, log: Path | None = None) -> N
 
 # How each server is asked to stop, and how long it gets before SIGKILL. SeaweedFS's volume server waits out
 # its pre-stop delay (set to 1 s below) and then flushes; it is given a few seconds, never unbounded.
-STOP = {"postgres": (signal.SIGINT, 20.0), "redis": (signal.SIGINT, 20.0), "seaweedfs": (signal.SIGTERM, 8.0)}
+STOP = {
+    "postgres": (signal.SIGINT, 20.0),
+    "redis": (signal.SIGINT, 20.0),
+    "seaweedfs": (signal.SIGTERM, 8.0),
+    "registry": (signal.SIGTERM, 5.0),
+}
 
 
 @dataclass
@@ -439,6 +445,56 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
     return urls
 
 
+REGISTRY_BINARY = "/usr/bin/docker-registry"
+
+
+def registry_binary() -> Path | None:
+    """Debian's `docker-registry` (the CNCF distribution registry), or None when it is not installed."""
+    found = shutil.which("docker-registry") or (REGISTRY_BINARY if os.access(REGISTRY_BINARY, os.X_OK) else None)
+    return Path(found) if found else None
+
+
+def start_registry(var: Path, running: Embedded) -> dict[str, str]:
+    """A distribution registry on a free loopback port, config generated into var/registry.yml, blobs under
+    var/registry; deleting manifests is enabled so retention can drop unused project images."""
+    binary = registry_binary()
+    if binary is None:
+        raise ServiceError("the docker-registry program is missing: apt-get install docker-registry")
+    storage = var / "registry"
+    storage.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = var / "registry.yml"
+    private_file(
+        config,
+        "version: 0.1\n"
+        "log:\n  level: warn\n"
+        "storage:\n"
+        f"  filesystem:\n    rootdirectory: {storage}\n"
+        "  delete:\n    enabled: true\n"
+        "  maintenance:\n    uploadpurging:\n      enabled: false\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n",
+    )
+    log = var / "registry.log"
+    logf = open(log, "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(binary), "serve", str(config)],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        cwd=storage,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGTERM),
+    )
+    running.procs.append(("registry", proc))
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise ServiceError(f"embedded registry exited with status {proc.returncode} (see {log})")
+        return port_open("127.0.0.1", port)
+
+    _wait_for(ready, seconds=15, what="embedded registry", log=log)
+    return {"TRAINYARD_REGISTRY_URL": f"http://127.0.0.1:{port}"}
+
+
 def check_s3_url() -> None:
     from trainyard import objectstore
 
@@ -495,6 +551,11 @@ def ensure_services(var: Path = VAR_DIR) -> tuple[dict[str, str], Embedded]:
             check_s3_url()
         else:
             urls.update(start_seaweedfs(var, running))
+        if not os.environ.get("TRAINYARD_REGISTRY_URL"):
+            if registry_binary() is not None:
+                urls.update(start_registry(var, running))
+            else:  # image builds then wait for a registry and say so; everything else works
+                print("trainyard: docker-registry is not installed; no embedded image registry", file=sys.stderr)
     except BaseException:
         running.stop()
         raise

@@ -193,6 +193,7 @@ SPECTACULAR_SETTINGS = {
         "QueueStateEnum": "quotas.models.Queue.State",
         "NodeStateEnum": "cluster.models.Node.State",
         "AlertLevelEnum": "monitoring.models.AlertRule.Level",
+        "SeverityEnum": "images.models.Severity",
     },
 }
 
@@ -355,3 +356,18 @@ TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
 # Move what the web process loaded at start (and again after its first requests) out of the garbage collector's
 # reach: a full collection otherwise walks every module object and paused requests for 50-120 ms (trainyard/gctune.py).
 TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)
+
+# Images (docs/images.md): the registry builds are pushed to and tags are resolved against. `make run` / `make test`
+# start an embedded one (Debian's docker-registry) when this is unset.
+TRAINYARD_REGISTRY_URL = env.str("TRAINYARD_REGISTRY_URL", default="")
+TRAINYARD_REGISTRY_TIMEOUT_S = env.float("TRAINYARD_REGISTRY_TIMEOUT_S", default=5.0)
+TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
+TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
+TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR / "containers")))
+TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+TRAINYARD_BUILD_REGISTRY_RETRY_S = env.float("TRAINYARD_BUILD_REGISTRY_RETRY_S", default=30.0)
+TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", default=20)
+TRAINYARD_IMAGE_SIZE_WARN_MIB = env.int("TRAINYARD_IMAGE_SIZE_WARN_MIB", default=20 * 1024)
+TRAINYARD_IMAGE_DATA_WARN_MIB = env.int("TRAINYARD_IMAGE_DATA_WARN_MIB", default=100)
+TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS = env.int("TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS", default=90)
+CELERY_BEAT_SCHEDULE["rebuild-images"] = {"task": "images.rebuild_due", "schedule": 3600.0}

@@ -281,7 +281,11 @@ def test_fast_job_output_matches_drfs_field_by_field_output(world):
     first = client.post("/api/v1/jobs/", body(), format="json").json()
     Queue.objects.filter(name="debug").update(allow_explicit_request=True)
     explicit_body = body(
-        queue="debug", gpu_milli=300, gpu_memory_mib=4096, image="docker.io/library/python:3.11", ci={"commit": "abc"}
+        queue="debug",
+        gpu_milli=300,
+        gpu_memory_mib=4096,
+        image="docker.io/library/python:3.11@sha256:" + "5" * 64,
+        ci={"commit": "abc"},
     )
     del explicit_body["spec"]
     explicit = client.post("/api/v1/jobs/", explicit_body, format="json")

@@ -1,0 +1,609 @@
+"""Every change of the image catalog: defining bases and project images, building them (podman, chroot isolation)
+and pushing to the platform registry, SBOM and scan, the stale cascade, scheduled rebuilds and retention; and the
+two checks submission makes: pin a tag to its digest, and the queue's scan policy.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from images import registry, scan
+from images.models import (
+    SEVERITY_RANK,
+    Advisory,
+    BaseImage,
+    Finding,
+    ImageBuild,
+    ProjectImage,
+    ScanException,
+    ScanPolicy,
+    TeamImageSettings,
+)
+from trainyard.errors import DomainError, NotFound, ValidationFailed
+
+log = structlog.get_logger(__name__)
+FROM_LINE = re.compile(r"^\s*FROM\s+(?P<flags>(?:--\S+\s+)*)(?P<image>\S+)(?P<rest>(?:\s+AS\s+\S+)?)\s*$", re.I | re.M)
+ALIAS = re.compile(r"\s+AS\s+(\S+)", re.I)
+BUILD_ARGS = ["--isolation", "chroot", "--tls-verify=false", "--layers", "--format", "oci"]
+
+
+class RegistryUnavailableError(DomainError):
+    """Submission could not pin its image because the registry did not answer: try again later (503)."""
+
+    code = "registry_unavailable"
+    http_status = 503
+
+
+class RegistryWaiting(Exception):
+    """A build found the registry down; it has said so in its log and wants to be retried later."""
+
+
+# ----------------------------------------------------------------------------------------- submission
+
+
+def image_pin(*, reference: str, endpoint: str | None = None) -> str:
+    """The digest `reference` (host/repo:tag) points to now, asked of `endpoint` (a mirror) or the reference's own
+    registry; 400 `invalid_image_reference` / `image_not_found`, 503 `registry_unavailable`."""
+    if not registry.is_valid(reference):
+        raise ValidationFailed(
+            f"'{reference}' is not an image reference (host/repository:tag)", code="invalid_image_reference",
+            field="image",
+        )  # fmt: skip
+    try:
+        return registry.resolve(reference, endpoint=endpoint)
+    except registry.ManifestUnknown:
+        raise ValidationFailed(
+            f"'{reference}' is not in its registry (no such repository or tag)", code="image_not_found", field="image"
+        ) from None
+    except registry.RegistryError as exc:
+        raise RegistryUnavailableError(
+            f"cannot pin '{reference}' to a digest now: {exc}", code="registry_unavailable", field="image"
+        ) from None
+
+
+def _blocking(policy: ScanPolicy, queue, findings: list[Finding], repository: str, now: datetime) -> list[Finding]:
+    limit = SEVERITY_RANK[policy.max_severity]
+    over = [f for f in findings if SEVERITY_RANK.get(f.severity, 0) > limit]
+    if not over:
+        return []
+    excepted = set(
+        ScanException.objects.filter(policy=policy, expires_at__gt=now)
+        .filter(Q(image="") | Q(image=repository))
+        .values_list("vuln_id", flat=True)
+    )
+    for finding in over:
+        if finding.vuln_id in excepted:
+            log.info("scan_exception_used", queue=queue.name, vuln_id=finding.vuln_id, image=repository)
+    return [f for f in over if f.vuln_id not in excepted]
+
+
+def image_admit(*, policy: ScanPolicy, queue, reference: str, digest: str) -> None:
+    """The queue's scan policy, for the image a submission pinned: 400 `image_vulnerable` naming the findings over
+    the policy's severity that no unexpired exception covers; `image_not_scanned` where the policy wants a scan."""
+    build = (
+        ImageBuild.objects.filter(digest=digest, status=ImageBuild.Status.SUCCEEDED, scanned_at__isnull=False)
+        .order_by("-finished_at")
+        .first()
+    )
+    if build is None:
+        if policy.require_scan:
+            raise ValidationFailed(
+                f"queue '{queue.name}' only runs images the platform has scanned; {reference}@{digest} was not",
+                code="image_not_scanned",
+                field="image",
+            )
+        return
+    blocking = _blocking(policy, queue, list(build.findings.all()), registry.parse(reference).name, timezone.now())
+    if blocking:
+        named = ", ".join(f"{f.vuln_id} ({f.severity}) in {f.package} {f.version}" for f in blocking[:5])
+        raise ValidationFailed(
+            f"queue '{queue.name}' allows findings up to {policy.max_severity}; the image has {named}",
+            code="image_vulnerable",
+            field="image",
+            findings=[f.vuln_id for f in blocking],
+        )
+
+
+# ------------------------------------------------------------------------------------------- catalog
+
+
+def base_image_define(*, name: str, containerfile: str, user=None, **facts: Any) -> BaseImage:
+    """Create or update a platform-built base image; at most TRAINYARD_MAX_BASE_IMAGES of them."""
+    if not containerfile.strip():
+        raise ValidationFailed("a base image needs a Containerfile", code="empty_containerfile", field="containerfile")
+    if not FROM_LINE.search(containerfile):
+        raise ValidationFailed("the Containerfile has no FROM line", code="containerfile_without_from")
+    with transaction.atomic():
+        existing = BaseImage.objects.select_for_update().filter(name=name).first()
+        if existing is None and BaseImage.objects.count() >= settings.TRAINYARD_MAX_BASE_IMAGES:
+            raise ValidationFailed(
+                f"the catalog already has {settings.TRAINYARD_MAX_BASE_IMAGES} base images, the configured maximum",
+                code="too_many_base_images",
+                field="name",
+            )
+        image = existing or BaseImage(name=name)
+        image.containerfile = containerfile
+        for key, value in facts.items():
+            setattr(image, key, value)
+        image.full_clean(exclude=["reference", "digest"])
+        image.save()
+    return image
+
+
+def _catalog_base(image: str) -> BaseImage | None:
+    """A FROM argument that names a catalog base: by name, or by its registry reference (tag or digest)."""
+    found = BaseImage.objects.filter(name=image).first()
+    if found:
+        return found
+    without = image.split("@", 1)[0]
+    for base in BaseImage.objects.exclude(reference=""):
+        if without == base.reference or without == base.reference.rsplit(":", 1)[0]:
+            return base
+    return None
+
+
+def check_from(containerfile: str) -> list[BaseImage]:
+    """Every FROM names a catalog base (or an earlier stage); 400 `base_not_in_catalog` otherwise."""
+    stages: set[str] = set()
+    bases: list[BaseImage] = []
+    matches = list(FROM_LINE.finditer(containerfile))
+    if not matches:
+        raise ValidationFailed(
+            "the Containerfile has no FROM line", code="containerfile_without_from", field="containerfile"
+        )
+    for match in matches:
+        image = match.group("image")
+        if image.lower() not in stages:
+            base = _catalog_base(image)
+            if base is None:
+                raise ValidationFailed(
+                    f"FROM {image}: project images build on a catalog base image "
+                    f"({', '.join(BaseImage.objects.values_list('name', flat=True)) or 'none defined'})",
+                    code="base_not_in_catalog",
+                    field="containerfile",
+                )
+            bases.append(base)
+        alias = ALIAS.search(match.group("rest") or "")
+        if alias:
+            stages.add(alias.group(1).lower())
+    return bases
+
+
+def project_image_define(
+    *, team, name: str, base: str, containerfile: str = "", requirements: str = "", user=None
+) -> ProjectImage:
+    base_image = BaseImage.objects.filter(name=base).first()
+    if base_image is None:
+        raise ValidationFailed(f"'{base}' is not a catalog base image", code="base_not_in_catalog", field="base")
+    if not containerfile.strip() and not requirements.strip():
+        raise ValidationFailed(
+            "give a Containerfile or a requirements file", code="empty_image_definition", field="containerfile"
+        )
+    if containerfile.strip():
+        bases = check_from(containerfile)
+        if any(b.pk != base_image.pk for b in bases):
+            raise ValidationFailed(
+                f"the Containerfile's FROM must be the chosen base '{base}'",
+                code="base_mismatch",
+                field="containerfile",
+            )
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,79}", name):
+        raise ValidationFailed(
+            "an image name is lowercase letters, digits, '.', '_' and '-'", code="invalid_image_name", field="name"
+        )
+    with transaction.atomic():
+        image, _ = ProjectImage.objects.select_for_update().get_or_create(
+            team=team, name=name, defaults={"base": base_image, "created_by": user}
+        )
+        image.base = base_image
+        image.containerfile = containerfile
+        image.requirements = requirements
+        image.save()
+    return image
+
+
+# --------------------------------------------------------------------------------------------- builds
+
+
+def build_request(*, image: BaseImage | ProjectImage, user=None, trigger: str = ImageBuild.Trigger.MANUAL):
+    """Queue a build (the task runs it after commit); a build already queued or running for the image is reused."""
+    is_base = isinstance(image, BaseImage)
+    if is_base and not image.containerfile:
+        raise ValidationFailed(
+            f"base image '{image.name}' is external (no Containerfile); the platform does not build it",
+            code="image_not_buildable",
+        )
+    key = {"base_image": image} if is_base else {"project_image": image}
+    active = [ImageBuild.Status.QUEUED, ImageBuild.Status.WAITING_REGISTRY, ImageBuild.Status.RUNNING]
+    with transaction.atomic():
+        existing = ImageBuild.objects.select_for_update().filter(status__in=active, **key).first()
+        if existing is not None:
+            return existing
+        build = ImageBuild.objects.create(trigger=trigger, requested_by=user, **key)
+        build_id = build.pk
+        transaction.on_commit(lambda: _enqueue(build_id), robust=True)
+    log.info("image_build_requested", build_id=build.pk, image=str(image), trigger=trigger)
+    return build
+
+
+def _enqueue(build_id: int) -> None:
+    from images.tasks import run_build
+
+    run_build.delay(build_id)
+
+
+def repository_of(image: BaseImage | ProjectImage) -> str:
+    if isinstance(image, BaseImage):
+        return f"trainyard/base/{image.name}"
+    return f"trainyard/{image.team.slug}/{image.name}"
+
+
+def _podman(*args: str) -> list[str]:
+    root = Path(settings.TRAINYARD_BUILD_ROOT)
+    return ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args]
+
+
+def render_build(build: ImageBuild) -> tuple[str, dict[str, str], str]:
+    """What to build: the Containerfile with every catalog FROM pinned to its base's digest, extra context files,
+    and the base digest it builds on ("" for a base image)."""
+    image = build.image
+    if isinstance(image, BaseImage):
+        return image.containerfile, {}, ""
+    base = image.base
+    if not base.digest or not base.reference:
+        raise ValidationFailed(f"base image '{base.name}' has not been built yet", code="base_not_built")
+    pinned = registry.parse(base.reference).pinned(base.digest)
+    files: dict[str, str] = {}
+    text = image.containerfile
+    if not text.strip():
+        files["requirements.txt"] = image.requirements
+        text = (
+            f"FROM {base.name}\nCOPY requirements.txt /tmp/trainyard-requirements.txt\n"
+            "RUN python3 -m pip install --no-cache-dir -r /tmp/trainyard-requirements.txt\n"
+        )
+    elif image.requirements.strip():
+        files["requirements.txt"] = image.requirements
+    check_from(text)
+
+    def pin(match: re.Match) -> str:
+        named = _catalog_base(match.group("image"))
+        target = registry.parse(named.reference).pinned(named.digest) if named and named.digest else pinned
+        return f"FROM {match.group('flags')}{target}{match.group('rest')}" if named else match.group(0)
+
+    return FROM_LINE.sub(pin, text), files, base.digest
+
+
+def _append(build: ImageBuild, text: str) -> None:
+    build.log = (build.log + text)[-1_000_000:]  # the tail is what explains a failure
+
+
+def build_run(*, build_id: int) -> ImageBuild:
+    """Build, push, inspect, scan. Raises RegistryWaiting (after saying so in the log) when the registry is down;
+    a failed build keeps its log and pushes nothing."""
+    with transaction.atomic():
+        build = (
+            ImageBuild.objects.select_for_update(of=("self",))
+            .select_related("base_image", "project_image__base", "project_image__team")
+            .get(pk=build_id)
+        )
+        if build.status in (ImageBuild.Status.SUCCEEDED, ImageBuild.Status.FAILED):
+            return build
+        build.status = ImageBuild.Status.RUNNING
+        build.started_at = build.started_at or timezone.now()
+        build.save(update_fields=["status", "started_at"])
+    image = build.image
+    try:
+        containerfile, files, base_digest = render_build(build)
+    except ValidationFailed as exc:
+        return _finish(build, ok=False, message=f"{exc.detail}\n")
+    if not settings.TRAINYARD_REGISTRY_URL:
+        _wait(build, "no image registry is configured (TRAINYARD_REGISTRY_URL)")
+    try:
+        with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+            client.ping()
+    except registry.RegistryError as exc:
+        _wait(build, str(exc))
+    host = registry.platform_registry()
+    repository = repository_of(image)
+    target = f"{host}/{repository}"
+    local = f"localhost/trainyard-build-{build.pk}"
+    context = Path(tempfile.mkdtemp(prefix=f"build-{build.pk}-", dir=_build_dir()))
+    try:
+        (context / "Containerfile").write_text(containerfile)
+        for name, body in files.items():
+            (context / name).write_text(body)
+        _append(build, f"$ podman build {' '.join(BUILD_ARGS)} -t {local}\n")
+        pull = "--pull=always" if isinstance(image, BaseImage) else "--pull=missing"
+        result = _run(_podman("build", *BUILD_ARGS, pull, "-t", local, "-f", "Containerfile", str(context)))
+        _append(build, result.stdout)
+        if result.returncode != 0:
+            return _finish(build, ok=False, message=f"build failed (exit {result.returncode}); nothing was pushed\n")
+        tag = f"b{build.pk}"
+        digestfile = context / "digest"
+        for destination in (f"{target}:{tag}", f"{target}:latest"):
+            _append(build, f"$ podman push --tls-verify=false {destination}\n")
+            result = _run(_podman("push", "--tls-verify=false", "--digestfile", str(digestfile), local, destination))
+            _append(build, result.stdout)
+            if result.returncode != 0:
+                try:
+                    with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+                        client.ping()
+                except registry.RegistryError as exc:
+                    _wait(build, str(exc))
+                return _finish(build, ok=False, message=f"push failed (exit {result.returncode})\n")
+        digest = digestfile.read_text().strip()
+        _run(_podman("rmi", "--ignore", local))  # the registry holds it now; layers stay cached for the next build
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    build.containerfile = containerfile
+    build.digest = digest
+    build.base_digest = base_digest
+    build.reference = f"{target}:{tag}"
+    try:
+        _inspect(build, repository)
+    except registry.RegistryError as exc:
+        _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
+    return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=f"{target}:latest")
+
+
+def _build_dir() -> Path:
+    path = Path(settings.TRAINYARD_BUILD_ROOT) / "contexts"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            timeout=settings.TRAINYARD_BUILD_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return subprocess.CompletedProcess(argv, 124, out + f"\ntimed out after {exc.timeout:g} s\n")
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, f"{argv[0]} is not installed\n")
+
+
+def _wait(build: ImageBuild, why: str) -> None:
+    with transaction.atomic():
+        build.registry_waits += 1
+        if build.registry_waits > settings.TRAINYARD_BUILD_REGISTRY_RETRIES:
+            build.save(update_fields=["registry_waits"])
+            _finish(build, ok=False, message=f"registry still unreachable after {build.registry_waits - 1} waits\n")
+            raise RegistryWaiting("gave up")
+        _append(
+            build,
+            f"registry unreachable ({why}); waiting {settings.TRAINYARD_BUILD_REGISTRY_RETRY_S:g} s before retrying "
+            f"(wait {build.registry_waits} of {settings.TRAINYARD_BUILD_REGISTRY_RETRIES})\n",
+        )
+        build.status = ImageBuild.Status.WAITING_REGISTRY
+        build.save(update_fields=["registry_waits", "log", "status"])
+    log.warning("image_build_waiting_registry", build_id=build.pk, why=why)
+    raise RegistryWaiting(why)
+
+
+def _inspect(build: ImageBuild, repository: str) -> None:
+    """Layers, size, SBOM and hygiene warnings from what the registry now holds."""
+    with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+        manifest = client.image_manifest(repository, build.digest)
+        layers = [{"digest": x["digest"], "size": x.get("size", 0)} for x in manifest.get("layers", [])]
+        walk = scan.walk_layers(client.blob(repository, x["digest"]) for x in layers)
+    build.layers = layers
+    build.size_bytes = sum(x["size"] for x in layers) + (manifest.get("config") or {}).get("size", 0)
+    build.sbom = walk.packages
+    warnings = []
+    if build.size_bytes > settings.TRAINYARD_IMAGE_SIZE_WARN_MIB * 1024 * 1024:
+        warnings.append(
+            {
+                "code": "image_too_large",
+                "detail": f"compressed size {build.size_bytes / 2**20:.0f} MiB is over the "
+                f"{settings.TRAINYARD_IMAGE_SIZE_WARN_MIB} MiB limit",
+            }
+        )
+    data_bytes = sum(size for _, size in walk.data_files)
+    if data_bytes > settings.TRAINYARD_IMAGE_DATA_WARN_MIB * 1024 * 1024:
+        biggest = sorted(walk.data_files, key=lambda x: -x[1])[:3]
+        warnings.append(
+            {
+                "code": "data_in_image",
+                "detail": f"{data_bytes / 2**20:.0f} MiB of data or weight files (e.g. "
+                + ", ".join(f"/{p}" for p, _ in biggest)
+                + "): keep datasets and weights in storage",
+            }
+        )
+    build.warnings = warnings
+
+
+def _finish(build: ImageBuild, *, ok: bool, message: str, latest: str = "") -> ImageBuild:
+    with transaction.atomic():
+        _append(build, message)
+        build.status = ImageBuild.Status.SUCCEEDED if ok else ImageBuild.Status.FAILED
+        build.finished_at = timezone.now()
+        build.save()
+        if ok:
+            build_scan(build=build)
+            image = build.image
+            image.reference = latest
+            image.digest = build.digest
+            image.last_rebuilt = build.finished_at
+            image.scan_status = "failed" if build.findings.exists() else "passed"
+            fields = ["reference", "digest", "last_rebuilt", "scan_status"]
+            if isinstance(image, ProjectImage):
+                image.stale = False
+                fields.append("stale")
+            image.save(update_fields=fields)
+            if isinstance(image, BaseImage):
+                _cascade(image)
+    log.info("image_build_finished", build_id=build.pk, status=build.status, digest=build.digest)
+    return build
+
+
+def _cascade(base: BaseImage) -> None:
+    """A rebuilt base makes its project images stale; teams that asked for it get them rebuilt."""
+    derived = list(ProjectImage.objects.filter(base=base).select_related("team"))
+    ProjectImage.objects.filter(base=base).update(stale=True)
+    auto = set(
+        TeamImageSettings.objects.filter(
+            rebuild_on_base_change=True, team__in={p.team_id for p in derived}
+        ).values_list("team_id", flat=True)
+    )
+    for image in derived:
+        if image.team_id in auto:
+            build_request(image=image, trigger=ImageBuild.Trigger.BASE_REBUILT)
+
+
+# ------------------------------------------------------------------------------------------- scanning
+
+
+def build_scan(*, build: ImageBuild) -> list[Finding]:
+    """Match the build's SBOM against the feed; feed findings are replaced, imported Trivy findings are kept."""
+    build.findings.filter(source="feed").delete()
+    by_package: dict[tuple[str, str], list[Advisory]] = {}
+    wanted = {(p["type"], scan.canonical(p["name"])) for p in build.sbom}
+    names = {n for _, n in wanted}
+    for advisory in (
+        Advisory.objects.all() if len(names) > 500 else Advisory.objects.filter(package__in=_variants(names))
+    ):
+        by_package.setdefault((advisory.ecosystem, scan.canonical(advisory.package)), []).append(advisory)
+    findings = []
+    for package in build.sbom:
+        for advisory in by_package.get((package["type"], scan.canonical(package["name"])), []):
+            if scan.affected(package["type"], package["version"], advisory.ranges, advisory.versions):
+                fixed = next((r[1] for r in advisory.ranges if len(r) > 1 and r[1]), "")
+                findings.append(
+                    Finding(
+                        build=build,
+                        vuln_id=advisory.vuln_id,
+                        ecosystem=package["type"],
+                        package=package["name"],
+                        version=package["version"],
+                        fixed_version=fixed,
+                        severity=advisory.severity,
+                        source="feed",
+                    )
+                )
+    Finding.objects.bulk_create(findings)
+    build.scanned_at = timezone.now()
+    build.save(update_fields=["scanned_at"])
+    return findings
+
+
+def _variants(names: set[str]) -> set[str]:
+    """Package names as a feed may spell them (PyPI names differ in case, '-', '_' and '.')."""
+    out = set(names)
+    for name in names:
+        out |= {name.replace("-", "_"), name.replace("-", "."), name.title()}
+    return out
+
+
+def feed_load(*, document: Any, source: str = "") -> int:
+    """Load OSV entries (one, a list, or an OSV query answer) into the feed; returns the number of rows written."""
+    rows = list(scan.parse_osv(document))
+    with transaction.atomic():
+        for row in rows:
+            Advisory.objects.update_or_create(
+                vuln_id=row["vuln_id"],
+                ecosystem=row["ecosystem"],
+                package=row["package"],
+                defaults={**{k: row[k] for k in ("severity", "ranges", "versions", "summary")}, "source": source},
+            )
+    log.info("vulnerability_feed_loaded", rows=len(rows), source=source)
+    return len(rows)
+
+
+def trivy_import(*, build: ImageBuild, document: Any) -> int:
+    rows = list(scan.parse_trivy(document))
+    with transaction.atomic():
+        build.findings.filter(source="trivy").delete()
+        Finding.objects.bulk_create([Finding(build=build, source="trivy", **row) for row in rows])
+        build.scanned_at = build.scanned_at or timezone.now()
+        build.save(update_fields=["scanned_at"])
+        image = build.image
+        if image.digest == build.digest:
+            image.scan_status = "failed" if build.findings.exists() else "passed"
+            image.save(update_fields=["scan_status"])
+    return len(rows)
+
+
+def scan_exception_grant(
+    *, policy: ScanPolicy, vuln_id: str, reason: str, expires_at: datetime, user, image: str = ""
+) -> ScanException:
+    if not reason.strip():
+        raise ValidationFailed("an exception needs a reason", code="exception_without_reason", field="reason")
+    if expires_at <= timezone.now():
+        raise ValidationFailed("an exception must expire in the future", code="exception_expired", field="expires_at")
+    if expires_at > timezone.now() + timedelta(days=365):
+        raise ValidationFailed("an exception lasts at most a year", code="exception_too_long", field="expires_at")
+    exception = ScanException.objects.create(
+        policy=policy, vuln_id=vuln_id, reason=reason, expires_at=expires_at, created_by=user, image=image
+    )
+    log.info("scan_exception_granted", queue=policy.queue.name, vuln_id=vuln_id, by=getattr(user, "username", None))
+    return exception
+
+
+# ------------------------------------------------------------------------------------ schedule, retention
+
+
+def images_rebuild_due(*, now: datetime | None = None) -> list[ImageBuild]:
+    """Request a rebuild of every platform-built base whose last successful build is older than the period."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TRAINYARD_IMAGE_REBUILD_S)
+    # A base whose build failed is asked again a day later (or a period, if shorter), not every hour.
+    retry_after = now - timedelta(seconds=min(settings.TRAINYARD_IMAGE_REBUILD_S, 24 * 3600))
+    builds = []
+    for base in BaseImage.objects.exclude(containerfile="").annotate(last_request=Max("builds__created_at")):
+        if base.last_rebuilt is not None and base.last_rebuilt >= cutoff:
+            continue
+        if base.last_request is not None and base.last_request >= retry_after:
+            active = base.builds.filter(status__in=["queued", "waiting_registry", "running"]).first()
+            if active is not None:
+                builds.append(active)
+            continue
+        builds.append(build_request(image=base, trigger=ImageBuild.Trigger.SCHEDULE))
+    return builds
+
+
+def project_images_expire(*, now: datetime | None = None) -> list[str]:
+    """Drop project images nobody ran (or built) within the retention period, from the catalog and the registry."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS)
+    gone = []
+    # The newest job naming the image, through the reverse relation (the images app imports nothing of jobs).
+    for image in ProjectImage.objects.select_related("team").annotate(last_job=Max("job__submitted_at")):
+        seen = max(filter(None, [image.last_job, image.last_rebuilt]), default=None)
+        if seen is not None and seen >= cutoff:
+            continue
+        if image.digest and settings.TRAINYARD_REGISTRY_URL:
+            try:
+                with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+                    client.delete(repository_of(image), image.digest)
+            except registry.RegistryError:
+                continue  # try again next pass rather than forget what the registry holds
+        gone.append(f"{image.team.slug}/{image.name}")
+        image.delete()
+    return gone
+
+
+def project_image_get(*, team, name: str) -> ProjectImage:
+    image = ProjectImage.objects.filter(team=team, name=name).select_related("base", "team").first()
+    if image is None:
+        raise NotFound(f"no project image '{name}' in team {team.slug}", code="unknown_image")
+    return image

@@ -1,0 +1,88 @@
+"""Fixtures for image tests: the session's registry and podman storage, and a tiny "upstream" image made here
+(a dynamic /bin/sh with its libraries, a dpkg status file, one Python package's metadata and a shell script standing
+in for python3) pushed to it."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+DPKG_STATUS = """Package: libssl3
+Status: install ok installed
+Version: 3.0.11-1~deb12u1
+
+Package: tzdata
+Status: install ok installed
+Version: 2024a-0+deb12u1
+"""
+
+METADATA = "Metadata-Version: 2.1\nName: PyYAML\nVersion: 5.3\nSummary: YAML parser\n"
+
+
+def podman(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _copy_with_libraries(binary: str, rootfs: Path) -> None:
+    """A dynamically linked program and the libraries `ldd` names, at the same paths inside the rootfs."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    for path in [binary, *(p for p in out.split() if p.startswith("/"))]:
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(path).resolve(), target)
+
+
+@pytest.fixture(scope="session")
+def upstream(registry_url, build_root, tmp_path_factory):
+    """`<registry>/upstream/tiny:1`: what a base image's FROM names; its reference and digest."""
+    from urllib.parse import urlparse
+
+    if not Path("/bin/dash").exists() or shutil.which("ldd") is None:
+        pytest.skip("needs /bin/dash and ldd to make a tiny rootfs")
+    context = tmp_path_factory.mktemp("upstream")
+    rootfs = context / "rootfs"
+    _copy_with_libraries("/bin/dash", rootfs)
+    (rootfs / "bin" / "dash").rename(rootfs / "bin" / "sh")
+    status = rootfs / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_text(DPKG_STATUS)
+    meta = rootfs / "usr/lib/python3/dist-packages/PyYAML-5.3.dist-info/METADATA"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(METADATA)
+    # A stand-in for Python, so a requirements-only image's `python3 -m pip install -r …` step runs here.
+    python = rootfs / "usr/bin/python3"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text('#!/bin/sh\necho "$@" > /pip-ran\n')
+    python.chmod(0o755)
+    (context / "Containerfile").write_text("FROM scratch\nCOPY rootfs/ /\n")
+    reference = f"{urlparse(registry_url).netloc}/upstream/tiny:1"
+    built = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-tiny", str(context))
+    assert built.returncode == 0, built.stdout + built.stderr
+    digestfile = context / "digest"
+    pushed = podman(
+        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), "localhost/upstream-tiny", reference
+    )
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    return {"reference": reference, "digest": digestfile.read_text().strip()}
+
+
+@pytest.fixture
+def images_env(settings, registry_url, build_root, upstream):
+    settings.TRAINYARD_REGISTRY_URL = registry_url
+    settings.TRAINYARD_BUILD_ROOT = build_root
+    settings.TRAINYARD_BUILD_REGISTRY_RETRY_S = 0.1
+    return upstream
+
+
+@pytest.fixture
+def feed():
+    return json.loads((DATA / "osv-feed.json").read_text())

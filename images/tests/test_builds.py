@@ -1,0 +1,194 @@
+"""Real builds: podman (chroot isolation) builds a base and a project image on the session's registry, with SBOM,
+scan, FROM checks, failures that keep their log, a registry that is down, the stale cascade and the schedule."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from images import registry, services
+from images.models import BaseImage, ImageBuild, ProjectImage, TeamImageSettings
+from quotas.tests.factories import TeamFactory
+from trainyard.errors import ValidationFailed
+
+pytestmark = pytest.mark.django_db
+
+
+def define_base(upstream, name="tiny-base", extra=""):
+    return services.base_image_define(
+        name=name,
+        containerfile=f"FROM {upstream['reference']}\nRUN echo {name} > /etc/trainyard-base{extra}\n",
+        cuda_version="12.4",
+        framework="none",
+        min_driver_version="550.54",
+    )
+
+
+def built(image):
+    build = services.build_request(image=image)
+    return services.build_run(build_id=build.pk)
+
+
+def test_a_base_build_pushes_a_digest_with_layers_size_and_sbom(images_env, feed):
+    services.feed_load(document=feed, source="planted")
+    base = define_base(images_env)
+    build = built(base)
+    assert build.status == "succeeded", build.log
+    assert build.digest.startswith("sha256:") and len(build.digest) == 71
+    base.refresh_from_db()
+    assert base.digest == build.digest and base.reference.endswith("/trainyard/base/tiny-base:latest")
+    # The registry holds exactly that digest under the tag.
+    assert registry.resolve(base.reference) == build.digest
+    assert len(build.layers) == 2 and build.size_bytes > 100_000  # the upstream rootfs and the RUN layer
+    assert {"type": "deb", "name": "libssl3", "version": "3.0.11-1~deb12u1"} in build.sbom
+    assert {"type": "pypi", "name": "PyYAML", "version": "5.3"} in build.sbom
+    found = {(f.vuln_id, f.severity) for f in build.findings.all()}
+    assert found == {("GHSA-8q59-q68h-6hv4", "critical"), ("DSA-TEST-0001", "medium")}  # tzdata is past its fix
+    assert base.scan_status == "failed" and base.last_rebuilt == build.finished_at
+
+
+def test_a_project_image_builds_on_the_pinned_base_and_refuses_other_froms(images_env):
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    base.refresh_from_db()
+    team = TeamFactory(slug="vision")
+    with pytest.raises(ValidationFailed) as err:
+        services.project_image_define(
+            team=team, name="trainer", base="tiny-base", containerfile="FROM docker.io/library/ubuntu:24.04\n"
+        )
+    assert err.value.code == "base_not_in_catalog"
+    image = services.project_image_define(
+        team=team, name="trainer", base="tiny-base", containerfile="FROM tiny-base\nRUN echo ok > /trainer\n"
+    )
+    build = built(image)
+    assert build.status == "succeeded", build.log
+    assert f"@{base.digest}" in build.containerfile.splitlines()[0] and build.base_digest == base.digest
+    image.refresh_from_db()
+    assert image.digest == build.digest and image.reference.endswith("/trainyard/vision/trainer:latest")
+    assert len(build.layers) == 3
+
+
+def test_a_failing_build_keeps_its_log_and_pushes_nothing(images_env):
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    team = TeamFactory(slug="nlp")
+    image = services.project_image_define(
+        team=team, name="broken", base="tiny-base", containerfile="FROM tiny-base\nRUN exit 3\n"
+    )
+    build = built(image)
+    assert build.status == "failed" and "exit 3" in build.log and "nothing was pushed" in build.log
+    assert build.digest == ""
+    with pytest.raises(registry.ManifestUnknown):
+        registry.resolve(f"{registry.platform_registry()}/trainyard/nlp/broken:latest")
+
+
+def test_a_build_waits_for_a_registry_that_is_down_and_says_so(images_env, settings):
+    from trainyard.embedded import free_port
+
+    base = define_base(images_env)
+    good = settings.TRAINYARD_REGISTRY_URL
+    settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+    build = services.build_request(image=base)
+    with pytest.raises(services.RegistryWaiting):
+        services.build_run(build_id=build.pk)
+    build.refresh_from_db()
+    assert build.status == "waiting_registry" and build.registry_waits == 1
+    assert "registry unreachable" in build.log and "retrying" in build.log
+    settings.TRAINYARD_REGISTRY_URL = good  # it is back: the retried build goes through
+    assert services.build_run(build_id=build.pk).status == "succeeded"
+
+
+@pytest.mark.slow  # four builds
+def test_a_base_rebuild_marks_project_images_stale_and_rebuilds_where_the_team_asks(images_env):
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    manual, auto = TeamFactory(slug="manual"), TeamFactory(slug="auto")
+    TeamImageSettings.objects.create(team=auto, rebuild_on_base_change=True)
+    images = {}
+    for team in (manual, auto):
+        images[team.slug] = services.project_image_define(
+            team=team, name="app", base="tiny-base", containerfile="FROM tiny-base\nRUN echo app > /app\n"
+        )
+        assert built(images[team.slug]).status == "succeeded"
+    define_base(images_env, extra="-v2")  # the platform team changes the base
+    assert built(base).status == "succeeded"
+    for image in images.values():
+        image.refresh_from_db()
+    assert images["manual"].stale and images["auto"].stale
+    assert not ImageBuild.objects.filter(project_image=images["manual"], status="queued").exists()
+    queued = ImageBuild.objects.get(project_image=images["auto"], status="queued")
+    assert queued.trigger == "base_rebuilt"
+    services.build_run(build_id=queued.pk)
+    images["auto"].refresh_from_db()
+    assert not images["auto"].stale
+
+
+def test_the_schedule_rebuilds_bases_older_than_a_week_only(images_env, settings):
+    old, fresh = define_base(images_env, "old-base"), define_base(images_env, "fresh-base")
+    BaseImage.objects.filter(pk=old.pk).update(last_rebuilt=timezone.now() - timedelta(days=8))
+    BaseImage.objects.filter(pk=fresh.pk).update(last_rebuilt=timezone.now() - timedelta(days=1))
+    BaseImage.objects.create(name="external", reference="nvcr.io/nvidia/pytorch:24.10-py3")  # not ours to build
+    builds = services.images_rebuild_due()
+    assert [b.base_image.name for b in builds] == ["old-base"] and builds[0].trigger == "schedule"
+    assert services.images_rebuild_due() == builds  # the hourly pass finds the queued build, asks for no other
+    ImageBuild.objects.filter(pk=builds[0].pk).update(status="failed")
+    assert services.images_rebuild_due() == []  # a failed one is asked again a day later, not every hour
+    ImageBuild.objects.filter(pk=builds[0].pk).update(created_at=timezone.now() - timedelta(days=1, minutes=1))
+    assert [b.pk for b in services.images_rebuild_due()] != [builds[0].pk]
+    assert settings.CELERY_BEAT_SCHEDULE["rebuild-images"]["task"] == "images.rebuild_due"
+    assert settings.TRAINYARD_IMAGE_REBUILD_S == 7 * 24 * 3600
+
+
+def test_the_catalog_holds_at_most_the_configured_number_of_bases(images_env, settings):
+    settings.TRAINYARD_MAX_BASE_IMAGES = 2
+    define_base(images_env, "one")
+    define_base(images_env, "two")
+    define_base(images_env, "two", extra="-changed")  # redefining one is fine
+    with pytest.raises(ValidationFailed) as err:
+        define_base(images_env, "three")
+    assert err.value.code == "too_many_base_images"
+    assert ProjectImage.objects.count() == 0
+
+
+def test_data_files_and_size_over_the_limits_are_warned_about_in_the_build_record(images_env, settings):
+    assert built(define_base(images_env)).warnings == []  # the default limits: nothing to say
+    settings.TRAINYARD_IMAGE_DATA_WARN_MIB = 0
+    settings.TRAINYARD_IMAGE_SIZE_WARN_MIB = 0
+    image = services.project_image_define(
+        team=TeamFactory(slug="data"), name="fat", base="tiny-base",
+        containerfile="FROM tiny-base\nRUN echo weights > /model.safetensors\n",
+    )  # fmt: skip
+    build = built(image)
+    warnings = {w["code"]: w["detail"] for w in build.warnings}
+    assert build.status == "succeeded" and set(warnings) == {"data_in_image", "image_too_large"}
+    assert "/model.safetensors" in warnings["data_in_image"]
+
+
+def test_unused_project_images_expire_from_the_catalog_and_the_registry(images_env, settings):
+    built(define_base(images_env))
+    team = TeamFactory(slug="old")
+    images = {}
+    for name in ("unused", "recent"):
+        images[name] = services.project_image_define(
+            team=team, name=name, base="tiny-base", containerfile=f"FROM tiny-base\nRUN echo {name} > /n\n"
+        )
+        built(images[name])
+    ProjectImage.objects.filter(pk=images["unused"].pk).update(last_rebuilt=timezone.now() - timedelta(days=91))
+    unused = ProjectImage.objects.get(pk=images["unused"].pk)
+    assert services.project_images_expire() == ["old/unused"]
+    assert list(ProjectImage.objects.values_list("name", flat=True)) == ["recent"]
+    with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client, pytest.raises(registry.ManifestUnknown):
+        client.manifest("trainyard/old/unused", unused.digest)
+
+
+def test_a_requirements_file_alone_builds_as_a_pip_install_on_the_pinned_base(images_env):
+    base = built(define_base(images_env))
+    image = services.project_image_define(
+        team=TeamFactory(slug="deps"), name="deps", base="tiny-base", requirements="numpy==2.1.0\n"
+    )
+    build = built(image)
+    assert build.status == "succeeded", build.log
+    lines = build.containerfile.splitlines()
+    assert lines[0].endswith(f"/trainyard/base/tiny-base@{base.digest}")
+    assert "COPY requirements.txt" in lines[1] and "pip install --no-cache-dir -r" in lines[2]
+    assert len(build.layers) == 4  # the base's two, the requirements file, the install

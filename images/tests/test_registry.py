@@ -1,0 +1,44 @@
+"""The embedded registry (started and stopped like the other embedded servers) and the reference parser."""
+
+import time
+
+import httpx
+import pytest
+
+from images import registry
+from trainyard import embedded
+
+
+def test_the_embedded_registry_starts_on_a_free_loopback_port_and_stops_within_its_bound(tmp_path):
+    if embedded.registry_binary() is None:
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+    running = embedded.Embedded()
+    url = embedded.start_registry(tmp_path, running)["TRAINYARD_REGISTRY_URL"]
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        assert httpx.get(f"{url}/v2/", timeout=5).status_code == 200
+        config = (tmp_path / "registry.yml").read_text()
+        assert f"rootdirectory: {tmp_path / 'registry'}" in config and "addr: 127.0.0.1:" in config
+        assert (tmp_path / "registry.yml").stat().st_mode & 0o077 == 0
+        proc = running.procs[0][1]
+    finally:
+        started = time.monotonic()
+        running.stop()
+    assert time.monotonic() - started < embedded.STOP["registry"][1] + 1
+    assert proc.poll() is not None and not embedded.port_open("127.0.0.1", int(url.rsplit(":", 1)[1]))
+
+
+@pytest.mark.parametrize(
+    "text, host, repository, tag, digest",
+    [
+        ("python:3.11", "docker.io", "library/python", "3.11", ""),
+        ("pytorch/pytorch", "docker.io", "pytorch/pytorch", "latest", ""),
+        ("nvcr.io/nvidia/pytorch:24.10-py3", "nvcr.io", "nvidia/pytorch", "24.10-py3", ""),
+        ("127.0.0.1:5000/team/app:v1", "127.0.0.1:5000", "team/app", "v1", ""),
+        ("localhost/app@sha256:" + "a" * 64, "localhost", "app", "", "sha256:" + "a" * 64),
+        ("127.0.0.1:5000/app", "127.0.0.1:5000", "app", "latest", ""),
+    ],
+)
+def test_references_parse_as_registries_read_them(text, host, repository, tag, digest):
+    ref = registry.parse(text)
+    assert (ref.host, ref.repository, ref.tag, ref.digest) == (host, repository, tag, digest)
