@@ -92,3 +92,34 @@ def reason_sentence(reason: str) -> str:
 
 def is_terminal(state: str) -> bool:
     return state in TERMINAL
+
+
+# Monitoring's own words: alert levels and states, rule metrics, the actions a rule takes, GPU faults.
+MONITORING_WORDS: dict[str, Promise] = {
+    "warning": _("warning"),
+    "critical": _("critical"),
+    "fatal": _("fatal"),
+    "firing": _("firing"),
+    "acknowledged": _("acknowledged"),
+    "resolved": _("resolved"),
+    "gpu_memory_pct": _("GPU memory used, % of the card"),
+    "gpu_temperature_c": _("GPU temperature, °C"),
+    "gpu_power_w": _("GPU power draw, W"),
+    "gpu_utilization_pct": _("GPU utilization, %"),
+    "job_failure_rate": _("failed jobs, % of jobs finished in the window"),
+    "queue_depth": _("pending jobs in a queue"),
+    "gpu_fault": _("GPU out of service for one of the listed faults"),
+    "notify": _("notify"),
+    "webhook": _("webhook"),
+    "quarantine_gpu": _("quarantine the GPU"),
+    "restart_job": _("restart the job"),
+    "xid": _("fatal Xid error"),
+    "gpu_lost": _("GPU lost"),
+    "driver_reset": _("driver reset required"),
+    "probe_failed": _("health probe failing"),
+    "unhealthy": _("device unhealthy"),
+}
+
+
+def monitoring_word(value: str) -> str:
+    return str(MONITORING_WORDS.get(value, value))
