@@ -123,3 +123,50 @@ MONITORING_WORDS: dict[str, Promise] = {
 
 def monitoring_word(value: str) -> str:
     return str(MONITORING_WORDS.get(value, value))
+
+
+# What a timeline entry that is not a state change records (JobEvent.kind), and who did it (JobEvent.actor).
+EVENT_KINDS: dict[str, Promise] = {
+    "submitted": _("submitted"),
+    "submitted_from_template": _("submitted from a template"),
+    "resubmitted": _("resubmitted"),
+    "reproduced": _("reproduction"),
+    "waiting": _("waiting"),
+    "backend_pending": _("backend"),
+    "attempt_failed": _("attempt failed"),
+    "priority_elevated": _("priority above the members' maximum"),
+    "checkpoint_saved": _("checkpoint saved"),
+    "checkpoint_deleted": _("checkpoint deleted"),
+    "checkpoint_unsaved": _("checkpoint not saved"),
+    "checkpoint_sync_failing": _("checkpoint upload failing"),
+    "checkpoint_upload_waiting": _("checkpoint upload waiting"),
+    "logs_degraded": _("logging degraded"),
+    "gpu_share_exceeded": _("GPU share exceeded"),
+    "restart_requested": _("restart requested"),
+    "alert": _("alert"),
+    "slice_moved": _("placement corrected"),
+    "slices_moved": _("placement corrected"),
+}
+
+ACTORS: dict[str, Promise] = {
+    "dispatcher": _("the dispatcher"),
+    "backend": _("the backend"),
+    "classifier": _("the failure classifier"),
+    "platform": _("the platform"),
+    "monitoring": _("monitoring"),
+    "timeout-reaper": _("the time-limit reaper"),
+    "checkpoint-sync": _("checkpoint sync"),
+    "retention": _("checkpoint retention"),
+    "health-probe": _("the health probe"),
+}
+
+
+def event_kind(kind: str) -> str:
+    return str(EVENT_KINDS.get(kind, kind))
+
+
+def actor_label(actor: str) -> str:
+    """A platform component in words; a user name (or `alert:<rule>`) as it is."""
+    if actor.startswith("alert:"):
+        return str(_("alert rule %(rule)s")) % {"rule": actor.removeprefix("alert:")}
+    return str(ACTORS.get(actor, actor))

@@ -693,7 +693,7 @@ def job_transition(
             from_state=previous,
             to_state=to,
             message=message or reason,
-            data=data,
+            data={**(data or {}), "reason": reason} if reason else data,
             attempt=attempt,
             level=level,
         )

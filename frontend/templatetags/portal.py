@@ -184,3 +184,22 @@ def usage_bar(used: int, limit: int, label: str, shown_used: str, shown_limit: s
 def word(value: str) -> str:
     """An alert level or state, a rule's metric or action, a GPU fault, in the reader's language."""
     return wording.monitoring_word(value)
+
+
+@register.filter
+def event_kind(kind: str) -> str:
+    return wording.event_kind(kind)
+
+
+@register.filter
+def actor(name: str) -> str:
+    return wording.actor_label(name)
+
+
+@register.filter
+def event_reason(event) -> str:
+    """Why a timeline entry happened, when it recorded a reason code the portal has a sentence for."""
+    code = (event.data or {}).get("reason") if isinstance(event.data, dict) else None
+    if not code or not (code in wording.PENDING_REASONS or code in wording.OTHER_REASONS):
+        return ""
+    return wording.reason_sentence(code)

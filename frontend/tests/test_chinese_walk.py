@@ -8,9 +8,10 @@ import html
 import re
 
 import pytest
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from cluster.models import GPU
+from frontend import wording
 from frontend.tests.conftest import login, submit
 from jobs import services
 from jobs.backends import Observation
@@ -183,9 +184,18 @@ def test_the_database_keeps_english_and_each_language_reads_its_own(portal, scen
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/jobs/"})
     chinese = html.unescape(client.get(f"/jobs/{failed.id}/").content.decode())
     assert "exited with code 3" in english and "以退出码 3 退出" in chinese
+    # The timeline says for each change when, what changed, why, and who or what made it.
+    timeline = html.unescape(english[english.index('<ol class="events"') :])
+    assert "pending → admitted" in timeline and "by the dispatcher" in timeline
+    assert "running → failed" in timeline or "starting → failed" in timeline
+    assert "Why:</strong> The job itself failed (its code, input or request)" in timeline
+    assert "by the failure classifier" in timeline and "由 失败分类器" in chinese
     assert "第 1 次尝试以退出码 3 退出：用户失败（user-exit）；不重试" in chinese
     waiting = html.unescape(client.get(f"/jobs/{scenario['waiting'].id}/").content.decode())
     assert "团队 demo 还剩" in waiting and "该作业需要 1 块 GPU" in waiting
+    with translation.override("zh-hans"):
+        quota_why = str(wording.PENDING_REASONS[PendingReason.TEAM_QUOTA_EXHAUSTED])
+    assert waiting.count(quota_why) == 2  # the header says why it waits, and so does the timeline entry
     retried = html.unescape(client.get(f"/jobs/{scenario['retried'].id}/").content.decode())
     assert "被信号 9 终止；第 1 次重试，共 2 次" in retried and "已排队，将在其他 GPU 上再次尝试" in retried
     assert not Job.objects.filter(message__regex=r"[\u4e00-\u9fff]").exists()
