@@ -19,7 +19,8 @@ from jobs.models import Job, JobEvent
 from jobs.states import JobState, PendingReason
 from jobs.tests.conftest import wait_for
 from monitoring import services as monitoring
-from monitoring.models import Alert, GpuStatus
+from monitoring.defaults import seed_rules
+from monitoring.models import Alert, AlertRule, GpuStatus
 from quotas.models import Team
 
 pytestmark = BROWSER_MARKS
@@ -53,6 +54,7 @@ def _scenario(demo) -> dict[str, Job]:
     GpuStatus.objects.update_or_create(
         gpu=gpu, defaults={"fault": "xid", "fault_reason": "Xid 79", "failures": 3, "fault_since": timezone.now()}
     )
+    seed_rules(AlertRule)  # a transactional test before this one emptied the table its migration filled
     monitoring.alerts_evaluate()
     assert Alert.objects.exists()
     return {"failed": failed, "retried": retried, "holder": holder, "waiting": waiting}
