@@ -17,7 +17,12 @@ from functools import lru_cache
 from django.utils.translation import get_language, gettext, pgettext, trans_real
 
 CONTEXT = "stored"
-# Values that hold a sentence from the catalogue without the context (a failure rule's suggestion, seeded text).
+# Values that may hold a stored sentence themselves (the rest are names and numbers, shown as they are: a queue
+# named `running` stays `running`); of those, the ones that may hold a plain catalogue entry (a rule's suggestion).
+SENTENCE_VALUES = frozenset(
+    {"detail", "suggestion", "summary", "failure", "reaction", "what", "fault", "why", "need", "free", "left"}
+    | {"most", "quota", "known", "window", "held", "level", "reason"}
+)
 PLAIN_VALUES = frozenset({"suggestion"})
 PLACEHOLDER = re.compile(r"%\((\w+)\)([sd])")
 # Values that are numbers, so that a short template (`%(n)s GPUs`) matches nothing else.
@@ -84,7 +89,7 @@ def said(text: str | None, *, plain: bool = True) -> str:
         match = pattern.fullmatch(text)
         if match:
             found = match.groupdict()
-            values = {k: said(v, plain=k in PLAIN_VALUES) for k, v in found.items()}
+            values = {k: said(v, plain=k in PLAIN_VALUES) if k in SENTENCE_VALUES else v for k, v in found.items()}
             if _loose(template) and values == found:
                 continue
             return pgettext(CONTEXT, template) % values
