@@ -49,6 +49,7 @@ from quotas import selectors as quota
 from quotas import tokens
 from quotas.models import TOKEN_SCOPES, ApiToken, Queue, ResourceSpec
 from trainyard.errors import Conflict, DomainError, NotFound, ValidationFailed
+from trainyard.sentences import said
 
 JOBS_PER_PAGE = 50
 LOG_TAIL = 1000
@@ -144,6 +145,11 @@ def job_list(request: HttpRequest) -> HttpResponse:
             "older_url": "?" + urlencode({**base, "before": older}) if older else "",
             "first_url": "?" + urlencode(base) if newer else "",
             "states_url": reverse("frontend:job-states"),
+            # Here, not in the template: {% translate %} would look the text up with its % doubled.
+            "bulk_confirm": _(
+                "Cancel the %(count)s selected jobs? Their processes are stopped and their GPUs freed; "
+                "this cannot be undone."
+            ),
         },
     )
 
@@ -331,7 +337,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
 
 def _template_error(form: SubmitForm, exc: DomainError) -> None:
     if exc.code in ("invalid_template_name", "template_exists"):
-        form.add_error("template_name", ValidationError(exc.detail, code=exc.code))
+        form.add_error("template_name", ValidationError(said(exc.detail), code=exc.code))
     else:
         form.add_service_error(exc.field, exc.detail, exc.code)
 
@@ -624,35 +630,47 @@ def job_live(request: HttpRequest, job_id) -> HttpResponse:
     return render(request, "frontend/_job_live.html", _live_context(job))
 
 
-@require_POST
 @login_required
 def job_cancel(request: HttpRequest, job_id) -> HttpResponse:
+    """POST with `confirmed` cancels; anything else asks first, on a page of its own (the page's script asks in a
+    dialog and sends `confirmed` itself, so this page is what a browser without JavaScript shows)."""
     job = _visible_job(request, job_id)
-    try:
-        with transaction.atomic(durable=True):
-            job = services.job_cancel(job_id=job.id, actor=request.user.username)
-    except DomainError as exc:
-        messages.error(request, _("Cannot cancel: %(detail)s") % {"detail": exc.detail})
-    else:
-        messages.success(request, _("Cancel requested.") if job.state == JobState.CANCELLING else _("Cancelled."))
-    return redirect("frontend:job-detail", job_id=job.id)
+    if request.method == "POST" and request.POST.get("confirmed"):
+        try:
+            with transaction.atomic(durable=True):
+                job = services.job_cancel(job_id=job.id, actor=request.user.username)
+        except DomainError as exc:
+            messages.error(request, _("Cannot cancel: %(detail)s") % {"detail": said(exc.detail)})
+        else:
+            messages.success(request, _("Cancel requested.") if job.state == JobState.CANCELLING else _("Cancelled."))
+        return redirect("frontend:job-detail", job_id=job.id)
+    if job.is_terminal or job.state == JobState.CANCELLING:
+        messages.error(
+            request, _("Cannot cancel: the job is already %(state)s.") % {"state": wording.state_label(job.state)}
+        )
+        return redirect("frontend:job-detail", job_id=job.id)
+    return render(request, "frontend/job_cancel.html", {"nav": "jobs", "jobs": [job], "single": job})
 
 
 @require_POST
 @login_required
 def job_bulk_cancel(request: HttpRequest) -> HttpResponse:
-    """Cancel the jobs ticked on the job list: each in its own transaction, so one that just finished does not
-    keep the others running."""
+    """Cancel the jobs ticked on the job list once `confirmed` (else ask first, as job_cancel does): each in its
+    own transaction, so one that just finished does not keep the others running."""
     ids = []
     for value in request.POST.getlist("job")[:JOBS_PER_PAGE]:
         try:
             ids.append(uuid.UUID(value))
         except ValueError:
             continue
-    jobs = list(selectors.jobs_visible_to(request.user).filter(pk__in=ids).order_by("submitted_at"))
+    jobs = list(
+        selectors.jobs_visible_to(request.user).filter(pk__in=ids).select_related("owner").order_by("submitted_at")
+    )
     if not jobs:
         messages.error(request, _("Select the jobs to cancel first."))
         return redirect("frontend:job-list")
+    if not request.POST.get("confirmed"):
+        return render(request, "frontend/job_cancel.html", {"nav": "jobs", "jobs": jobs, "single": None})
     done, refused = [], []
     for job in jobs:
         if job.is_terminal:
@@ -664,7 +682,7 @@ def job_bulk_cancel(request: HttpRequest) -> HttpResponse:
             with transaction.atomic(durable=True):
                 services.job_cancel(job_id=job.id, actor=request.user.username)
         except DomainError as exc:
-            refused.append(f"{job.name}: {exc.detail}")
+            refused.append(f"{job.name}: {said(exc.detail)}")
         else:
             done.append(job.name)
     if done:
@@ -685,7 +703,7 @@ def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
         with transaction.atomic(durable=True):
             new = services.job_reproduce(job_id=job.id, user=request.user, resume=request.POST.get("resume") == "1")
     except DomainError as exc:
-        messages.error(request, _("Cannot reproduce: %(detail)s") % {"detail": exc.detail})
+        messages.error(request, _("Cannot reproduce: %(detail)s") % {"detail": said(exc.detail)})
         return redirect("frontend:job-detail", job_id=job.id)
     messages.success(request, _("Submitted a reproduction of job %(name)s.") % {"name": job.name})
     return redirect("frontend:job-detail", job_id=new.id)

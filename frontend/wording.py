@@ -92,3 +92,81 @@ def reason_sentence(reason: str) -> str:
 
 def is_terminal(state: str) -> bool:
     return state in TERMINAL
+
+
+# Monitoring's own words: alert levels and states, rule metrics, the actions a rule takes, GPU faults.
+MONITORING_WORDS: dict[str, Promise] = {
+    "warning": _("warning"),
+    "critical": _("critical"),
+    "fatal": _("fatal"),
+    "firing": _("firing"),
+    "acknowledged": _("acknowledged"),
+    "resolved": _("resolved"),
+    "gpu_memory_pct": _("GPU memory used, % of the card"),
+    "gpu_temperature_c": _("GPU temperature, °C"),
+    "gpu_power_w": _("GPU power draw, W"),
+    "gpu_utilization_pct": _("GPU utilization, %"),
+    "job_failure_rate": _("failed jobs, % of jobs finished in the window"),
+    "queue_depth": _("pending jobs in a queue"),
+    "gpu_fault": _("GPU out of service for one of the listed faults"),
+    "notify": _("notify"),
+    "webhook": _("webhook"),
+    "quarantine_gpu": _("quarantine the GPU"),
+    "restart_job": _("restart the job"),
+    "xid": _("fatal Xid error"),
+    "gpu_lost": _("GPU lost"),
+    "driver_reset": _("driver reset required"),
+    "probe_failed": _("health probe failing"),
+    "unhealthy": _("device unhealthy"),
+}
+
+
+def monitoring_word(value: str) -> str:
+    return str(MONITORING_WORDS.get(value, value))
+
+
+# What a timeline entry that is not a state change records (JobEvent.kind), and who did it (JobEvent.actor).
+EVENT_KINDS: dict[str, Promise] = {
+    "submitted": _("submitted"),
+    "submitted_from_template": _("submitted from a template"),
+    "resubmitted": _("resubmitted"),
+    "reproduced": _("reproduction"),
+    "waiting": _("waiting"),
+    "backend_pending": _("backend"),
+    "attempt_failed": _("attempt failed"),
+    "priority_elevated": _("priority above the members' maximum"),
+    "checkpoint_saved": _("checkpoint saved"),
+    "checkpoint_deleted": _("checkpoint deleted"),
+    "checkpoint_unsaved": _("checkpoint not saved"),
+    "checkpoint_sync_failing": _("checkpoint upload failing"),
+    "checkpoint_upload_waiting": _("checkpoint upload waiting"),
+    "logs_degraded": _("logging degraded"),
+    "gpu_share_exceeded": _("GPU share exceeded"),
+    "restart_requested": _("restart requested"),
+    "alert": _("alert"),
+    "slice_moved": _("placement corrected"),
+    "slices_moved": _("placement corrected"),
+}
+
+ACTORS: dict[str, Promise] = {
+    "dispatcher": _("the dispatcher"),
+    "backend": _("the backend"),
+    "classifier": _("the failure classifier"),
+    "platform": _("the platform"),
+    "monitoring": _("monitoring"),
+    "timeout-reaper": _("the time-limit reaper"),
+    "checkpoint-sync": _("checkpoint sync"),
+    "retention": _("checkpoint retention"),
+    "health-probe": _("the health probe"),
+}
+
+
+def event_kind(kind: str) -> str:
+    return str(EVENT_KINDS.get(kind, kind))
+
+
+def actor_label(actor: str) -> str:
+    """A platform component in words; a user name (or `alert:<rule>`) as it is."""
+    if actor.startswith("alert:"):
+        return str(_("alert rule %(rule)s")) % {"rule": actor.removeprefix("alert:")}
+    return str(ACTORS.get(actor, actor))

@@ -23,6 +23,7 @@ from django.db.models import F
 
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
 from trainyard import objectstore
+from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 STEP = re.compile(r"(\d+)")
@@ -142,8 +143,14 @@ def checkpoints_record(*, attempt: Attempt, manifest: dict) -> list[Checkpoint]:
             attempt=attempt,
             kind="checkpoint_saved",
             actor="checkpoint-sync",
-            message=f"checkpoint {name} saved ({_size(checkpoint.size_bytes)}, {len(files)} file"
-            f"{'s' if len(files) != 1 else ''})",
+            message=stored(
+                "checkpoint %(name)s saved (%(size)s, %(n)s file)"
+                if len(files) == 1
+                else "checkpoint %(name)s saved (%(size)s, %(n)s files)",
+                name=name,
+                size=_size(checkpoint.size_bytes),
+                n=len(files),
+            ),
             data={"checkpoint": checkpoint.id, "step": checkpoint.step, "key": checkpoint.key, "sha256": sha},
         )
     _sync_health(attempt, manifest)
@@ -158,7 +165,9 @@ def _sync_health(attempt: Attempt, manifest: dict) -> None:
             attempt,
             "checkpoint_sync_failing",
             level="warning",
-            message=f"checkpoint upload failing ({error}); retrying with backoff, the job keeps running",
+            message=stored(
+                "checkpoint upload failing (%(error)s); retrying with backoff, the job keeps running", error=error
+            ),
             data={"error": error, "failures": manifest.get("failures", 0)},
         )
     if manifest.get("held"):
@@ -167,8 +176,11 @@ def _sync_health(attempt: Attempt, manifest: dict) -> None:
             attempt,
             "checkpoint_upload_waiting",
             level="warning",
-            message=f"team storage quota is full: {len(waiting)} checkpoint file(s) wait to be uploaded (kept on the "
-            "node, nothing is lost); free space or raise the quota",
+            message=stored(
+                "team storage quota is full: %(n)s checkpoint file(s) wait to be uploaded (kept on the node, nothing "
+                "is lost); free space or raise the quota",
+                n=len(waiting),
+            ),
             data={"pending": waiting[:50]},
         )
     unsaved = manifest.get("unsaved") or []
@@ -177,8 +189,11 @@ def _sync_health(attempt: Attempt, manifest: dict) -> None:
             attempt,
             "checkpoint_unsaved",
             level="error",
-            message=f"{len(unsaved)} checkpoint file(s) were not saved to the object store: "
-            f"{', '.join(unsaved[:5])}{' …' if len(unsaved) > 5 else ''}" + (f" ({error})" if error else ""),
+            message=stored(
+                "%(n)s checkpoint file(s) were not saved to the object store: %(files)s",
+                n=len(unsaved),
+                files=f"{', '.join(unsaved[:5])}{' …' if len(unsaved) > 5 else ''}" + (f" ({error})" if error else ""),
+            ),
             data={"unsaved": unsaved[:200], "error": error},
         )
 
@@ -323,7 +338,7 @@ def checkpoints_prune(*, now=None) -> dict[str, int]:
             attempt_id=checkpoint.attempt_id,
             kind="checkpoint_deleted",
             actor="retention",
-            message=f"checkpoint {checkpoint.name} deleted by team retention",
+            message=stored("checkpoint %(name)s deleted by team retention", name=checkpoint.name),
             data={"checkpoint": checkpoint.id, "key": checkpoint.key},
         )
         report["deleted"] += 1

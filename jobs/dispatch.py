@@ -30,6 +30,7 @@ from jobs.states import JobState
 from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
 from scheduler import policy
+from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 START_BATCH = 20  # attempts per start message
@@ -313,7 +314,9 @@ class JobStore:
                 for s, entry in zip(a.slices, placement["devices"], strict=True)
             ],
         )
-        messages = [(a.job.id, f"admitted; placed on {', '.join(a.node_names)}") for a in admissions]
+        messages = [
+            (a.job.id, stored("admitted; placed on %(where)s", where=", ".join(a.node_names))) for a in admissions
+        ]
         _update_rows(
             "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
             "message = v.message FROM {rows} AS v(id, message) WHERE j.id = v.id",

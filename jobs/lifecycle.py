@@ -33,12 +33,24 @@ from jobs.backends import AttemptDescription, Device, Observation, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
+from trainyard.sentences import stored
+from trainyard.units import human_duration
 
 log = structlog.get_logger(__name__)
 LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
 
 
 # ------------------------------------------------------------------------------------------- start
+
+# The words of the classifier's verdicts in a stored sentence (each a msgid with context "stored").
+FAILURE_WORDS = {"user": "user failure", "platform": "platform failure", "resource": "resource failure"}
+REACTION_WORDS = {"retry": "retry", "no_retry": "no retry", "retry_elsewhere": "retry elsewhere"}
+ALREADY = {
+    JobState.SUCCEEDED: "the job already succeeded",
+    JobState.FAILED: "the job already failed",
+    JobState.CANCELLED: "the job already cancelled",
+    JobState.TIMED_OUT: "the job already timed out",
+}
 
 
 def _gpu_products(job: Job, attempt: Attempt) -> list[str]:
@@ -224,7 +236,7 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             to=JobState.STARTING,
             actor="backend",
             attempt=attempt,
-            message=f"handed to the {attempt.backend} backend as {ref}",
+            message=stored("handed to the %(backend)s backend as %(ref)s", backend=attempt.backend, ref=ref),
         )
         if job.tensorboard:
             job_id_text = str(job.id)
@@ -277,7 +289,7 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
                         to=JobState.RUNNING,
                         actor="backend",
                         attempt=attempt,
-                        message=obs.message or "running",
+                        message=obs.message or stored("running"),
                     )
             changed += 1
         elif obs.finished:
@@ -311,8 +323,10 @@ def _follow_assignment(attempt: Attempt, assigned: dict[str, tuple[str, ...]]) -
         "slices_moved",
         actor="backend",
         attempt=attempt,
-        message="the device plugin chose other cards than placed: "
-        + ", ".join(f"{a} -> {b}" for a, b in moved.items()),
+        message=stored(
+            "the device plugin chose other cards than placed: %(moves)s",
+            moves=", ".join(f"{a} -> {b}" for a, b in moved.items()),
+        ),
         data={"moved": moved},
     )
 
@@ -332,7 +346,9 @@ def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
     """One platform event per attempt when its log store fails; its count is brought up to date."""
     data = {"lines_lost": obs.log_lines_lost, "error": obs.log_error}
     cause = obs.log_error or "log store unavailable"
-    message = f"logging degraded: {obs.log_lines_lost} lines lost ({cause}); the job keeps running"
+    message = stored(
+        "logging degraded: %(n)s lines lost (%(cause)s); the job keeps running", n=obs.log_lines_lost, cause=cause
+    )
     event = JobEvent.objects.filter(attempt=attempt, kind="logs_degraded").first()
     if event is None:
         _event(
@@ -378,7 +394,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 actor="backend",
                 attempt=attempt,
                 reason=job.reason,
-                message="timed out and stopped" if final == JobState.TIMED_OUT else "cancelled",
+                message=stored("timed out and stopped") if final == JobState.TIMED_OUT else stored("cancelled"),
             )
             return
         if obs.phase == "succeeded":
@@ -386,7 +402,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             attempt.save()
             Job.objects.filter(pk=job.pk).update(exit_code=obs.exit_code)
             job_transition(
-                job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message="exit code 0"
+                job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message=stored("exit code 0")
             )
             return
         tail = backend.log_tail(attempt.backend_ref) if attempt.backend_ref else ""
@@ -411,8 +427,18 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             actor="classifier",
             attempt=attempt,
             level="warning",
-            message=f"attempt {attempt.number} {detail}: {verdict.failure_class} failure ({verdict.rule}); "
-            f"{verdict.reaction.replace('_', ' ')}",
+            message=stored(
+                "attempt %(n)s %(detail)s: %(failure)s (%(rule)s); %(reaction)s",
+                n=attempt.number,
+                detail=detail,
+                failure=stored(FAILURE_WORDS[verdict.failure_class])
+                if verdict.failure_class in FAILURE_WORDS
+                else f"{verdict.failure_class} failure",
+                rule=verdict.rule,
+                reaction=stored(REACTION_WORDS[verdict.reaction])
+                if verdict.reaction in REACTION_WORDS
+                else verdict.reaction,
+            ),
             data={
                 "failure_class": verdict.failure_class,
                 "reaction": verdict.reaction,
@@ -434,7 +460,9 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 attempt=attempt,
                 reason=f"{verdict.failure_class}_failure",
                 level="error",
-                message=f"{detail}. {verdict.suggestion}".strip(),
+                message=stored("%(detail)s. %(suggestion)s", detail=detail, suggestion=verdict.suggestion)
+                if verdict.suggestion
+                else detail,
             )
             return
         job = job_transition(
@@ -443,7 +471,9 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             actor="classifier",
             attempt=attempt,
             reason=verdict.rule,
-            message=f"{detail}; retry {job.retries_used + 1} of {job.max_retries}",
+            message=stored(
+                "%(detail)s; retry %(n)s of %(max)s", detail=detail, n=job.retries_used + 1, max=job.max_retries
+            ),
         )
         updates: dict[str, Any] = {"retries_used": job.retries_used + 1}
         if verdict.reaction == "retry_elsewhere":
@@ -455,7 +485,9 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             to=JobState.PENDING,
             actor="classifier",
             reason=PendingReason.QUEUED,
-            message="queued for another attempt" + (" on other GPUs" if "excluded_gpus" in updates else ""),
+            message=stored("queued for another attempt on other GPUs")
+            if "excluded_gpus" in updates
+            else stored("queued for another attempt"),
         )
         queue_id = job.queue_id
         transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
@@ -463,10 +495,14 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
 
 def _describe_exit(obs: Observation) -> str:
     if obs.signal:
-        return f"was killed by signal {obs.signal}"
+        return stored("was killed by signal %(signal)s", signal=obs.signal)
     if obs.exit_code is not None:
-        return f"exited with code {obs.exit_code}" + (f" ({obs.reason})" if obs.reason not in {"", "Error"} else "")
-    return f"ended: {obs.reason or 'unknown'}" + (f" — {obs.message}" if obs.message else "")
+        if obs.reason in {"", "Error"}:
+            return stored("exited with code %(code)s", code=obs.exit_code)
+        return stored("exited with code %(code)s (%(reason)s)", code=obs.exit_code, reason=obs.reason)
+    if obs.message:
+        return stored("ended: %(reason)s — %(message)s", reason=obs.reason or "unknown", message=obs.message)
+    return stored("ended: %(reason)s", reason=obs.reason or "unknown")
 
 
 def _attempt_hit_unhealthy_gpu(attempt: Attempt) -> bool:
@@ -492,7 +528,11 @@ def job_cancel(*, job_id, actor: str) -> Job:
             if job.state == JobState.CANCELLED or job.state == JobState.CANCELLING:
                 return job
             raise InvalidTransition(
-                f"the job already {job.state.replace('_', ' ')}", from_state=job.state, to_state=JobState.CANCELLED
+                stored(ALREADY[job.state])
+                if job.state in ALREADY
+                else f"the job already {job.state.replace('_', ' ')}",
+                from_state=job.state,
+                to_state=JobState.CANCELLED,
             )
         live = _live_attempt(job)
         if live is None:
@@ -502,14 +542,14 @@ def job_cancel(*, job_id, actor: str) -> Job:
                 to=JobState.CANCELLED,
                 actor=actor,
                 reason="cancelled_by_user",
-                message=f"cancelled by {actor}",
+                message=stored("cancelled by %(who)s", who=actor),
             )
         job = job_transition(
             job_id=job.id,
             to=JobState.CANCELLING,
             actor=actor,
             reason="cancelled_by_user",
-            message=f"cancel requested by {actor}",
+            message=stored("cancel requested by %(who)s", who=actor),
         )
         if live.backend_ref:
             attempt_stop_on_commit(live, robust=True)
@@ -548,7 +588,7 @@ def timeouts_enforce() -> int:
                 to=JobState.CANCELLING,
                 actor="timeout-reaper",
                 reason="timeout",
-                message=f"ran past its {job.timeout_s} s limit; stopping",
+                message=stored("ran past its %(limit)s limit; stopping", limit=human_duration(job.timeout_s)),
                 level="warning",
             )
             if live is not None and live.backend_ref:

@@ -8,6 +8,7 @@ from django.db.models.functions import Cast
 from jobs.models import Job
 from jobs.states import JobState
 from quotas.models import Membership
+from trainyard.sentences import stored
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
@@ -56,7 +57,9 @@ def jobs_to_compare(user, *, ids: list[str], label: str = "") -> list[Job]:
         if not text:
             continue
         if not re.fullmatch(r"[0-9a-f][0-9a-f-]{7,35}", text):
-            raise ValidationFailed(f"{raw!r} is not a job id", code="invalid_job_id", field="job")
+            raise ValidationFailed(
+                stored("%(value)s is not a job id", value=repr(raw)), code="invalid_job_id", field="job"
+            )
         if len(text) == 36:
             found = list(visible.filter(pk=text)[:1])
         else:
@@ -64,17 +67,23 @@ def jobs_to_compare(user, *, ids: list[str], label: str = "") -> list[Job]:
                 visible.annotate(id_text=Cast("id", CharField())).filter(id_text__startswith=text).order_by()[:2]
             )
         if len(found) != 1:
-            raise ValidationFailed(f"no single job of yours has an id starting {text}", code="unknown_job", field="job")
+            raise ValidationFailed(
+                stored("no single job of yours has an id starting %(prefix)s", prefix=text),
+                code="unknown_job",
+                field="job",
+            )
         chosen[found[0].pk] = found[0]
     if label:
         key, sep, value = label.partition("=")
         if not sep or not key:
-            raise ValidationFailed("label must be key=value", code="invalid_label_filter", field="label")
+            raise ValidationFailed(stored("label must be key=value"), code="invalid_label_filter", field="label")
         for job in visible.filter(labels__contains={key: value}).order_by("-submitted_at")[:MAX_COMPARED]:
             chosen.setdefault(job.pk, job)
     if len(chosen) > MAX_COMPARED:
         raise ValidationFailed(
-            f"compare at most {MAX_COMPARED} jobs at once ({len(chosen)} chosen)", code="too_many_jobs", field="job"
+            stored("compare at most %(most)s jobs at once (%(n)s chosen)", most=MAX_COMPARED, n=len(chosen)),
+            code="too_many_jobs",
+            field="job",
         )
     return sorted(chosen.values(), key=lambda j: (j.submitted_at, str(j.pk)))
 

@@ -31,6 +31,7 @@ from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
 from quotas import selectors as quota
 from quotas.models import Team
 from trainyard.errors import Conflict, Forbidden, NotFound, ValidationErrors, ValidationFailed
+from trainyard.sentences import stored
 from trainyard.units import human_duration, human_resource, parse_duration
 
 log = structlog.get_logger(__name__)
@@ -81,13 +82,15 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
     else:
         reference = name.strip()
         if not reference or any(ch.isspace() for ch in reference) or len(reference) > 300:
-            raise ValidationFailed(f"'{name}' is not an image name or reference", code="unknown_image", field="image")
+            raise ValidationFailed(
+                stored("'%(name)s' is not an image name or reference", name=name), code="unknown_image", field="image"
+            )
         digest = ""
         if "@" in reference:
             reference, digest = reference.split("@", 1)
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
                 raise ValidationFailed(
-                    "an image digest must look like sha256:<64 hex>", code="invalid_digest", field="image"
+                    stored("an image digest must look like sha256:<64 hex>"), code="invalid_digest", field="image"
                 )
         min_driver = ""
     platform = image_registry.platform_registry()
@@ -96,7 +99,9 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
         registry = _registry_of(reference)
         if registry not in ref.allowed_registries:
             raise ValidationFailed(
-                f"registry '{registry}' is not on the allow-list", code="image_registry_not_allowed", field="image"
+                stored("registry '%(registry)s' is not on the allow-list", registry=registry),
+                code="image_registry_not_allowed",
+                field="image",
             )
         endpoint = ref.registry_endpoints.get(registry)
     if not digest:
@@ -114,17 +119,23 @@ def _validate_env(env: Any) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, dict):
-        raise ValidationFailed("env must be a mapping of NAME: value", code="invalid_env", field="env")
+        raise ValidationFailed(stored("env must be a mapping of NAME: value"), code="invalid_env", field="env")
     clean, problems = {}, []
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_NAME.match(key):
             problems.append(
                 ValidationFailed(
-                    f"'{key}' is not a valid environment variable name", code="invalid_env_name", field="env"
+                    stored("'%(name)s' is not a valid environment variable name", name=key),
+                    code="invalid_env_name",
+                    field="env",
                 )
             )
         elif key.startswith(RESERVED_ENV_PREFIXES):
-            problems.append(ValidationFailed(f"'{key}' is set by the platform", code="reserved_env_name", field="env"))
+            problems.append(
+                ValidationFailed(
+                    stored("'%(name)s' is set by the platform", name=key), code="reserved_env_name", field="env"
+                )
+            )
         else:
             clean[key] = "" if value is None else str(value)
     if len(problems) == 1:
@@ -139,13 +150,15 @@ def _command(value: Any) -> list[str]:
         try:
             argv = shlex.split(value)
         except ValueError as exc:
-            raise ValidationFailed(f"cannot parse the command: {exc}", code="invalid_command", field="command")
+            raise ValidationFailed(
+                stored("cannot parse the command: %(error)s", error=exc), code="invalid_command", field="command"
+            )
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):
         argv = list(value)
     else:
         argv = []
     if not argv or not argv[0].strip():
-        raise ValidationFailed("the command is empty", code="empty_command", field="command")
+        raise ValidationFailed(stored("the command is empty"), code="empty_command", field="command")
     return argv
 
 
@@ -218,7 +231,9 @@ def _whole(data: dict[str, Any], name: str, default: int) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValidationFailed(f"{name} must be a whole number", code="invalid", field=name) from None
+        raise ValidationFailed(
+            stored("%(field)s must be a whole number", field=name), code="invalid", field=name
+        ) from None
 
 
 def job_validate(*, user, data: dict[str, Any]) -> Resolved:
@@ -227,24 +242,30 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     ref = reference.current()
     team = ref.teams.get(_name(data.get("team")))
     if team is None or not ref.is_member(user, team):
-        raise NotFound("team not found (or you are not a member)", code="unknown_team", field="team")
+        raise NotFound(stored("team not found (or you are not a member)"), code="unknown_team", field="team")
     problems = _Problems()
     queue = ref.queues.get(_name(data.get("queue")))
     with problems.check():
         if queue is None:
-            raise ValidationFailed(f"queue '{data.get('queue')}' does not exist", code="unknown_queue", field="queue")
+            raise ValidationFailed(
+                stored("queue '%(queue)s' does not exist", queue=data.get("queue")), code="unknown_queue", field="queue"
+            )
         if not ref.queue_allows_team(queue, team):
             raise ValidationFailed(
-                f"team {team.slug} may not use queue '{queue.name}'", code="queue_not_allowed", field="queue"
+                stored("team %(team)s may not use queue '%(queue)s'", team=team.slug, queue=queue.name),
+                code="queue_not_allowed",
+                field="queue",
             )
     replicas = 1
     with problems.check():
         replicas = _whole(data, "replicas", 1)
         if replicas < 1 or replicas > 64:
-            raise ValidationFailed("replicas must be between 1 and 64", code="invalid_replicas", field="replicas")
+            raise ValidationFailed(
+                stored("replicas must be between 1 and 64"), code="invalid_replicas", field="replicas"
+            )
         if replicas > 1 and queue is not None and not queue.gang:
             raise ValidationFailed(
-                f"multi-replica jobs need a gang-scheduled queue; '{queue.name}' is not",
+                stored("multi-replica jobs need a gang-scheduled queue; '%(queue)s' is not", queue=queue.name),
                 code="replicas_need_gang_queue",
                 field="replicas",
             )
@@ -259,17 +280,24 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         with problems.check():
             if explicit:
                 raise ValidationFailed(
-                    "give a spec or an explicit gpu_milli/gpu_memory_mib, not both",
+                    stored("give a spec or an explicit gpu_milli/gpu_memory_mib, not both"),
                     code="spec_and_explicit_request",
                     field="spec",
                 )
             spec = ref.specs.get(_name(spec_name))
             if spec is None:
-                raise ValidationFailed(f"spec '{spec_name}' does not exist", code="unknown_spec", field="spec")
+                raise ValidationFailed(
+                    stored("spec '%(spec)s' does not exist", spec=spec_name), code="unknown_spec", field="spec"
+                )
             if queue is not None and not ref.queue_allows_spec(queue, spec):
                 allowed = ", ".join(ref.queue_spec_names(queue)) or "none"
                 raise ValidationFailed(
-                    f"queue '{queue.name}' does not allow spec '{spec.name}' (allowed: {allowed})",
+                    stored(
+                        "queue '%(queue)s' does not allow spec '%(spec)s' (allowed: %(allowed)s)",
+                        queue=queue.name,
+                        spec=spec.name,
+                        allowed=allowed,
+                    ),
                     code="spec_not_allowed_in_queue",
                     field="spec",
                 )
@@ -278,10 +306,10 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 gpu_count = _whole(data, "gpus", spec.gpu_count) or spec.gpu_count
                 if gpu_count != spec.gpu_count and not spec.exclusive:
                     raise ValidationFailed(
-                        "only the guaranteed tier takes several GPUs", code="invalid_gpus", field="gpus"
+                        stored("only the guaranteed tier takes several GPUs"), code="invalid_gpus", field="gpus"
                     )
                 if gpu_count < 1 or gpu_count > 16:
-                    raise ValidationFailed("gpus must be between 1 and 16", code="invalid_gpus", field="gpus")
+                    raise ValidationFailed(stored("gpus must be between 1 and 16"), code="invalid_gpus", field="gpus")
                 request = dict(
                     spec=spec,
                     gpu_count=gpu_count,
@@ -298,7 +326,9 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         with problems.check():
             if queue is not None and not queue.allow_explicit_request:
                 raise ValidationFailed(
-                    f"queue '{queue.name}' takes specs only", code="explicit_request_not_allowed", field="gpu_milli"
+                    stored("queue '%(queue)s' takes specs only", queue=queue.name),
+                    code="explicit_request_not_allowed",
+                    field="gpu_milli",
                 )
             milli = _whole(data, "gpu_milli", 0)
             memory = _whole(data, "gpu_memory_mib", 0)
@@ -331,7 +361,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 memory_mib=host_memory,
             )
     else:
-        problems.found.append(ValidationFailed("a spec is required", code="unknown_spec", field="spec"))
+        problems.found.append(ValidationFailed(stored("a spec is required"), code="unknown_spec", field="spec"))
     totals: dict[str, int] = {}
     if request is not None:
         cards = request["gpu_count"] * replicas
@@ -346,16 +376,25 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             over = quota.fits(vector, {}, queue.vector()) if queue is not None else None
             if over:
                 raise ValidationFailed(
-                    f"the job needs {human_resource(over, vector[over])}; queue '{queue.name}' holds at most "
-                    f"{human_resource(over, queue.vector()[over])}, so it could never start there",
+                    stored(
+                        "the job needs %(need)s; queue '%(queue)s' holds at most %(most)s, "
+                        "so it could never start there",
+                        need=human_resource(over, vector[over]),
+                        queue=queue.name,
+                        most=human_resource(over, queue.vector()[over]),
+                    ),
                     code="request_exceeds_queue_capability",
                     field="spec",
                 )
             over = quota.fits(vector, {}, team.vector())
             if over:
                 raise ValidationFailed(
-                    f"the job needs {human_resource(over, vector[over])}; team {team.slug}'s whole quota is "
-                    f"{human_resource(over, team.vector()[over])}, so it could never start",
+                    stored(
+                        "the job needs %(need)s; team %(team)s's whole quota is %(quota)s, so it could never start",
+                        need=human_resource(over, vector[over]),
+                        team=team.slug,
+                        quota=human_resource(over, team.vector()[over]),
+                    ),
                     code="request_exceeds_team_quota",
                     field="spec",
                 )
@@ -363,18 +402,22 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     with problems.check():
         timeout = parse_duration(data.get("timeout_s"), field="timeout_s", default=default_timeout)
         if timeout is not None and timeout < 1:
-            raise ValidationFailed("timeout_s must be positive", code="invalid_timeout", field="timeout_s")
+            raise ValidationFailed(stored("timeout_s must be positive"), code="invalid_timeout", field="timeout_s")
         if timeout is not None and queue is not None and timeout > queue.max_timeout_s:
             raise ValidationFailed(
-                f"time limit {human_duration(timeout)} is over queue '{queue.name}''s maximum of "
-                f"{human_duration(queue.max_timeout_s)}",
+                stored(
+                    "time limit %(limit)s is over queue '%(queue)s''s maximum of %(most)s",
+                    limit=human_duration(timeout),
+                    queue=queue.name,
+                    most=human_duration(queue.max_timeout_s),
+                ),
                 code="timeout_exceeds_queue_maximum",
                 field="timeout_s",
             )
     image: dict[str, Any] = {}
     with problems.check():
         if not data.get("image"):
-            raise ValidationFailed("an image is required", code="unknown_image", field="image")
+            raise ValidationFailed(stored("an image is required"), code="unknown_image", field="image")
         image = _resolve_image(str(data["image"]), team, ref)
         policy = ref.scan_policies.get(queue.pk) if queue is not None else None
         if policy is not None:
@@ -384,8 +427,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         needs = image["min_driver_version"]
         if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
             raise ValidationFailed(
-                f"the image needs NVIDIA driver >= {image['min_driver_version']}; the newest node has "
-                f"{max(drivers, key=pool.version_tuple)}",
+                stored(
+                    "the image needs NVIDIA driver >= %(needs)s; the newest node has %(newest)s",
+                    needs=image["min_driver_version"],
+                    newest=max(drivers, key=pool.version_tuple),
+                ),
                 code="image_incompatible_with_all_nodes",
                 field="image",
             )
@@ -398,13 +444,13 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     args = data.get("args") or []
     with problems.check():
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ValidationFailed("args must be a list of strings", code="invalid_args", field="args")
+            raise ValidationFailed(stored("args must be a list of strings"), code="invalid_args", field="args")
     labels = data.get("labels") or {}
     with problems.check():
         if not isinstance(labels, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
         ):
-            raise ValidationFailed("labels must map strings to strings", code="invalid_labels", field="labels")
+            raise ValidationFailed(stored("labels must map strings to strings"), code="invalid_labels", field="labels")
     gpu_models: list[str] = []
     with problems.check():
         gpu_models = _gpu_models(data.get("gpu_models"), known=facts.models)
@@ -412,7 +458,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     with problems.check():
         max_retries = _whole(data, "max_retries", 2)
         if not 0 <= max_retries <= 10:
-            raise ValidationFailed("max_retries must be 0..10", code="invalid_max_retries", field="max_retries")
+            raise ValidationFailed(stored("max_retries must be 0..10"), code="invalid_max_retries", field="max_retries")
     paths = None
     with problems.check():
         paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
@@ -492,7 +538,11 @@ def _gpu_models(value: Any, *, known: list[str]) -> list[str]:
     unknown = [w for w in wanted if not any(model_matches(w, m) for m in known)]
     if unknown:
         raise ValidationFailed(
-            f"no GPU of model {', '.join(unknown)} is in the pool; it has {', '.join(known) or 'no GPUs'}",
+            stored(
+                "no GPU of model %(models)s is in the pool; it has %(known)s",
+                models=", ".join(unknown),
+                known=", ".join(known) or stored("no GPUs"),
+            ),
             code="unknown_gpu_model",
             field="gpu_models",
         )
@@ -530,7 +580,7 @@ def job_submit(
                 kind="submitted",
                 to_state=JobState.PENDING,
                 actor=user.username,
-                message=f"submitted to queue {job.queue.name}",
+                message=stored("submitted to queue %(queue)s", queue=job.queue.name),
                 data={"idempotency_key": idempotency_key} if idempotency_key else {},
             )
             if job.priority > job.queue.max_member_priority:
@@ -538,8 +588,12 @@ def job_submit(
                     job,
                     "priority_elevated",
                     actor=user.username,
-                    message=f"priority {job.priority}, over queue {job.queue.name}'s maximum of "
-                    f"{job.queue.max_member_priority} for members",
+                    message=stored(
+                        "priority %(priority)s, over queue %(queue)s's maximum of %(most)s for members",
+                        priority=job.priority,
+                        queue=job.queue.name,
+                        most=job.queue.max_member_priority,
+                    ),
                     data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
                 )
     except IntegrityError:
@@ -658,7 +712,7 @@ def job_transition(
             from_state=previous,
             to_state=to,
             message=message or reason,
-            data=data,
+            data={**(data or {}), "reason": reason} if reason else data,
             attempt=attempt,
             level=level,
         )
@@ -749,7 +803,7 @@ def job_resubmit(*, job_id, user, resume: bool = True) -> Job:
     if not job.is_terminal:
         raise InvalidTransition("only a finished job can be resubmitted", from_state=job.state, to_state="pending")
     new, _ = job_submit(user=user, data={**_clone_data(job, pin_digest=False), **_resume_data(job, resume)})
-    _event(new, "resubmitted", actor=user.username, message=f"resubmitted from job {job.id}")
+    _event(new, "resubmitted", actor=user.username, message=stored("resubmitted from job %(job)s", job=job.id))
     return new
 
 
@@ -763,7 +817,7 @@ def job_reproduce(*, job_id, user, resume: bool = False) -> Job:
         new,
         "reproduced",
         actor=user.username,
-        message=f"reproduces job {job.id}",
+        message=stored("reproduces job %(job)s", job=job.id),
         data={"image_digest": job.image_digest},
     )
     return new
@@ -918,7 +972,7 @@ def template_submit(
             job,
             "submitted_from_template",
             actor=user.username,
-            message=f"submitted from template {template.name}",
+            message=stored("submitted from template %(template)s", template=template.name),
             data={"template": template.name, "template_id": template.pk},
         )
     return job, created

@@ -16,6 +16,7 @@ from typing import Any
 
 from quotas.selectors import is_maintainer
 from trainyard.errors import ValidationFailed
+from trainyard.sentences import stored
 
 CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 MOUNT_KEYS = {"name", "kind", "claim", "path", "read_only", "sub_path"}
@@ -119,13 +120,20 @@ def job_priority(value: Any, *, user, team, queue) -> int:
     try:
         priority = int(value or 0)
     except (TypeError, ValueError):
-        raise ValidationFailed("priority must be an integer", code="invalid_priority", field="priority") from None
+        raise ValidationFailed(
+            stored("priority must be an integer"), code="invalid_priority", field="priority"
+        ) from None
     if not -100 <= priority <= 100:
-        raise ValidationFailed("priority must be -100..100", code="invalid_priority", field="priority")
+        raise ValidationFailed(stored("priority must be -100..100"), code="invalid_priority", field="priority")
     if priority > queue.max_member_priority and not is_maintainer(user, team):
         raise ValidationFailed(
-            f"priority {priority} is over queue '{queue.name}''s maximum for members ({queue.max_member_priority}); "
-            "only the team's maintainers and staff may go higher",
+            stored(
+                "priority %(priority)s is over queue '%(queue)s''s maximum for members (%(most)s); "
+                "only the team's maintainers and staff may go higher",
+                priority=priority,
+                queue=queue.name,
+                most=queue.max_member_priority,
+            ),
             code="priority_exceeds_queue_maximum",
             field="priority",
         )

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
 
@@ -53,7 +54,8 @@ def line_chart(
     drawn = [s for s in series if s.points]
     if not drawn:
         return mark_safe(
-            f'<figure class="chart empty"><figcaption>{escape(title)}</figcaption><p class="muted">no data</p></figure>'
+            f'<figure class="chart empty"><figcaption>{escape(title)}</figcaption>'
+            f'<p class="muted">{escape(_("no data"))}</p></figure>'
         )
     left, right, top, bottom = 48, 8, 8, 22
     plot_w, plot_h = width - left - right, height - top - bottom

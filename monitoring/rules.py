@@ -19,6 +19,7 @@ from cluster.models import GPU
 from jobs.models import Job
 from jobs.states import JobState
 from monitoring.models import AlertRule, Fault, GpuSample, GpuStatus
+from trainyard.sentences import stored
 
 M = AlertRule.Metric
 SAMPLE_METRICS = {M.GPU_MEMORY_PCT, M.GPU_TEMPERATURE_C, M.GPU_POWER_W, M.GPU_UTILIZATION_PCT}
@@ -79,8 +80,8 @@ def sample_value(metric: str, sample: GpuSample, card_mib: int) -> float | None:
 
 def _duration(seconds: float) -> str:
     if seconds >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
+        return stored("%(n)s min", n=f"{seconds / 60:.0f}")
+    return stored("%(n)s s", n=f"{seconds:.0f}")
 
 
 def _sample_breaches(rule: AlertRule, now: datetime, gpu_ids: Iterable[int] | None) -> list[Breach]:
@@ -115,15 +116,30 @@ def _sample_breaches(rule: AlertRule, now: datetime, gpu_ids: Iterable[int] | No
         if held < rule.for_seconds:
             continue
         unit = UNITS[rule.metric]
-        lasting = f" for {_duration(held)}" if rule.for_seconds else ""
+        values = dict(
+            gpu=gpu,
+            model=gpu.model,
+            what=stored(WORDS[rule.metric]),
+            value=f"{value:.0f}",
+            unit=unit,
+            op=SYMBOLS[rule.comparator],
+            threshold=f"{rule.threshold:g}",
+        )
         found.append(
             Breach(
                 fingerprint=f"{rule.pk}:gpu:{gpu.uuid}",
                 subject=f"gpu:{gpu.uuid}",
                 value=round(value, 2),
                 gpu_id=gpu.id,
-                summary=f"{gpu} ({gpu.model}): {WORDS[rule.metric]} {value:.0f}{unit}{lasting} "
-                f"(rule: {SYMBOLS[rule.comparator]} {rule.threshold:g}{unit})",
+                summary=stored(
+                    "%(gpu)s (%(model)s): %(what)s %(value)s%(unit)s for %(held)s (rule: %(op)s %(threshold)s%(unit)s)",
+                    held=_duration(held),
+                    **values,
+                )
+                if rule.for_seconds
+                else stored(
+                    "%(gpu)s (%(model)s): %(what)s %(value)s%(unit)s (rule: %(op)s %(threshold)s%(unit)s)", **values
+                ),
             )
         )
     return found
@@ -150,8 +166,16 @@ def _failure_rate(rule: AlertRule, now: datetime) -> list[Breach]:
             fingerprint=f"{rule.pk}:cluster",
             subject="cluster",
             value=round(rate, 2),
-            summary=f"{failed} of {total} jobs finished in the last {_duration(rule.window_seconds)} failed "
-            f"({rate:.1f}%; rule: {SYMBOLS[rule.comparator]} {rule.threshold:g}%)",
+            summary=stored(
+                "%(failed)s of %(total)s jobs finished in the last %(window)s failed "
+                "(%(rate)s%%; rule: %(op)s %(threshold)s%%)",
+                failed=failed,
+                total=total,
+                window=_duration(rule.window_seconds),
+                rate=f"{rate:.1f}",
+                op=SYMBOLS[rule.comparator],
+                threshold=f"{rule.threshold:g}",
+            ),
         )
     ]
 
@@ -175,8 +199,13 @@ def _queue_depth(rule: AlertRule) -> list[Breach]:
                     subject=f"queue:{queue.name}",
                     value=n,
                     queue_id=queue.id,
-                    summary=f"queue {queue.name}: {n} pending jobs "
-                    f"(rule: {SYMBOLS[rule.comparator]} {rule.threshold:g})",
+                    summary=stored(
+                        "queue %(queue)s: %(n)s pending jobs (rule: %(op)s %(threshold)s)",
+                        queue=queue.name,
+                        n=n,
+                        op=SYMBOLS[rule.comparator],
+                        threshold=f"{rule.threshold:g}",
+                    ),
                 )
             )
     return found
@@ -198,20 +227,25 @@ def _gpu_faults(rule: AlertRule, gpu_ids: Iterable[int] | None) -> list[Breach]:
         fault = effective_fault(status)
         if fault not in wanted:
             continue
-        reason = (status.fault_reason if status else "") or gpu.quarantine_reason or "marked unhealthy"
+        reason = (status.fault_reason if status else "") or gpu.quarantine_reason or stored("marked unhealthy")
         failures = status.failures if status else 0
-        since = (
-            f"; {failures} failed check(s) since {status.fault_since:%Y-%m-%d %H:%M} UTC"
-            if (status and status.fault_since)
-            else ""
-        )
+        values = dict(gpu=gpu, model=gpu.model, fault=stored(FAULT_WORDS.get(fault, fault)), reason=reason)
+        if status and status.fault_since:
+            summary = stored(
+                "%(gpu)s (%(model)s): %(fault)s — %(reason)s; %(n)s failed check(s) since %(since)s UTC; quarantined",
+                n=failures,
+                since=f"{status.fault_since:%Y-%m-%d %H:%M}",
+                **values,
+            )
+        else:
+            summary = stored("%(gpu)s (%(model)s): %(fault)s — %(reason)s; quarantined", **values)
         found.append(
             Breach(
                 fingerprint=f"{rule.pk}:gpu:{gpu.uuid}",
                 subject=f"gpu:{gpu.uuid}",
                 value=failures,
                 gpu_id=gpu.id,
-                summary=f"{gpu} ({gpu.model}): {FAULT_WORDS.get(fault, fault)} — {reason}{since}; quarantined",
+                summary=summary,
             )
         )
     return found

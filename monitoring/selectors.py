@@ -19,8 +19,9 @@ from monitoring.models import Alert, BusinessMetric, GpuSample, GpuStatus, JobGp
 from monitoring.rules import stale_after
 from quotas.selectors import visible_teams
 from trainyard.errors import ValidationFailed
+from trainyard.sentences import stored
 
-NO_TELEMETRY_EMULATED = "emulated: no telemetry"
+NO_TELEMETRY_EMULATED = stored("emulated: no telemetry")
 # The request shapes the pool serves (shared, performance, whole card) and how common each is.
 REQUEST_SHAPES = ((250, 0.5), (750, 0.2), (1000, 0.3))
 FINISHED_ATTEMPTS = [s.value for s in ATTEMPT_FINISHED]
@@ -146,9 +147,9 @@ def telemetry_note(gpu: GPU, latest: GpuSample | None, now: datetime) -> str:
     if gpu.node.emulated:
         return NO_TELEMETRY_EMULATED
     if latest is None:
-        return "no telemetry yet"
+        return stored("no telemetry yet")
     if now - latest.at > stale_after():
-        return f"stale: last sample {latest.at:%Y-%m-%d %H:%M:%S} UTC"
+        return stored("stale: last sample %(at)s UTC", at=f"{latest.at:%Y-%m-%d %H:%M:%S}")
     return ""
 
 

@@ -49,6 +49,7 @@ from monitoring.models import (
 )
 from quotas.models import Queue
 from trainyard.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 ALERTS_LOCK_KEY = 0x6D6F_6E69  # advisory lock id for "opening and resolving alerts"
@@ -98,7 +99,7 @@ def _health_apply(*, gpu_id: int, outcome: ProbeOutcome, actor: str, now: dateti
             GPU.objects.filter(pk=gpu.pk).update(health=GPU.Health.HEALTHY, health_changed_at=now)
             gpu.health = GPU.Health.HEALTHY
             _health_event(
-                gpu, previous=previous, fault="", reason="the health probe passes again", actor=actor, now=now
+                gpu, previous=previous, fault="", reason=stored("the health probe passes again"), actor=actor, now=now
             )
     else:
         fault = outcome.fault or Fault.PROBE_FAILED
@@ -190,7 +191,9 @@ def gpu_return_to_service(
             fault="",
             actor=actor,
             now=moment,
-            reason="returned to service" + (" without a passing probe (forced)" if force else ""),
+            reason=stored("returned to service without a passing probe (forced)")
+            if force
+            else stored("returned to service"),
         )
         _evaluate(now=moment, gpu_ids=[gpu.id])
         transaction.on_commit(_enqueue_dispatch_all)
@@ -364,8 +367,14 @@ def _enforce_memory_shares(job_samples: list[JobGpuSample]) -> list[str]:
             kind="gpu_share_exceeded",
             level="error",
             actor="monitoring",
-            message=f"attempt {attempt.number} held {used} MiB of GPU memory on {gpu}, over its share of {share} MiB; "
-            "stopping it",
+            message=stored(
+                "attempt %(n)s held %(used)s MiB of GPU memory on %(gpu)s, over its share of %(share)s MiB; "
+                "stopping it",
+                n=attempt.number,
+                used=used,
+                gpu=gpu,
+                share=share,
+            ),
             data={"gpu": gpu.uuid, "used_mib": used, "share_mib": share, "tolerance_mib": tolerance},
         )
         jobs_services.attempt_stop_on_commit(attempt, reason="GpuShareExceeded", robust=True)
@@ -485,7 +494,12 @@ def _open(rule: AlertRule, breach: rules.Breach, *, now: datetime) -> Alert:
             kind="alert",
             level="error" if rule.level == "fatal" else "warning",
             actor="monitoring",
-            message=f"{rule.level} alert {rule.name}: {breach.summary}"[:2000],
+            message=stored(
+                "%(level)s alert %(rule)s: %(summary)s",
+                level=stored(rule.level),
+                rule=rule.name,
+                summary=breach.summary,
+            )[:2000],
             data={"alert": alert.id, "rule": rule.name, "level": rule.level},
         )
     if rule.notify:
@@ -502,14 +516,18 @@ def _open(rule: AlertRule, breach: rules.Breach, *, now: datetime) -> Alert:
 def _quarantine(gpu_id: int, *, rule: AlertRule, summary: str, now: datetime) -> dict[str, Any]:
     gpu = GPU.objects.select_for_update().select_related("node").get(pk=gpu_id)
     if gpu.quarantined:
-        return {"action": "quarantine_gpu", "detail": f"{gpu} was already quarantined", "at": now.isoformat()}
-    reason = f"alert {rule.name}: {summary}"[:300]
+        return {
+            "action": "quarantine_gpu",
+            "detail": stored("%(gpu)s was already quarantined", gpu=gpu),
+            "at": now.isoformat(),
+        }
+    reason = stored("alert %(rule)s: %(summary)s", rule=rule.name, summary=summary)[:300]
     GPU.objects.filter(pk=gpu.pk).update(quarantined=True, quarantine_reason=reason, health_changed_at=now)
     gpu.quarantined = True
     _health_event(gpu, previous=gpu.health, fault="", reason=reason, actor=f"alert:{rule.name}", now=now)
     return {
         "action": "quarantine_gpu",
-        "detail": f"{gpu} quarantined: no new job is placed on it",
+        "detail": stored("%(gpu)s quarantined: no new job is placed on it", gpu=gpu),
         "at": now.isoformat(),
     }
 
@@ -527,11 +545,17 @@ def _restart(attempts: list[Attempt], *, rule: AlertRule, summary: str) -> dict[
             kind="restart_requested",
             level="warning",
             actor=f"alert:{rule.name}",
-            message=f"stopping attempt {attempt.number} so the job is retried: {summary}"[:2000],
+            message=stored(
+                "stopping attempt %(n)s so the job is retried: %(summary)s", n=attempt.number, summary=summary
+            )[:2000],
         )
         jobs_services.attempt_stop_on_commit(attempt, robust=True)
         stopped.append(f"{attempt.job_id}#{attempt.number}")
-    detail = f"stopped {', '.join(stopped)} for a retry" if stopped else "no running attempt to stop"
+    detail = (
+        stored("stopped %(attempts)s for a retry", attempts=", ".join(stopped))
+        if stopped
+        else stored("no running attempt to stop")
+    )
     return {"action": "restart_job", "detail": detail, "attempts": stopped}
 
 
@@ -540,11 +564,13 @@ def _notify(alert: Alert, *, owners: list[int]) -> dict[str, Any]:
     recipients = set(
         User.objects.filter(is_active=True).filter(Q(is_staff=True) | Q(pk__in=owners)).values_list("pk", flat=True)
     )
-    message = f"[{alert.level}] {alert.rule_name}: {alert.summary}"[:500]
+    message = stored(
+        "[%(level)s] %(rule)s: %(summary)s", level=alert.level, rule=alert.rule_name, summary=alert.summary
+    )[:500]
     Notification.objects.bulk_create(
         [Notification(user_id=pk, alert=alert, message=message) for pk in recipients], ignore_conflicts=True
     )
-    return {"action": "notify", "detail": f"in-app notification to {len(recipients)} user(s)"}
+    return {"action": "notify", "detail": stored("in-app notification to %(n)s user(s)", n=len(recipients))}
 
 
 def _queue_webhook(alert: Alert, *, event: str, url: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from jobs.selectors import jobs_visible_to
@@ -20,6 +21,7 @@ from monitoring.charts import Series, epoch, line_chart
 from monitoring.models import Alert, AlertRule, GpuSample, Notification
 from quotas.models import Queue
 from trainyard.errors import DomainError
+from trainyard.sentences import said
 
 
 def _visible_jobs(user, job_ids) -> set[str] | None:
@@ -42,25 +44,25 @@ def cluster(request: HttpRequest) -> HttpResponse:
             by_queue[s.queue.name].append(s)
     charts = [
         line_chart(
-            "Pool: allocation and fragmentation (24 h)",
+            _("Pool: allocation and fragmentation (24 h)"),
             [
-                Series("compute allocated", [(epoch(s.at), 100 * (s.allocation_ratio or 0)) for s in pool]),
-                Series("memory allocated", [(epoch(s.at), 100 * (s.memory_allocation_ratio or 0)) for s in pool]),
-                Series("free compute stranded", [(epoch(s.at), 100 * (s.fragmentation or 0)) for s in pool]),
+                Series(_("compute allocated"), [(epoch(s.at), 100 * (s.allocation_ratio or 0)) for s in pool]),
+                Series(_("memory allocated"), [(epoch(s.at), 100 * (s.memory_allocation_ratio or 0)) for s in pool]),
+                Series(_("free compute stranded"), [(epoch(s.at), 100 * (s.fragmentation or 0)) for s in pool]),
             ],
             unit="%",
             y_max=100,
         ),
         line_chart(
-            "Queue depth: pending jobs (24 h)",
+            _("Queue depth: pending jobs (24 h)"),
             [Series(name, [(epoch(s.at), s.pending) for s in rows]) for name, rows in sorted(by_queue.items())],
         ),
         line_chart(
-            "Admissions per minute (24 h)",
-            [Series("pool", [(epoch(s.at), 60 * s.admissions / s.interval_s) for s in pool if s.interval_s])],
+            _("Admissions per minute (24 h)"),
+            [Series(_("pool"), [(epoch(s.at), 60 * s.admissions / s.interval_s) for s in pool if s.interval_s])],
         ),
         line_chart(
-            "Mean wait of admitted jobs (24 h)",
+            _("Mean wait of admitted jobs (24 h)"),
             [
                 Series(name, [(epoch(s.at), s.wait_avg_s) for s in rows if s.wait_avg_s is not None])
                 for name, rows in sorted(by_queue.items())
@@ -81,12 +83,12 @@ def cluster(request: HttpRequest) -> HttpResponse:
                 f"{item.gpu} (1 h)",
                 [
                     Series(
-                        "utilization",
+                        _("utilization"),
                         [(epoch(p.at), p.utilization_pct) for p in points if p.utilization_pct is not None],
                     ),
-                    Series("memory", [(epoch(p.at), p.memory_pct) for p in points if p.memory_pct is not None]),
+                    Series(_("memory"), [(epoch(p.at), p.memory_pct) for p in points if p.memory_pct is not None]),
                     Series(
-                        "temperature °C",
+                        _("temperature °C"),
                         [(epoch(p.at), p.temperature_c) for p in points if p.temperature_c is not None],
                     ),
                 ],
@@ -156,14 +158,14 @@ def alert_action(request: HttpRequest, alert_id: int, verb: str) -> HttpResponse
     try:
         if verb == "acknowledge":
             services.alert_acknowledge(alert_id=alert_id, user=request.user)
-            messages.success(request, f"Alert {alert_id} acknowledged.")
+            messages.success(request, _("Alert %(id)s acknowledged.") % {"id": alert_id})
         elif verb == "resolve":
             services.alert_resolve(alert_id=alert_id, user=request.user, note=request.POST.get("note", "")[:300])
-            messages.success(request, f"Alert {alert_id} resolved.")
+            messages.success(request, _("Alert %(id)s resolved.") % {"id": alert_id})
         else:
             raise Http404
     except DomainError as exc:
-        messages.error(request, f"{exc.detail} ({exc.code})")
+        messages.error(request, f"{said(exc.detail)} ({exc.code})")
     return redirect("monitoring:alerts")
 
 
@@ -171,26 +173,26 @@ def alert_action(request: HttpRequest, alert_id: int, verb: str) -> HttpResponse
 @require_POST
 def gpu_action(request: HttpRequest, uuid: str, verb: str) -> HttpResponse:
     if not request.user.is_staff:
-        messages.error(request, "Only an admin may probe a GPU or return it to service.")
+        messages.error(request, _("Only an admin may probe a GPU or return it to service."))
         return redirect("monitoring:cluster")
     try:
         if verb == "probe":
             outcome = services.gpu_probe_one(gpu_uuid=uuid, actor=request.user.username)
             if outcome is None:
-                messages.success(request, "This card is not reachable from here; dcgm-exporter reports its health.")
+                messages.success(request, _("This card is not reachable from here; dcgm-exporter reports its health."))
             elif outcome.ok:
-                messages.success(request, "The probe passed.")
+                messages.success(request, _("The probe passed."))
             else:
-                messages.error(request, f"The probe failed: {outcome.reason}")
+                messages.error(request, _("The probe failed: %(reason)s") % {"reason": said(outcome.reason)})
         elif verb == "return":
             gpu = services.gpu_return_to_service(
                 gpu_uuid=uuid, actor=request.user.username, force=request.POST.get("force") == "on"
             )
-            messages.success(request, f"{gpu} is back in service.")
+            messages.success(request, _("%(gpu)s is back in service.") % {"gpu": gpu})
         else:
             raise Http404
     except DomainError as exc:
-        messages.error(request, f"{exc.detail} ({exc.code})")
+        messages.error(request, f"{said(exc.detail)} ({exc.code})")
     return redirect("monitoring:cluster")
 
 
@@ -211,13 +213,13 @@ def job_charts_context(job) -> dict:
         chart = None
         if d.samples:
             chart = line_chart(
-                f"{d.device.gpu} during attempt {d.attempt_number}",
+                _("%(gpu)s during attempt %(n)s") % {"gpu": d.device.gpu, "n": d.attempt_number},
                 [
                     Series(
-                        "utilization %",
+                        _("utilization %"),
                         [(epoch(s.at), s.utilization_pct) for s in d.samples if s.utilization_pct is not None],
                     ),
-                    Series("memory %", [(epoch(s.at), s.memory_pct) for s in d.samples if s.memory_pct is not None]),
+                    Series(_("memory %"), [(epoch(s.at), s.memory_pct) for s in d.samples if s.memory_pct is not None]),
                 ],
                 y_max=100,
                 threshold=90,
@@ -225,7 +227,7 @@ def job_charts_context(job) -> dict:
         devices.append({"d": d, "chart": chart})
     processes = (
         line_chart(
-            "GPU memory of the job's own processes",
+            _("GPU memory of the job's own processes"),
             [
                 Series(gpu, [(epoch(p.at), p.memory_used_mib) for p in data["processes"] if str(p.gpu) == gpu])
                 for gpu in sorted({str(p.gpu) for p in data["processes"]})

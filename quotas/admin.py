@@ -23,8 +23,8 @@ from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec
 from quotas.selectors import queue_usage, team_usage
 from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
 from quotas.tokens import token_revoke
-from trainyard.errors import DomainError
-from trainyard.units import human_resource
+from trainyard.errors import DomainError, ValidationFailed
+from trainyard.units import human_duration, human_resource, parse_duration
 
 QUOTA_FIELDSET = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
 # Stored in milli and MiB; shown and typed in GPUs, cores and GiB: (label, stored units per shown unit, step).
@@ -70,11 +70,46 @@ class ScaledField(forms.DecimalField):
         return int((Decimal(shown) * self.scale).to_integral_value(rounding=ROUND_HALF_UP))
 
 
+# Time limits, stored in seconds; shown and typed as `4h`, `30m`, `1h 30m` (or seconds).
+DURATIONS = {"default_timeout_s": "default time limit", "max_timeout_s": "maximum time limit"}
+
+
+class DurationInput(forms.TextInput):
+    def format_value(self, value: Any) -> str | None:
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            return human_duration(int(value))
+        return super().format_value(value)
+
+
+class HumanDurationField(forms.CharField):
+    """A time limit as people write one (the submit form and the API accept the same); cleans to seconds."""
+
+    widget = DurationInput
+
+    def clean(self, value: Any) -> int | None:
+        text = super().clean(value)
+        try:
+            seconds = parse_duration(text, field=str(self.label))
+        except ValidationFailed as exc:
+            raise forms.ValidationError(exc.detail, code="invalid") from None
+        if seconds is not None and seconds < 1:
+            raise forms.ValidationError("a time limit must be positive", code="invalid")
+        return seconds
+
+
 class HumanQuotaForm(forms.ModelForm):
-    """Quota and capability fields in GPUs, cores and GiB instead of milli and MiB."""
+    """Quota and capability fields in GPUs, cores and GiB instead of milli and MiB; time limits in hours and
+    minutes instead of seconds."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name, label in DURATIONS.items():
+            if name in self.fields:
+                self.fields[name] = HumanDurationField(
+                    label=label,
+                    required=self.fields[name].required,
+                    help_text="like 4h, 30m, 1h30m or 2d (a plain number is seconds)",
+                )
         for name, (label, scale, step) in HUMAN_UNITS.items():
             if name not in self.fields:
                 continue
@@ -283,7 +318,10 @@ class QueueForm(HumanQuotaForm):
         data = super().clean()
         default, maximum = data.get("default_timeout_s"), data.get("max_timeout_s")
         if default is not None and maximum is not None and default > maximum:
-            self.add_error("default_timeout_s", f"the default timeout ({default}s) exceeds the maximum ({maximum}s)")
+            self.add_error(
+                "default_timeout_s",
+                f"the default time limit ({human_duration(default)}) exceeds the maximum ({human_duration(maximum)})",
+            )
         return data
 
 
@@ -300,6 +338,7 @@ class QueueAdmin(admin.ModelAdmin):
         "gpu_memory_usage",
         "running_jobs",
         "waiting_jobs",
+        "time_limits",
         "gang",
     )
     list_filter = ("state", "ordering", "gang")
@@ -325,6 +364,10 @@ class QueueAdmin(admin.ModelAdmin):
         ("Live usage", {"fields": ("usage_now",)}),
     )
     readonly_fields = ("usage_now",)
+
+    @admin.display(description="time limit: default / maximum")
+    def time_limits(self, obj: Queue) -> str:
+        return f"{human_duration(obj.default_timeout_s)} / {human_duration(obj.max_timeout_s)}"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Queue]:
         return (
@@ -393,17 +436,36 @@ class QueueAdmin(admin.ModelAdmin):
 # ---------------------------------------------------------------------------------------------- specs
 
 
+class ResourceSpecForm(HumanQuotaForm):
+    class Meta:
+        model = ResourceSpec
+        fields = (
+            "name",
+            "tier",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_memory_eighths",
+            "cpu_milli_per_gpu",
+            "memory_mib_per_gpu",
+            "default_timeout_s",
+            "description",
+            "expected_slowdown",
+            "enabled",
+        )
+
+
 @admin.register(ResourceSpec)
 class ResourceSpecAdmin(admin.ModelAdmin):
+    form = ResourceSpecForm
     list_display = (
         "name",
         "tier",
         "gpu_count",
-        "gpu_milli",
+        "gpu_share",
         "gpu_memory_eighths",
         "cpu_milli_per_gpu",
         "memory_mib_per_gpu",
-        "default_timeout_s",
+        "time_limit",
         "enabled",
         "queue_names",
     )
@@ -413,6 +475,14 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ResourceSpec]:
         return super().get_queryset(request).prefetch_related("queues")
+
+    @admin.display(description="GPU per card", ordering="gpu_milli")
+    def gpu_share(self, obj: ResourceSpec) -> str:
+        return human_resource("gpu_milli", obj.gpu_milli)
+
+    @admin.display(description="default time limit", ordering="default_timeout_s")
+    def time_limit(self, obj: ResourceSpec) -> str:
+        return human_duration(obj.default_timeout_s)
 
     @admin.display(description="queues")
     def queue_names(self, obj: ResourceSpec) -> str:

@@ -28,6 +28,8 @@ from quotas.selectors import VECTOR_FIELDS, fits
 from scheduler import policy
 from scheduler.pool import Pool, current
 from trainyard import wake
+from trainyard.sentences import stored
+from trainyard.units import human_resource
 
 log = structlog.get_logger(__name__)
 
@@ -244,11 +246,16 @@ def _quota_check(
     job: Waiting, queue: QueueRules, team: TeamRules, backlog: Backlog, used: dict[str, int]
 ) -> tuple[str, str] | None:
     if not queue.open:
-        return QUEUE_CLOSED, f"queue {queue.name} is closed"
+        return QUEUE_CLOSED, stored("queue %(queue)s is closed", queue=queue.name)
     over = fits(job.total, used, queue.limit)
     if over:
         return QUEUE_QUOTA, (
-            f"queue {queue.name} has {queue.limit[over] - used[over]} {over} free; the job needs {job.total[over]}"
+            stored(
+                "queue %(queue)s has %(free)s free; the job needs %(need)s",
+                queue=queue.name,
+                free=human_resource(over, queue.limit[over] - used[over]),
+                need=human_resource(over, job.total[over]),
+            )
         )
     tused = backlog.team_used.get(team.id)
     if tused is None:
@@ -256,12 +263,19 @@ def _quota_check(
     over = fits(job.total, tused, team.limit)
     if over:
         return TEAM_QUOTA, (
-            f"team {team.slug} has {team.limit[over] - tused[over]} {over} left; the job needs {job.total[over]}"
+            stored(
+                "team %(team)s has %(left)s left; the job needs %(need)s",
+                team=team.slug,
+                left=human_resource(over, team.limit[over] - tused[over]),
+                need=human_resource(over, job.total[over]),
+            )
         )
     if tused["jobs"] >= team.max_running_jobs:
-        return TEAM_JOB_LIMIT, f"team {team.slug} already runs {team.max_running_jobs} jobs"
+        return TEAM_JOB_LIMIT, stored("team %(team)s already runs %(n)s jobs", team=team.slug, n=team.max_running_jobs)
     if backlog.user_jobs.get((team.id, job.owner_id), 0) >= team.max_jobs_per_user:
-        return USER_JOB_LIMIT, f"you already run {team.max_jobs_per_user} jobs in {team.slug}"
+        return USER_JOB_LIMIT, stored(
+            "you already run %(n)s jobs in %(team)s", n=team.max_jobs_per_user, team=team.slug
+        )
     return None
 
 
@@ -336,8 +350,8 @@ def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> 
 
 def _no_capacity(job: Waiting) -> tuple[str, str]:
     if job.exclusive:
-        return NO_CAPACITY, f"{job.gpu_count} whole free GPU(s) on one node are not available"
-    return NO_CAPACITY, "no GPU has the compute and memory free for this share"
+        return NO_CAPACITY, stored("%(n)s whole free GPU(s) on one node are not available", n=job.gpu_count)
+    return NO_CAPACITY, stored("no GPU has the compute and memory free for this share")
 
 
 def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
@@ -346,12 +360,16 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
     if job.gpu_models:
         models = pool.resolve_models(job.gpu_models)
         if not models:
-            return GPU_MODEL_UNAVAILABLE, f"no GPU of model {' or '.join(job.gpu_models)} is in the pool"
+            return GPU_MODEL_UNAVAILABLE, stored(
+                "no GPU of model %(models)s is in the pool", models=" or ".join(job.gpu_models)
+            )
     masked_nodes: list[int] = []
     if job.min_driver:
         masked_nodes = list(pool.too_old(job.min_driver))
         if masked_nodes and len(masked_nodes) == len(pool.meta):
-            return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
+            return IMAGE_INCOMPATIBLE, stored(
+                "the image needs driver >= %(driver)s; no healthy node has it", driver=job.min_driver
+            )
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
     masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]
     request = request_of(job, models)
@@ -401,22 +419,26 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
     else:
         any_ready, nodes, ready_models = pool.ready_summary()
     if not any_ready:
-        return NO_CAPACITY, "no healthy GPU is available"
+        return NO_CAPACITY, stored("no healthy GPU is available")
     if job.min_driver:
         old = set(pool.too_old(job.min_driver))
         if all(i in old for i in nodes):
-            return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
+            return IMAGE_INCOMPATIBLE, stored(
+                "the image needs driver >= %(driver)s; no healthy node has it", driver=job.min_driver
+            )
     if models is not None and not (models & ready_models):
-        return GPU_MODEL_UNAVAILABLE, f"no healthy GPU of model {' or '.join(sorted(models))} is ready"
+        return GPU_MODEL_UNAVAILABLE, stored(
+            "no healthy GPU of model %(models)s is ready", models=" or ".join(sorted(models))
+        )
     if job.gpu_count >= 1:
         refused = policy.SHARES_ONLY if job.exclusive else policy.WHOLE_ONLY
         if all(pool.nodes[i].sharing == refused for i in nodes):
             if job.exclusive:
-                return NO_CAPACITY, "no ready node hands out whole GPUs (every ready node is time-sliced)"
-            return NO_CAPACITY, "no ready node hands out shares of a GPU (none is time-sliced)"
+                return NO_CAPACITY, stored("no ready node hands out whole GPUs (every ready node is time-sliced)")
+            return NO_CAPACITY, stored("no ready node hands out shares of a GPU (none is time-sliced)")
     code, message = _no_capacity(job)
     if models is not None:
-        message += f" among {' / '.join(sorted(models))}"
+        message = stored("%(why)s among %(models)s", why=message, models=" / ".join(sorted(models)))
     return code, message
 
 
@@ -434,7 +456,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
             team = backlog.teams[job.team_id]
             why = _quota_check(job, queue, team, backlog, used)
             if why is None and blocked and queue.fifo:
-                why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
+                why = (BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
             placed = None
             if why is None:
                 shape = job.shape()

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from trainyard.errors import ValidationFailed
+from trainyard.sentences import stored
 
 UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$", re.IGNORECASE)
@@ -20,7 +21,9 @@ def parse_duration(value: Any, *, field: str, default: int | None = None) -> int
     if value is None or value == "":
         return default
     if isinstance(value, bool):
-        raise ValidationFailed(f"{field} must be a duration such as 4h, 30m or 3600", code="invalid", field=field)
+        raise ValidationFailed(
+            stored("%(field)s must be a duration such as 4h, 30m or 3600", field=field), code="invalid", field=field
+        )
     if isinstance(value, int):
         return value
     text = str(value).strip()
@@ -29,7 +32,11 @@ def parse_duration(value: Any, *, field: str, default: int | None = None) -> int
     match = DURATION.match(text)
     if not text or match is None or not any(match.groups()):
         raise ValidationFailed(
-            f"{field} '{text[:40]}' is not a duration: write it like 4h, 30m, 1h30m or a number of seconds",
+            stored(
+                "%(field)s '%(text)s' is not a duration: write it like 4h, 30m, 1h30m or a number of seconds",
+                field=field,
+                text=text[:40],
+            ),
             code="invalid",
             field=field,
         )
@@ -61,11 +68,12 @@ def human_resource(name: str, amount: int) -> str:
     """One entry of a resource vector in a person's units: `8 GPUs`, `48 GiB of GPU memory`, `16 CPU cores`."""
     if name == "gpu_milli":
         cards = amount / 1000
-        return f"{_number(cards)} GPU" + ("" if cards == 1 else "s")
+        return stored("%(n)s GPU" if cards == 1 else "%(n)s GPUs", n=_number(cards))
     if name in ("gpu_memory_mib", "memory_mib"):
-        what = "GPU memory" if name == "gpu_memory_mib" else "memory"
-        return f"{_number(amount / 1024)} GiB of {what}"
+        if name == "gpu_memory_mib":
+            return stored("%(n)s GiB of GPU memory", n=_number(amount / 1024))
+        return stored("%(n)s GiB of memory", n=_number(amount / 1024))
     if name == "cpu_milli":
         cores = amount / 1000
-        return f"{_number(cores)} CPU core" + ("" if cores == 1 else "s")
+        return stored("%(n)s CPU core" if cores == 1 else "%(n)s CPU cores", n=_number(cores))
     return f"{amount} {name}"

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 from django import template
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_noop
 
 from frontend import wording
 from quotas.models import Team
+from trainyard import sentences
 from trainyard.units import human_duration
 
 register = template.Library()
@@ -35,42 +34,12 @@ def duration(seconds: float | int | None) -> str:
     return _("%(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("%(d)d d") % {"d": days}
 
 
-# Timeline sentences the platform stores in English, matched whole and said in the reader's language.
-EVENT_SENTENCES = [
-    (re.compile(r"^submitted to queue (?P<queue>\S+)$"), gettext_noop("submitted to queue %(queue)s")),
-    (re.compile(r"^admitted; placed on (?P<where>.+)$"), gettext_noop("admitted; placed on %(where)s")),
-    (
-        re.compile(r"^handed to the (?P<backend>\w+) backend as (?P<ref>\S+)$"),
-        gettext_noop("handed to the %(backend)s backend as %(ref)s"),
-    ),
-    (re.compile(r"^running$"), gettext_noop("running")),
-    (re.compile(r"^exit code 0$"), gettext_noop("exit code 0")),
-    (re.compile(r"^cancelled$"), gettext_noop("cancelled")),
-    (re.compile(r"^cancelled by (?P<who>\S+)$"), gettext_noop("cancelled by %(who)s")),
-    (re.compile(r"^cancel requested by (?P<who>\S+)$"), gettext_noop("cancel requested by %(who)s")),
-    (re.compile(r"^timed out and stopped$"), gettext_noop("timed out and stopped")),
-    (re.compile(r"^exited with code (?P<code>-?\d+)$"), gettext_noop("exited with code %(code)s")),
-    (re.compile(r"^was killed by signal (?P<signal>\d+)$"), gettext_noop("was killed by signal %(signal)s")),
-]
-
-
 @register.filter
-def event_text(message: str | None) -> str:
-    """A timeline message in the reader's language where it is one of the platform's own sentences."""
-    if not message:
-        return ""
-    for pattern, sentence in EVENT_SENTENCES:
-        match = pattern.match(message)
-        if match:
-            return _(sentence) % match.groupdict()
-    return message
-
-
-@register.filter
-def catalog(text: str | None) -> str:
-    """A sentence the platform stored in English (a seeded description, a failure rule's suggestion), in the
-    reader's language where the catalogue has it; an admin's own text is shown as written."""
-    return _(text) if text else (text or "")
+def said(text: str | None) -> str:
+    """A sentence the platform stored in English (a wait reason, a timeline entry, a seeded description, a failure
+    rule's suggestion) in the reader's language where the catalogue has it; an admin's own text is shown as written
+    (trainyard.sentences)."""
+    return sentences.said(text)
 
 
 @register.filter
@@ -209,3 +178,28 @@ def usage_bar(used: int, limit: int, label: str, shown_used: str, shown_limit: s
     level = "full" if limit and used >= limit else ("high" if pct >= 90 else "ok")
     text = _("%(used)s of %(limit)s used (%(pct)d%%)") % {"used": shown_used, "limit": shown_limit, "pct": pct}
     return {"pct": pct, "level": level, "label": label, "text": text, "unlimited": not limit}
+
+
+@register.filter
+def word(value: str) -> str:
+    """An alert level or state, a rule's metric or action, a GPU fault, in the reader's language."""
+    return wording.monitoring_word(value)
+
+
+@register.filter
+def event_kind(kind: str) -> str:
+    return wording.event_kind(kind)
+
+
+@register.filter
+def actor(name: str) -> str:
+    return wording.actor_label(name)
+
+
+@register.filter
+def event_reason(event) -> str:
+    """Why a timeline entry happened, when it recorded a reason code the portal has a sentence for."""
+    code = (event.data or {}).get("reason") if isinstance(event.data, dict) else None
+    if not code or not (code in wording.PENDING_REASONS or code in wording.OTHER_REASONS):
+        return ""
+    return wording.reason_sentence(code)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 from django.test import Client
 
+from frontend.tests.browser import live_portal, observer, page, platform  # noqa: F401 - the browser tests' fixtures
 from jobs import services
 from jobs.backends import reset_backends
 from quotas.models import Queue

@@ -2,38 +2,23 @@
 job templates (save, use, edit, delete), comparing runs (picked on the job list, and by label) and API tokens
 (created and shown once, used, revoked), in English and in Chinese.
 
-Screenshots go to `$TRAINYARD_SCREENSHOTS` (default: a `trainyard-screenshots` folder in the system's temp folder).
+Screenshots go to `test-artifacts/screenshots/`, like the other browser tests'.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
-from pathlib import Path
 
 import httpx
-import pytest
 
-from frontend.tests.test_browser import (  # noqa: F401 - fixtures: the live portal and a Chromium tab
-    CHROMIUM,
-    live_portal,
-    observer,
-    page,
-)
+from frontend.tests.browser import BROWSER_MARKS, log_in, press, shot
 from jobs import services
 from jobs.models import Job, JobTemplate
-from jobs.tests.conftest import platform, wait_for  # noqa: F401 - the seeded platform fixture
+from jobs.tests.conftest import wait_for
 from monitoring import services as monitoring
 from quotas.models import ApiToken
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
-]
-SHOTS = Path(os.environ.get("TRAINYARD_SCREENSHOTS") or Path(tempfile.gettempdir()) / "trainyard-screenshots")
+pytestmark = BROWSER_MARKS
 
 TRAIN = (
     "import json, os\n"
@@ -42,18 +27,6 @@ TRAIN = (
     "    print('TRAINYARD_METRIC ' + json.dumps({'step': step, 'loss': 1 / (1 + lr * step), 'acc': lr * step}),"
     " flush=True)\n"
 )
-
-
-def press(tab, selector: str) -> None:
-    """Click a button once the focused field has lost focus (its change handler run), as after a Tab: a click
-    whose mousedown also blurs a just-filled field sometimes landed on the form instead of the button."""
-    tab.evaluate("document.activeElement && document.activeElement.blur()")
-    tab.click(selector)
-
-
-def shot(tab, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    tab.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def run(user, lr: str, name: str) -> Job:
@@ -73,14 +46,10 @@ def run(user, lr: str, name: str) -> Job:
     return job
 
 
-def test_run_again_templates_compare_and_tokens_in_a_real_browser(live_portal, page):  # noqa: F811
+def test_run_again_templates_compare_and_tokens_in_a_real_browser(live_portal, page):
     demo = live_portal.demo
     tab = page
-    tab.goto("/login/")
-    tab.fill("#id_username", "demo")
-    tab.fill("#id_password", "demo-pass-123")
-    tab.click("button.primary")
-    tab.wait_for_url(re.compile(r"/jobs/$"))
+    log_in(tab)
 
     first, second = run(demo, "0.1", "lr-0.1"), run(demo, "0.5", "lr-0.5")
     wait_for(

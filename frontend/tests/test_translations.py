@@ -21,7 +21,7 @@ def _entries() -> list[dict]:
                 continue
             if line.startswith("#"):
                 continue
-            match = re.match(r"^(msgid_plural|msgid|msgstr\[0\]|msgstr\[\d+\]|msgstr) (\".*\")$", line)
+            match = re.match(r"^(msgctxt|msgid_plural|msgid|msgstr\[0\]|msgstr\[\d+\]|msgstr) (\".*\")$", line)
             if match:
                 key = match.group(1)
                 entry[key] = ast.literal_eval(match.group(2))
@@ -47,7 +47,38 @@ def test_compiled_catalogue_matches_the_source():
     with open(CATALOGUE / "django.mo", "rb") as f:
         compiled = gettext.GNUTranslations(f)
     for entry in _entries():
-        if "msgid_plural" in entry:
+        if "msgctxt" in entry:
+            assert compiled.pgettext(entry["msgctxt"], entry["msgid"]) == entry["msgstr"], entry["msgid"]
+        elif "msgid_plural" in entry:
             assert compiled.ngettext(entry["msgid"], entry["msgid_plural"], 1) == entry["msgstr[0]"]
         else:
             assert compiled.gettext(entry["msgid"]) == entry["msgstr"], f"stale .mo for {entry['msgid']!r}"
+
+
+def _stored_templates() -> dict[str, str]:
+    """Every template the code passes to trainyard.sentences.stored(), with the file that makes it."""
+    found: dict[str, str] = {}
+    for path in BASE_DIR.rglob("*.py"):
+        parts = path.relative_to(BASE_DIR).parts
+        if parts[0].startswith(".") or "tests" in parts or "migrations" in parts or parts[0] == "bench":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "stored" and node.args:
+                first = node.args[0]
+                options = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+                for option in options:
+                    if isinstance(option, ast.Constant) and isinstance(option.value, str):
+                        found.setdefault(option.value, str(path))
+    return found
+
+
+def test_every_stored_sentence_is_in_the_catalogue_with_its_context():
+    from jobs import lifecycle
+
+    stored = {e["msgid"] for e in _entries() if e.get("msgctxt") == "stored"}
+    templates = _stored_templates()
+    assert len(templates) > 60  # the reader finds the producers' calls
+    for words in (lifecycle.FAILURE_WORDS, lifecycle.REACTION_WORDS, lifecycle.ALREADY):
+        templates.update({w: "jobs/lifecycle.py" for w in words.values()})
+    missing = {t: where for t, where in templates.items() if t not in stored}
+    assert not missing, f"stored sentences without a msgctxt 'stored' entry: {missing}"

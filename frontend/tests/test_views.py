@@ -254,7 +254,8 @@ def test_cancel_and_reproduce_need_csrf_and_membership(portal):
     strict.force_login(portal.demo)
     assert strict.post(f"/jobs/{job.id}/cancel/").status_code == 403
     assert strict.post(f"/jobs/{job.id}/reproduce/").status_code == 403
-    assert strict.get(f"/jobs/{job.id}/cancel/").status_code == 405
+    asks = strict.get(f"/jobs/{job.id}/cancel/")  # without JavaScript the confirmation is a page of its own
+    assert asks.status_code == 200 and 'name="confirmed" value="1"' in asks.content.decode()
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING and Job.objects.count() == 1
 
     page = strict.get(f"/jobs/{job.id}/").content.decode()
@@ -263,7 +264,10 @@ def test_cancel_and_reproduce_need_csrf_and_membership(portal):
     outsider.force_login(portal.outsider)
     outsider_page = outsider.get("/jobs/").content.decode()
     outsider_token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', outsider_page).group(1)
-    assert outsider.post(f"/jobs/{job.id}/cancel/", {"csrfmiddlewaretoken": outsider_token}).status_code == 404
+    assert (
+        outsider.post(f"/jobs/{job.id}/cancel/", {"csrfmiddlewaretoken": outsider_token, "confirmed": "1"}).status_code
+        == 404
+    )
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
 
     reproduced = strict.post(f"/jobs/{job.id}/reproduce/", {"csrfmiddlewaretoken": token})
@@ -272,25 +276,30 @@ def test_cancel_and_reproduce_need_csrf_and_membership(portal):
     assert copy.reproduced_from_id == job.id and copy.image_digest == job.image_digest
     assert copy.events.filter(kind="reproduced").exists()
 
-    cancelled = strict.post(f"/jobs/{job.id}/cancel/", {"csrfmiddlewaretoken": token}, follow=True)
+    unconfirmed = strict.post(f"/jobs/{job.id}/cancel/", {"csrfmiddlewaretoken": token})
+    assert unconfirmed.status_code == 200 and Job.objects.get(pk=job.pk).state == JobState.PENDING
+    assert "Cancel job to-cancel?" in unconfirmed.content.decode()
+    cancelled = strict.post(f"/jobs/{job.id}/cancel/", {"csrfmiddlewaretoken": token, "confirmed": "1"}, follow=True)
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
     assert b"Cancelled." in cancelled.content
-    again = strict.post(f"/jobs/{copy.id}/cancel/", {"csrfmiddlewaretoken": token}, follow=True)
+    again = strict.post(f"/jobs/{copy.id}/cancel/", {"csrfmiddlewaretoken": token, "confirmed": "1"}, follow=True)
     assert again.status_code == 200 and Job.objects.get(pk=copy.pk).state == JobState.CANCELLED
 
 
 def test_cancelling_a_finished_job_says_why(portal):
     job = submit(portal.demo)
     services.job_cancel(job_id=job.id, actor="demo")
-    response = login(portal.demo).post(f"/jobs/{job.id}/cancel/", follow=True)
+    response = login(portal.demo).post(f"/jobs/{job.id}/cancel/", {"confirmed": "1"}, follow=True)
     assert response.status_code == 200 and b"Cancelled." in response.content
     done = submit(portal.demo)
     services.queue_dispatch(queue_id=done.queue_id)
     attempt = done.attempts.get()
     services.job_transition(job_id=done.id, to=JobState.STARTING, actor="test")
     services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="succeeded", exit_code=0))
-    response = login(portal.demo).post(f"/jobs/{done.id}/cancel/", follow=True)
+    response = login(portal.demo).post(f"/jobs/{done.id}/cancel/", {"confirmed": "1"}, follow=True)
     assert "Cannot cancel: the job already succeeded" in response.content.decode()
+    asked = login(portal.demo).get(f"/jobs/{done.id}/cancel/", follow=True)  # nothing to ask about
+    assert "Cannot cancel: the job is already succeeded." in asked.content.decode()
 
 
 def test_job_page_shows_attempts_with_failure_class_rule_and_suggestion(portal):
@@ -509,14 +518,18 @@ def test_job_list_shows_gpus_duration_owner_and_cancels_several_at_once(portal):
     assert "GPUs" in page and "Duration" in page and "Owner" in page
     assert "1 GPU" in page and "waiting 0 s" in page
     assert 'data-confirm="Cancel the %(count)s selected jobs?' in page
-    response = client.post(
-        "/jobs/cancel/", {"job": [str(j.id) for j in waiting] + [str(theirs.id), "not-a-uuid"]}, follow=True
-    )
+    picked = {"job": [str(j.id) for j in waiting] + [str(theirs.id), "not-a-uuid"]}
+    asks = html.unescape(client.post("/jobs/cancel/", picked).content.decode())  # no JavaScript: a page asks
+    assert "Cancel 2 jobs?" in asks and "sweep-0" in asks and "their-job" not in asks
+    assert asks.count('type="hidden" name="job"') == 2 and 'name="confirmed" value="1"' in asks
+    assert [Job.objects.get(pk=j.pk).state for j in waiting] == [JobState.PENDING] * 2
+    response = client.post("/jobs/cancel/", {**picked, "confirmed": "1"}, follow=True)
     body = html.unescape(response.content.decode())
     assert "Cancel requested for 2 jobs: sweep-0, sweep-1" in body
     assert [Job.objects.get(pk=j.pk).state for j in waiting] == [JobState.CANCELLED] * 2
     assert Job.objects.get(pk=theirs.pk).state == JobState.PENDING  # not the demo user's to see, let alone cancel
-    again = html.unescape(client.post("/jobs/cancel/", {"job": [str(waiting[0].id)]}, follow=True).content.decode())
+    again = client.post("/jobs/cancel/", {"job": [str(waiting[0].id)], "confirmed": "1"}, follow=True)
+    again = html.unescape(again.content.decode())
     assert "Not cancelled: sweep-0: already cancelled" in again
     assert "Select the jobs to cancel first." in client.post("/jobs/cancel/", {}, follow=True).content.decode()
     assert client.get("/jobs/cancel/").status_code == 405

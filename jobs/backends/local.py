@@ -26,6 +26,7 @@ from jobs import logstore
 from jobs.backends import proctree, sandbox
 from jobs.backends.base import AttemptDescription, Observation
 from trainyard.paths import BASE_DIR
+from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 SUPERVISOR_START_S = 20.0  # how long submit waits for a new supervisor to take its lock
@@ -270,15 +271,17 @@ class LocalBackend:
                     # Never reported lost while any of its processes lives: a retry would run beside them.
                     log.warning("local_attempt_fencing", ref=ref, alive=sorted(left)[:20])
                     result[ref] = Observation(
-                        phase="running", message=f"supervisor gone; {len(left)} processes could not be killed yet"
+                        phase="running",
+                        message=stored("supervisor gone; %(n)s processes could not be killed yet", n=len(left)),
                     )
                 else:
                     (folder / "fenced").write_text(str(time.time()))
                     result[ref] = Observation(
                         phase="lost",
                         reason="Lost",
-                        message="the local supervisor died without an exit status; every process of the attempt "
-                        "was killed",
+                        message=stored(
+                            "the local supervisor died without an exit status; every process of the attempt was killed"
+                        ),
                         ended_at=time.time(),
                         log_lines_lost=int(faults.get("lines_lost") or 0),
                         log_error=faults.get("error", ""),

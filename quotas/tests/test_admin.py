@@ -18,7 +18,7 @@ from images.models import BaseImage, ProjectImage
 from jobs import services as job_services
 from jobs.models import FailureRule, Job
 from jobs.states import JobState, PendingReason
-from quotas.models import ApiToken, Queue, QuotaChange, Team
+from quotas.models import ApiToken, Queue, QuotaChange, ResourceSpec, Team
 from quotas.services import team_quota_update
 from quotas.tokens import token_create
 from trainyard.seed import seed
@@ -240,6 +240,37 @@ def test_queue_default_timeout_above_maximum_is_a_form_error(world, staff):
     assert response.status_code == 200
     assert "exceeds the maximum" in str(response.context["adminform"].form.errors["default_timeout_s"])
     assert not QuotaChange.objects.exists()
+
+
+def test_queue_and_spec_time_limits_read_and_type_in_hours_and_minutes(world, staff):
+    queue = Queue.objects.get(name="debug")
+    page = staff.get(change_url(queue)).content.decode()
+    assert 'name="max_timeout_s" value="4h"' in page and 'name="default_timeout_s" value="1h"' in page
+    assert "1h / 4h" in staff.get(changelist_url(Queue)).content.decode()
+    data = form_data(staff.get(change_url(queue)))
+    data.update(default_timeout_s="30m", max_timeout_s="2h 30m")
+    response = staff.post(change_url(queue), data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    queue.refresh_from_db()
+    assert (queue.default_timeout_s, queue.max_timeout_s) == (1800, 9000)
+    data.update(default_timeout_s="soon")
+    refused = staff.post(change_url(queue), data)
+    assert "is not a duration" in str(refused.context["adminform"].form.errors["default_timeout_s"])
+    data.update(default_timeout_s="3h")
+    refused = staff.post(change_url(queue), data)
+    assert "the default time limit (3h) exceeds the maximum (2h 30m)" in str(
+        refused.context["adminform"].form.errors["default_timeout_s"]
+    )
+
+    spec = ResourceSpec.objects.get(name="shared")
+    assert 'name="default_timeout_s" value="2h"' in staff.get(change_url(spec)).content.decode()
+    listing = staff.get(changelist_url(ResourceSpec)).content.decode()
+    assert "0.25 GPU" in listing and ">2h<" in listing
+    data = form_data(staff.get(change_url(spec)))
+    data.update(default_timeout_s="90m")
+    assert staff.post(change_url(spec), data).status_code == 302
+    spec.refresh_from_db()
+    assert spec.default_timeout_s == 5400
 
 
 def test_token_list_never_shows_digests_and_revoke_action_revokes(world, staff):
