@@ -165,6 +165,7 @@ FIELD_ORDER = (
     "working_dir",
     "mounts",
     "priority",
+    "preemptible",
     "ci",
 )
 
@@ -400,6 +401,9 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     with problems.check():
         if queue is not None:
             priority = validation.job_priority(data.get("priority"), user=user, team=team, queue=queue)
+    preemptible = False
+    with problems.check():
+        preemptible = _preemptible(data.get("preemptible"), queue)
     problems.raise_any()
     assert queue is not None and request is not None and paths is not None and timeout is not None
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
@@ -418,6 +422,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             env=env,
             working_dir=paths.working_dir,
             priority=priority,
+            preemptible=preemptible,
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),
@@ -429,6 +434,19 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             resume_from=resume_from,
         )
     )
+
+
+def _preemptible(value: Any, queue) -> bool:
+    """A job runs preemptible only where its queue lets jobs borrow idle capacity (docs/pools.md)."""
+    if value in (None, "", False):
+        return False
+    if value is not True:
+        raise ValidationFailed("preemptible must be true or false", code="invalid_preemptible", field="preemptible")
+    if queue is not None and not queue.allow_preemptible:
+        raise ValidationFailed(
+            f"queue '{queue.name}' does not take preemptible jobs", code="preemptible_not_allowed", field="preemptible"
+        )
+    return True
 
 
 def _resume_from(value: Any, *, team: Team) -> Job | None:
@@ -701,6 +719,8 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
         "labels": job.labels,
         "ci": job.ci,
     }
+    if job.preemptible:
+        data["preemptible"] = True
     if job.gpu_models:
         data["gpu_models"] = job.gpu_models
     if job.spec:

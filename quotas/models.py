@@ -127,6 +127,11 @@ class Queue(ResourceVector):
         FIFO = "fifo"
         BACKFILL = "backfill"
 
+    class PriorityClass(models.TextChoices):
+        # Admission order across queues: inference first, then training; preemptible jobs of any queue come last.
+        INFERENCE = "inference"
+        TRAINING = "training"
+
     name = models.SlugField(max_length=50, unique=True)
     description = models.TextField(blank=True)
     teams = models.ManyToManyField(Team, related_name="queues", blank=True)
@@ -153,6 +158,17 @@ class Queue(ResourceVector):
         default=False,
         help_text="local jobs may open connections to other machines (downloads, pip); they never reach the "
         "platform's own services. Off: local jobs have no network at all",
+    )
+    priority_class = models.CharField(
+        max_length=10,
+        choices=PriorityClass.choices,
+        default=PriorityClass.TRAINING,
+        help_text="inference queues are admitted before training queues; preemptible jobs come after both",
+    )
+    allow_preemptible = models.BooleanField(
+        default=False,
+        help_text="jobs may opt in to run preemptible: on idle capacity beyond the hard quota, stopped (with a "
+        "notice and a final checkpoint) when quota-holding work needs the cards back",
     )
 
     class Meta:

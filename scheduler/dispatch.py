@@ -89,7 +89,9 @@ class Waiting:
     gpu_models: tuple[str, ...] = ()
     reason: str = ""
     position: int | None = None
-    order: tuple = ()  # where it stands in its queue's line: (-priority, submitted at in epoch seconds, id)
+    # Where it stands in its queue's line: (preemptible, -priority, submitted at in epoch seconds, id).
+    order: tuple = ()
+    preemptible: bool = False  # holds no quota; decided after every queue's quota-holding jobs (docs/pools.md)
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -245,6 +247,8 @@ def _quota_check(
 ) -> tuple[str, str] | None:
     if not queue.open:
         return QUEUE_CLOSED, f"queue {queue.name} is closed"
+    if job.preemptible:
+        return None  # borrows idle capacity: no quota is held, so none is checked
     over = fits(job.total, used, queue.limit)
     if over:
         return QUEUE_QUOTA, (
@@ -266,6 +270,8 @@ def _quota_check(
 
 
 def _charge(job: Waiting, queue: QueueRules, backlog: Backlog) -> None:
+    if job.preemptible:
+        return
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
     tused = backlog.team_used.setdefault(job.team_id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
     for name in VECTOR:
@@ -388,6 +394,11 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
     return done
 
 
+def place(job: Waiting, pool: Pool) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+    """Place a job in `pool` (taken there, in memory only) or say why not: what preemption asks of a what-if pool."""
+    return _place(job, pool, Plan())
+
+
 def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[str, str]:
     if job.excluded_nodes or job.excluded_gpus:
         ready = [
@@ -423,42 +434,55 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
 def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> Plan:
     """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes.
     `lines`: where each queue's line stood after the previous pass, when only jobs that join the lines' ends
-    are given (the fast pass); the lines are not changed."""
+    are given (the fast pass); the lines are not changed. Preemptible jobs (last in their lines) are decided
+    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work."""
     out = Plan()
+    state: dict[int, Line] = {}
+    deferred: list[tuple[QueueRules, Waiting]] = []
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
-        position, blocked, tail = start.position, start.blocked, start.tail
-        failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
-        used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+        state[queue.id] = Line(start.position, start.blocked, start.tail)
         for job in backlog.waiting.get(queue.id, ()):
-            team = backlog.teams[job.team_id]
-            why = _quota_check(job, queue, team, backlog, used)
-            if why is None and blocked and queue.fifo:
-                why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
-            placed = None
-            if why is None:
-                shape = job.shape()
-                why = failed_shapes.get(shape)
-                if why is not None:
-                    out.shape_hits += 1
-                else:
-                    result = _place(job, pool, out)
-                    if isinstance(result, tuple):
-                        why = failed_shapes[shape] = result
-                    else:
-                        placed = result
-            if why is not None:
-                position += 1
-                if why[0] != QUEUE_CLOSED:
-                    blocked = True
-                out.waits.append(Wait(job, why[0], why[1], position))
-                tail = max(tail, job.order) if tail else job.order
-                continue
-            assert placed is not None
-            out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
-            _charge(job, queue, backlog)
-        out.lines[queue.id] = Line(position, blocked, tail)
+            if job.preemptible:
+                deferred.append((queue, job))
+            else:
+                _decide(job, queue, state[queue.id], backlog, pool, out)
+    for queue, job in deferred:
+        _decide(job, queue, state[queue.id], backlog, pool, out)
+    out.lines.update(state)
     return out
+
+
+def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool: Pool, out: Plan) -> None:
+    """Admit one job (placed, charged) or record why it waits and where it stands in its line."""
+    failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
+    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+    team = backlog.teams[job.team_id]
+    why = _quota_check(job, queue, team, backlog, used)
+    if why is None and line.blocked and queue.fifo:
+        why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
+    placed = None
+    if why is None:
+        shape = job.shape()
+        why = failed_shapes.get(shape)
+        if why is not None:
+            out.shape_hits += 1
+        else:
+            result = _place(job, pool, out)
+            if isinstance(result, tuple):
+                why = failed_shapes[shape] = result
+            else:
+                placed = result
+    if why is not None:
+        line.position += 1
+        if why[0] != QUEUE_CLOSED:
+            line.blocked = True
+        out.waits.append(Wait(job, why[0], why[1], line.position))
+        line.tail = max(line.tail, job.order) if line.tail else job.order
+        return
+    assert placed is not None
+    out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
+    _charge(job, queue, backlog)
 
 
 # ----------------------------------------------------------------------------------------------- the pass

@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 # A node's sharing label (set by the inventory) as the placement policy's mode.
 NODE_SHARING = {SHARING_WHOLE: policy.WHOLE_ONLY, SHARING_TIME_SLICED: policy.SHARES_ONLY}
 UNTRACKED = 1 << 40  # host CPU/memory of a node whose capacity is not reserved (see `host_accounted`)
-FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost")
+FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost", "preempted")
 
 
 def model_key(name: str) -> str:
@@ -365,6 +365,29 @@ class Pool:
                 u.host_memory + s.host_memory_mib,
                 () if s.reclaim else u.stale,
             )
+
+    def shift(self, slices: list[tuple[int, int, int, int, int]], sign: int) -> None:
+        """Add (sign 1) or remove (sign -1) slices given as (GPU id, compute milli, GPU memory, CPU milli, host
+        memory) in memory only: what the pool would look like with an attempt gone (preemption's what-if)."""
+        assert self.allocator is not None
+        touched = set()
+        for gpu_id, milli, memory, cpu, host_memory in slices:
+            at = self.gpu_at.get(gpu_id)
+            if at is None:
+                continue
+            u = self.usage.get(gpu_id) or Usage()
+            self.usage[gpu_id] = Usage(
+                u.milli + sign * milli,
+                u.memory + sign * memory,
+                u.cpu + sign * cpu,
+                u.host_memory + sign * host_memory,
+                u.stale,
+            )
+            touched.add(at[0])
+        self.failed.clear()
+        for i in touched:
+            self._apply(i)
+            self.allocator.refresh(i)
 
     def give_back(self, placement: policy.Placement, slices: list) -> None:
         """Undo `take` for a placement that was not written (its job left the queue meanwhile)."""

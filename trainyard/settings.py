@@ -262,6 +262,9 @@ TRAINYARD_EMULATED_DRIVER = env.str("TRAINYARD_EMULATED_DRIVER", default="550.54
 TRAINYARD_EMULATED_CUDA = env.str("TRAINYARD_EMULATED_CUDA", default="12.4")
 TRAINYARD_DEFAULT_GPU_MEMORY_MIB = env.int("TRAINYARD_DEFAULT_GPU_MEMORY_MIB", default=24576)
 TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
+# Preemption (jobs/preemption.py, docs/pools.md): a preemptible job gets this many seconds between the notice
+# (SIGTERM; TRAINYARD_PREEMPT_NOTICE in its environment says how long) and SIGKILL, for its last checkpoint.
+TRAINYARD_PREEMPT_GRACE_S = env.float("TRAINYARD_PREEMPT_GRACE_S", default=30.0)
 # The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
