@@ -266,6 +266,8 @@ class QueueForm(HumanQuotaForm):
             "state",
             "ordering",
             "priority",
+            "priority_class",
+            "allow_preemptible",
             "max_member_priority",
             "weight",
             *QUOTA_FIELDSET,
@@ -295,6 +297,8 @@ class QueueAdmin(admin.ModelAdmin):
         "state",
         "ordering",
         "priority",
+        "priority_class",
+        "allow_preemptible",
         "weight",
         "gpu_milli_usage",
         "gpu_memory_usage",
@@ -302,20 +306,20 @@ class QueueAdmin(admin.ModelAdmin):
         "waiting_jobs",
         "gang",
     )
-    list_filter = ("state", "ordering", "gang")
+    list_filter = ("state", "ordering", "gang", "priority_class", "allow_preemptible")
     search_fields = ("name", "description")
     filter_horizontal = ("teams", "specs")
     inlines = (QueueQuotaChangeInline,)
     actions = ("open_queues", "close_queues")
     fieldsets = (
-        (None, {"fields": ("name", "description", "state", "ordering", "priority", "weight")}),
+        (None, {"fields": ("name", "description", "state", "ordering", "priority", "priority_class", "weight")}),
         (
             "Capability (hard; changes are audited and take effect at the next dispatch)",
             {
                 "fields": QUOTA_FIELDSET,
             },
         ),
-        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request")}),
+        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request", "allow_preemptible")}),
         (
             "Timeouts and scheduling",
             {
