@@ -59,6 +59,8 @@ class AttemptDescription:
     checkpoint: dict = field(default_factory=dict)
     # A preemptible job's notice: seconds between SIGTERM and SIGKILL when it must yield (0: not preemptible).
     preempt_notice_s: int = 0
+    # Admission class (docs/pools.md): inference, training or preemptible; Kubernetes gets its PriorityClass.
+    priority_class: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
