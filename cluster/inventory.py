@@ -21,6 +21,15 @@ SHARING_LABEL = "trainyard.io/gpu-sharing"
 SHARING_WHOLE = "whole"
 SHARING_TIME_SLICED = "time-sliced"
 
+# A node's pool (docs/pools.md): a node label. The inventory names it when a node first appears (the Kubernetes
+# node's own label, or TRAINYARD_LOCAL_POOL); afterwards an admin's move (cluster.services.node_move) decides.
+POOL_LABEL = "trainyard.io/pool"
+DEFAULT_POOL = "default"
+
+
+def node_pool(labels: dict) -> str:
+    return str((labels or {}).get(POOL_LABEL) or DEFAULT_POOL)
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -110,6 +119,7 @@ def read_nvml() -> NodeInfo | None:
         cpu_milli=cpu,
         memory_mib=memory,
         gpus=tuple(gpus),
+        labels={POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
     )
 
 
@@ -134,7 +144,7 @@ def emulated_node(spec: str | None = None) -> NodeInfo:
         cpu_milli=cpu,
         memory_mib=memory,
         gpus=tuple(gpus),
-        labels={"trainyard.io/emulated": "true"},
+        labels={"trainyard.io/emulated": "true", POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
     )
 
 

@@ -127,8 +127,9 @@ class JobStore:
                 open=q["state"] == Queue.State.OPEN,
                 fifo=q["ordering"] == Queue.Ordering.FIFO,
                 limit=_vector(q),
+                pools=tuple(sorted(q["pools"] or ())),
             )
-            for q in queues.values("id", "name", "state", "ordering", *scheduler.VECTOR)
+            for q in queues.values("id", "name", "state", "ordering", "pools", *scheduler.VECTOR)
         ]
         if queue_ids is not None:
             rows = _pending_rows("AND queue_id = ANY(%s)", [[q.id for q in rules]])

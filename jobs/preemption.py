@@ -64,17 +64,20 @@ def _victims() -> list[Victim]:
     return list(out.values())
 
 
-def _waiting() -> list[scheduler.Waiting]:
-    """Quota-holding jobs that wait for capacity alone, in admission order (queue class, queue priority, line)."""
+def _waiting() -> list[tuple[scheduler.Waiting, tuple[str, ...]]]:
+    """Quota-holding jobs that wait for capacity alone, in admission order (queue class, queue priority, line),
+    each with the node pools of its queue."""
     rows = _pending_rows("AND NOT preemptible AND reason = %s", [scheduler.NO_CAPACITY])
     if not rows:
         return []
-    rank = {
-        q["id"]: (0 if q["priority_class"] == Queue.PriorityClass.INFERENCE else 1, -q["priority"], q["id"])
-        for q in Queue.objects.values("id", "priority_class", "priority")
-    }
-    jobs = [_row_waiting(row) for row in rows]
-    return sorted(jobs, key=lambda w: (rank.get(w.queue_id, (2, 0, 0)), w.order))
+    queues = {q["id"]: q for q in Queue.objects.values("id", "priority_class", "priority", "pools")}
+
+    def rank(job: scheduler.Waiting) -> tuple:
+        q = queues[job.queue_id]
+        return (0 if q["priority_class"] == Queue.PriorityClass.INFERENCE else 1, -q["priority"], q["id"], job.order)
+
+    jobs = sorted((_row_waiting(row) for row in rows), key=rank)
+    return [(job, tuple(sorted(queues[job.queue_id]["pools"] or ()))) for job in jobs]
 
 
 def preemptions_plan() -> list[tuple[Victim, scheduler.Waiting]]:
@@ -93,17 +96,17 @@ def preemptions_plan() -> list[tuple[Victim, scheduler.Waiting]]:
             pool.shift(v.slices, -1)
     candidates = [v for v in victims if not v.yielding]
     chosen: list[tuple[Victim, scheduler.Waiting]] = []
-    for job in waiting:
+    for job, pools in waiting:
         if not candidates:
             break
-        if not isinstance(scheduler.place(job, pool), tuple):
+        if not isinstance(scheduler.place(job, pool, pools), tuple):
             continue  # fits already (freed by attempts told earlier): the next pass admits it
         freed: list[Victim] = []
         placed = None
         for v in candidates:
             pool.shift(v.slices, -1)
             freed.append(v)
-            result = scheduler.place(job, pool)
+            result = scheduler.place(job, pool, pools)
             if not isinstance(result, tuple):
                 placed = result
                 break

@@ -268,6 +268,7 @@ class QueueForm(HumanQuotaForm):
             "priority",
             "priority_class",
             "allow_preemptible",
+            "pools",
             "max_member_priority",
             "weight",
             *QUOTA_FIELDSET,
@@ -319,7 +320,7 @@ class QueueAdmin(admin.ModelAdmin):
                 "fields": QUOTA_FIELDSET,
             },
         ),
-        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request", "allow_preemptible")}),
+        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request", "allow_preemptible", "pools")}),
         (
             "Timeouts and scheduling",
             {

@@ -165,6 +165,12 @@ class Queue(ResourceVector):
         default=PriorityClass.TRAINING,
         help_text="inference queues are admitted before training queues; preemptible jobs come after both",
     )
+    pools = ArrayField(
+        models.SlugField(max_length=50),
+        default=list,
+        blank=True,
+        help_text="node pools (the nodes' trainyard.io/pool label) its jobs are placed in; empty = every pool",
+    )
     allow_preemptible = models.BooleanField(
         default=False,
         help_text="jobs may opt in to run preemptible: on idle capacity beyond the hard quota, stopped (with a "

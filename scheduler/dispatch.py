@@ -55,6 +55,7 @@ class QueueRules:
     open: bool
     fifo: bool
     limit: dict[str, int]
+    pools: tuple[str, ...] = ()  # node pools its jobs are placed in; empty: every pool (docs/pools.md)
 
 
 @dataclass(frozen=True)
@@ -346,8 +347,10 @@ def _no_capacity(job: Waiting) -> tuple[str, str]:
     return NO_CAPACITY, "no GPU has the compute and memory free for this share"
 
 
-def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
-    """Place every replica (all or nothing) or say why not."""
+def _place(
+    job: Waiting, pool: Pool, plan: Plan, pools: tuple[str, ...] = ()
+) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+    """Place every replica (all or nothing) in the given node pools (all when empty), or say why not."""
     models = None
     if job.gpu_models:
         models = pool.resolve_models(job.gpu_models)
@@ -359,6 +362,11 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
         if masked_nodes and len(masked_nodes) == len(pool.meta):
             return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
+    if pools:
+        outside = pool.outside(pools)
+        if len(outside) == len(pool.meta):
+            return NO_CAPACITY, f"no node is in pool {' or '.join(pools)}"
+        masked_nodes += outside
     masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]
     request = request_of(job, models)
     done: list[tuple[policy.Placement, list[Slice]]] = []
@@ -378,7 +386,8 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
                 if placement is None:
                     for p, s in reversed(done):
                         pool.give_back(p, s)
-                    return _why_not(job, pool, models)
+                    code, message = _why_not(job, pool, models)
+                    return code, message + (f" in pool {' or '.join(pools)}" if pools else "")
                 if job.exclusive:
                     indices = _nvlink_indices(pool, placement.node_index, placement, job.gpu_count)
                     placement = replace(placement, gpu_indices=indices)
@@ -394,9 +403,11 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
     return done
 
 
-def place(job: Waiting, pool: Pool) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+def place(
+    job: Waiting, pool: Pool, pools: tuple[str, ...] = ()
+) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
     """Place a job in `pool` (taken there, in memory only) or say why not: what preemption asks of a what-if pool."""
-    return _place(job, pool, Plan())
+    return _place(job, pool, Plan(), pools=pools)
 
 
 def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[str, str]:
@@ -463,12 +474,12 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
         why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
     placed = None
     if why is None:
-        shape = job.shape()
+        shape = (job.shape(), queue.pools)
         why = failed_shapes.get(shape)
         if why is not None:
             out.shape_hits += 1
         else:
-            result = _place(job, pool, out)
+            result = _place(job, pool, out, pools=queue.pools)
             if isinstance(result, tuple):
                 why = failed_shapes[shape] = result
             else:

@@ -21,7 +21,7 @@ import structlog
 from django.conf import settings
 from django.db import connection
 
-from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE
+from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, node_pool
 from cluster.services import version_tuple
 from scheduler import policy
 
@@ -105,6 +105,7 @@ class Pool:
         self.allocator: policy.Allocator | None = None
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
+        self._outside: dict[tuple[str, ...], list[int]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
         # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
         # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
@@ -203,6 +204,7 @@ class Pool:
         self.models = frozenset(models)
         self.nodes = [self._node(m) for m in self.meta]
         self._too_old = {}
+        self._outside = {}
         self._ready = None
 
     def _load_ledger(self) -> set[int]:
@@ -299,6 +301,13 @@ class Pool:
         if hit is None:
             want = version_tuple(min_driver)
             hit = self._too_old[min_driver] = [i for i, m in enumerate(self.meta) if m.driver < want]
+        return hit
+
+    def outside(self, pools: tuple[str, ...]) -> list[int]:
+        """Positions of the nodes in none of `pools` (cached until the structure changes)."""
+        hit = self._outside.get(pools)
+        if hit is None:
+            hit = self._outside[pools] = [i for i, m in enumerate(self.meta) if node_pool(m.labels) not in pools]
         return hit
 
     def ready_summary(self) -> tuple[bool, frozenset[int], frozenset[str]]:

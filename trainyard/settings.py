@@ -265,6 +265,8 @@ TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
 # Preemption (jobs/preemption.py, docs/pools.md): a preemptible job gets this many seconds between the notice
 # (SIGTERM; TRAINYARD_PREEMPT_NOTICE in its environment says how long) and SIGKILL, for its last checkpoint.
 TRAINYARD_PREEMPT_GRACE_S = env.float("TRAINYARD_PREEMPT_GRACE_S", default=30.0)
+# The node pool the local node joins when it first appears (docs/pools.md); an admin may move it afterwards.
+TRAINYARD_LOCAL_POOL = env.str("TRAINYARD_LOCAL_POOL", default="default")
 # The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
