@@ -1,8 +1,10 @@
 """Where the GPU inventory comes from: NVML on a machine with NVIDIA GPUs, else a configured emulation.
 
 `TRAINYARD_LOCAL_GPUS` describes the emulated inventory: `4x24GiB`, `2x80GiB:A100`, or a comma list of
-such groups. The emulated inventory is labelled as such everywhere it is shown; nothing is invented about
-it beyond what the setting says.
+such groups. A group of cards in MIG mode lists each card's instances:
+`1x80GiB:A100[mig=3g.40gb+2g.20gb+1g.10gb]`; then the card itself is no device, each instance is one
+(docs/pools.md). The emulated inventory is labelled as such everywhere it is shown; nothing is invented about
+it beyond what the setting says. The platform never changes a card's MIG mode: it reads what is there.
 """
 
 import re
@@ -11,7 +13,12 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-_SPEC = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+))?\s*$", re.I)
+_SPEC = re.compile(
+    r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+?))?\s*(?:\[\s*mig\s*=\s*([\w.+ ]+)\])?\s*$", re.I
+)
+# A MIG profile: compute slices (of 7) and memory, as NVIDIA names them (`1g.10gb`, `3g.40gb`, `7g.80gb`).
+MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+MIG_SLICES = 7
 
 
 # How a node's cards may be handed out, where its device plugin decides that (Kubernetes, `whole` sharing): a plain
@@ -37,6 +44,21 @@ class GpuInfo:
     index: int
     model: str
     memory_mib: int
+    mig_profile: str = ""  # a MIG instance: its profile; the card it is carved from is `mig_parent`
+    mig_parent: str = ""
+
+
+def mig_profile(text: str) -> tuple[int, int]:
+    """(compute slices of 7, memory MiB) of a MIG profile name; InventoryError for anything else."""
+    m = MIG_PROFILE.match(text.strip().lower())
+    if not m:
+        raise InventoryError(f"'{text}' is not a MIG profile (expected e.g. 1g.10gb or 3g.40gb)")
+    return int(m[1]), int(m[2]) * 1024
+
+
+def mig_model(model: str, profile: str) -> str:
+    """The model an instance is shown and matched as: the card's model and the profile."""
+    return f"{model} MIG {profile}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +77,8 @@ class InventoryError(ValueError):
     pass
 
 
-def parse_emulated(text: str) -> list[tuple[int, int, str]]:
+def parse_emulated(text: str) -> list[tuple[int, int, str, tuple[str, ...]]]:
+    """Groups of (cards, memory MiB per card, model, MIG profiles each card is split into: empty = no MIG)."""
     groups = []
     for part in text.split(","):
         if not part.strip():
@@ -67,7 +90,19 @@ def parse_emulated(text: str) -> list[tuple[int, int, str]]:
         mib = size * 1024 if unit in {"gib", "g"} else size
         if count < 0 or mib <= 0:
             raise InventoryError(f"TRAINYARD_LOCAL_GPUS: '{part.strip()}' has no memory")
-        groups.append((count, mib, model.strip()))
+        profiles: tuple[str, ...] = ()
+        if m[5]:
+            profiles = tuple(p.strip().lower() for p in m[5].split("+") if p.strip())
+            try:
+                sizes = [mig_profile(p) for p in profiles]
+            except InventoryError as exc:
+                raise InventoryError(f"TRAINYARD_LOCAL_GPUS: {exc}") from None
+            if not profiles or sum(g for g, _ in sizes) > MIG_SLICES or sum(m for _, m in sizes) > mib:
+                raise InventoryError(
+                    f"TRAINYARD_LOCAL_GPUS: '{part.strip()}': the MIG instances need more than one card has "
+                    f"({MIG_SLICES} compute slices, {mib // 1024} GiB)"
+                )
+        groups.append((count, mib, model.strip(), profiles))
     return groups
 
 
@@ -130,11 +165,25 @@ def _text(value) -> str:
 def emulated_node(spec: str | None = None) -> NodeInfo:
     spec = spec if spec is not None else settings.TRAINYARD_LOCAL_GPUS
     name = f"{socket.gethostname()}-emulated"
-    gpus = []
-    for count, mib, model in parse_emulated(spec):
+    gpus: list[GpuInfo] = []
+    card = 0
+    for count, mib, model, profiles in parse_emulated(spec):
         for _ in range(count):
-            i = len(gpus)
-            gpus.append(GpuInfo(uuid=f"EMU-{name}-{i}", index=i, model=model, memory_mib=mib))
+            parent = f"EMU-{name}-{card}"
+            card += 1
+            if not profiles:
+                gpus.append(GpuInfo(uuid=parent, index=len(gpus), model=model, memory_mib=mib))
+            for k, profile in enumerate(profiles):
+                gpus.append(
+                    GpuInfo(
+                        uuid=f"EMU-MIG-{name}-{card - 1}-{k}",
+                        index=len(gpus),
+                        model=mig_model(model, profile),
+                        memory_mib=mig_profile(profile)[1],
+                        mig_profile=profile,
+                        mig_parent=parent,
+                    )
+                )
     cpu, memory = _host_resources()
     return NodeInfo(
         name=name,

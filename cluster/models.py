@@ -45,6 +45,9 @@ class GPU(models.Model):
     quarantined = models.BooleanField(default=False)
     quarantine_reason = models.CharField(max_length=300, blank=True)
     health_changed_at = models.DateTimeField(null=True, blank=True)
+    # A MIG instance is a device of its own (exclusive); the card it is carved from is not one.
+    mig_profile = models.CharField(max_length=20, blank=True, help_text="MIG instance profile, e.g. 3g.40gb")
+    mig_parent = models.CharField(max_length=64, blank=True, help_text="the UUID of the card in MIG mode")
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -70,7 +70,14 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
         seen.add(gpu.uuid)
         GPU.objects.update_or_create(
             uuid=gpu.uuid,
-            defaults=dict(node=node, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib),
+            defaults=dict(
+                node=node,
+                index=gpu.index,
+                model=gpu.model,
+                memory_mib=gpu.memory_mib,
+                mig_profile=gpu.mig_profile,
+                mig_parent=gpu.mig_parent,
+            ),
         )
     vanished = node.gpus.exclude(uuid__in=seen).exclude(health=GPU.Health.UNHEALTHY)
     for gpu in vanished:

@@ -99,6 +99,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         checkpoint=checkpoints.attempt_plan(attempt),
         preempt_notice_s=math.ceil(settings.TRAINYARD_PREEMPT_GRACE_S) if job.preemptible else 0,
         priority_class="preemptible" if job.preemptible else job.queue.priority_class,
+        mig_profile=job.mig_profile,
     )
 
 

@@ -31,6 +31,9 @@ class Job(models.Model):
     cpu_milli = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     exclusive = models.BooleanField(default=False)
+    mig_profile = models.CharField(
+        max_length=20, blank=True, help_text="each card is a MIG instance of this profile (from the spec)"
+    )
     # The whole job's request (per-card request x cards x replicas), summed for quota usage.
     total_gpu_milli = models.PositiveIntegerField(default=0)
     total_gpu_memory_mib = models.PositiveBigIntegerField(default=0)

@@ -278,6 +278,8 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                     cpu_milli=spec.cpu_milli_per_gpu * gpu_count,
                     memory_mib=spec.memory_mib_per_gpu * gpu_count,
                 )
+                if spec.mig_profile:
+                    request.update(_mig_request(spec))
             if queue is not None:
                 default_timeout = min(spec.default_timeout_s, queue.max_timeout_s)
     elif explicit:
@@ -433,6 +435,29 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             ci=dict(data.get("ci") or {}),
             resume_from=resume_from,
         )
+    )
+
+
+def _mig_request(spec) -> dict[str, Any]:
+    """A MIG spec's request per instance: the profile's share of a card's compute (slices of 7) and its memory,
+    as quotas count it; placement hands out whole instances of that profile (docs/pools.md)."""
+    from cluster.inventory import MIG_SLICES, InventoryError, mig_profile
+
+    try:
+        slices, memory = mig_profile(spec.mig_profile)
+    except InventoryError as exc:
+        raise ValidationFailed(f"spec '{spec.name}' is misconfigured: {exc}", code="invalid_spec", field="spec")
+    if not spec.exclusive:
+        raise ValidationFailed(
+            f"spec '{spec.name}' is misconfigured: a MIG profile needs the guaranteed tier",
+            code="invalid_spec",
+            field="spec",
+        )
+    return dict(
+        mig_profile=spec.mig_profile,
+        gpu_milli=1000 * slices // MIG_SLICES,
+        gpu_memory_eighths=None,
+        gpu_memory_mib=memory,
     )
 
 

@@ -84,6 +84,11 @@ class ResourceSpec(models.Model):
     name = models.SlugField(max_length=50, unique=True)
     tier = models.CharField(max_length=16, choices=Tier.choices)
     gpu_count = models.PositiveSmallIntegerField(default=1, help_text="whole cards (guaranteed tier)")
+    mig_profile = models.CharField(
+        max_length=20,
+        blank=True,
+        help_text="guaranteed tier: each card is a MIG instance of this profile (e.g. 3g.40gb) instead of a card",
+    )
     gpu_milli = models.PositiveIntegerField(help_text="compute per card, 1000 = whole")
     gpu_memory_eighths = models.PositiveSmallIntegerField(help_text="card memory share, 8 = whole card")
     cpu_milli_per_gpu = models.PositiveIntegerField(default=4000)

@@ -93,6 +93,7 @@ class Waiting:
     # Where it stands in its queue's line: (preemptible, -priority, submitted at in epoch seconds, id).
     order: tuple = ()
     preemptible: bool = False  # holds no quota; decided after every queue's quota-holding jobs (docs/pools.md)
+    mig_profile: str = ""  # one MIG instance of this profile per replica (exclusive devices), docs/pools.md
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -109,6 +110,7 @@ class Waiting:
             self.excluded_gpus,
             self.excluded_nodes,
             self.gpu_models,
+            self.mig_profile,
         )
 
 
@@ -368,6 +370,10 @@ def _place(
             return NO_CAPACITY, f"no node is in pool {' or '.join(pools)}"
         masked_nodes += outside
     masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]
+    if job.mig_profile and not pool.mig.get(job.mig_profile):
+        return NO_CAPACITY, f"no card in MIG mode offers a {job.mig_profile} instance"
+    if pool.mig:
+        masked_gpus += pool.mig_masked(job.mig_profile)
     request = request_of(job, models)
     done: list[tuple[policy.Placement, list[Slice]]] = []
     with pool.masked(nodes=masked_nodes, gpus=masked_gpus):

@@ -53,6 +53,7 @@ class Card:
     model: str
     memory_mib: int
     healthy: bool
+    mig_profile: str = ""
 
 
 @dataclass
@@ -106,6 +107,8 @@ class Pool:
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
         self._outside: dict[tuple[str, ...], list[int]] = {}
+        # MIG instances by profile, as (node position, card index): devices only jobs asking for that profile get.
+        self.mig: dict[str, list[tuple[int, int]]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
         # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
         # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
@@ -167,8 +170,8 @@ class Pool:
             )
             node_rows = cursor.fetchall()
             cursor.execute(
-                "SELECT id, node_id, uuid, index, model, memory_mib, health = 'healthy' AND NOT quarantined "
-                "FROM cluster_gpu ORDER BY node_id, index"
+                "SELECT id, node_id, uuid, index, model, memory_mib, health = 'healthy' AND NOT quarantined, "
+                "mig_profile FROM cluster_gpu ORDER BY node_id, index"
             )
             gpu_rows = cursor.fetchall()
         self.meta, self.by_name, position = [], {}, {}
@@ -195,9 +198,12 @@ class Pool:
             )
         self.gpu_at, self.gpu_by_uuid = {}, {}
         models = set()
-        for gid, nid, uuid, index, model, mem, healthy in gpu_rows:
+        self.mig = {}
+        for gid, nid, uuid, index, model, mem, healthy, profile in gpu_rows:
             i = position[nid]
-            self.meta[i].cards[index] = Card(gid, uuid, index, model, mem, bool(healthy))
+            self.meta[i].cards[index] = Card(gid, uuid, index, model, mem, bool(healthy), profile)
+            if profile:
+                self.mig.setdefault(profile, []).append((i, index))
             self.gpu_at[gid] = (i, index)
             self.gpu_by_uuid[uuid] = (i, index)
             models.add(model)
@@ -302,6 +308,14 @@ class Pool:
             want = version_tuple(min_driver)
             hit = self._too_old[min_driver] = [i for i, m in enumerate(self.meta) if m.driver < want]
         return hit
+
+    def mig_masked(self, profile: str) -> list[tuple[int, int]]:
+        """The cards a job may not take: every MIG instance for a job without a profile; for a job asking for
+        one, every card that is not an instance of that profile."""
+        if not profile:
+            return [at for ats in self.mig.values() for at in ats]
+        mine = set(self.mig.get(profile, ()))
+        return [(i, index) for i, m in enumerate(self.meta) for index in m.cards if (i, index) not in mine]
 
     def outside(self, pools: tuple[str, ...]) -> list[int]:
         """Positions of the nodes in none of `pools` (cached until the structure changes)."""

@@ -61,6 +61,7 @@ class AttemptDescription:
     preempt_notice_s: int = 0
     # Admission class (docs/pools.md): inference, training or preemptible; Kubernetes gets its PriorityClass.
     priority_class: str = ""
+    mig_profile: str = ""  # each card is a MIG instance of this profile (nvidia.com/mig-<profile> on Kubernetes)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -436,6 +436,9 @@ def _env(
 def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> dict[str, str]:
     if desc.gpu_count < 1:
         return {}
+    if desc.mig_profile:
+        # The device plugin's mixed strategy advertises each MIG profile as a resource of its own.
+        return {f"nvidia.com/mig-{desc.mig_profile}": str(desc.gpu_count)}
     if desc.exclusive:
         count = desc.gpu_count
         if options.sharing == "whole":

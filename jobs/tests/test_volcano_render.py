@@ -561,3 +561,14 @@ def test_each_admission_class_gets_its_priority_class_and_a_borrower_its_notice(
     else:
         assert "TRAINYARD_PREEMPT_NOTICE" not in env and grace == 20
     validate_pod_template(templates(job)["main"])
+
+
+@pytest.mark.parametrize("profile", ["1g.10gb", "3g.40gb"])
+def test_a_mig_job_requests_its_profile_on_kubernetes(profile, volcano_crds):
+    job = render.render_job(describe("guaranteed", mig_profile=profile), options())
+    validate_everywhere(job, volcano_crds)
+    template = templates(job)["main"]
+    resources = trainer(template)["resources"]
+    assert resources["limits"][f"nvidia.com/mig-{profile}"] == "1"
+    assert "nvidia.com/gpu" not in resources["limits"]
+    validate_pod_template(template)

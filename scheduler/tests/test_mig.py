@@ -1,0 +1,74 @@
+"""MIG as a sharing mode: an emulated card in MIG mode offers its instances as exclusive devices; a spec asks for a
+profile; placement hands out only instances of that profile (and never an instance to any other job); a released
+instance is handed out again. On Kubernetes the pod requests nvidia.com/mig-<profile>: test_volcano_render.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.inventory import InventoryError, emulated_node, parse_emulated
+from cluster.models import GPU
+from jobs import services
+from jobs.models import Job
+from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from quotas.models import Queue, ResourceSpec
+from scheduler.tests.test_dispatch import fresh_pool, open_up, submit
+
+MIXED = "1x24GiB:L4,1x80GiB:A100-SXM4-80GB[mig=3g.40gb+2g.20gb+1g.10gb+1g.10gb]"
+
+
+def test_the_emulated_inventory_reads_mig_instances_and_refuses_impossible_splits():
+    info = emulated_node(MIXED)
+    rows = [(g.index, g.model, g.memory_mib, g.mig_profile) for g in info.gpus]
+    assert rows == [
+        (0, "L4", 24 * 1024, ""),
+        (1, "A100-SXM4-80GB MIG 3g.40gb", 40 * 1024, "3g.40gb"),
+        (2, "A100-SXM4-80GB MIG 2g.20gb", 20 * 1024, "2g.20gb"),
+        (3, "A100-SXM4-80GB MIG 1g.10gb", 10 * 1024, "1g.10gb"),
+        (4, "A100-SXM4-80GB MIG 1g.10gb", 10 * 1024, "1g.10gb"),
+    ]
+    assert {g.mig_parent for g in info.gpus[1:]} == {f"EMU-{info.name}-1"}
+    for bad in ("1x80GiB[mig=3g.40gb+4g.40gb+1g.10gb]", "1x40GiB[mig=3g.40gb+3g.40gb]", "1x80GiB[mig=big]"):
+        with pytest.raises(InventoryError):
+            parse_emulated(bad)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mig_instances_are_placed_only_for_their_profile_and_released(platform):  # noqa: F811
+    fresh_pool(emulated_node(MIXED), backend="local")
+    train = open_up("train")
+    spec = ResourceSpec.objects.create(
+        name="mig-1g", tier="guaranteed", gpu_milli=1000, gpu_memory_eighths=8, mig_profile="1g.10gb",
+        cpu_milli_per_gpu=1000, memory_mib_per_gpu=4096,
+    )  # fmt: skip
+    Queue.objects.get(pk=train.pk).specs.add(spec)
+    small = [submit(platform, spec="mig-1g") for _ in range(3)]
+    whole = [submit(platform, spec="guaranteed") for _ in range(2)]
+    assert services.queue_dispatch() == 3
+    jobs = {j.pk: Job.objects.get(pk=j.pk) for j in small + whole}
+
+    def device(job):
+        return jobs[job.pk].attempts.get().placement["devices"][0]
+
+    assert [jobs[j.pk].state for j in small] == ["admitted", "admitted", "pending"]
+    assert {device(j)["model"] for j in small[:2]} == {"A100-SXM4-80GB MIG 1g.10gb"}
+    assert {device(j)["memory_mib"] for j in small[:2]} == {10 * 1024}
+    assert jobs[small[2].pk].reason == "no_capacity"  # the 2g and 3g instances and the L4 are not for it
+    assert jobs[small[0].pk].total_gpu_milli == 142 and jobs[small[0].pk].mig_profile == "1g.10gb"
+    # A job that asks for no profile never gets an instance: the one whole card, and the next one waits.
+    assert device(whole[0])["model"] == "L4" and jobs[whole[1].pk].state == "pending"
+
+    services.job_cancel(job_id=small[0].id, actor="demo")  # released: its instance is handed out again
+    assert services.queue_dispatch() == 1
+    freed = device(small[0])["gpu_uuid"]
+    assert Job.objects.get(pk=small[2].pk).attempts.get().placement["devices"][0]["gpu_uuid"] == freed
+    assert GPU.objects.get(uuid=freed).mig_profile == "1g.10gb"
+
+    other = ResourceSpec.objects.create(
+        name="mig-7g", tier="guaranteed", gpu_milli=1000, gpu_memory_eighths=8, mig_profile="7g.80gb"
+    )
+    Queue.objects.get(pk=train.pk).specs.add(other)
+    lonely = submit(platform, spec="mig-7g")
+    services.queue_dispatch()
+    lonely.refresh_from_db()
+    assert lonely.reason == "no_capacity" and "7g.80gb" in lonely.message
