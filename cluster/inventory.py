@@ -134,11 +134,15 @@ def read_nvml() -> NodeInfo | None:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            instances = _mig_instances(pynvml, handle, first_index=len(gpus))
+            if instances is not None:
+                gpus.extend(instances)  # a card in MIG mode: its instances are the devices
+                continue
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(
                 GpuInfo(
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    index=i,
+                    index=len(gpus),
                     model=_text(pynvml.nvmlDeviceGetName(handle)),
                     memory_mib=int(mem.total // (1024 * 1024)),
                 )
@@ -156,6 +160,39 @@ def read_nvml() -> NodeInfo | None:
         gpus=tuple(gpus),
         labels={POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
     )
+
+
+def _mig_instances(pynvml, handle, *, first_index: int) -> list[GpuInfo] | None:
+    """The MIG instances of a card whose MIG mode is on (as the admin left it: never changed here), or None."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except Exception:  # noqa: BLE001 - a card or driver without MIG support
+        return None
+    if current != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return None
+    parent = _text(pynvml.nvmlDeviceGetUUID(handle))
+    model = _text(pynvml.nvmlDeviceGetName(handle))
+    out: list[GpuInfo] = []
+    for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except Exception:  # noqa: BLE001 - an empty slot
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig))  # e.g. "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+        profile = name.rsplit(" ", 1)[-1].lower()
+        if not MIG_PROFILE.match(profile):
+            continue  # a profile with media extensions (+me) or a name this driver spells otherwise
+        out.append(
+            GpuInfo(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                index=first_index + len(out),
+                model=mig_model(model, profile),
+                memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024)),
+                mig_profile=profile,
+                mig_parent=parent,
+            )
+        )
+    return out
 
 
 def _text(value) -> str:

@@ -72,3 +72,82 @@ def test_mig_instances_are_placed_only_for_their_profile_and_released(platform):
     services.queue_dispatch()
     lonely.refresh_from_db()
     assert lonely.reason == "no_capacity" and "7g.80gb" in lonely.message
+
+
+class _Memory:
+    def __init__(self, mib: int) -> None:
+        self.total = mib * 1024 * 1024
+
+
+class FakeNvml:
+    """The NVML library at its boundary: one card in MIG mode (two instances, a slot empty), one card without."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self) -> None:
+        instances = [("3g.40gb", 40192), None, ("1g.10gb", 9728)]
+        self.cards = [
+            {"uuid": "GPU-aaaa", "name": "NVIDIA A100-SXM4-80GB", "mib": 81920, "mig": instances},
+            {"uuid": "GPU-bbbb", "name": "NVIDIA L4", "mib": 23034, "mig": None},
+        ]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return "550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        return 12040
+
+    def nvmlDeviceGetCount(self):
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("card", i)
+
+    def nvmlDeviceGetMigMode(self, handle):
+        on = self.cards[handle[1]]["mig"] is not None
+        return (1, 1) if on else (0, 0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        return len(self.cards[handle[1]]["mig"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, k):
+        if self.cards[handle[1]]["mig"][k] is None:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return ("mig", handle[1], k)
+
+    def _of(self, handle):
+        card = self.cards[handle[1]]
+        if handle[0] == "card":
+            return card["uuid"], card["name"], card["mib"]
+        profile, mib = card["mig"][handle[2]]
+        return f"MIG-{card['uuid']}-{handle[2]}", f"{card['name']} MIG {profile}", mib
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self._of(handle)[0]
+
+    def nvmlDeviceGetName(self, handle):
+        return self._of(handle)[1]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return _Memory(self._of(handle)[2])
+
+
+def test_nvml_lists_the_instances_of_a_card_in_mig_mode_as_its_devices(monkeypatch):
+    import sys
+
+    from cluster.inventory import read_nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    info = read_nvml()
+    rows = [(g.uuid, g.index, g.model, g.memory_mib, g.mig_profile, g.mig_parent) for g in info.gpus]
+    assert rows == [
+        ("MIG-GPU-aaaa-0", 0, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40192, "3g.40gb", "GPU-aaaa"),
+        ("MIG-GPU-aaaa-2", 1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9728, "1g.10gb", "GPU-aaaa"),
+        ("GPU-bbbb", 2, "NVIDIA L4", 23034, "", ""),
+    ]
