@@ -151,3 +151,32 @@ def test_nvml_lists_the_instances_of_a_card_in_mig_mode_as_its_devices(monkeypat
         ("MIG-GPU-aaaa-2", 1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9728, "1g.10gb", "GPU-aaaa"),
         ("GPU-bbbb", 2, "NVIDIA L4", 23034, "", ""),
     ]
+
+
+def test_a_kubernetes_node_with_mixed_mig_strategy_offers_its_instances():
+    from jobs.backends.volcano import node_info
+
+    node = {
+        "metadata": {
+            "name": "gpu-7",
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.memory": "81920",
+                "trainyard.io/pool": "inference",
+            },
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "1", "nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    info = node_info(node, ("trainyard.io/rack",))
+    assert [(g.index, g.mig_profile, g.memory_mib) for g in info.gpus] == [
+        (0, "", 81920),
+        (1, "1g.10gb", 10240),
+        (2, "3g.40gb", 40960),
+        (3, "3g.40gb", 40960),
+    ]
+    assert info.gpus[1].model == "NVIDIA A100 SXM4 80GB MIG 1g.10gb"
+    assert info.labels["trainyard.io/pool"] == "inference"
