@@ -32,6 +32,8 @@ SHARING_TIME_SLICED = "time-sliced"
 # node's own label, or TRAINYARD_LOCAL_POOL); afterwards an admin's move (cluster.services.node_move) decides.
 POOL_LABEL = "trainyard.io/pool"
 DEFAULT_POOL = "default"
+# An idle node of a lending pool lent to a borrowing pool: preemptible jobs placed in that pool may use it.
+LENT_LABEL = "trainyard.io/lent-to"
 
 
 def node_pool(labels: dict) -> str:

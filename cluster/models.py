@@ -98,3 +98,13 @@ class PoolRepair(models.Model):
 
     class Meta:
         ordering = ["-at"]
+
+
+class PoolState(models.Model):
+    """What the idle-lending rule remembers of a lending pool between its runs (jobs/lending.py)."""
+
+    name = models.CharField(max_length=50, unique=True)
+    below_since = models.DateTimeField(null=True, blank=True, help_text="its use has been under the threshold since")
+
+    def __str__(self) -> str:
+        return self.name

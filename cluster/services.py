@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cluster.inventory import POOL_LABEL, NodeInfo, node_pool
+from cluster.inventory import LENT_LABEL, POOL_LABEL, NodeInfo, node_pool
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
 from trainyard.errors import Conflict, ValidationFailed
 
@@ -50,6 +50,8 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
     known = Node.objects.filter(name=info.name).values_list("labels", flat=True).first()
     if known is not None and POOL_LABEL in known:
         labels[POOL_LABEL] = known[POOL_LABEL]  # the pool an admin moved it to outlives the inventory's word
+    if known is not None and LENT_LABEL in known:
+        labels[LENT_LABEL] = known[LENT_LABEL]  # so does a loan (jobs/lending.py)
     node, _ = Node.objects.update_or_create(
         name=info.name,
         defaults=dict(
@@ -176,6 +178,25 @@ def node_move(*, node_id: int, pool: str, actor: str) -> tuple[Node, bool]:
         transaction.on_commit(_dispatch_all)
     log.info("node_moved", node=node.name, pool=pool, before=before, actor=actor)
     return node, True
+
+
+def node_lend(*, node_id: int, to: str | None, why: str) -> bool:
+    """Lend a node to a borrowing pool (`to`), or take it back (None); returns whether it changed."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.labels.get(LENT_LABEL) == to:
+            return False
+        labels = {k: v for k, v in node.labels.items() if k != LENT_LABEL}
+        if to:
+            labels[LENT_LABEL] = to
+        before = node.labels.get(LENT_LABEL)
+        node.labels = labels
+        node.save(update_fields=["labels"])
+        kind = "node_lent" if to else "node_reclaimed"
+        PoolRepair.objects.create(kind=kind, detail=f"{node.name} ({node_pool(labels)}) -> {to or before}: {why}")
+        transaction.on_commit(_dispatch_all)
+    log.info(kind, node=node.name, to=to or before, why=why)
+    return True
 
 
 def _dispatch_all() -> None:

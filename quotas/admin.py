@@ -406,6 +406,7 @@ class ResourceSpecAdmin(admin.ModelAdmin):
         "gpu_count",
         "gpu_milli",
         "gpu_memory_eighths",
+        "mig_profile",
         "cpu_milli_per_gpu",
         "memory_mib_per_gpu",
         "default_timeout_s",

@@ -365,7 +365,7 @@ def _place(
             return IMAGE_INCOMPATIBLE, f"the image needs driver >= {job.min_driver}; no healthy node has it"
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
     if pools:
-        outside = pool.outside(pools)
+        outside = pool.outside(pools, borrowing=job.preemptible)
         if len(outside) == len(pool.meta):
             return NO_CAPACITY, f"no node is in pool {' or '.join(pools)}"
         masked_nodes += outside
@@ -480,7 +480,7 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
         why = (BEHIND, "waiting behind an earlier job (strict FIFO)")
     placed = None
     if why is None:
-        shape = (job.shape(), queue.pools)
+        shape = (job.shape(), queue.pools, job.preemptible)
         why = failed_shapes.get(shape)
         if why is not None:
             out.shape_hits += 1

@@ -21,7 +21,7 @@ import structlog
 from django.conf import settings
 from django.db import connection
 
-from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, node_pool
+from cluster.inventory import LENT_LABEL, SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, node_pool
 from cluster.services import version_tuple
 from scheduler import policy
 
@@ -106,7 +106,7 @@ class Pool:
         self.allocator: policy.Allocator | None = None
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
-        self._outside: dict[tuple[str, ...], list[int]] = {}
+        self._outside: dict[tuple[tuple[str, ...], bool], list[int]] = {}
         # MIG instances by profile, as (node position, card index): devices only jobs asking for that profile get.
         self.mig: dict[str, list[tuple[int, int]]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
@@ -317,11 +317,16 @@ class Pool:
         mine = set(self.mig.get(profile, ()))
         return [(i, index) for i, m in enumerate(self.meta) for index in m.cards if (i, index) not in mine]
 
-    def outside(self, pools: tuple[str, ...]) -> list[int]:
-        """Positions of the nodes in none of `pools` (cached until the structure changes)."""
-        hit = self._outside.get(pools)
+    def outside(self, pools: tuple[str, ...], *, borrowing: bool = False) -> list[int]:
+        """Positions of the nodes in none of `pools` (cached until the structure changes); `borrowing` (a
+        preemptible job): nodes lent to one of `pools` count as inside (jobs/lending.py)."""
+        hit = self._outside.get((pools, borrowing))
         if hit is None:
-            hit = self._outside[pools] = [i for i, m in enumerate(self.meta) if node_pool(m.labels) not in pools]
+            hit = self._outside[(pools, borrowing)] = [
+                i
+                for i, m in enumerate(self.meta)
+                if node_pool(m.labels) not in pools and not (borrowing and m.labels.get(LENT_LABEL) in pools)
+            ]
         return hit
 
     def ready_summary(self) -> tuple[bool, frozenset[int], frozenset[str]]:
