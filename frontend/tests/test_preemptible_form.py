@@ -31,3 +31,12 @@ def test_submit_form_runs_a_job_preemptible_where_the_queue_allows_it(portal):
     job = Job.objects.get()
     assert made.status_code == 302 and job.preemptible
     assert 'data-role="preemptible"' in client.get(f"/jobs/{job.id}/").content.decode()
+
+
+def test_the_queue_page_says_its_class_pools_and_whether_jobs_may_borrow(portal):
+    Queue.objects.filter(name="debug").update(priority_class="inference", pools=["small"], allow_preemptible=True)
+    client = login(portal.demo)
+    line = client.get("/queues/debug/").content.decode().split('data-role="queue-class"')[1].split("</p>")[0]
+    assert "admitted before training queues" in line and "node pools: small" in line and "preemptible" in line
+    train = client.get("/queues/train/").content.decode().split('data-role="queue-class"')[1].split("</p>")[0]
+    assert "Training queue" in train and "every node pool" in train and "preemptible" not in train
