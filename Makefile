@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-logs lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -41,7 +41,7 @@ migrations: venv
 web worker beat: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
 
-bench: bench-allocator bench-scheduler bench-eta bench-api bench-logs
+bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
@@ -53,6 +53,10 @@ bench-scheduler: venv
 # Estimated starts against real starts: trace windows replayed through the real dispatcher on simulated time.
 bench-eta: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.eta
+
+# Preemptible borrowing against quota-holding work: trace windows through the real dispatcher and preemption.
+bench-pools: venv
+	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.pools
 
 bench-api: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.api

@@ -6,6 +6,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from cluster import services
+from cluster.inventory import node_pool
 from cluster.models import GPU, LogicalDevice, Node
 from quotas.selectors import visible_teams
 from trainyard.api import ScopedActionsMixin
@@ -59,6 +60,7 @@ class GPUSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     gpus = serializers.IntegerField(source="gpus.count")
+    pool = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -75,7 +77,15 @@ class NodeSerializer(serializers.ModelSerializer):
             "state",
             "last_seen",
             "gpus",
+            "pool",
         ]
+
+    def get_pool(self, node) -> str:
+        return node_pool(node.labels)
+
+
+class NodeMoveSerializer(serializers.Serializer):
+    pool = serializers.CharField(max_length=50, help_text="the node pool to move the node to")
 
 
 class NodeViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -89,6 +99,18 @@ class NodeViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def cordon(self, request, name=None):
         """Staff: no new placements on this node; running jobs continue (409 `node_not_ready` when unhealthy)."""
         node, _ = services.node_cordon(node_id=self.get_object().pk, actor=request.user.username)
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=NodeMoveSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def move(self, request, name=None):
+        """Staff: move the node to another pool (409 `node_work_cannot_stay` while it runs jobs of queues not bound
+        to that pool; 400 `invalid_pool`). Jobs waiting for that pool are dispatched at once."""
+        payload = NodeMoveSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        node, _ = services.node_move(
+            node_id=self.get_object().pk, pool=payload.validated_data["pool"], actor=request.user.username
+        )
         return Response(NodeSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeSerializer)

@@ -1,8 +1,10 @@
 """Where the GPU inventory comes from: NVML on a machine with NVIDIA GPUs, else a configured emulation.
 
 `TRAINYARD_LOCAL_GPUS` describes the emulated inventory: `4x24GiB`, `2x80GiB:A100`, or a comma list of
-such groups. The emulated inventory is labelled as such everywhere it is shown; nothing is invented about
-it beyond what the setting says.
+such groups. A group of cards in MIG mode lists each card's instances:
+`1x80GiB:A100[mig=3g.40gb+2g.20gb+1g.10gb]`; then the card itself is no device, each instance is one
+(docs/pools.md). The emulated inventory is labelled as such everywhere it is shown; nothing is invented about
+it beyond what the setting says. The platform never changes a card's MIG mode: it reads what is there.
 """
 
 import re
@@ -11,7 +13,12 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-_SPEC = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+))?\s*$", re.I)
+_SPEC = re.compile(
+    r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+?))?\s*(?:\[\s*mig\s*=\s*([\w.+ ]+)\])?\s*$", re.I
+)
+# A MIG profile: compute slices (of 7) and memory, as NVIDIA names them (`1g.10gb`, `3g.40gb`, `7g.80gb`).
+MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+MIG_SLICES = 7
 
 
 # How a node's cards may be handed out, where its device plugin decides that (Kubernetes, `whole` sharing): a plain
@@ -21,6 +28,17 @@ SHARING_LABEL = "trainyard.io/gpu-sharing"
 SHARING_WHOLE = "whole"
 SHARING_TIME_SLICED = "time-sliced"
 
+# A node's pool (docs/pools.md): a node label. The inventory names it when a node first appears (the Kubernetes
+# node's own label, or TRAINYARD_LOCAL_POOL); afterwards an admin's move (cluster.services.node_move) decides.
+POOL_LABEL = "trainyard.io/pool"
+DEFAULT_POOL = "default"
+# An idle node of a lending pool lent to a borrowing pool: preemptible jobs placed in that pool may use it.
+LENT_LABEL = "trainyard.io/lent-to"
+
+
+def node_pool(labels: dict) -> str:
+    return str((labels or {}).get(POOL_LABEL) or DEFAULT_POOL)
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -28,6 +46,21 @@ class GpuInfo:
     index: int
     model: str
     memory_mib: int
+    mig_profile: str = ""  # a MIG instance: its profile; the card it is carved from is `mig_parent`
+    mig_parent: str = ""
+
+
+def mig_profile(text: str) -> tuple[int, int]:
+    """(compute slices of 7, memory MiB) of a MIG profile name; InventoryError for anything else."""
+    m = MIG_PROFILE.match(text.strip().lower())
+    if not m:
+        raise InventoryError(f"'{text}' is not a MIG profile (expected e.g. 1g.10gb or 3g.40gb)")
+    return int(m[1]), int(m[2]) * 1024
+
+
+def mig_model(model: str, profile: str) -> str:
+    """The model an instance is shown and matched as: the card's model and the profile."""
+    return f"{model} MIG {profile}"
 
 
 @dataclass(frozen=True)
@@ -46,7 +79,8 @@ class InventoryError(ValueError):
     pass
 
 
-def parse_emulated(text: str) -> list[tuple[int, int, str]]:
+def parse_emulated(text: str) -> list[tuple[int, int, str, tuple[str, ...]]]:
+    """Groups of (cards, memory MiB per card, model, MIG profiles each card is split into: empty = no MIG)."""
     groups = []
     for part in text.split(","):
         if not part.strip():
@@ -58,7 +92,19 @@ def parse_emulated(text: str) -> list[tuple[int, int, str]]:
         mib = size * 1024 if unit in {"gib", "g"} else size
         if count < 0 or mib <= 0:
             raise InventoryError(f"TRAINYARD_LOCAL_GPUS: '{part.strip()}' has no memory")
-        groups.append((count, mib, model.strip()))
+        profiles: tuple[str, ...] = ()
+        if m[5]:
+            profiles = tuple(p.strip().lower() for p in m[5].split("+") if p.strip())
+            try:
+                sizes = [mig_profile(p) for p in profiles]
+            except InventoryError as exc:
+                raise InventoryError(f"TRAINYARD_LOCAL_GPUS: {exc}") from None
+            if not profiles or sum(g for g, _ in sizes) > MIG_SLICES or sum(m for _, m in sizes) > mib:
+                raise InventoryError(
+                    f"TRAINYARD_LOCAL_GPUS: '{part.strip()}': the MIG instances need more than one card has "
+                    f"({MIG_SLICES} compute slices, {mib // 1024} GiB)"
+                )
+        groups.append((count, mib, model.strip(), profiles))
     return groups
 
 
@@ -90,11 +136,15 @@ def read_nvml() -> NodeInfo | None:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            instances = _mig_instances(pynvml, handle, first_index=len(gpus))
+            if instances is not None:
+                gpus.extend(instances)  # a card in MIG mode: its instances are the devices
+                continue
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(
                 GpuInfo(
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    index=i,
+                    index=len(gpus),
                     model=_text(pynvml.nvmlDeviceGetName(handle)),
                     memory_mib=int(mem.total // (1024 * 1024)),
                 )
@@ -110,7 +160,41 @@ def read_nvml() -> NodeInfo | None:
         cpu_milli=cpu,
         memory_mib=memory,
         gpus=tuple(gpus),
+        labels={POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
     )
+
+
+def _mig_instances(pynvml, handle, *, first_index: int) -> list[GpuInfo] | None:
+    """The MIG instances of a card whose MIG mode is on (as the admin left it: never changed here), or None."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except Exception:  # noqa: BLE001 - a card or driver without MIG support
+        return None
+    if current != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return None
+    parent = _text(pynvml.nvmlDeviceGetUUID(handle))
+    model = _text(pynvml.nvmlDeviceGetName(handle))
+    out: list[GpuInfo] = []
+    for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except Exception:  # noqa: BLE001 - an empty slot
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig))  # e.g. "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+        profile = name.rsplit(" ", 1)[-1].lower()
+        if not MIG_PROFILE.match(profile):
+            continue  # a profile with media extensions (+me) or a name this driver spells otherwise
+        out.append(
+            GpuInfo(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                index=first_index + len(out),
+                model=mig_model(model, profile),
+                memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024)),
+                mig_profile=profile,
+                mig_parent=parent,
+            )
+        )
+    return out
 
 
 def _text(value) -> str:
@@ -120,11 +204,25 @@ def _text(value) -> str:
 def emulated_node(spec: str | None = None) -> NodeInfo:
     spec = spec if spec is not None else settings.TRAINYARD_LOCAL_GPUS
     name = f"{socket.gethostname()}-emulated"
-    gpus = []
-    for count, mib, model in parse_emulated(spec):
+    gpus: list[GpuInfo] = []
+    card = 0
+    for count, mib, model, profiles in parse_emulated(spec):
         for _ in range(count):
-            i = len(gpus)
-            gpus.append(GpuInfo(uuid=f"EMU-{name}-{i}", index=i, model=model, memory_mib=mib))
+            parent = f"EMU-{name}-{card}"
+            card += 1
+            if not profiles:
+                gpus.append(GpuInfo(uuid=parent, index=len(gpus), model=model, memory_mib=mib))
+            for k, profile in enumerate(profiles):
+                gpus.append(
+                    GpuInfo(
+                        uuid=f"EMU-MIG-{name}-{card - 1}-{k}",
+                        index=len(gpus),
+                        model=mig_model(model, profile),
+                        memory_mib=mig_profile(profile)[1],
+                        mig_profile=profile,
+                        mig_parent=parent,
+                    )
+                )
     cpu, memory = _host_resources()
     return NodeInfo(
         name=name,
@@ -134,7 +232,7 @@ def emulated_node(spec: str | None = None) -> NodeInfo:
         cpu_milli=cpu,
         memory_mib=memory,
         gpus=tuple(gpus),
-        labels={"trainyard.io/emulated": "true"},
+        labels={"trainyard.io/emulated": "true", POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
     )
 
 

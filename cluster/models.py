@@ -45,6 +45,9 @@ class GPU(models.Model):
     quarantined = models.BooleanField(default=False)
     quarantine_reason = models.CharField(max_length=300, blank=True)
     health_changed_at = models.DateTimeField(null=True, blank=True)
+    # A MIG instance is a device of its own (exclusive); the card it is carved from is not one.
+    mig_profile = models.CharField(max_length=20, blank=True, help_text="MIG instance profile, e.g. 3g.40gb")
+    mig_parent = models.CharField(max_length=64, blank=True, help_text="the UUID of the card in MIG mode")
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -95,3 +98,13 @@ class PoolRepair(models.Model):
 
     class Meta:
         ordering = ["-at"]
+
+
+class PoolState(models.Model):
+    """What the idle-lending rule remembers of a lending pool between its runs (jobs/lending.py)."""
+
+    name = models.CharField(max_length=50, unique=True)
+    below_since = models.DateTimeField(null=True, blank=True, help_text="its use has been under the threshold since")
+
+    def __str__(self) -> str:
+        return self.name

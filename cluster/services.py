@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,11 +12,12 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cluster.inventory import NodeInfo
+from cluster.inventory import LENT_LABEL, POOL_LABEL, NodeInfo, node_pool
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
-from trainyard.errors import Conflict
+from trainyard.errors import Conflict, ValidationFailed
 
 log = structlog.get_logger(__name__)
+POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,49}$")
 POOL_LOCK_KEY = 0x7472_6169  # advisory lock id for "the pool" (serialises placement across queues)
 
 
@@ -44,6 +46,12 @@ def pool_lock() -> None:
 def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
     """Create or update a node and its GPUs from what the backend reports; GPUs that vanished turn unhealthy."""
     now = timezone.now()
+    labels = dict(info.labels)
+    known = Node.objects.filter(name=info.name).values_list("labels", flat=True).first()
+    if known is not None and POOL_LABEL in known:
+        labels[POOL_LABEL] = known[POOL_LABEL]  # the pool an admin moved it to outlives the inventory's word
+    if known is not None and LENT_LABEL in known:
+        labels[LENT_LABEL] = known[LENT_LABEL]  # so does a loan (jobs/lending.py)
     node, _ = Node.objects.update_or_create(
         name=info.name,
         defaults=dict(
@@ -53,7 +61,7 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
             cuda_version=info.cuda_version,
             cpu_milli=info.cpu_milli,
             memory_mib=info.memory_mib,
-            labels=info.labels,
+            labels=labels,
             rack=info.labels.get("trainyard.io/rack", ""),
             nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""),
             last_seen=now,
@@ -64,7 +72,14 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
         seen.add(gpu.uuid)
         GPU.objects.update_or_create(
             uuid=gpu.uuid,
-            defaults=dict(node=node, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib),
+            defaults=dict(
+                node=node,
+                index=gpu.index,
+                model=gpu.model,
+                memory_mib=gpu.memory_mib,
+                mig_profile=gpu.mig_profile,
+                mig_parent=gpu.mig_parent,
+            ),
         )
     vanished = node.gpus.exclude(uuid__in=seen).exclude(health=GPU.Health.UNHEALTHY)
     for gpu in vanished:
@@ -120,6 +135,68 @@ def node_uncordon(*, node_id: int, actor: str) -> tuple[Node, bool]:
         transaction.on_commit(_dispatch_all)
     log.info("node_uncordoned", node=node.name, actor=actor)
     return node, True
+
+
+def node_move(*, node_id: int, pool: str, actor: str) -> tuple[Node, bool]:
+    """Move a node to another pool (its `trainyard.io/pool` label). Refused (409 `node_work_cannot_stay`) while
+    it runs work of a queue not bound to that pool: the work could not stay there. Returns (node, whether it
+    moved); jobs waiting for the target pool are dispatched at commit."""
+    from quotas.models import Queue
+
+    pool = (pool or "").strip()
+    if not POOL_NAME.match(pool):
+        raise ValidationFailed(
+            "a pool name is 1-50 lower-case letters, digits or -, starting with a letter or digit",
+            code="invalid_pool",
+            field="pool",
+        )
+    with transaction.atomic():
+        pool_lock()  # no placement on this node decides against its old pool meanwhile
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node_pool(node.labels) == pool:
+            return node, False
+        held = (
+            LogicalDevice.objects.filter(
+                slice_filter_live(), gpu__node=node, attempt__state__in=("placed", "starting", "running")
+            )
+            .values_list("attempt__job_id", "attempt__job__queue_id")
+            .distinct()
+        )
+        bound = {q.id: q for q in Queue.objects.filter(id__in={queue for _, queue in held})}
+        stuck = sorted(str(job) for job, queue in held if bound[queue].pools and pool not in bound[queue].pools)
+        if stuck:
+            raise Conflict(
+                f"node {node.name} runs {len(stuck)} job(s) of queues not bound to pool {pool} "
+                f"({', '.join(j[:8] for j in stuck[:5])}); they could not stay: move it when they end",
+                code="node_work_cannot_stay",
+                jobs=stuck,
+            )
+        before = node_pool(node.labels)
+        node.labels = {**node.labels, POOL_LABEL: pool}
+        node.save(update_fields=["labels"])
+        PoolRepair.objects.create(kind="node_moved", detail=f"{node.name}: pool {before} -> {pool} by {actor}")
+        transaction.on_commit(_dispatch_all)
+    log.info("node_moved", node=node.name, pool=pool, before=before, actor=actor)
+    return node, True
+
+
+def node_lend(*, node_id: int, to: str | None, why: str) -> bool:
+    """Lend a node to a borrowing pool (`to`), or take it back (None); returns whether it changed."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.labels.get(LENT_LABEL) == to:
+            return False
+        labels = {k: v for k, v in node.labels.items() if k != LENT_LABEL}
+        if to:
+            labels[LENT_LABEL] = to
+        before = node.labels.get(LENT_LABEL)
+        node.labels = labels
+        node.save(update_fields=["labels"])
+        kind = "node_lent" if to else "node_reclaimed"
+        PoolRepair.objects.create(kind=kind, detail=f"{node.name} ({node_pool(labels)}) -> {to or before}: {why}")
+        transaction.on_commit(_dispatch_all)
+    log.info(kind, node=node.name, to=to or before, why=why)
+    return True
 
 
 def _dispatch_all() -> None:

@@ -48,6 +48,7 @@ FIELD_FOR: dict[str, str] = {
     "gpu_models": "gpu_models",
     "name": "name",
     "tensorboard": "tensorboard",
+    "preemptible": "preemptible",
 }
 
 
@@ -64,6 +65,7 @@ FORM_ORDER = (
     "timeout_s",
     "max_retries",
     "tensorboard",
+    "preemptible",
     "gpu_models",
     "labels",
     "name",
@@ -104,6 +106,7 @@ class SubmitForm(forms.Form):
     timeout_s = forms.CharField(label=_("Time limit"), required=False)
     max_retries = forms.CharField(label=_("Retries on platform failures"), required=False)
     tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
+    preemptible = forms.BooleanField(label=_("Run preemptible on idle GPUs"), required=False)
     labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
     gpu_models = forms.MultipleChoiceField(label=_("GPU models"), required=False, choices=())
     carried = forms.CharField(required=False, widget=forms.HiddenInput)
@@ -159,6 +162,8 @@ class SubmitForm(forms.Form):
         if data.get("gpu_models"):
             body["gpu_models"] = list(data["gpu_models"])
         body["tensorboard"] = bool(data.get("tensorboard"))
+        if data.get("preemptible"):
+            body["preemptible"] = True
         for name, value in (data.get("carried") or {}).items():
             body.setdefault(name, value)
         return body
@@ -206,6 +211,7 @@ def initial_from_submission(body: dict[str, Any], *, catalog: set[str]) -> dict[
         "timeout_s": body.get("timeout_s", ""),
         "max_retries": body.get("max_retries", ""),
         "tensorboard": bool(body.get("tensorboard")),
+        "preemptible": bool(body.get("preemptible")),
         "gpu_models": list(body.get("gpu_models") or []),
         "name": body.get("name", ""),
     }

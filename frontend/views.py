@@ -30,6 +30,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from cluster.inventory import node_pool
 from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import driver_satisfies
 from frontend import wording
@@ -1116,12 +1117,30 @@ def gpu_list(request: HttpRequest) -> HttpResponse:
             )
         ).order_by("name")
     )
+    pools: dict[str, dict] = {}
     for node in nodes:
+        node.pool = node_pool(node.labels)
+        row = pools.setdefault(node.pool, {"name": node.pool, "nodes": 0, "gpus": 0, "used_milli": 0, "queues": []})
+        row["nodes"] += 1
         for gpu in node.gpus.all():
             gpu.free_milli = 1000 - sum(s.compute_milli for s in gpu.live_slices)
             gpu.used_milli = 1000 - gpu.free_milli
+            row["gpus"] += 1
+            row["used_milli"] += gpu.used_milli
+    for name, bound in Queue.objects.order_by("name").values_list("name", "pools"):
+        for row in pools.values():
+            if not bound or row["name"] in bound:
+                row["queues"].append(name)
+    for row in pools.values():
+        row["use_percent"] = round(100 * row["used_milli"] / (1000 * row["gpus"])) if row["gpus"] else 0
     return render(
         request,
         "frontend/gpu_list.html",
-        {"nav": "gpus", "nodes": nodes, "visible": visible, "any_emulated": any(n.emulated for n in nodes)},
+        {
+            "nav": "gpus",
+            "nodes": nodes,
+            "pools": sorted(pools.values(), key=lambda r: r["name"]),
+            "visible": visible,
+            "any_emulated": any(n.emulated for n in nodes),
+        },
     )

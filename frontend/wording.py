@@ -29,6 +29,7 @@ ATTEMPT_STATE_LABELS: dict[str, Promise] = {
     AttemptState.CANCELLED: _("cancelled"),
     AttemptState.TIMED_OUT: _("timed out"),
     AttemptState.LOST: _("lost"),
+    AttemptState.PREEMPTED: _("preempted"),
 }
 
 # One sentence per reason a job can wait for (jobs.states.PendingReason); a test checks none is missing.
@@ -63,6 +64,9 @@ OTHER_REASONS: dict[str, Promise] = {
     "user_failure": _("The job itself failed (its code, input or request); retrying would not help."),
     "platform_failure": _("The platform failed under the job (node, GPU, network or image pull)."),
     "resource_failure": _("The job ran out of a resource it asked for."),
+    "preempted": _(
+        "Preempted: quota-holding work needed its GPUs. It waits for capacity and resumes from its last checkpoint."
+    ),
 }
 
 FAILURE_CLASSES: dict[str, Promise] = {

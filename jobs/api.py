@@ -70,6 +70,11 @@ class JobSubmitSerializer(serializers.Serializer):
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
     working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    preemptible = serializers.BooleanField(
+        required=False,
+        help_text="run on idle capacity beyond the queue's quota; the job is stopped (SIGTERM, "
+        "TRAINYARD_PREEMPT_NOTICE seconds, a final checkpoint) and requeued when quota-holding work needs the cards",
+    )
     timeout_s = DurationField(required=False, allow_null=True)
     max_retries = serializers.IntegerField(required=False)
     tensorboard = serializers.BooleanField(required=False)
@@ -163,6 +168,7 @@ class JobSerializer(serializers.ModelSerializer):
             "env",
             "working_dir",
             "priority",
+            "preemptible",
             "timeout_s",
             "max_retries",
             "retries_used",

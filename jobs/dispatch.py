@@ -20,7 +20,7 @@ from asgiref.sync import async_to_sync
 from celery import current_app
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Sum
+from django.db.models import Case, Count, Max, Sum, Value, When
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
@@ -52,6 +52,10 @@ SUMS = {
 }
 
 
+# Queues in admission order: inference before training (docs/pools.md), then the queue's own priority.
+CLASS_ORDER = Case(When(priority_class=Queue.PriorityClass.INFERENCE, then=Value(0)), default=Value(1))
+
+
 def _vector(row: dict) -> dict[str, int]:
     return {k: int(row[k] or 0) for k in scheduler.VECTOR}
 
@@ -66,7 +70,7 @@ SELECT id, queue_id, team_id, owner_id, replicas, gpu_count, gpu_milli, gpu_memo
        min_driver_version,
        CASE WHEN excluded_gpus = '[]'::jsonb AND excluded_nodes = '[]'::jsonb AND gpu_models = '[]'::jsonb
             THEN NULL ELSE jsonb_build_array(excluded_gpus, excluded_nodes, gpu_models)::text END,
-       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8
+       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile
 FROM jobs_job WHERE state = 'pending' {where}
 """
 
@@ -83,7 +87,7 @@ def _order(job: scheduler.Waiting) -> tuple:
 
 def _row_waiting(row: tuple) -> scheduler.Waiting:
     (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
-    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at = row[12:]
+    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at, preemptible, mig = row[12:]
     ex_gpus, ex_nodes, models = json.loads(lists) if lists else ((), (), ())
     return scheduler.Waiting(
         id=jid,
@@ -105,7 +109,9 @@ def _row_waiting(row: tuple) -> scheduler.Waiting:
         gpu_models=tuple(models),
         reason=reason,
         position=position,
-        order=(-priority, submitted_at, jid),
+        order=(preemptible, -priority, submitted_at, jid),
+        preemptible=preemptible,
+        mig_profile=mig,
     )
 
 
@@ -113,7 +119,7 @@ class JobStore:
     """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
-        queues = Queue.objects.order_by("-priority", "id")
+        queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
         if queue_ids is not None:
             queues = queues.filter(id__in=list(queue_ids))
         rules = [
@@ -123,8 +129,9 @@ class JobStore:
                 open=q["state"] == Queue.State.OPEN,
                 fifo=q["ordering"] == Queue.Ordering.FIFO,
                 limit=_vector(q),
+                pools=tuple(sorted(q["pools"] or ())),
             )
-            for q in queues.values("id", "name", "state", "ordering", *scheduler.VECTOR)
+            for q in queues.values("id", "name", "state", "ordering", "pools", *scheduler.VECTOR)
         ]
         if queue_ids is not None:
             rows = _pending_rows("AND queue_id = ANY(%s)", [[q.id for q in rules]])
@@ -153,7 +160,7 @@ class JobStore:
         team_used: dict[int, dict[str, int]] = {}
         user_jobs: dict[tuple[int, int], int] = {}
         for r in (
-            Job.objects.filter(reserved=True)
+            Job.objects.filter(reserved=True, preemptible=False)  # a preemptible job holds no quota
             .values("queue_id", "team_id", "owner_id")
             .annotate(**SUMS, jobs=Count("id"))
             .order_by()
@@ -465,8 +472,14 @@ def _broadcast_admitted(job_ids: list[str]) -> None:
 
 def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> scheduler.PassReport:
     """One dispatch pass over the given queues (all when None); `full` reads every waiting line even when only
-    new jobs arrived since the last pass."""
-    return scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
+    new jobs arrived since the last pass. A pass that leaves jobs waiting then asks preemptible attempts to yield
+    the cards quota-holding jobs wait for (jobs/preemption.py); their release wakes the next pass."""
+    report = scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
+    if report.waiting and not report.skipped:
+        from jobs.preemption import preemptions_request
+
+        preemptions_request()
+    return report
 
 
 __all__ = ["JobStore", "dispatch", "policy"]

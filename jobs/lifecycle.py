@@ -17,6 +17,7 @@ unfinished attempt per job, so a retry never runs beside its predecessor.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,6 +39,7 @@ from trainyard.units import human_duration
 
 log = structlog.get_logger(__name__)
 LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
+PREEMPTED_REASON = "Preempted"  # what a preempted attempt's observation reports
 
 
 # ------------------------------------------------------------------------------------------- start
@@ -107,6 +109,9 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         outbound_network=job.queue.outbound_network,
         gpu_products=_gpu_products(job, attempt),
         checkpoint=checkpoints.attempt_plan(attempt),
+        preempt_notice_s=math.ceil(settings.TRAINYARD_PREEMPT_GRACE_S) if job.preemptible else 0,
+        priority_class="preemptible" if job.preemptible else job.queue.priority_class,
+        mig_profile=job.mig_profile,
     )
 
 
@@ -192,6 +197,8 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
         if job.state == JobState.CANCELLING:
             attempt_stop_on_commit(attempt, robust=True)  # cancelled while it was being started
             return
+        if attempt.preempt_requested_at is not None:
+            attempt_stop_on_commit(attempt, reason=PREEMPTED_REASON, robust=True)  # preempted while starting
         if job.state != JobState.ADMITTED:
             return
         now = timezone.now()
@@ -405,6 +412,12 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 job_id=job.id, to=JobState.SUCCEEDED, actor="backend", attempt=attempt, message=stored("exit code 0")
             )
             return
+        if attempt.preempt_requested_at is not None:
+            attempt.state = AttemptState.PREEMPTED
+            attempt.reason = PREEMPTED_REASON
+            attempt.save()
+            _requeue_preempted(job, attempt, detail=_describe_exit(obs))
+            return
         tail = backend.log_tail(attempt.backend_ref) if attempt.backend_ref else ""
         verdict = classifier.classify(
             classifier.Observation(
@@ -493,6 +506,76 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
 
 
+def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
+    """A preempted attempt's job waits again: no retry used, and the next attempt resumes from its checkpoint."""
+    _event(
+        job,
+        "attempt_preempted",
+        actor="preemption",
+        attempt=attempt,
+        level="warning",
+        message=f"attempt {attempt.number} preempted ({detail}); not a failure, no retry used",
+        data={"exit_code": attempt.exit_code, "signal": attempt.signal},
+    )
+    job_transition(
+        job_id=job.id, to=JobState.RETRYING, actor="preemption", attempt=attempt, reason="preempted",
+        message=f"attempt {attempt.number} preempted; back in the queue",
+    )  # fmt: skip
+    job_transition(
+        job_id=job.id,
+        to=JobState.PENDING,
+        actor="preemption",
+        reason=PendingReason.QUEUED,
+        message="preempted: waits for capacity and resumes from its last checkpoint",
+    )
+
+
+def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
+    """Ask a preemptible job's live attempt to yield its cards to `for_job` (who needs them: id, team, queue,
+    owner). The notice is SIGTERM; SIGKILL follows after TRAINYARD_PREEMPT_GRACE_S. Returns whether a notice
+    was sent (False when it ended, was already told, or is being cancelled)."""
+    with transaction.atomic():
+        job_id = Attempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+        if job_id is None:
+            return False
+        _lock(job_id=job_id, attempt_id=attempt_id)
+        attempt = Attempt.objects.select_related("job").get(pk=attempt_id)
+        job = attempt.job
+        if (
+            attempt.is_finished
+            or attempt.preempt_requested_at is not None
+            or not job.preemptible
+            or job.state not in {JobState.ADMITTED, JobState.STARTING, JobState.RUNNING}
+        ):
+            return False
+        now = timezone.now()
+        attempt.preempt_requested_at = now
+        Attempt.objects.filter(pk=attempt.pk).update(preempt_requested_at=now)
+        grace = math.ceil(settings.TRAINYARD_PREEMPT_GRACE_S)
+        who = f"job {for_job['job']} of team {for_job['team']} in queue {for_job['queue']}"
+        _event(
+            job,
+            "preemption",
+            actor="preemption",
+            attempt=attempt,
+            level="warning",
+            message=f"preempted: {who} needs the cards back; {grace} s to save a checkpoint",
+            data={**{f"for_{k}": v for k, v in for_job.items()}, "grace_s": grace},
+        )
+        if attempt.state == AttemptState.PLACED:
+            # Never handed to the backend: nothing runs, it ends here.
+            attempt.state = AttemptState.PREEMPTED
+            attempt.ended_at = now
+            attempt.reason = PREEMPTED_REASON
+            attempt.save(update_fields=["state", "ended_at", "reason"])
+            _requeue_preempted(job, attempt, detail="before it started")
+        elif attempt.backend_ref:
+            attempt_stop_on_commit(attempt, reason=PREEMPTED_REASON, robust=True)
+        # Starting without a ref: its hand-over sees the request and stops what it started.
+    log.info("attempt_preempted", job_id=str(job.id), attempt=attempt.number, for_job=for_job["job"])
+    return True
+
+
 def _describe_exit(obs: Observation) -> str:
     if obs.signal:
         return stored("was killed by signal %(signal)s", signal=obs.signal)
@@ -563,9 +646,10 @@ def attempt_stop_on_commit(attempt: Attempt, *, reason: str = "", robust: bool =
     once the grace period is past)."""
     Attempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
     backend_name, ref = attempt.backend, attempt.backend_ref
+    grace = settings.TRAINYARD_PREEMPT_GRACE_S if reason == PREEMPTED_REASON else settings.TRAINYARD_CANCEL_GRACE_S
 
     def stop() -> None:
-        get_backend(backend_name).cancel(ref, grace_s=settings.TRAINYARD_CANCEL_GRACE_S, reason=reason)
+        get_backend(backend_name).cancel(ref, grace_s=grace, reason=reason)
 
     transaction.on_commit(stop, robust=robust)
 
@@ -630,6 +714,19 @@ def lifecycle_reconcile() -> dict[str, int]:
         log.warning("lifecycle_stop_overdue", attempt_id=attempt.id, job_id=str(attempt.job_id))
         with transaction.atomic():
             attempt_stop_on_commit(attempt, robust=True)
+        report["stopped"] += 1
+    # Preempted attempts still alive past their notice (or never told, their stop lost): asked again, which kills.
+    preempt_due = now - timedelta(seconds=settings.TRAINYARD_PREEMPT_GRACE_S + settings.TRAINYARD_STOP_OVERDUE_S)
+    yielding = (
+        Attempt.objects.filter(state__in=LIVE, preempt_requested_at__isnull=False)
+        .exclude(job__state=JobState.CANCELLING)
+        .exclude(backend_ref="")
+        .filter(Q(stop_requested_at__isnull=True) | Q(stop_requested_at__lt=preempt_due))
+    )
+    for attempt in list(yielding):
+        log.warning("lifecycle_preempt_overdue", attempt_id=attempt.id, job_id=str(attempt.job_id))
+        with transaction.atomic():
+            attempt_stop_on_commit(attempt, reason=PREEMPTED_REASON, robust=True)
         report["stopped"] += 1
     for backend_name in set(Attempt.objects.filter(state__in=LIVE).values_list("backend", flat=True)):
         report["observed"] += attempts_observe(backend_name=backend_name)

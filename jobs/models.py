@@ -31,6 +31,9 @@ class Job(models.Model):
     cpu_milli = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     exclusive = models.BooleanField(default=False)
+    mig_profile = models.CharField(
+        max_length=20, blank=True, help_text="each card is a MIG instance of this profile (from the spec)"
+    )
     # The whole job's request (per-card request x cards x replicas), summed for quota usage.
     total_gpu_milli = models.PositiveIntegerField(default=0)
     total_gpu_memory_mib = models.PositiveBigIntegerField(default=0)
@@ -50,6 +53,9 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True)
     working_dir = models.CharField(max_length=500, blank=True)
     priority = models.IntegerField(default=0)
+    preemptible = models.BooleanField(
+        default=False, help_text="runs on idle capacity beyond the quota and yields it when quota-holding work waits"
+    )
     timeout_s = models.PositiveIntegerField()
     max_retries = models.PositiveSmallIntegerField(default=2)
     tensorboard = models.BooleanField(default=False)
@@ -113,6 +119,8 @@ class Job(models.Model):
             models.Index(fields=["team"], condition=Q(reserved=True), name="job_reserved_by_team"),
             # The ids of the waiting jobs, read by every fast dispatch pass without touching the table.
             models.Index(fields=["id"], condition=Q(state="pending"), name="job_waiting"),
+            # Whether any preemptible job holds cards: read after every dispatch pass that leaves jobs waiting.
+            models.Index(fields=["id"], condition=Q(preemptible=True, reserved=True), name="job_preemptible_holding"),
         ]
 
     def __str__(self) -> str:
@@ -147,6 +155,9 @@ class Attempt(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True, help_text="when its main process ended")
     stop_requested_at = models.DateTimeField(null=True, blank=True, help_text="the last time a stop was asked")
+    preempt_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the platform asked it to yield its cards (the notice was sent)"
+    )
     exit_code = models.IntegerField(null=True, blank=True)
     signal = models.IntegerField(null=True, blank=True)
     failure_class = models.CharField(max_length=10, choices=FailureClass.choices, blank=True)

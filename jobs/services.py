@@ -192,6 +192,7 @@ FIELD_ORDER = (
     "working_dir",
     "mounts",
     "priority",
+    "preemptible",
     "ci",
 )
 
@@ -320,6 +321,8 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                     cpu_milli=spec.cpu_milli_per_gpu * gpu_count,
                     memory_mib=spec.memory_mib_per_gpu * gpu_count,
                 )
+                if spec.mig_profile:
+                    request.update(_mig_request(spec))
             if queue is not None:
                 default_timeout = min(spec.default_timeout_s, queue.max_timeout_s)
     elif explicit:
@@ -466,6 +469,9 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     with problems.check():
         if queue is not None:
             priority = validation.job_priority(data.get("priority"), user=user, team=team, queue=queue)
+    preemptible = False
+    with problems.check():
+        preemptible = _preemptible(data.get("preemptible"), queue)
     problems.raise_any()
     assert queue is not None and request is not None and paths is not None and timeout is not None
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]
@@ -484,6 +490,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             env=env,
             working_dir=paths.working_dir,
             priority=priority,
+            preemptible=preemptible,
             timeout_s=timeout,
             max_retries=max_retries,
             tensorboard=bool(data.get("tensorboard")),
@@ -495,6 +502,42 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             resume_from=resume_from,
         )
     )
+
+
+def _mig_request(spec) -> dict[str, Any]:
+    """A MIG spec's request per instance: the profile's share of a card's compute (slices of 7) and its memory,
+    as quotas count it; placement hands out whole instances of that profile (docs/pools.md)."""
+    from cluster.inventory import MIG_SLICES, InventoryError, mig_profile
+
+    try:
+        slices, memory = mig_profile(spec.mig_profile)
+    except InventoryError as exc:
+        raise ValidationFailed(f"spec '{spec.name}' is misconfigured: {exc}", code="invalid_spec", field="spec")
+    if not spec.exclusive:
+        raise ValidationFailed(
+            f"spec '{spec.name}' is misconfigured: a MIG profile needs the guaranteed tier",
+            code="invalid_spec",
+            field="spec",
+        )
+    return dict(
+        mig_profile=spec.mig_profile,
+        gpu_milli=1000 * slices // MIG_SLICES,
+        gpu_memory_eighths=None,
+        gpu_memory_mib=memory,
+    )
+
+
+def _preemptible(value: Any, queue) -> bool:
+    """A job runs preemptible only where its queue lets jobs borrow idle capacity (docs/pools.md)."""
+    if value in (None, "", False):
+        return False
+    if value is not True:
+        raise ValidationFailed("preemptible must be true or false", code="invalid_preemptible", field="preemptible")
+    if queue is not None and not queue.allow_preemptible:
+        raise ValidationFailed(
+            f"queue '{queue.name}' does not take preemptible jobs", code="preemptible_not_allowed", field="preemptible"
+        )
+    return True
 
 
 def _resume_from(value: Any, *, team: Team) -> Job | None:
@@ -774,6 +817,8 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
         "labels": job.labels,
         "ci": job.ci,
     }
+    if job.preemptible:
+        data["preemptible"] = True
     if job.gpu_models:
         data["gpu_models"] = job.gpu_models
     if job.spec:

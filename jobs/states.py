@@ -42,10 +42,18 @@ class AttemptState(models.TextChoices):
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
     LOST = "lost"
+    PREEMPTED = "preempted"  # stopped to give its cards back: not a failure, not counted against retries
 
 
 ATTEMPT_FINISHED = frozenset(
-    {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.TIMED_OUT, AttemptState.LOST}
+    {
+        AttemptState.SUCCEEDED,
+        AttemptState.FAILED,
+        AttemptState.CANCELLED,
+        AttemptState.TIMED_OUT,
+        AttemptState.LOST,
+        AttemptState.PREEMPTED,
+    }
 )
 
 

@@ -87,6 +87,13 @@ def prune_checkpoints() -> dict:
     return checkpoints.checkpoints_prune()
 
 
+@shared_task(name="jobs.lend_idle_nodes", soft_time_limit=60, time_limit=90)
+def lend_idle_nodes() -> dict:
+    from jobs import lending
+
+    return lending.pools_lend()
+
+
 @shared_task(name="trainyard.heartbeat")
 def heartbeat() -> str:
     return "beat"  # its run is recorded by trainyard.loops, like every beat loop's

@@ -301,6 +301,9 @@ class QueueForm(HumanQuotaForm):
             "state",
             "ordering",
             "priority",
+            "priority_class",
+            "allow_preemptible",
+            "pools",
             "max_member_priority",
             "weight",
             *QUOTA_FIELDSET,
@@ -333,6 +336,8 @@ class QueueAdmin(admin.ModelAdmin):
         "state",
         "ordering",
         "priority",
+        "priority_class",
+        "allow_preemptible",
         "weight",
         "gpu_milli_usage",
         "gpu_memory_usage",
@@ -341,20 +346,20 @@ class QueueAdmin(admin.ModelAdmin):
         "time_limits",
         "gang",
     )
-    list_filter = ("state", "ordering", "gang")
+    list_filter = ("state", "ordering", "gang", "priority_class", "allow_preemptible")
     search_fields = ("name", "description")
     filter_horizontal = ("teams", "specs")
     inlines = (QueueQuotaChangeInline,)
     actions = ("open_queues", "close_queues")
     fieldsets = (
-        (None, {"fields": ("name", "description", "state", "ordering", "priority", "weight")}),
+        (None, {"fields": ("name", "description", "state", "ordering", "priority", "priority_class", "weight")}),
         (
             "Capability (hard; changes are audited and take effect at the next dispatch)",
             {
                 "fields": QUOTA_FIELDSET,
             },
         ),
-        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request")}),
+        ("Who and what", {"fields": ("teams", "specs", "allow_explicit_request", "allow_preemptible", "pools")}),
         (
             "Timeouts and scheduling",
             {
@@ -463,6 +468,7 @@ class ResourceSpecAdmin(admin.ModelAdmin):
         "gpu_count",
         "gpu_share",
         "gpu_memory_eighths",
+        "mig_profile",
         "cpu_milli_per_gpu",
         "memory_mib_per_gpu",
         "time_limit",

@@ -84,6 +84,11 @@ class ResourceSpec(models.Model):
     name = models.SlugField(max_length=50, unique=True)
     tier = models.CharField(max_length=16, choices=Tier.choices)
     gpu_count = models.PositiveSmallIntegerField(default=1, help_text="whole cards (guaranteed tier)")
+    mig_profile = models.CharField(
+        max_length=20,
+        blank=True,
+        help_text="guaranteed tier: each card is a MIG instance of this profile (e.g. 3g.40gb) instead of a card",
+    )
     gpu_milli = models.PositiveIntegerField(help_text="compute per card, 1000 = whole")
     gpu_memory_eighths = models.PositiveSmallIntegerField(help_text="card memory share, 8 = whole card")
     cpu_milli_per_gpu = models.PositiveIntegerField(default=4000)
@@ -127,6 +132,11 @@ class Queue(ResourceVector):
         FIFO = "fifo"
         BACKFILL = "backfill"
 
+    class PriorityClass(models.TextChoices):
+        # Admission order across queues: inference first, then training; preemptible jobs of any queue come last.
+        INFERENCE = "inference"
+        TRAINING = "training"
+
     name = models.SlugField(max_length=50, unique=True)
     description = models.TextField(blank=True)
     teams = models.ManyToManyField(Team, related_name="queues", blank=True)
@@ -153,6 +163,23 @@ class Queue(ResourceVector):
         default=False,
         help_text="local jobs may open connections to other machines (downloads, pip); they never reach the "
         "platform's own services. Off: local jobs have no network at all",
+    )
+    priority_class = models.CharField(
+        max_length=10,
+        choices=PriorityClass.choices,
+        default=PriorityClass.TRAINING,
+        help_text="inference queues are admitted before training queues; preemptible jobs come after both",
+    )
+    pools = ArrayField(
+        models.SlugField(max_length=50),
+        default=list,
+        blank=True,
+        help_text="node pools (the nodes' trainyard.io/pool label) its jobs are placed in; empty = every pool",
+    )
+    allow_preemptible = models.BooleanField(
+        default=False,
+        help_text="jobs may opt in to run preemptible: on idle capacity beyond the hard quota, stopped (with a "
+        "notice and a final checkpoint) when quota-holding work needs the cards back",
     )
 
     class Meta:

@@ -22,13 +22,13 @@ def _usage(qs) -> dict[str, int]:
 def queue_usage(queue: Queue) -> dict[str, int]:
     from jobs.models import Job
 
-    return _usage(Job.objects.filter(queue=queue, reserved=True))
+    return _usage(Job.objects.filter(queue=queue, reserved=True, preemptible=False))  # preemptible: no quota held
 
 
 def team_usage(team: Team) -> dict[str, int]:
     from jobs.models import Job
 
-    return _usage(Job.objects.filter(team=team, reserved=True))
+    return _usage(Job.objects.filter(team=team, reserved=True, preemptible=False))
 
 
 def team_usage_by_spec(team: Team) -> list[dict]:

@@ -57,6 +57,7 @@ class QueueRules:
     open: bool
     fifo: bool
     limit: dict[str, int]
+    pools: tuple[str, ...] = ()  # node pools its jobs are placed in; empty: every pool (docs/pools.md)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,10 @@ class Waiting:
     gpu_models: tuple[str, ...] = ()
     reason: str = ""
     position: int | None = None
-    order: tuple = ()  # where it stands in its queue's line: (-priority, submitted at in epoch seconds, id)
+    # Where it stands in its queue's line: (preemptible, -priority, submitted at in epoch seconds, id).
+    order: tuple = ()
+    preemptible: bool = False  # holds no quota; decided after every queue's quota-holding jobs (docs/pools.md)
+    mig_profile: str = ""  # one MIG instance of this profile per replica (exclusive devices), docs/pools.md
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -108,6 +112,7 @@ class Waiting:
             self.excluded_gpus,
             self.excluded_nodes,
             self.gpu_models,
+            self.mig_profile,
         )
 
 
@@ -247,6 +252,8 @@ def _quota_check(
 ) -> tuple[str, str] | None:
     if not queue.open:
         return QUEUE_CLOSED, stored("queue %(queue)s is closed", queue=queue.name)
+    if job.preemptible:
+        return None  # borrows idle capacity: no quota is held, so none is checked
     over = fits(job.total, used, queue.limit)
     if over:
         return QUEUE_QUOTA, (
@@ -280,6 +287,8 @@ def _quota_check(
 
 
 def _charge(job: Waiting, queue: QueueRules, backlog: Backlog) -> None:
+    if job.preemptible:
+        return
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
     tused = backlog.team_used.setdefault(job.team_id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
     for name in VECTOR:
@@ -354,8 +363,10 @@ def _no_capacity(job: Waiting) -> tuple[str, str]:
     return NO_CAPACITY, stored("no GPU has the compute and memory free for this share")
 
 
-def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
-    """Place every replica (all or nothing) or say why not."""
+def _place(
+    job: Waiting, pool: Pool, plan: Plan, pools: tuple[str, ...] = ()
+) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+    """Place every replica (all or nothing) in the given node pools (all when empty), or say why not."""
     models = None
     if job.gpu_models:
         models = pool.resolve_models(job.gpu_models)
@@ -371,7 +382,16 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
                 "the image needs driver >= %(driver)s; no healthy node has it", driver=job.min_driver
             )
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
+    if pools:
+        outside = pool.outside(pools, borrowing=job.preemptible)
+        if len(outside) == len(pool.meta):
+            return NO_CAPACITY, stored("no node is in pool %(pools)s", pools=" or ".join(pools))
+        masked_nodes += outside
     masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]
+    if job.mig_profile and not pool.mig.get(job.mig_profile):
+        return NO_CAPACITY, stored("no card in MIG mode offers a %(profile)s instance", profile=job.mig_profile)
+    if pool.mig:
+        masked_gpus += pool.mig_masked(job.mig_profile)
     request = request_of(job, models)
     done: list[tuple[policy.Placement, list[Slice]]] = []
     with pool.masked(nodes=masked_nodes, gpus=masked_gpus):
@@ -390,7 +410,10 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
                 if placement is None:
                     for p, s in reversed(done):
                         pool.give_back(p, s)
-                    return _why_not(job, pool, models)
+                    code, message = _why_not(job, pool, models)
+                    if pools:
+                        message = stored("%(why)s in pool %(pools)s", why=message, pools=" or ".join(pools))
+                    return code, message
                 if job.exclusive:
                     indices = _nvlink_indices(pool, placement.node_index, placement, job.gpu_count)
                     placement = replace(placement, gpu_indices=indices)
@@ -404,6 +427,13 @@ def _place(job: Waiting, pool: Pool, plan: Plan) -> list[tuple[policy.Placement,
             if job.replicas > 1 and rack is None:
                 rack = pool.meta[placement.node_index].rack
     return done
+
+
+def place(
+    job: Waiting, pool: Pool, pools: tuple[str, ...] = ()
+) -> list[tuple[policy.Placement, list[Slice]]] | tuple[str, str]:
+    """Place a job in `pool` (taken there, in memory only) or say why not: what preemption asks of a what-if pool."""
+    return _place(job, pool, Plan(), pools=pools)
 
 
 def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[str, str]:
@@ -445,42 +475,55 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
 def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> Plan:
     """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes.
     `lines`: where each queue's line stood after the previous pass, when only jobs that join the lines' ends
-    are given (the fast pass); the lines are not changed."""
+    are given (the fast pass); the lines are not changed. Preemptible jobs (last in their lines) are decided
+    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work."""
     out = Plan()
+    state: dict[int, Line] = {}
+    deferred: list[tuple[QueueRules, Waiting]] = []
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
-        position, blocked, tail = start.position, start.blocked, start.tail
-        failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
-        used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+        state[queue.id] = Line(start.position, start.blocked, start.tail)
         for job in backlog.waiting.get(queue.id, ()):
-            team = backlog.teams[job.team_id]
-            why = _quota_check(job, queue, team, backlog, used)
-            if why is None and blocked and queue.fifo:
-                why = (BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
-            placed = None
-            if why is None:
-                shape = job.shape()
-                why = failed_shapes.get(shape)
-                if why is not None:
-                    out.shape_hits += 1
-                else:
-                    result = _place(job, pool, out)
-                    if isinstance(result, tuple):
-                        why = failed_shapes[shape] = result
-                    else:
-                        placed = result
-            if why is not None:
-                position += 1
-                if why[0] != QUEUE_CLOSED:
-                    blocked = True
-                out.waits.append(Wait(job, why[0], why[1], position))
-                tail = max(tail, job.order) if tail else job.order
-                continue
-            assert placed is not None
-            out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
-            _charge(job, queue, backlog)
-        out.lines[queue.id] = Line(position, blocked, tail)
+            if job.preemptible:
+                deferred.append((queue, job))
+            else:
+                _decide(job, queue, state[queue.id], backlog, pool, out)
+    for queue, job in deferred:
+        _decide(job, queue, state[queue.id], backlog, pool, out)
+    out.lines.update(state)
     return out
+
+
+def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool: Pool, out: Plan) -> None:
+    """Admit one job (placed, charged) or record why it waits and where it stands in its line."""
+    failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
+    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+    team = backlog.teams[job.team_id]
+    why = _quota_check(job, queue, team, backlog, used)
+    if why is None and line.blocked and queue.fifo:
+        why = (BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
+    placed = None
+    if why is None:
+        shape = (job.shape(), queue.pools, job.preemptible)
+        why = failed_shapes.get(shape)
+        if why is not None:
+            out.shape_hits += 1
+        else:
+            result = _place(job, pool, out, pools=queue.pools)
+            if isinstance(result, tuple):
+                why = failed_shapes[shape] = result
+            else:
+                placed = result
+    if why is not None:
+        line.position += 1
+        if why[0] != QUEUE_CLOSED:
+            line.blocked = True
+        out.waits.append(Wait(job, why[0], why[1], line.position))
+        line.tail = max(line.tail, job.order) if line.tail else job.order
+        return
+    assert placed is not None
+    out.admissions.append(Admission(job, [s for _, slices in placed for s in slices], [p for p, _ in placed]))
+    _charge(job, queue, backlog)
 
 
 # ----------------------------------------------------------------------------------------------- the pass

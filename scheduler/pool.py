@@ -21,7 +21,7 @@ import structlog
 from django.conf import settings
 from django.db import connection
 
-from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE
+from cluster.inventory import LENT_LABEL, SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, node_pool
 from cluster.services import version_tuple
 from scheduler import policy
 
@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 # A node's sharing label (set by the inventory) as the placement policy's mode.
 NODE_SHARING = {SHARING_WHOLE: policy.WHOLE_ONLY, SHARING_TIME_SLICED: policy.SHARES_ONLY}
 UNTRACKED = 1 << 40  # host CPU/memory of a node whose capacity is not reserved (see `host_accounted`)
-FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost")
+FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost", "preempted")
 
 
 def model_key(name: str) -> str:
@@ -53,6 +53,7 @@ class Card:
     model: str
     memory_mib: int
     healthy: bool
+    mig_profile: str = ""
 
 
 @dataclass
@@ -105,6 +106,9 @@ class Pool:
         self.allocator: policy.Allocator | None = None
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
+        self._outside: dict[tuple[tuple[str, ...], bool], list[int]] = {}
+        # MIG instances by profile, as (node position, card index): devices only jobs asking for that profile get.
+        self.mig: dict[str, list[tuple[int, int]]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
         # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
         # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
@@ -166,8 +170,8 @@ class Pool:
             )
             node_rows = cursor.fetchall()
             cursor.execute(
-                "SELECT id, node_id, uuid, index, model, memory_mib, health = 'healthy' AND NOT quarantined "
-                "FROM cluster_gpu ORDER BY node_id, index"
+                "SELECT id, node_id, uuid, index, model, memory_mib, health = 'healthy' AND NOT quarantined, "
+                "mig_profile FROM cluster_gpu ORDER BY node_id, index"
             )
             gpu_rows = cursor.fetchall()
         self.meta, self.by_name, position = [], {}, {}
@@ -194,15 +198,19 @@ class Pool:
             )
         self.gpu_at, self.gpu_by_uuid = {}, {}
         models = set()
-        for gid, nid, uuid, index, model, mem, healthy in gpu_rows:
+        self.mig = {}
+        for gid, nid, uuid, index, model, mem, healthy, profile in gpu_rows:
             i = position[nid]
-            self.meta[i].cards[index] = Card(gid, uuid, index, model, mem, bool(healthy))
+            self.meta[i].cards[index] = Card(gid, uuid, index, model, mem, bool(healthy), profile)
+            if profile:
+                self.mig.setdefault(profile, []).append((i, index))
             self.gpu_at[gid] = (i, index)
             self.gpu_by_uuid[uuid] = (i, index)
             models.add(model)
         self.models = frozenset(models)
         self.nodes = [self._node(m) for m in self.meta]
         self._too_old = {}
+        self._outside = {}
         self._ready = None
 
     def _load_ledger(self) -> set[int]:
@@ -301,6 +309,26 @@ class Pool:
             hit = self._too_old[min_driver] = [i for i, m in enumerate(self.meta) if m.driver < want]
         return hit
 
+    def mig_masked(self, profile: str) -> list[tuple[int, int]]:
+        """The cards a job may not take: every MIG instance for a job without a profile; for a job asking for
+        one, every card that is not an instance of that profile."""
+        if not profile:
+            return [at for ats in self.mig.values() for at in ats]
+        mine = set(self.mig.get(profile, ()))
+        return [(i, index) for i, m in enumerate(self.meta) for index in m.cards if (i, index) not in mine]
+
+    def outside(self, pools: tuple[str, ...], *, borrowing: bool = False) -> list[int]:
+        """Positions of the nodes in none of `pools` (cached until the structure changes); `borrowing` (a
+        preemptible job): nodes lent to one of `pools` count as inside (jobs/lending.py)."""
+        hit = self._outside.get((pools, borrowing))
+        if hit is None:
+            hit = self._outside[(pools, borrowing)] = [
+                i
+                for i, m in enumerate(self.meta)
+                if node_pool(m.labels) not in pools and not (borrowing and m.labels.get(LENT_LABEL) in pools)
+            ]
+        return hit
+
     def ready_summary(self) -> tuple[bool, frozenset[int], frozenset[str]]:
         """Whether any healthy card on a ready node exists, the positions of such nodes, and their models
         (cached until the structure changes; probe failures in a pass make it conservative, never wrong)."""
@@ -365,6 +393,29 @@ class Pool:
                 u.host_memory + s.host_memory_mib,
                 () if s.reclaim else u.stale,
             )
+
+    def shift(self, slices: list[tuple[int, int, int, int, int]], sign: int) -> None:
+        """Add (sign 1) or remove (sign -1) slices given as (GPU id, compute milli, GPU memory, CPU milli, host
+        memory) in memory only: what the pool would look like with an attempt gone (preemption's what-if)."""
+        assert self.allocator is not None
+        touched = set()
+        for gpu_id, milli, memory, cpu, host_memory in slices:
+            at = self.gpu_at.get(gpu_id)
+            if at is None:
+                continue
+            u = self.usage.get(gpu_id) or Usage()
+            self.usage[gpu_id] = Usage(
+                u.milli + sign * milli,
+                u.memory + sign * memory,
+                u.cpu + sign * cpu,
+                u.host_memory + sign * host_memory,
+                u.stale,
+            )
+            touched.add(at[0])
+        self.failed.clear()
+        for i in touched:
+            self._apply(i)
+            self.allocator.refresh(i)
 
     def give_back(self, placement: policy.Placement, slices: list) -> None:
         """Undo `take` for a placement that was not written (its job left the queue meanwhile)."""

@@ -266,6 +266,16 @@ TRAINYARD_EMULATED_DRIVER = env.str("TRAINYARD_EMULATED_DRIVER", default="550.54
 TRAINYARD_EMULATED_CUDA = env.str("TRAINYARD_EMULATED_CUDA", default="12.4")
 TRAINYARD_DEFAULT_GPU_MEMORY_MIB = env.int("TRAINYARD_DEFAULT_GPU_MEMORY_MIB", default=24576)
 TRAINYARD_CANCEL_GRACE_S = env.float("TRAINYARD_CANCEL_GRACE_S", default=10.0)
+# Preemption (jobs/preemption.py, docs/pools.md): a preemptible job gets this many seconds between the notice
+# (SIGTERM; TRAINYARD_PREEMPT_NOTICE in its environment says how long) and SIGKILL, for its last checkpoint.
+TRAINYARD_PREEMPT_GRACE_S = env.float("TRAINYARD_PREEMPT_GRACE_S", default=30.0)
+# Idle lending (jobs/lending.py, docs/pools.md): "lender>borrower" pairs, comma-separated; a lending pool whose own
+# use stays under the threshold for the window lends its idle nodes to the borrower's preemptible jobs.
+TRAINYARD_POOL_LENDING = env.str("TRAINYARD_POOL_LENDING", default="")
+TRAINYARD_LEND_BELOW_PERCENT = env.float("TRAINYARD_LEND_BELOW_PERCENT", default=40.0)
+TRAINYARD_LEND_AFTER_S = env.float("TRAINYARD_LEND_AFTER_S", default=1800.0)
+# The node pool the local node joins when it first appears (docs/pools.md); an admin may move it afterwards.
+TRAINYARD_LOCAL_POOL = env.str("TRAINYARD_LOCAL_POOL", default="default")
 # The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
@@ -293,6 +303,7 @@ CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
     "schedule": TRAINYARD_LIFECYCLE_RECONCILE_S,
 }
 CELERY_BEAT_SCHEDULE["prune-checkpoints"] = {"task": "jobs.prune_checkpoints", "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["lend-idle-nodes"] = {"task": "jobs.lend_idle_nodes", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)

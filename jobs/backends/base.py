@@ -57,6 +57,11 @@ class AttemptDescription:
     gpu_products: list[str] = field(default_factory=list)
     # Checkpoints (jobs/checkpoints.py): {"prefix": object key prefix, "restore": the checkpoint to start from}.
     checkpoint: dict = field(default_factory=dict)
+    # A preemptible job's notice: seconds between SIGTERM and SIGKILL when it must yield (0: not preemptible).
+    preempt_notice_s: int = 0
+    # Admission class (docs/pools.md): inference, training or preemptible; Kubernetes gets its PriorityClass.
+    priority_class: str = ""
+    mig_profile: str = ""  # each card is a MIG instance of this profile (nvidia.com/mig-<profile> on Kubernetes)
 
     def to_dict(self) -> dict:
         return asdict(self)

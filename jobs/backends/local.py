@@ -144,6 +144,8 @@ class LocalBackend:
             "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
             "TRAINYARD_CHECKPOINT_DIR": str(ckpt_dir),
         }
+        if desc.preempt_notice_s:
+            env["TRAINYARD_PREEMPT_NOTICE"] = str(desc.preempt_notice_s)
         spec = {
             "argv": [*desc.command, *desc.args],
             "env": env,
@@ -151,7 +153,8 @@ class LocalBackend:
             "log_dir": str(logstore.attempt_dir(desc.job_id, desc.attempt_number)),
             "budget_bytes": settings.TRAINYARD_LOG_DAILY_BYTES,
             "budget_lines": settings.TRAINYARD_LOG_DAILY_LINES,
-            "grace_s": settings.TRAINYARD_CANCEL_GRACE_S,
+            # A preemptible job's stop gives it its notice to save a checkpoint; any other stop, the cancel grace.
+            "grace_s": desc.preempt_notice_s or settings.TRAINYARD_CANCEL_GRACE_S,
             "sandbox": box,
             "checkpoint": self._checkpoint_spec(desc, ckpt_dir),
         }

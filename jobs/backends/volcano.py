@@ -43,7 +43,17 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from cluster.inventory import SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, GpuInfo, NodeInfo
+from cluster.inventory import (
+    MIG_PROFILE,
+    POOL_LABEL,
+    SHARING_LABEL,
+    SHARING_TIME_SLICED,
+    SHARING_WHOLE,
+    GpuInfo,
+    NodeInfo,
+    mig_model,
+    mig_profile,
+)
 from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
@@ -1047,6 +1057,9 @@ def _quantity_int(value: Any, scale: int = 1) -> int:
         return 0
 
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
 def node_info(
     node: JSON, rack_labels: tuple[str, ...] | list[str], *, shared_resource: str | None = None
 ) -> NodeInfo | None:
@@ -1062,12 +1075,19 @@ def node_info(
     whole = _quantity_int(allocatable.get("nvidia.com/gpu", 0))
     shares = _quantity_int(allocatable.get(shared_resource, 0)) if shared_resource else 0
     count = whole or shares
+    # The device plugin's mixed MIG strategy advertises each profile as `nvidia.com/mig-<profile>`: the cards in
+    # MIG mode are not in `nvidia.com/gpu` (nor to be counted from GFD's card count), their instances are devices.
+    mig = {
+        key.removeprefix(MIG_RESOURCE_PREFIX): _quantity_int(value)
+        for key, value in allocatable.items()
+        if key.startswith(MIG_RESOURCE_PREFIX) and MIG_PROFILE.match(key.removeprefix(MIG_RESOURCE_PREFIX))
+    }
     replicas = max(1, _quantity_int(labels.get("nvidia.com/gpu.replicas", 1)))
-    if labels.get("nvidia.com/gpu.count"):
+    if labels.get("nvidia.com/gpu.count") and not mig:
         count = _quantity_int(labels["nvidia.com/gpu.count"])
     elif replicas > 1:
         count //= replicas  # time-slicing advertises each card `replicas` times
-    if count <= 0 and labels.get("nvidia.com/gpu.present") != "true":
+    if count <= 0 and not any(mig.values()) and labels.get("nvidia.com/gpu.present") != "true":
         return None
     name = str(meta.get("name"))
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -1087,6 +1107,17 @@ def node_info(
         if ready
         else ()
     )  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
+    if ready:
+        gpus += tuple(
+            GpuInfo(
+                uuid=f"{render.SYNTHETIC_UUID_PREFIX}MIG-{name}-{profile}-{k}",
+                index=count + i,
+                model=mig_model(model, profile),
+                memory_mib=mig_profile(profile)[1],
+                mig_profile=profile,
+            )
+            for i, (profile, k) in enumerate((p, k) for p in sorted(mig) for k in range(mig[p]))
+        )
     driver = (
         labels.get("nvidia.com/cuda.driver-version.full")
         or ".".join(labels[k] for k in render.DRIVER_LABELS if labels.get(k))
@@ -1099,6 +1130,8 @@ def node_info(
         if labels.get(k)
     )
     pool_labels = {k: v for k, v in labels.items() if k.startswith(("nvidia.com/", "topology.kubernetes.io/"))}
+    if labels.get(POOL_LABEL):
+        pool_labels[POOL_LABEL] = labels[POOL_LABEL]  # the node pool it joins when it first appears
     for key in rack_labels:
         if labels.get(key):
             pool_labels["trainyard.io/rack"] = labels[key]

@@ -95,6 +95,15 @@ DEFAULT_TB_DIR = "/trainyard/tensorboard"
 SYNTHETIC_UUID_PREFIX = "K8S-"
 
 
+# The PriorityClass of each admission class (k8s/priority-classes.yaml): the platform admits in this order and
+# preempts borrowers itself; the classes keep the same order on the cluster (and a borrower never preempts).
+PRIORITY_CLASS_NAMES = {
+    "inference": "trainyard-inference",
+    "training": "trainyard-training",
+    "preemptible": "trainyard-preemptible",
+}
+
+
 class ManifestError(ValueError):
     """The attempt cannot be expressed as a Kubernetes object (a bad mount, an unknown provider)."""
 
@@ -259,8 +268,9 @@ def render_job(
     }
     if plugins:
         spec["plugins"] = plugins
-    if options.priority_class:
-        spec["priorityClassName"] = options.priority_class
+    priority_class = PRIORITY_CLASS_NAMES.get(desc.priority_class) or options.priority_class
+    if priority_class:
+        spec["priorityClassName"] = priority_class
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
@@ -354,7 +364,8 @@ def _task(
         "schedulerName": VOLCANO_SCHEDULER,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": max(1, int(options.grace_s)),
+        # A preemptible job's notice is its grace: the time it has to save a checkpoint once told to yield.
+        "terminationGracePeriodSeconds": max(1, int(desc.preempt_notice_s or options.grace_s)),
         # A backstop should the platform be unreachable when the job's wall-clock limit passes.
         "activeDeadlineSeconds": int(desc.timeout_s) + int(options.deadline_slack_s),
         "securityContext": {
@@ -407,6 +418,8 @@ def _env(
         "TRAINYARD_REPLICAS": str(desc.replicas),
         "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
     }
+    if desc.preempt_notice_s:
+        env["TRAINYARD_PREEMPT_NOTICE"] = str(desc.preempt_notice_s)
     if rank is not None:  # torch.distributed's env:// rendezvous, as Volcano's pytorch plugin would set it
         env.update(
             MASTER_ADDR=master_addr, MASTER_PORT=str(PYTORCH_PORT), WORLD_SIZE=str(desc.replicas), RANK=str(rank)
@@ -423,6 +436,9 @@ def _env(
 def _gpu_resources(desc: AttemptDescription, devices: list[Device], options: RenderOptions) -> dict[str, str]:
     if desc.gpu_count < 1:
         return {}
+    if desc.mig_profile:
+        # The device plugin's mixed strategy advertises each MIG profile as a resource of its own.
+        return {f"nvidia.com/mig-{desc.mig_profile}": str(desc.gpu_count)}
     if desc.exclusive:
         count = desc.gpu_count
         if options.sharing == "whole":

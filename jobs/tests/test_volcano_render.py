@@ -536,3 +536,39 @@ def test_nodes_labelled_by_gfd_before_0_15_still_match_the_minimum_driver(node_d
     major, minor, revision = node_driver.split(".")
     legacy = dict(zip(render.LEGACY_DRIVER_LABELS, (major, minor, revision), strict=True))
     assert _schedulable(template, "gpu-node-0", legacy) is fits
+
+
+@pytest.mark.parametrize("admission_class", ["inference", "training", "preemptible"])
+def test_each_admission_class_gets_its_priority_class_and_a_borrower_its_notice(admission_class, volcano_crds):
+    import yaml
+
+    from tests.test_k8s_manifests import K8S
+
+    notice = 45 if admission_class == "preemptible" else 0
+    job = render.render_job(describe(priority_class=admission_class, preempt_notice_s=notice), options())
+    validate_everywhere(job, volcano_crds)
+    name = job["spec"]["priorityClassName"]
+    assert name == f"trainyard-{admission_class}"
+    shipped = {d["metadata"]["name"]: d for d in yaml.safe_load_all((K8S / "priority-classes.yaml").read_text())}
+    assert name in shipped  # the object the job names is one k8s/ creates
+    values = [shipped[f"trainyard-{c}"]["value"] for c in ("inference", "training", "preemptible")]
+    assert values == sorted(values, reverse=True) and shipped["trainyard-preemptible"]["preemptionPolicy"] == "Never"
+    pod = trainer(templates(job)["main"])
+    env = {e["name"]: e.get("value") for e in pod["env"]}
+    grace = templates(job)["main"]["spec"]["terminationGracePeriodSeconds"]
+    if notice:
+        assert env["TRAINYARD_PREEMPT_NOTICE"] == "45" and grace == 45
+    else:
+        assert "TRAINYARD_PREEMPT_NOTICE" not in env and grace == 20
+    validate_pod_template(templates(job)["main"])
+
+
+@pytest.mark.parametrize("profile", ["1g.10gb", "3g.40gb"])
+def test_a_mig_job_requests_its_profile_on_kubernetes(profile, volcano_crds):
+    job = render.render_job(describe("guaranteed", mig_profile=profile), options())
+    validate_everywhere(job, volcano_crds)
+    template = templates(job)["main"]
+    resources = trainer(template)["resources"]
+    assert resources["limits"][f"nvidia.com/mig-{profile}"] == "1"
+    assert "nvidia.com/gpu" not in resources["limits"]
+    validate_pod_template(template)

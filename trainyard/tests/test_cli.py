@@ -465,3 +465,17 @@ def test_submit_pins_gpu_models_and_names_an_unknown_one_on_its_line(cli, tmp_pa
     assert Job.objects.get().gpu_models == [model]
     refused = cli("submit", write(tmp_path, JOB_YAML + "gpu_models: [B200]\n"))
     assert refused.code == 4 and "job.yaml:16: gpu_models:" in refused.err and "(unknown_gpu_model)" in refused.err
+
+
+def test_submit_a_preemptible_job_from_yaml(cli, tmp_path):
+    from quotas.models import Queue
+
+    refused = cli("submit", write(tmp_path, JOB_YAML + "preemptible: true\n"))
+    assert refused.code == 4
+    assert "job.yaml:16: preemptible: queue 'train' does not take preemptible jobs (preemptible_not_allowed)" in (
+        refused.err
+    )
+    Queue.objects.filter(name="train").update(allow_preemptible=True)
+    result = cli("submit", write(tmp_path, JOB_YAML + "preemptible: true\n"))
+    assert result.code == 0, result.err
+    assert Job.objects.get().preemptible is True
