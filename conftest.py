@@ -109,11 +109,9 @@ def build_root(tmp_path_factory):
         pytest.skip("podman is not installed (apt-get install podman)")
     root = tmp_path_factory.mktemp("containers")
     yield root
-    subprocess.run(
-        ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), "system", "reset", "--force"],
-        capture_output=True,
-        timeout=60,
-    )
+    from images.services import podman_command
+
+    subprocess.run(podman_command(root, "system", "reset", "--force"), capture_output=True, timeout=60)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ two checks submission makes: pin a tag to its digest, and the queue's scan polic
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -250,9 +251,18 @@ def repository_of(image: BaseImage | ProjectImage) -> str:
     return f"trainyard/{image.team.slug}/{image.name}"
 
 
+def podman_command(root: Path, *args: str) -> list[str]:
+    """podman with storage of its own under `root`. Its run root (locks, sockets) must be a short path (podman
+    refuses one over 50 characters), so a deep `root` gets its run root in the system's temporary folder instead,
+    named after `root` so that every build of one platform shares it."""
+    run = root / "run"
+    if len(str(run)) > 50:
+        run = Path(tempfile.gettempdir()) / f"trainyard-podman-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+    return ["podman", "--root", str(root / "storage"), "--runroot", str(run), *args]
+
+
 def _podman(*args: str) -> list[str]:
-    root = Path(settings.TRAINYARD_BUILD_ROOT)
-    return ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args]
+    return podman_command(Path(settings.TRAINYARD_BUILD_ROOT), *args)
 
 
 def render_build(build: ImageBuild) -> tuple[str, dict[str, str], str]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from images.services import podman_command
+
 DATA = Path(__file__).parent / "data"
 
 DPKG_STATUS = """Package: libssl3
@@ -25,7 +27,7 @@ METADATA = "Metadata-Version: 2.1\nName: PyYAML\nVersion: 5.3\nSummary: YAML par
 
 def podman(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"), *args],
+        podman_command(root, *args),
         capture_output=True,
         text=True,
         timeout=120,
