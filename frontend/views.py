@@ -595,8 +595,106 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
             and selectors.jobs_visible_to(request.user).filter(pk=job.reproduced_from_id).exists(),
             "unsandboxed": settings.TRAINYARD_BACKEND == "local" and not sandbox.enabled(),
             **_checkpoint_context(job),
+            **_usage_context(job),
         },
     )
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+def _usage_context(job: Job) -> dict[str, Any]:
+    """The job page's usage section: the latest attempt's profile as bars against the request and charts over
+    time, the idle notice, and what earlier runs like it recommend (docs/rightsizing.md)."""
+    from frontend.templatetags.portal import usage_bar
+    from monitoring.selectors import recommendation_for, usage_of
+
+    profiles = usage_of(job)
+    profile = profiles[-1] if profiles else None
+    bars, charts = [], []
+    if profile is not None and profile.samples:
+        if profile.gpu_memory_peak_mib is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.gpu_memory_peak_mib),
+                    job.gpu_memory_mib,
+                    _("GPU memory (peak, per card)"),
+                    _gib(profile.gpu_memory_peak_mib),
+                    _gib(job.gpu_memory_mib),
+                )
+            )
+        if profile.gpu_util_p95_pct is not None:
+            share = job.gpu_milli / 10
+            bars.append(
+                usage_bar(
+                    round(profile.gpu_util_p95_pct),
+                    round(share),
+                    _("GPU utilization (p95, per card)"),
+                    f"{profile.gpu_util_p95_pct:.0f}%",
+                    f"{share:.0f}%",
+                )
+            )
+        if profile.cpu_peak_milli is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.cpu_peak_milli),
+                    job.cpu_milli,
+                    _("CPU (peak)"),
+                    f"{profile.cpu_peak_milli / 1000:.2f}",
+                    f"{job.cpu_milli / 1000:g}",
+                )
+            )
+        if profile.host_memory_peak_mib is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.host_memory_peak_mib),
+                    job.memory_mib,
+                    _("Host memory (peak)"),
+                    _gib(profile.host_memory_peak_mib),
+                    _gib(job.memory_mib),
+                )
+            )
+        series = profile.series
+        memory = [(p[0], p[1]) for p in series if p[1] is not None]
+        util = [(p[0], p[2]) for p in series if p[2] is not None]
+        rss = [(p[0], p[4]) for p in series if p[4] is not None]
+        if memory:
+            charts.append(
+                line_chart(
+                    _("GPU memory, MiB (line: requested)"),
+                    [Series(_("GPU memory"), memory)],
+                    unit="MiB",
+                    threshold=job.gpu_memory_mib,
+                )
+            )
+        if util:
+            charts.append(
+                line_chart(
+                    _("GPU utilization, % (line: idle threshold)"),
+                    [Series(_("GPU utilization"), util)],
+                    unit="%",
+                    y_max=100,
+                    threshold=job.queue.idle_threshold_pct or None,
+                )
+            )
+        if rss:
+            charts.append(
+                line_chart(
+                    _("Host memory, MiB (line: requested)"),
+                    [Series(_("Host memory"), rss)],
+                    unit="MiB",
+                    threshold=job.memory_mib,
+                )
+            )
+    idle = profile if profile is not None and profile.idle_flagged_at and not profile.final else None
+    return {
+        "usage_profile": profile,
+        "usage_bars": bars,
+        "usage_charts": charts,
+        "usage_idle": idle,
+        "recommendation": recommendation_for(job),
+    }
 
 
 CHECKPOINT_WARNINGS = ("checkpoint_unsaved", "checkpoint_sync_failing", "checkpoint_upload_waiting")

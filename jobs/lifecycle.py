@@ -485,7 +485,7 @@ def _live_attempt(job: Job) -> Attempt | None:
     return job.attempts.filter(state__in=LIVE).first()
 
 
-def job_cancel(*, job_id, actor: str) -> Job:
+def job_cancel(*, job_id, actor: str, reason: str = "cancelled_by_user", message: str = "") -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state in TERMINAL or job.state == JobState.CANCELLING:
@@ -501,15 +501,15 @@ def job_cancel(*, job_id, actor: str) -> Job:
                 job_id=job.id,
                 to=JobState.CANCELLED,
                 actor=actor,
-                reason="cancelled_by_user",
-                message=f"cancelled by {actor}",
+                reason=reason,
+                message=message or f"cancelled by {actor}",
             )
         job = job_transition(
             job_id=job.id,
             to=JobState.CANCELLING,
             actor=actor,
-            reason="cancelled_by_user",
-            message=f"cancel requested by {actor}",
+            reason=reason,
+            message=message or f"cancel requested by {actor}",
         )
         if live.backend_ref:
             attempt_stop_on_commit(live, robust=True)

@@ -9,13 +9,23 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
 from jobs.models import Job
 from jobs.states import ATTEMPT_FINISHED
-from monitoring.models import Alert, BusinessMetric, GpuSample, GpuStatus, JobGpuSample, SchedulingSample
+from monitoring import rightsizing
+from monitoring.models import (
+    Alert,
+    BusinessMetric,
+    GpuSample,
+    GpuStatus,
+    JobGpuSample,
+    SchedulingSample,
+    UsageProfile,
+)
 from monitoring.rules import stale_after
 from quotas.selectors import visible_teams
 from trainyard.errors import ValidationFailed
@@ -403,3 +413,160 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
         final=final,
         reports={str(job.id): len(by_job.get(str(job.id), [])) for job in jobs},
     )
+
+
+# ------------------------------------------------------------------------------------------- right-sizing
+
+
+def _similar_runs(job: Job, *, owner_only: bool) -> QuerySet:
+    """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
+    newest first: the user's own, or the whole team's."""
+    qs = Job.objects.filter(team_id=job.team_id, state="succeeded", image_reference=job.image_reference).exclude(
+        pk=job.pk
+    )
+    same = Q(command=job.command, args=job.args)
+    if job.labels:
+        same |= Q(labels=job.labels)
+    qs = qs.filter(same)
+    if owner_only:
+        qs = qs.filter(owner_id=job.owner_id)
+    return qs.order_by("-finished_at")
+
+
+def _runs_of(jobs: list[Job]) -> list[rightsizing.Run]:
+    profiles = {}
+    for p in (
+        UsageProfile.objects.filter(job__in=jobs, gpu_memory_peak_mib__isnull=False, final=True)
+        .select_related("attempt")
+        .order_by("job", "-attempt__number")
+    ):
+        profiles.setdefault(p.job_id, p)  # each job's last attempt with GPU numbers
+    batches: dict[Any, float] = {}
+    for job_id, values in (
+        BusinessMetric.objects.filter(job__in=list(profiles), values__has_key="batch_size")
+        .order_by("job", "at", "id")
+        .values_list("job_id", "values")
+    ):
+        try:
+            batches[job_id] = float(values["batch_size"])
+        except (TypeError, ValueError):
+            continue
+    runs = []
+    for job in jobs:
+        p = profiles.get(job.pk)
+        if p is None:
+            continue
+        runs.append(
+            rightsizing.Run(
+                job_id=str(job.pk),
+                gpu_count=job.gpu_count,
+                gpu_memory_mib=job.gpu_memory_mib,
+                gpu_memory_peak_mib=p.gpu_memory_peak_mib,
+                gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
+                gpu_util_p95_pct=p.gpu_util_p95_pct,
+                batch_size=batches.get(job.pk),
+            )
+        )
+    return runs
+
+
+def spec_options(job: Job) -> list[rightsizing.SpecOption]:
+    """Every spec the job's queue offers, per card on the card size the job's own request was sized for."""
+    from jobs.services import _reference_card_mib
+
+    card = _reference_card_mib()
+    if job.gpu_memory_eighths:
+        card = job.gpu_memory_mib * 8 // job.gpu_memory_eighths
+    options = []
+    for spec in job.queue.specs.filter(enabled=True):
+        counts = range(1, max(job.gpu_count, spec.gpu_count) + 1) if spec.exclusive else [spec.gpu_count]
+        for count in counts:
+            options.append(
+                rightsizing.SpecOption(
+                    name=spec.name,
+                    gpu_count=count,
+                    gpu_milli=spec.gpu_milli,
+                    gpu_memory_mib=card * spec.gpu_memory_eighths // 8,
+                )
+            )
+    return options
+
+
+def recommendation_for(job: Job) -> dict | None:
+    """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
+    the job's request is never changed."""
+    history = settings.TRAINYARD_RIGHTSIZE_HISTORY
+    runs, scope = _runs_of(list(_similar_runs(job, owner_only=True)[:history])), "user"
+    if not runs:
+        runs, scope = _runs_of(list(_similar_runs(job, owner_only=False)[:history])), "team"
+    request = rightsizing.SpecOption(
+        name=job.spec.name if job.spec_id else "",
+        gpu_count=job.gpu_count,
+        gpu_milli=job.gpu_milli,
+        gpu_memory_mib=job.gpu_memory_mib,
+    )
+    rec = rightsizing.recommend(
+        runs,
+        request=request,
+        options=spec_options(job),
+        margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+        scope=scope,
+        replicas=job.replicas,
+    )
+    return rec.as_dict() if rec else None
+
+
+def usage_of(job: Job) -> list[UsageProfile]:
+    return list(UsageProfile.objects.filter(job=job).select_related("attempt").order_by("attempt__number"))
+
+
+def _round(value, digits=1):
+    return None if value is None else round(value, digits)
+
+
+def usage_payload(job: Job) -> dict:
+    """A job's usage next to its request: one profile per attempt, the idle state, and the recommendation."""
+    attempts = []
+    idle = None
+    for p in usage_of(job):
+        attempts.append(
+            {
+                "attempt": p.attempt.number,
+                "gpu_source": p.gpu_source or None,
+                "samples": p.samples,
+                "final": p.final,
+                "first_at": p.first_at.isoformat() if p.first_at else None,
+                "last_at": p.last_at.isoformat() if p.last_at else None,
+                "gpu_memory_peak_mib": _round(p.gpu_memory_peak_mib),
+                "gpu_memory_p95_mib": _round(p.gpu_memory_p95_mib),
+                "gpu_util_mean_pct": _round(p.gpu_util_mean_pct),
+                "gpu_util_p95_pct": _round(p.gpu_util_p95_pct),
+                "cpu_peak_milli": _round(p.cpu_peak_milli, 0),
+                "host_memory_peak_mib": _round(p.host_memory_peak_mib),
+                "idle_since": p.idle_since.isoformat() if p.idle_since else None,
+                "idle_flagged_at": p.idle_flagged_at.isoformat() if p.idle_flagged_at else None,
+                "leak_flagged_at": p.leak_flagged_at.isoformat() if p.leak_flagged_at else None,
+                "series": p.series,
+            }
+        )
+        if p.idle_flagged_at and not p.final:
+            idle = {"since": p.idle_since.isoformat() if p.idle_since else None, "flagged_at": p.idle_flagged_at}
+    return {
+        "requested": {
+            "spec": job.spec.name if job.spec_id else None,
+            "gpu_count": job.gpu_count,
+            "gpu_milli": job.gpu_milli,
+            "gpu_memory_mib": job.gpu_memory_mib,
+            "cpu_milli": job.cpu_milli,
+            "memory_mib": job.memory_mib,
+        },
+        "attempts": attempts,
+        "idle": idle,
+        "idle_policy": {
+            "threshold_pct": job.queue.idle_threshold_pct,
+            "after_s": job.queue.idle_after_s,
+            "action": job.queue.idle_action,
+            "stop_after_s": job.queue.idle_stop_after_s,
+        },
+        "recommendation": recommendation_for(job),
+    }

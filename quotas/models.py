@@ -155,6 +155,24 @@ class Queue(ResourceVector):
         "platform's own services. Off: local jobs have no network at all",
     )
 
+    class IdleAction(models.TextChoices):
+        NOTIFY = "notify"
+        STOP = "stop"
+
+    idle_threshold_pct = models.FloatField(
+        default=5.0, help_text="a running job whose GPUs stay below this utilization is idle (0 = never)"
+    )
+    idle_after_s = models.PositiveIntegerField(default=1800, help_text="…for this long: flagged and its owner told")
+    idle_action = models.CharField(
+        max_length=8,
+        choices=IdleAction.choices,
+        default=IdleAction.NOTIFY,
+        help_text="notify: flag and tell only; stop: also cancel the job if it is still idle after the notice period",
+    )
+    idle_stop_after_s = models.PositiveIntegerField(
+        default=3600, help_text="stop action: how long after the notice an idle job is cancelled"
+    )
+
     class Meta:
         ordering = ["-priority", "name"]
         constraints = [
