@@ -317,6 +317,9 @@ def job_submit(request: HttpRequest) -> HttpResponse:
             job = _submit(request, form, form_valid=valid)
             if job is not None:
                 messages.success(request, _("Job submitted."))
+                advice = _recommendation_message(job)
+                if advice:
+                    messages.info(request, advice)
                 return redirect("frontend:job-detail", job_id=job.id)
     else:
         initial, source = _prefill(request, choices)
@@ -598,6 +601,24 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
             **_usage_context(job),
         },
     )
+
+
+def _recommendation_message(job: Job) -> str:
+    """The submission's right-sizing advice as a one-line notice (the request itself is never changed)."""
+    from monitoring.selectors import recommendation_for
+
+    rec = recommendation_for(job)
+    if not rec or rec["fits_request"]:
+        return ""
+    return _(
+        "Earlier runs like this one (%(evidence)s) suggest spec %(spec)s with %(gpus)s GPU(s), freeing "
+        "%(milli)s GPU milli of quota. Your request was submitted as asked; see Resource use below."
+    ) % {
+        "evidence": rec["evidence"],
+        "spec": rec["spec"] or "explicit",
+        "gpus": rec["gpu_count"],
+        "milli": rec["saves"]["gpu_milli"],
+    }
 
 
 def _gib(mib: float) -> str:
@@ -1095,8 +1116,19 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "by_spec": quota.team_usage_by_spec(team),
             "members": sorted(team.memberships.all(), key=lambda m: (m.role != "maintainer", m.user.username)),
             "queues": team.queues.order_by("-priority", "name"),
+            "rightsizing": _team_rightsizing(team),
         },
     )
+
+
+def _team_rightsizing(team):
+    """The team page's right-sizing section: the last 30 days (UTC days, today included)."""
+    from datetime import timedelta
+
+    from monitoring.selectors import team_rightsizing
+
+    today = timezone.now().date()
+    return team_rightsizing(team, start=today - timedelta(days=29), end=today)
 
 
 # ------------------------------------------------------------------------------------------------ catalog

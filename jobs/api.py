@@ -737,8 +737,11 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
             job, created = services.template_submit(
                 user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
             )
+        from monitoring.selectors import recommendation_for
+
+        job.recommendation = recommendation_for(job)
         return Response(
-            JobDetailSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            JobSubmittedSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
     submit_actions = frozenset({"create", "submit"})

@@ -323,13 +323,27 @@ class UsageRow:
     gpu_model: str
     gpu_hours: float
     jobs: int
+    gpu_hours_used: float = 0.0  # of the measured hours, what the cards' utilization says was used
+    gpu_hours_unmeasured: float = 0.0  # held hours with no utilization reading (no telemetry for them)
+
+
+def _utilization_of(attempt_ids) -> dict[int, float]:
+    """Mean GPU utilization (0..1 of a card) of the attempts whose usage profile has one."""
+    return {
+        pk: util / 100
+        for pk, util in UsageProfile.objects.filter(
+            attempt_id__in=attempt_ids, gpu_util_mean_pct__isnull=False
+        ).values_list("attempt_id", "gpu_util_mean_pct")
+    }
 
 
 def usage_report(
     *, user, start: date, end: date, team: str | None = None, username: str | None = None, now: datetime | None = None
 ) -> list[UsageRow]:
     """GPU-hours per day, team, user, spec and card model, from the pool's ledger: a slice counts
-    compute_milli/1000 of a GPU for as long as it was held (`end` is inclusive; days are UTC)."""
+    compute_milli/1000 of a GPU for as long as it was held (`end` is inclusive; days are UTC). Next to that
+    requested (held) figure, what was used: held time x the attempt's mean utilization of its card, never more
+    than held; hours of attempts without a utilization reading are counted apart as unmeasured."""
     if end < start:
         raise ValidationFailed("'to' is before 'from'", code="invalid_range", field="to")
     if (end - start).days + 1 > MAX_REPORT_DAYS:
@@ -346,27 +360,49 @@ def usage_report(
         qs = qs.filter(attempt__job__team__slug=team)
     if username:
         qs = qs.filter(attempt__job__owner__username=username)
-    totals: dict[tuple, list] = defaultdict(lambda: [0.0, set()])
-    for created, released, milli, job_id, team_slug, owner, spec, model in qs.values_list(
-        "created_at",
-        "released_at",
-        "compute_milli",
-        "attempt__job_id",
-        "attempt__job__team__slug",
-        "attempt__job__owner__username",
-        "attempt__job__spec__name",
-        "gpu__model",
-    ):
+    rows = list(
+        qs.values_list(
+            "created_at",
+            "released_at",
+            "compute_milli",
+            "attempt__job_id",
+            "attempt__job__team__slug",
+            "attempt__job__owner__username",
+            "attempt__job__spec__name",
+            "gpu__model",
+            "attempt_id",
+        )
+    )
+    utilization = _utilization_of({r[8] for r in rows})
+    totals: dict[tuple, list] = defaultdict(lambda: [0.0, set(), 0.0, 0.0])
+    for created, released, milli, job_id, team_slug, owner, spec, model, attempt_id in rows:
+        util = utilization.get(attempt_id)
         a, b = max(created, t0), min(released or now, upper)
         while a < b:
             day_end = datetime.combine(a.astimezone(UTC).date() + timedelta(days=1), time.min, tzinfo=UTC)
             piece_end = min(b, day_end)
             key = (a.astimezone(UTC).date(), team_slug, owner, spec or "explicit", model)
-            totals[key][0] += (piece_end - a).total_seconds() / 3600 * milli / 1000
+            hours = (piece_end - a).total_seconds() / 3600
+            held = hours * milli / 1000
+            totals[key][0] += held
             totals[key][1].add(job_id)
+            if util is None:
+                totals[key][3] += held
+            else:
+                totals[key][2] += min(held, hours * util)
             a = piece_end
     return [
-        UsageRow(day=k[0], team=k[1], user=k[2], spec=k[3], gpu_model=k[4], gpu_hours=round(v[0], 6), jobs=len(v[1]))
+        UsageRow(
+            day=k[0],
+            team=k[1],
+            user=k[2],
+            spec=k[3],
+            gpu_model=k[4],
+            gpu_hours=round(v[0], 6),
+            jobs=len(v[1]),
+            gpu_hours_used=round(v[2], 6),
+            gpu_hours_unmeasured=round(v[3], 6),
+        )
         for k, v in sorted(totals.items())
     ]
 
@@ -570,3 +606,113 @@ def usage_payload(job: Job) -> dict:
         },
         "recommendation": recommendation_for(job),
     }
+
+
+@dataclass
+class OverRequest:
+    job: Job
+    held_gpu_hours: float
+    used_gpu_hours: float
+    freed_gpu_hours: float
+    peak_gpu_memory_mib: float | None
+    util_mean_pct: float | None
+    recommendation: dict | None
+
+
+@dataclass
+class TeamRightsizing:
+    start: date
+    end: date
+    requested_gpu_hours: float
+    used_gpu_hours: float
+    unmeasured_gpu_hours: float
+    freed_gpu_hours: float
+    top: list[OverRequest]
+
+
+def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetime | None = None) -> TeamRightsizing:
+    """A team's GPU-hours requested (held) vs used over [start, end], its most over-requesting jobs, and what
+    right-sizing would have freed: each finished job's held GPU-hours times the share of compute its own
+    profile's recommendation would have saved."""
+    now = now or timezone.now()
+    staff = type("Staff", (), {"is_staff": True})()
+    rows = usage_report(user=staff, start=start, end=end, team=team.slug, now=now)
+    t0 = datetime.combine(start, time.min, tzinfo=UTC)
+    upper = min(datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC), now)
+    held: dict[Any, float] = defaultdict(float)
+    used: dict[Any, float] = defaultdict(float)
+    devices = LogicalDevice.objects.filter(attempt__job__team=team, attempt__isnull=False, created_at__lt=upper).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=t0)
+    )
+    device_rows = list(
+        devices.values_list("created_at", "released_at", "compute_milli", "attempt__job_id", "attempt_id")
+    )
+    utilization = _utilization_of({r[4] for r in device_rows})
+    for created, released, milli, job_id, attempt_id in device_rows:
+        hours = max(0.0, (min(released or now, upper) - max(created, t0)).total_seconds() / 3600)
+        held[job_id] += hours * milli / 1000
+        util = utilization.get(attempt_id)
+        if util is not None:
+            used[job_id] += min(hours * milli / 1000, hours * util)
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=list(used)).select_related("spec", "queue", "owner")}
+    profiles = {
+        p.job_id: p
+        for p in UsageProfile.objects.filter(job__in=list(jobs), final=True, gpu_memory_peak_mib__isnull=False)
+        .select_related("attempt")
+        .order_by("job", "attempt__number")
+    }
+    over: list[OverRequest] = []
+    freed_total = 0.0
+    for job_id, job in jobs.items():
+        p = profiles.get(job_id)
+        rec = None
+        freed = 0.0
+        if p is not None:
+            run = rightsizing.Run(
+                job_id=str(job_id),
+                gpu_count=job.gpu_count,
+                gpu_memory_mib=job.gpu_memory_mib,
+                gpu_memory_peak_mib=p.gpu_memory_peak_mib,
+                gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
+                gpu_util_p95_pct=p.gpu_util_p95_pct,
+            )
+            request = rightsizing.SpecOption(
+                name=job.spec.name if job.spec_id else "",
+                gpu_count=job.gpu_count,
+                gpu_milli=job.gpu_milli,
+                gpu_memory_mib=job.gpu_memory_mib,
+            )
+            found = rightsizing.recommend(
+                [run],
+                request=request,
+                options=spec_options(job),
+                margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+                scope="job",
+            )
+            if found is not None:
+                rec = found.as_dict()
+                asked = job.gpu_count * job.gpu_milli
+                if asked and not found.fits_request:
+                    freed = held[job_id] * (found.saves_gpu_milli / asked)
+        freed_total += freed
+        over.append(
+            OverRequest(
+                job=job,
+                held_gpu_hours=held[job_id],
+                used_gpu_hours=used[job_id],
+                freed_gpu_hours=freed,
+                peak_gpu_memory_mib=p.gpu_memory_peak_mib if p else None,
+                util_mean_pct=p.gpu_util_mean_pct if p else None,
+                recommendation=rec,
+            )
+        )
+    over.sort(key=lambda o: o.held_gpu_hours - o.used_gpu_hours, reverse=True)
+    return TeamRightsizing(
+        start=start,
+        end=end,
+        requested_gpu_hours=sum(r.gpu_hours for r in rows),
+        used_gpu_hours=sum(r.gpu_hours_used for r in rows),
+        unmeasured_gpu_hours=sum(r.gpu_hours_unmeasured for r in rows),
+        freed_gpu_hours=freed_total,
+        top=over[:top],
+    )

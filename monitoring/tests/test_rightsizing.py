@@ -197,3 +197,91 @@ def test_memory_growing_across_steps_raises_a_warning_alert(live_platform, fast_
     assert alert.level == "warning" and alert.job_ids == [str(job.id)] and "GPU memory grew" in alert.summary
     assert job.events.filter(kind="memory_leak").exists()
     jobs.job_cancel(job_id=job.id, actor="demo")
+
+
+def finished_run(user, *, peak, p95, util, spec="guaranteed", command=("python3", "train.py"), batch=None):
+    """An earlier run, as the telemetry loop leaves it: a succeeded job with a final usage profile."""
+    from django.utils import timezone
+
+    from jobs.models import Attempt
+    from monitoring.models import BusinessMetric
+
+    job = submit(user, list(command), spec=spec)
+    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=timezone.now())
+    attempt = Attempt.objects.create(job=job, number=1, backend="local", state="succeeded", ended_at=timezone.now())
+    UsageProfile.objects.create(
+        attempt=attempt,
+        job=job,
+        final=True,
+        samples=50,
+        gpu_samples=50,
+        gpu_source="emulated",
+        gpu_memory_peak_mib=peak,
+        gpu_memory_p95_mib=p95,
+        gpu_util_mean_pct=util - 5,
+        gpu_util_p95_pct=util,
+    )
+    if batch:
+        BusinessMetric.objects.create(job=job, at=timezone.now(), values={"batch_size": batch}, source="api")
+    return job
+
+
+def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_platform):
+    for peak in (3900, 4100, 4200):
+        finished_run(db_platform, peak=peak, p95=peak - 300, util=18, batch=16)
+    browser = Client()
+    browser.force_login(db_platform)
+    form = {
+        "team": "demo",
+        "queue": "train",
+        "spec": "guaranteed",
+        "image": "python-3.11",
+        "command": "python3 train.py",
+    }
+    response = browser.post("/jobs/new/", form, follow=True)
+    html = response.content.decode()
+    job = Job.objects.order_by("-submitted_at").first()
+    assert job.spec.name == "guaranteed" and job.gpu_memory_mib == 24576  # the request stands as asked
+    assert "suggest spec shared with 1 GPU(s)" in html and "3 runs, peak 4.1 GiB of 24.0 GiB" in html
+    assert 'id="recommendation"' in html and "freeing 750 GPU milli" in html
+
+    from trainyard.cli import recommendation_line
+
+    body = api_as("demo").post("/api/v1/jobs/", {**form, "command": ["python3", "train.py"]}, format="json").json()
+    line = recommendation_line(body["recommendation"])
+    assert line.startswith("recommendation: spec shared with 1 GPU(s) would do (3 runs, peak 4.1 GiB of 24.0 GiB")
+    assert "frees 750 GPU milli and 18432 MiB" in line and "batch size" in line
+    # Another command has no history: no advice at all, rather than a guess.
+    other = api_as("demo").post("/api/v1/jobs/", {**form, "command": ["python3", "other.py"]}, format="json").json()
+    assert other["recommendation"] is None
+
+    team_page = browser.get("/teams/demo/").content.decode()
+    assert 'id="rightsizing"' in team_page and "GPU-hours requested" in team_page
+
+
+def test_a_teammates_runs_are_used_when_the_user_has_none(db_platform):
+    from django.contrib.auth import get_user_model
+
+    from quotas.models import Membership, Team
+
+    mate = get_user_model().objects.create_user(username="mate", password="x-pass-123456")
+    Membership.objects.create(user=mate, team=Team.objects.get(slug="demo"), role="member")
+    finished_run(mate, peak=5000, p95=4800, util=90)
+    body = (
+        api_as("demo")
+        .post(
+            "/api/v1/jobs/",
+            {
+                "team": "demo",
+                "queue": "train",
+                "spec": "guaranteed",
+                "image": "python-3.11",
+                "command": ["python3", "train.py"],
+            },
+            format="json",
+        )
+        .json()
+    )
+    rec = body["recommendation"]
+    # 90% of a card: no smaller spec computes it; the request fits, said so with the team's evidence.
+    assert rec["scope"] == "team" and rec["fits_request"] and rec["evidence"].startswith("1 run, peak 4.9 GiB")
