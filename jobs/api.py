@@ -260,7 +260,9 @@ class JobSubmittedSerializer(JobDetailSerializer):
         fields = [*JobDetailSerializer.Meta.fields, "recommendation"]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(
+        {"type": "object", "nullable": True, "description": "docs/rightsizing.md; null without evidence"}
+    )
     def get_recommendation(self, job):
         return getattr(job, "recommendation", None)
 
