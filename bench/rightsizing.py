@@ -40,6 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "rightsizing.json"
+PROFILES = REPO / "bench" / "results" / "rightsizing-profiles.json"
 INTERVAL_S = 0.05
 STEP_S = 0.03
 STEPS = 20
@@ -56,6 +57,12 @@ for memory, util in plan["steps"]:
     print("TRAINYARD_EMULATED_GPU " + json.dumps({"memory_mib": memory, "util_pct": util}), flush=True)
     time.sleep(plan["step_s"])
 """
+
+
+def write_json(path: Path, payload: dict) -> None:
+    from bench.allocator import write_json as write
+
+    write(path, payload)
 
 
 def family(seed: int, index: int) -> dict:
@@ -226,10 +233,11 @@ def record_families(seeds: list[int], count: int, runs: int, root: Path, workers
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tune-seeds", default="1,2,3")
-    parser.add_argument("--seeds", default="11,12,13,14,15")
+    parser.add_argument("--seeds", default="21,22,23,24,25")
     parser.add_argument("--families", type=int, default=6, help="families per seed")
     parser.add_argument("--runs", type=int, default=5, help="runs per family")
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--replay", action="store_true", help=f"replay {PROFILES.name} instead of recording")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
     import django
@@ -241,10 +249,27 @@ def main() -> int:
     tune_seeds = [int(s) for s in args.tune_seeds.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-rightsizing-") as tmp:
-        tuning = record_families(tune_seeds, args.families, args.runs, Path(tmp), args.workers)
-        held_out = record_families(seeds, args.families, args.runs, Path(tmp), args.workers)
-    recorded_s = time.monotonic() - started
+    if args.replay:
+        saved = json.loads(PROFILES.read_text())
+        tuning, held_out, recorded_s = saved["tuning"], saved["report"], saved["recording_s"]
+        tune_seeds, seeds = saved["tune_seeds"], saved["seeds"]
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-rightsizing-") as tmp:
+            tuning = record_families(tune_seeds, args.families, args.runs, Path(tmp), args.workers)
+            held_out = record_families(seeds, args.families, args.runs, Path(tmp), args.workers)
+        recorded_s = time.monotonic() - started
+        for fam in tuning + held_out:
+            fam.pop("rng", None)
+        write_json(
+            PROFILES,
+            {
+                "recording_s": round(recorded_s, 1),
+                "tune_seeds": tune_seeds,
+                "seeds": seeds,
+                "tuning": tuning,
+                "report": held_out,
+            },
+        )
     sweep = [replay(tuning, m, specs) for m in MARGINS]
     # The smallest margin from which every larger one is free of out-of-memory runs too (a lucky zero at a small
     # margin with a miss above it is not trusted); the largest margin when none is.
@@ -272,10 +297,13 @@ def main() -> int:
         },
         "tuning": {"seeds": tune_seeds, "families": len(tuning), "sweep": sweep, "chosen_margin": chosen},
         "report": {"seeds": seeds, "families": len(held_out), **report},
+        # For reading only (never used to choose): how the other margins would have fared on the report seeds.
+        "report_sweep": [
+            {k: r[k] for k in ("margin", "out_of_memory", "gpu_compute_freed_share")}
+            for r in (replay(held_out, m, specs) for m in MARGINS)
+        ],
         "target": {"out_of_memory": 0, "met": report["out_of_memory"] == 0},
     }
-    from bench.allocator import write_json
-
     write_json(RESULTS, payload)
     print(json.dumps({k: payload[k] for k in ("runs_recorded", "recording_s", "report", "target")}, indent=2))
     return 0

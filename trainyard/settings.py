@@ -332,7 +332,7 @@ TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", def
 # recommendation adds over the observed p95 (chosen by `make bench-rightsizing` on held-out seeds), and how many
 # earlier runs it looks at.
 TRAINYARD_USAGE_INTERVAL_S = env.float("TRAINYARD_USAGE_INTERVAL_S", default=5.0)
-TRAINYARD_RIGHTSIZE_MARGIN = env.float("TRAINYARD_RIGHTSIZE_MARGIN", default=0.25)
+TRAINYARD_RIGHTSIZE_MARGIN = env.float("TRAINYARD_RIGHTSIZE_MARGIN", default=0.15)
 TRAINYARD_RIGHTSIZE_HISTORY = env.int("TRAINYARD_RIGHTSIZE_HISTORY", default=10)
 # A leak: GPU or host memory that rose over at least this many samples and this share of the attempt's first value.
 TRAINYARD_LEAK_MIN_SAMPLES = env.int("TRAINYARD_LEAK_MIN_SAMPLES", default=120)
