@@ -362,6 +362,7 @@ class UsageProfile(models.Model):
         default=list, blank=True, help_text="[t, gpu_mem_mib, gpu_util_pct, cpu_milli, rss_mib], thinned"
     )
     cursor = models.PositiveBigIntegerField(default=0, help_text="bytes of the sample file read so far")
+    telemetry_at = models.DateTimeField(null=True, blank=True, help_text="the last telemetry sample folded in")
     final = models.BooleanField(default=False, help_text="the attempt ended and every sample was read")
     idle_since = models.DateTimeField(null=True, blank=True, help_text="start of the current run of idle samples")
     idle_flagged_at = models.DateTimeField(null=True, blank=True)

@@ -950,24 +950,24 @@ def _at(t: float) -> datetime:
 
 
 def usage_collect(*, now: datetime | None = None) -> UsageReport:
-    """Read what each local attempt's supervisor sampled since the last pass into its usage profile, then judge
-    idleness and leaks on the running ones. Level-triggered: a profile remembers how far it read, so a lost pass
-    costs one period; an ended attempt's profile is made final once its last sample is in."""
+    """Fold what was sampled since the last pass into each started attempt's usage profile: the local
+    supervisor's samples (CPU, host memory, and GPU statements on emulated cards) and, for attempts on real cards,
+    the telemetry loop's GPU samples (NVML per process, else per card). Then judge idleness and leaks on the
+    running ones. Level-triggered: a profile remembers how far it read, so a lost pass costs one period; an ended
+    attempt's profile is made final once its last sample is in."""
     from jobs.backends import get_backend
 
     moment = _now(now)
     report = UsageReport()
-    backend = get_backend("local")
-    if not hasattr(backend, "read_usage"):
-        return report
     attempts = list(
-        Attempt.objects.filter(backend="local", started_at__isnull=False)
+        Attempt.objects.filter(started_at__isnull=False)
         .exclude(backend_ref="")
         .filter(Q(usage__isnull=True) | Q(usage__final=False))
-        .values_list("pk", "backend_ref")
+        .values_list("pk", "backend", "backend_ref")
     )
-    for attempt_id, ref in attempts:
+    for attempt_id, backend_name, ref in attempts:
         try:
+            backend = get_backend(backend_name)
             with transaction.atomic(durable=True):
                 _usage_update(attempt_id=attempt_id, ref=ref, backend=backend, now=moment, report=report)
         except Exception:  # noqa: BLE001 - one attempt's unreadable samples never stop the others'
@@ -976,13 +976,63 @@ def usage_collect(*, now: datetime | None = None) -> UsageReport:
     return report
 
 
+def _telemetry_points(attempt: Attempt, *, since: datetime | None, until: datetime) -> tuple[list[list], str]:
+    """GPU points [t, memory per card, utilization, None, None] for an attempt on real cards, from the telemetry
+    loop's samples after `since`: memory from NVML's per-process accounting (the busiest card), else the card's
+    own memory when the job holds it whole; utilization is always the card's (the busiest of its cards)."""
+    uuids = [
+        d.get("gpu_uuid", "")
+        for d in (attempt.placement or {}).get("devices", [])
+        if d.get("gpu_uuid") and not str(d.get("gpu_uuid")).startswith("EMU-")
+    ]
+    if not uuids:
+        return [], ""
+    window = Q(at__lte=until) & (Q(at__gt=since) if since else Q())
+    memory: dict[datetime, float] = {}
+    for at, used in JobGpuSample.objects.filter(
+        window, job_id=attempt.job_id, attempt_number=attempt.number
+    ).values_list("at", "memory_used_mib"):
+        memory[at] = max(memory.get(at, 0.0), used)
+    per_process = bool(memory)
+    util: dict[datetime, float] = {}
+    card_memory: dict[datetime, float] = {}
+    source = ""
+    for at, pct, used, src in GpuSample.objects.filter(window, gpu__uuid__in=uuids).values_list(
+        "at", "utilization_pct", "memory_used_mib", "source"
+    ):
+        source = source or src
+        if pct is not None:
+            util[at] = max(util.get(at, 0.0), pct)
+        if used is not None:
+            card_memory[at] = max(card_memory.get(at, 0.0), used)
+    if not per_process and attempt.job.exclusive:
+        memory = card_memory
+    points = [[at.timestamp(), memory.get(at), util.get(at), None, None] for at in sorted(set(memory) | set(util))]
+    return points, source
+
+
 def _usage_update(*, attempt_id: int, ref: str, backend, now: datetime, report: UsageReport) -> None:
     attempt = Attempt.objects.select_related("job__queue", "job__owner").get(pk=attempt_id)
     profile = UsageProfile.objects.select_for_update().filter(attempt=attempt).first()
     if profile is None:
         profile = UsageProfile.objects.create(attempt=attempt, job=attempt.job)
         profile = UsageProfile.objects.select_for_update().get(pk=profile.pk)
-    samples, offset, ended = backend.read_usage(ref, profile.cursor)
+    if hasattr(backend, "read_usage"):
+        samples, offset, ended = backend.read_usage(ref, profile.cursor)
+    else:  # no supervisor samples on this backend: the attempt's own state says when it is over
+        samples, offset, ended = [], profile.cursor, attempt.is_finished
+    points = [
+        [s["t"], s.get("gpu_memory_mib"), s.get("gpu_util_pct"), s.get("cpu_milli"), s.get("rss_mib")] for s in samples
+    ]
+    emulated = any(p[1] is not None or p[2] is not None for p in points)
+    telemetry, source = _telemetry_points(attempt, since=profile.telemetry_at, until=now)
+    if telemetry:
+        points.extend(telemetry)
+        profile.telemetry_at = _at(telemetry[-1][0])
+        profile.gpu_source = source
+    elif emulated:
+        profile.gpu_source = "emulated"  # the emulated inventory's only GPU numbers (jobs/backends/usage_sampler.py)
+    points.sort(key=lambda p: p[0])
     queue = attempt.job.queue
     threshold = queue.idle_threshold_pct
     series = list(profile.series)
@@ -991,18 +1041,16 @@ def _usage_update(*, attempt_id: int, ref: str, backend, now: datetime, report: 
         cpu_peak_milli=profile.cpu_peak_milli,
         host_memory_peak_mib=profile.host_memory_peak_mib,
     )
-    for s in samples:
-        mem, util, cpu, rss = s.get("gpu_memory_mib"), s.get("gpu_util_pct"), s.get("cpu_milli"), s.get("rss_mib")
-        series.append([s["t"], mem, util, cpu, rss])
+    for point in points:
+        t, mem, util, cpu, rss = point
+        series.append(point)
         profile.samples += 1
-        at = _at(s["t"])
-        profile.first_at = profile.first_at or at
-        profile.last_at = at
+        at = _at(t)
+        profile.first_at = min(profile.first_at, at) if profile.first_at else at
+        profile.last_at = max(profile.last_at, at) if profile.last_at else at
         peaks.gpu_memory_peak_mib = rightsizing._max(peaks.gpu_memory_peak_mib, mem)
         peaks.cpu_peak_milli = rightsizing._max(peaks.cpu_peak_milli, cpu)
         peaks.host_memory_peak_mib = rightsizing._max(peaks.host_memory_peak_mib, rss)
-        if mem is not None or util is not None:
-            profile.gpu_source = "emulated"  # the local backend's only GPU numbers (usage_sampler.py)
         if util is not None:
             profile.gpu_samples += 1
             profile.gpu_util_sum += util
@@ -1010,6 +1058,7 @@ def _usage_update(*, attempt_id: int, ref: str, backend, now: datetime, report: 
                 profile.idle_since = profile.idle_since or at
             else:
                 profile.idle_since = None
+    series.sort(key=lambda p: p[0])
     profile.series = rightsizing.thin(series)
     stats = rightsizing.stats_of(
         profile.series, peaks=peaks, gpu_util_sum=profile.gpu_util_sum, gpu_samples=profile.gpu_samples
