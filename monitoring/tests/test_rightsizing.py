@@ -178,7 +178,7 @@ def test_an_idle_job_under_the_notify_action_is_only_flagged(live_platform, fast
 
 LEAK = (
     "import json, time\n"
-    "for step in range(30):\n"
+    "for step in range(300):\n"
     "    print('TRAINYARD_EMULATED_GPU ' + json.dumps({'memory_mib': 1000 + 100 * step, 'util_pct': 70}), flush=True)\n"
     "    time.sleep(0.1)\n"
     "time.sleep(60)\n"
