@@ -277,6 +277,10 @@ class QueueForm(HumanQuotaForm):
             "gang",
             "secondary_network",
             "outbound_network",
+            "idle_threshold_pct",
+            "idle_after_s",
+            "idle_action",
+            "idle_stop_after_s",
         )
 
     def clean(self) -> dict[str, Any]:
@@ -284,6 +288,9 @@ class QueueForm(HumanQuotaForm):
         default, maximum = data.get("default_timeout_s"), data.get("max_timeout_s")
         if default is not None and maximum is not None and default > maximum:
             self.add_error("default_timeout_s", f"the default timeout ({default}s) exceeds the maximum ({maximum}s)")
+        threshold = data.get("idle_threshold_pct")
+        if threshold is not None and not 0 <= threshold <= 100:
+            self.add_error("idle_threshold_pct", "a utilization threshold is between 0 and 100 (0 turns it off)")
         return data
 
 
@@ -321,6 +328,10 @@ class QueueAdmin(admin.ModelAdmin):
             {
                 "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network", "outbound_network"),
             },
+        ),
+        (
+            "Idle GPUs (docs/rightsizing.md)",
+            {"fields": ("idle_threshold_pct", "idle_after_s", "idle_action", "idle_stop_after_s")},
         ),
         ("Live usage", {"fields": ("usage_now",)}),
     )

@@ -160,7 +160,8 @@ class Queue(ResourceVector):
         STOP = "stop"
 
     idle_threshold_pct = models.FloatField(
-        default=5.0, help_text="a running job whose GPUs stay below this utilization is idle (0 = never)"
+        default=5.0,
+        help_text="a running job whose GPUs stay below this utilization is idle (0 = never)",
     )
     idle_after_s = models.PositiveIntegerField(default=1800, help_text="…for this long: flagged and its owner told")
     idle_action = models.CharField(
