@@ -709,12 +709,21 @@ def _usage_context(job: Job) -> dict[str, Any]:
                 )
             )
     idle = profile if profile is not None and profile.idle_flagged_at and not profile.final else None
+    recommendation = recommendation_for(job)
+    waits = []
+    if recommendation and not recommendation["fits_request"]:
+        from jobs.eta import Estimate
+
+        for w in recommendation["expected_waits"]:
+            estimate = Estimate(low=w["low_s"], mid=w["mid_s"], high=w["high_s"], known=w["known"])
+            waits.append((w["queue"], estimate))
     return {
         "usage_profile": profile,
         "usage_bars": bars,
         "usage_charts": charts,
         "usage_idle": idle,
-        "recommendation": recommendation_for(job),
+        "recommendation": recommendation,
+        "recommendation_waits": waits,
     }
 
 

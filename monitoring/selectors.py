@@ -549,7 +549,40 @@ def recommendation_for(job: Job) -> dict | None:
         scope=scope,
         replicas=job.replicas,
     )
-    return rec.as_dict() if rec else None
+    if rec is None:
+        return None
+    out = rec.as_dict()
+    out["expected_waits"] = expected_waits(job, out)
+    return out
+
+
+def expected_waits(job: Job, rec: dict) -> list[dict]:
+    """If a job with the recommended request were submitted now: when it might start in each open queue of the
+    team that offers the recommended spec (the estimator the job page uses, the job placed at the end of each
+    line). Seconds from now; `known` False where the estimator had to guess."""
+    import copy
+
+    from jobs.eta import estimate_starts
+    from jobs.selectors import queue_waiting
+    from quotas.models import Queue
+
+    queues = [job.queue]
+    if rec["spec"]:
+        queues = list(
+            Queue.objects.filter(teams=job.team_id, state=Queue.State.OPEN, specs__name=rec["spec"])
+            .distinct()
+            .order_by("name")
+        )
+    milli = rec["gpu_count"] * rec["gpu_milli"] * job.replicas
+    waits = []
+    for queue in queues:
+        probe = copy.copy(job)
+        probe.queue, probe.queue_id, probe.total_gpu_milli, probe.reason = queue, queue.id, milli, ""
+        line = [j for j in queue_waiting(queue) if j.pk != job.pk] + [probe]
+        estimate = estimate_starts(queue, line).get(job.pk)
+        if estimate is not None:
+            waits.append({"queue": queue.name, **estimate.as_dict()})
+    return waits
 
 
 def usage_of(job: Job) -> list[UsageProfile]:

@@ -244,6 +244,7 @@ def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_p
     assert job.spec.name == "guaranteed" and job.gpu_memory_mib == 24576  # the request stands as asked
     assert "suggest spec shared with 1 GPU(s)" in html and "3 runs, peak 4.1 GiB of 24.0 GiB" in html
     assert 'id="recommendation"' in html and "freeing 750 GPU milli" in html
+    assert 'id="recommendation-waits"' in html
 
     from trainyard.cli import recommendation_line
 
@@ -251,6 +252,9 @@ def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_p
     line = recommendation_line(body["recommendation"])
     assert line.startswith("recommendation: spec shared with 1 GPU(s) would do (3 runs, peak 4.1 GiB of 24.0 GiB")
     assert "frees 750 GPU milli and 18432 MiB" in line and "batch size" in line
+    # When the smaller request might start, in each of the team's queues offering the shared spec.
+    waits = {w["queue"]: w for w in body["recommendation"]["expected_waits"]}
+    assert "train" in waits and set(waits["train"]) == {"queue", "low_s", "mid_s", "high_s", "known"}
     # Another command has no history: no advice at all, rather than a guess.
     other = api_as("demo").post("/api/v1/jobs/", {**form, "command": ["python3", "other.py"]}, format="json").json()
     assert other["recommendation"] is None
