@@ -354,7 +354,7 @@ def usage_report(
     qs = LogicalDevice.objects.filter(attempt__isnull=False, created_at__lt=upper).filter(
         Q(released_at__isnull=True) | Q(released_at__gt=t0)
     )
-    if not user.is_staff:
+    if user is not None and not user.is_staff:  # None: the caller already checked the team is visible
         qs = qs.filter(attempt__job__team__in=visible_teams(user))
     if team:
         qs = qs.filter(attempt__job__team__slug=team)
@@ -668,8 +668,7 @@ def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetim
     right-sizing would have freed: each finished job's held GPU-hours times the share of compute its own
     profile's recommendation would have saved."""
     now = now or timezone.now()
-    staff = type("Staff", (), {"is_staff": True})()
-    rows = usage_report(user=staff, start=start, end=end, team=team.slug, now=now)
+    rows = usage_report(user=None, start=start, end=end, team=team.slug, now=now)
     t0 = datetime.combine(start, time.min, tzinfo=UTC)
     upper = min(datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC), now)
     held: dict[Any, float] = defaultdict(float)

@@ -133,12 +133,23 @@ IDLE = (
 )
 
 
+IDLE_WITH_CHECKPOINT = (
+    "import json, os, time\n"
+    "open(os.path.join(os.environ['TRAINYARD_CHECKPOINT_DIR'], 'ckpt-42.pt'), 'w').write('w42')\n"
+    "print('TRAINYARD_EMULATED_GPU ' + json.dumps({'memory_mib': 1000, 'util_pct': 1}), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
 @pytest.mark.slow
-def test_an_idle_job_is_flagged_then_stopped_after_its_notice(live_platform, fast_sampling):
+def test_an_idle_job_is_flagged_then_stopped_after_its_notice(live_platform, fast_sampling, checkpoint_store):
+    from jobs.models import Checkpoint
+
+    fast_sampling.TRAINYARD_CHECKPOINT_SYNC_S = 120.0  # no periodic pass: only the final sync can save it
     Queue.objects.filter(name="train").update(
         idle_threshold_pct=5, idle_after_s=1, idle_action="stop", idle_stop_after_s=2
     )
-    job = submit(live_platform, ["python3", "-c", IDLE], spec="shared")
+    job = submit(live_platform, ["python3", "-c", IDLE_WITH_CHECKPOINT], spec="shared")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "running", timeout=60)
 
     flagged = wait_for(lambda: services.usage_collect().idle_flagged, timeout=20, every=0.3)
@@ -157,6 +168,8 @@ def test_an_idle_job_is_flagged_then_stopped_after_its_notice(live_platform, fas
     notice = job.events.get(kind="gpu_idle")
     stop = job.events.get(to_state="cancelling")
     assert stop.actor == "monitoring" and stop.at > notice.at and "stopped by queue train" in stop.message
+    # Stopped through the ordinary cancel path: the final checkpoint sync saved what the job had written.
+    assert Checkpoint.objects.get(job=job).name == "ckpt-42.pt"
     wait_for(lambda: final_profile(job))
     assert Alert.objects.get(rule_name="job-gpu-idle").state == "resolved"
 
