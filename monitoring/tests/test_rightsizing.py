@@ -274,6 +274,8 @@ def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_p
     other = api_as("demo").post("/api/v1/jobs/", {**form, "command": ["python3", "other.py"]}, format="json").json()
     assert other["recommendation"] is None
 
+    queue_page = browser.get("/queues/train/").content.decode()
+    assert "stay below 5% utilization for 30 min is flagged" in queue_page
     team_page = browser.get("/teams/demo/").content.decode()
     assert 'id="rightsizing"' in team_page and "GPU-hours requested" in team_page
 
