@@ -332,8 +332,8 @@ def main(folder: Path) -> int:
         sup.enforce_stop()
         pump(0.2)
         sup.reap()
-        if sampler.due():
-            sampler.sample(sup.processes())
+        if sampler.due():  # descendants only: the subreaper keeps every process of the job below it
+            sampler.sample(proctree.descendants(os.getpid()))
     # The main process has ended: read what is still in flight, then stop whatever it left behind.
     deadline = time.monotonic() + DRAIN_S
     while fd is not None and time.monotonic() < deadline:
