@@ -326,6 +326,9 @@ def job_submit(request: HttpRequest) -> HttpResponse:
             job = _submit(request, form, form_valid=valid)
             if job is not None:
                 messages.success(request, _("Job submitted."))
+                advice = _recommendation_message(job)
+                if advice:
+                    messages.info(request, advice)
                 return redirect("frontend:job-detail", job_id=job.id)
     else:
         initial, source = _prefill(request, choices)
@@ -604,8 +607,133 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
             and selectors.jobs_visible_to(request.user).filter(pk=job.reproduced_from_id).exists(),
             "unsandboxed": settings.TRAINYARD_BACKEND == "local" and not sandbox.enabled(),
             **_checkpoint_context(job),
+            **_usage_context(job),
         },
     )
+
+
+def _recommendation_message(job: Job) -> str:
+    """The submission's right-sizing advice as a one-line notice (the request itself is never changed)."""
+    from monitoring.selectors import recommendation_for
+
+    rec = recommendation_for(job)
+    if not rec or rec["fits_request"]:
+        return ""
+    return _(
+        "Earlier runs like this one (%(evidence)s) suggest spec %(spec)s with %(gpus)s GPU(s), freeing "
+        "%(milli)s GPU milli of quota. Your request was submitted as asked; see Resource use below."
+    ) % {
+        "evidence": rec["evidence"],
+        "spec": rec["spec"] or "explicit",
+        "gpus": rec["gpu_count"],
+        "milli": rec["saves"]["gpu_milli"],
+    }
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+def _usage_context(job: Job) -> dict[str, Any]:
+    """The job page's usage section: the latest attempt's profile as bars against the request and charts over
+    time, the idle notice, and what earlier runs like it recommend (docs/rightsizing.md)."""
+    from frontend.templatetags.portal import usage_bar
+    from monitoring.selectors import recommendation_for, usage_of
+
+    profiles = usage_of(job)
+    profile = profiles[-1] if profiles else None
+    bars, charts = [], []
+    if profile is not None and profile.samples:
+        if profile.gpu_memory_peak_mib is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.gpu_memory_peak_mib),
+                    job.gpu_memory_mib,
+                    _("GPU memory (peak, per card)"),
+                    _gib(profile.gpu_memory_peak_mib),
+                    _gib(job.gpu_memory_mib),
+                )
+            )
+        if profile.gpu_util_p95_pct is not None:
+            share = job.gpu_milli / 10
+            bars.append(
+                usage_bar(
+                    round(profile.gpu_util_p95_pct),
+                    round(share),
+                    _("GPU utilization (p95, per card)"),
+                    f"{profile.gpu_util_p95_pct:.0f}%",
+                    f"{share:.0f}%",
+                )
+            )
+        if profile.cpu_peak_milli is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.cpu_peak_milli),
+                    job.cpu_milli,
+                    _("CPU (peak)"),
+                    f"{profile.cpu_peak_milli / 1000:.2f}",
+                    f"{job.cpu_milli / 1000:g}",
+                )
+            )
+        if profile.host_memory_peak_mib is not None:
+            bars.append(
+                usage_bar(
+                    round(profile.host_memory_peak_mib),
+                    job.memory_mib,
+                    _("Host memory (peak)"),
+                    _gib(profile.host_memory_peak_mib),
+                    _gib(job.memory_mib),
+                )
+            )
+        series = profile.series
+        memory = [(p[0], p[1]) for p in series if p[1] is not None]
+        util = [(p[0], p[2]) for p in series if p[2] is not None]
+        rss = [(p[0], p[4]) for p in series if p[4] is not None]
+        if memory:
+            charts.append(
+                line_chart(
+                    _("GPU memory, MiB (line: requested)"),
+                    [Series(_("GPU memory"), memory)],
+                    unit="MiB",
+                    threshold=job.gpu_memory_mib,
+                )
+            )
+        if util:
+            charts.append(
+                line_chart(
+                    _("GPU utilization, % (line: idle threshold)"),
+                    [Series(_("GPU utilization"), util)],
+                    unit="%",
+                    y_max=100,
+                    threshold=job.queue.idle_threshold_pct or None,
+                )
+            )
+        if rss:
+            charts.append(
+                line_chart(
+                    _("Host memory, MiB (line: requested)"),
+                    [Series(_("Host memory"), rss)],
+                    unit="MiB",
+                    threshold=job.memory_mib,
+                )
+            )
+    idle = profile if profile is not None and profile.idle_flagged_at and not profile.final else None
+    recommendation = recommendation_for(job)
+    waits = []
+    if recommendation and not recommendation["fits_request"]:
+        from jobs.eta import Estimate
+
+        for w in recommendation["expected_waits"]:
+            estimate = Estimate(low=w["low_s"], mid=w["mid_s"], high=w["high_s"], known=w["known"])
+            waits.append((w["queue"], estimate))
+    return {
+        "usage_profile": profile,
+        "usage_bars": bars,
+        "usage_charts": charts,
+        "usage_idle": idle,
+        "recommendation": recommendation,
+        "recommendation_waits": waits,
+    }
 
 
 CHECKPOINT_WARNINGS = ("checkpoint_unsaved", "checkpoint_sync_failing", "checkpoint_upload_waiting")
@@ -1018,8 +1146,19 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "by_spec": quota.team_usage_by_spec(team),
             "members": sorted(team.memberships.all(), key=lambda m: (m.role != "maintainer", m.user.username)),
             "queues": team.queues.order_by("-priority", "name"),
+            "rightsizing": _team_rightsizing(team),
         },
     )
+
+
+def _team_rightsizing(team):
+    """The team page's right-sizing section: the last 30 days (UTC days, today included)."""
+    from datetime import timedelta
+
+    from monitoring.selectors import team_rightsizing
+
+    today = timezone.now().date()
+    return team_rightsizing(team, start=today - timedelta(days=29), end=today)
 
 
 # ------------------------------------------------------------------------------------------------ catalog

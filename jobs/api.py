@@ -232,6 +232,7 @@ def _plan(serializer_class) -> tuple:
         "queue": lambda job: job.queue.name,
         "spec": lambda job: job.spec.name if job.spec_id is not None else None,
         "links": _links,
+        "recommendation": lambda job: getattr(job, "recommendation", None),
     }
     plan = []
     for name in serializer_class.Meta.fields:
@@ -254,6 +255,22 @@ class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "reproduce", "excluded_gpus", "mounts", "tensorboard_logdir"]
         read_only_fields = fields
+
+
+class JobSubmittedSerializer(JobDetailSerializer):
+    """A submitted job, with what earlier runs like it suggest (advice only; the request stands as asked)."""
+
+    recommendation = serializers.SerializerMethodField()
+
+    class Meta(JobDetailSerializer.Meta):
+        fields = [*JobDetailSerializer.Meta.fields, "recommendation"]
+        read_only_fields = fields
+
+    @extend_schema_field(
+        {"type": "object", "nullable": True, "description": "docs/rightsizing.md; null without evidence"}
+    )
+    def get_recommendation(self, job):
+        return getattr(job, "recommendation", None)
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -388,7 +405,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 
     @extend_schema(
         request=JobSubmitSerializer,
-        responses={201: JobDetailSerializer, 200: JobDetailSerializer},
+        responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
@@ -408,7 +425,10 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         with transaction.atomic(durable=True):
             job, created = services.job_submit(user=request.user, data=_plain(request.data), idempotency_key=key)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(JobDetailSerializer(job).data, status=code)
+        from monitoring.selectors import recommendation_for
+
+        job.recommendation = recommendation_for(job)
+        return Response(JobSubmittedSerializer(job).data, status=code)
 
     @extend_schema(request=BatchSubmitSerializer, responses={201: JobSerializer(many=True)})
     @action(detail=False, methods=["post"])
@@ -519,6 +539,15 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def events(self, request, pk=None):
         job = self.get_object()
         return Response(EventSerializer(job.events.select_related("attempt").order_by("at", "id"), many=True).data)
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def usage(self, request, pk=None):
+        """What each attempt used (GPU memory and utilization, CPU, host memory) next to the request, whether it
+        is idle, and what earlier runs like it recommend (docs/rightsizing.md)."""
+        from monitoring.selectors import usage_payload
+
+        return Response(usage_payload(self.get_object()))
 
     @extend_schema(responses=AttemptSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)
@@ -696,7 +725,7 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
-        responses={201: JobDetailSerializer, 200: JobDetailSerializer},
+        responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
     )
     @action(detail=True, methods=["post"])
@@ -716,8 +745,11 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
             job, created = services.template_submit(
                 user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
             )
+        from monitoring.selectors import recommendation_for
+
+        job.recommendation = recommendation_for(job)
         return Response(
-            JobDetailSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            JobSubmittedSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
     submit_actions = frozenset({"create", "submit"})

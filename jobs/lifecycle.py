@@ -604,7 +604,7 @@ def _live_attempt(job: Job) -> Attempt | None:
     return job.attempts.filter(state__in=LIVE).first()
 
 
-def job_cancel(*, job_id, actor: str) -> Job:
+def job_cancel(*, job_id, actor: str, reason: str = "cancelled_by_user", message: str = "") -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state in TERMINAL or job.state == JobState.CANCELLING:
@@ -624,15 +624,15 @@ def job_cancel(*, job_id, actor: str) -> Job:
                 job_id=job.id,
                 to=JobState.CANCELLED,
                 actor=actor,
-                reason="cancelled_by_user",
-                message=stored("cancelled by %(who)s", who=actor),
+                reason=reason,
+                message=message or stored("cancelled by %(who)s", who=actor),
             )
         job = job_transition(
             job_id=job.id,
             to=JobState.CANCELLING,
             actor=actor,
-            reason="cancelled_by_user",
-            message=stored("cancel requested by %(who)s", who=actor),
+            reason=reason,
+            message=message or stored("cancel requested by %(who)s", who=actor),
         )
         if live.backend_ref:
             attempt_stop_on_commit(live, robust=True)

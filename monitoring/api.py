@@ -538,7 +538,17 @@ class UsageCSVRenderer(BaseRenderer):
     media_type = "text/csv"
     format = "csv"
     charset = "utf-8"
-    COLUMNS = ["day", "team", "user", "spec", "gpu_model", "gpu_hours", "jobs"]
+    COLUMNS = [
+        "day",
+        "team",
+        "user",
+        "spec",
+        "gpu_model",
+        "gpu_hours",
+        "gpu_hours_used",
+        "gpu_hours_unmeasured",
+        "jobs",
+    ]
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         out = io.StringIO()
@@ -570,7 +580,9 @@ class UsageView(ScopedActionsMixin, APIView):
     )
     def get(self, request):
         """GPU-hours per day, team, user, spec and card model, for chargeback (admins see every team, members
-        their own teams). A slice counts compute_milli/1000 GPUs for as long as the pool's ledger says it was held."""
+        their own teams). A slice counts compute_milli/1000 GPUs for as long as the pool's ledger says it was held
+        (`gpu_hours`, the request); `gpu_hours_used` is what its cards' measured utilization says was used, and
+        `gpu_hours_unmeasured` the held hours nothing measured (docs/rightsizing.md)."""
         today = timezone.now().date()
         start = _date_param(request, "from") or today.replace(day=1)
         end = _date_param(request, "to") or today
@@ -589,6 +601,8 @@ class UsageView(ScopedActionsMixin, APIView):
                 "spec": r.spec,
                 "gpu_model": r.gpu_model,
                 "gpu_hours": round(r.gpu_hours, 4),
+                "gpu_hours_used": round(r.gpu_hours_used, 4),
+                "gpu_hours_unmeasured": round(r.gpu_hours_unmeasured, 4),
                 "jobs": r.jobs,
             }
             for r in rows
@@ -604,6 +618,8 @@ class UsageView(ScopedActionsMixin, APIView):
             "rows": data,
             "totals": {
                 "gpu_hours": round(sum(r.gpu_hours for r in rows), 4),
+                "gpu_hours_used": round(sum(r.gpu_hours_used for r in rows), 4),
+                "gpu_hours_unmeasured": round(sum(r.gpu_hours_unmeasured for r in rows), 4),
                 "by_team": {k: round(v, 4) for k, v in sorted(by_team.items())},
                 "by_spec": {k: round(v, 4) for k, v in sorted(by_spec.items())},
             },

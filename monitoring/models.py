@@ -336,3 +336,38 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class UsageProfile(models.Model):
+    """What one attempt used: GPU memory and utilization, CPU and host memory, sampled while it ran and kept
+    after it ended (docs/rightsizing.md). GPU memory is per card (the busiest card); `gpu_source` says where the
+    GPU numbers came from: `nvml` (per process), `dcgm` (per card), `emulated` (stated by the job on an emulated
+    card), or empty when nothing measured them."""
+
+    attempt = models.OneToOneField("jobs.Attempt", on_delete=models.CASCADE, primary_key=True, related_name="usage")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="usage_profiles")
+    gpu_source = models.CharField(max_length=10, blank=True)
+    samples = models.PositiveIntegerField(default=0)
+    gpu_samples = models.PositiveIntegerField(default=0, help_text="samples with a GPU utilization reading")
+    first_at = models.DateTimeField(null=True, blank=True)
+    last_at = models.DateTimeField(null=True, blank=True)
+    gpu_memory_peak_mib = models.FloatField(null=True, blank=True)
+    gpu_memory_p95_mib = models.FloatField(null=True, blank=True)
+    gpu_util_mean_pct = models.FloatField(null=True, blank=True)
+    gpu_util_p95_pct = models.FloatField(null=True, blank=True)
+    gpu_util_sum = models.FloatField(default=0, help_text="sum of every utilization sample (for an exact mean)")
+    cpu_peak_milli = models.FloatField(null=True, blank=True)
+    host_memory_peak_mib = models.FloatField(null=True, blank=True)
+    series = models.JSONField(
+        default=list, blank=True, help_text="[t, gpu_mem_mib, gpu_util_pct, cpu_milli, rss_mib], thinned"
+    )
+    cursor = models.PositiveBigIntegerField(default=0, help_text="bytes of the sample file read so far")
+    telemetry_at = models.DateTimeField(null=True, blank=True, help_text="the last telemetry sample folded in")
+    final = models.BooleanField(default=False, help_text="the attempt ended and every sample was read")
+    idle_since = models.DateTimeField(null=True, blank=True, help_text="start of the current run of idle samples")
+    idle_flagged_at = models.DateTimeField(null=True, blank=True)
+    leak_flagged_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job"], name="usage_profile_by_job")]

@@ -9,13 +9,23 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
 from jobs.models import Job
 from jobs.states import ATTEMPT_FINISHED
-from monitoring.models import Alert, BusinessMetric, GpuSample, GpuStatus, JobGpuSample, SchedulingSample
+from monitoring import rightsizing
+from monitoring.models import (
+    Alert,
+    BusinessMetric,
+    GpuSample,
+    GpuStatus,
+    JobGpuSample,
+    SchedulingSample,
+    UsageProfile,
+)
 from monitoring.rules import stale_after
 from quotas.selectors import visible_teams
 from trainyard.errors import ValidationFailed
@@ -314,13 +324,27 @@ class UsageRow:
     gpu_model: str
     gpu_hours: float
     jobs: int
+    gpu_hours_used: float = 0.0  # of the measured hours, what the cards' utilization says was used
+    gpu_hours_unmeasured: float = 0.0  # held hours with no utilization reading (no telemetry for them)
+
+
+def _utilization_of(attempt_ids) -> dict[int, float]:
+    """Mean GPU utilization (0..1 of a card) of the attempts whose usage profile has one."""
+    return {
+        pk: util / 100
+        for pk, util in UsageProfile.objects.filter(
+            attempt_id__in=attempt_ids, gpu_util_mean_pct__isnull=False
+        ).values_list("attempt_id", "gpu_util_mean_pct")
+    }
 
 
 def usage_report(
     *, user, start: date, end: date, team: str | None = None, username: str | None = None, now: datetime | None = None
 ) -> list[UsageRow]:
     """GPU-hours per day, team, user, spec and card model, from the pool's ledger: a slice counts
-    compute_milli/1000 of a GPU for as long as it was held (`end` is inclusive; days are UTC)."""
+    compute_milli/1000 of a GPU for as long as it was held (`end` is inclusive; days are UTC). Next to that
+    requested (held) figure, what was used: held time x the attempt's mean utilization of its card, never more
+    than held; hours of attempts without a utilization reading are counted apart as unmeasured."""
     if end < start:
         raise ValidationFailed("'to' is before 'from'", code="invalid_range", field="to")
     if (end - start).days + 1 > MAX_REPORT_DAYS:
@@ -331,33 +355,55 @@ def usage_report(
     qs = LogicalDevice.objects.filter(attempt__isnull=False, created_at__lt=upper).filter(
         Q(released_at__isnull=True) | Q(released_at__gt=t0)
     )
-    if not user.is_staff:
+    if user is not None and not user.is_staff:  # None: the caller already checked the team is visible
         qs = qs.filter(attempt__job__team__in=visible_teams(user))
     if team:
         qs = qs.filter(attempt__job__team__slug=team)
     if username:
         qs = qs.filter(attempt__job__owner__username=username)
-    totals: dict[tuple, list] = defaultdict(lambda: [0.0, set()])
-    for created, released, milli, job_id, team_slug, owner, spec, model in qs.values_list(
-        "created_at",
-        "released_at",
-        "compute_milli",
-        "attempt__job_id",
-        "attempt__job__team__slug",
-        "attempt__job__owner__username",
-        "attempt__job__spec__name",
-        "gpu__model",
-    ):
+    rows = list(
+        qs.values_list(
+            "created_at",
+            "released_at",
+            "compute_milli",
+            "attempt__job_id",
+            "attempt__job__team__slug",
+            "attempt__job__owner__username",
+            "attempt__job__spec__name",
+            "gpu__model",
+            "attempt_id",
+        )
+    )
+    utilization = _utilization_of({r[8] for r in rows})
+    totals: dict[tuple, list] = defaultdict(lambda: [0.0, set(), 0.0, 0.0])
+    for created, released, milli, job_id, team_slug, owner, spec, model, attempt_id in rows:
+        util = utilization.get(attempt_id)
         a, b = max(created, t0), min(released or now, upper)
         while a < b:
             day_end = datetime.combine(a.astimezone(UTC).date() + timedelta(days=1), time.min, tzinfo=UTC)
             piece_end = min(b, day_end)
             key = (a.astimezone(UTC).date(), team_slug, owner, spec or "explicit", model)
-            totals[key][0] += (piece_end - a).total_seconds() / 3600 * milli / 1000
+            hours = (piece_end - a).total_seconds() / 3600
+            held = hours * milli / 1000
+            totals[key][0] += held
             totals[key][1].add(job_id)
+            if util is None:
+                totals[key][3] += held
+            else:
+                totals[key][2] += min(held, hours * util)
             a = piece_end
     return [
-        UsageRow(day=k[0], team=k[1], user=k[2], spec=k[3], gpu_model=k[4], gpu_hours=round(v[0], 6), jobs=len(v[1]))
+        UsageRow(
+            day=k[0],
+            team=k[1],
+            user=k[2],
+            spec=k[3],
+            gpu_model=k[4],
+            gpu_hours=round(v[0], 6),
+            jobs=len(v[1]),
+            gpu_hours_used=round(v[2], 6),
+            gpu_hours_unmeasured=round(v[3], 6),
+        )
         for k, v in sorted(totals.items())
     ]
 
@@ -403,4 +449,303 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
         series=dict(series),
         final=final,
         reports={str(job.id): len(by_job.get(str(job.id), [])) for job in jobs},
+    )
+
+
+# ------------------------------------------------------------------------------------------- right-sizing
+
+
+def _similar_runs(job: Job, *, owner_only: bool) -> QuerySet:
+    """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
+    newest first: the user's own, or the whole team's."""
+    qs = Job.objects.filter(team_id=job.team_id, state="succeeded", image_reference=job.image_reference).exclude(
+        pk=job.pk
+    )
+    same = Q(command=job.command, args=job.args)
+    if job.labels:
+        same |= Q(labels=job.labels)
+    qs = qs.filter(same)
+    if owner_only:
+        qs = qs.filter(owner_id=job.owner_id)
+    return qs.order_by("-finished_at")
+
+
+def _runs_of(jobs: list[Job]) -> list[rightsizing.Run]:
+    profiles = {}
+    for p in (
+        UsageProfile.objects.filter(job__in=jobs, gpu_memory_peak_mib__isnull=False, final=True)
+        .select_related("attempt")
+        .order_by("job", "-attempt__number")
+    ):
+        profiles.setdefault(p.job_id, p)  # each job's last attempt with GPU numbers
+    batches: dict[Any, float] = {}
+    for job_id, values in (
+        BusinessMetric.objects.filter(job__in=list(profiles), values__has_key="batch_size")
+        .order_by("job", "at", "id")
+        .values_list("job_id", "values")
+    ):
+        try:
+            batches[job_id] = float(values["batch_size"])
+        except (TypeError, ValueError):
+            continue
+    runs = []
+    for job in jobs:
+        p = profiles.get(job.pk)
+        if p is None:
+            continue
+        runs.append(
+            rightsizing.Run(
+                job_id=str(job.pk),
+                gpu_count=job.gpu_count,
+                gpu_memory_mib=job.gpu_memory_mib,
+                gpu_memory_peak_mib=p.gpu_memory_peak_mib,
+                gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
+                gpu_util_p95_pct=p.gpu_util_p95_pct,
+                batch_size=batches.get(job.pk),
+            )
+        )
+    return runs
+
+
+def spec_options(job: Job) -> list[rightsizing.SpecOption]:
+    """Every spec the job's queue offers, per card on the card size the job's own request was sized for."""
+    from jobs.services import _reference_card_mib
+
+    card = _reference_card_mib()
+    if job.gpu_memory_eighths:
+        card = job.gpu_memory_mib * 8 // job.gpu_memory_eighths
+    options = []
+    for spec in job.queue.specs.filter(enabled=True):
+        counts = range(1, max(job.gpu_count, spec.gpu_count) + 1) if spec.exclusive else [spec.gpu_count]
+        for count in counts:
+            options.append(
+                rightsizing.SpecOption(
+                    name=spec.name,
+                    gpu_count=count,
+                    gpu_milli=spec.gpu_milli,
+                    gpu_memory_mib=card * spec.gpu_memory_eighths // 8,
+                )
+            )
+    return options
+
+
+def recommendation_for(job: Job) -> dict | None:
+    """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
+    the job's request is never changed."""
+    history = settings.TRAINYARD_RIGHTSIZE_HISTORY
+    runs, scope = _runs_of(list(_similar_runs(job, owner_only=True)[:history])), "user"
+    if not runs:
+        runs, scope = _runs_of(list(_similar_runs(job, owner_only=False)[:history])), "team"
+    request = rightsizing.SpecOption(
+        name=job.spec.name if job.spec_id else "",
+        gpu_count=job.gpu_count,
+        gpu_milli=job.gpu_milli,
+        gpu_memory_mib=job.gpu_memory_mib,
+    )
+    rec = rightsizing.recommend(
+        runs,
+        request=request,
+        options=spec_options(job),
+        margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+        scope=scope,
+        replicas=job.replicas,
+    )
+    if rec is None:
+        return None
+    out = rec.as_dict()
+    out["expected_waits"] = expected_waits(job, out)
+    return out
+
+
+def expected_waits(job: Job, rec: dict) -> list[dict]:
+    """If a job with the recommended request were submitted now: when it might start in each open queue of the
+    team that offers the recommended spec (the estimator the job page uses, the job placed at the end of each
+    line). Seconds from now; `known` False where the estimator had to guess."""
+    import copy
+
+    from jobs.eta import estimate_starts
+    from jobs.selectors import queue_waiting
+    from quotas.models import Queue
+
+    queues = [job.queue]
+    if rec["spec"]:
+        queues = list(
+            Queue.objects.filter(teams=job.team_id, state=Queue.State.OPEN, specs__name=rec["spec"])
+            .distinct()
+            .order_by("name")
+        )
+    milli = rec["gpu_count"] * rec["gpu_milli"] * job.replicas
+    waits = []
+    for queue in queues:
+        probe = copy.copy(job)
+        probe.queue, probe.queue_id, probe.total_gpu_milli, probe.reason = queue, queue.id, milli, ""
+        line = [j for j in queue_waiting(queue) if j.pk != job.pk] + [probe]
+        estimate = estimate_starts(queue, line).get(job.pk)
+        if estimate is not None:
+            waits.append({"queue": queue.name, **estimate.as_dict()})
+    return waits
+
+
+def usage_of(job: Job) -> list[UsageProfile]:
+    return list(UsageProfile.objects.filter(job=job).select_related("attempt").order_by("attempt__number"))
+
+
+def _round(value, digits=1):
+    return None if value is None else round(value, digits)
+
+
+def usage_payload(job: Job) -> dict:
+    """A job's usage next to its request: one profile per attempt, the idle state, and the recommendation."""
+    attempts = []
+    idle = None
+    for p in usage_of(job):
+        attempts.append(
+            {
+                "attempt": p.attempt.number,
+                "gpu_source": p.gpu_source or None,
+                "samples": p.samples,
+                "final": p.final,
+                "first_at": p.first_at.isoformat() if p.first_at else None,
+                "last_at": p.last_at.isoformat() if p.last_at else None,
+                "gpu_memory_peak_mib": _round(p.gpu_memory_peak_mib),
+                "gpu_memory_p95_mib": _round(p.gpu_memory_p95_mib),
+                "gpu_util_mean_pct": _round(p.gpu_util_mean_pct),
+                "gpu_util_p95_pct": _round(p.gpu_util_p95_pct),
+                "cpu_peak_milli": _round(p.cpu_peak_milli, 0),
+                "host_memory_peak_mib": _round(p.host_memory_peak_mib),
+                "idle_since": p.idle_since.isoformat() if p.idle_since else None,
+                "idle_flagged_at": p.idle_flagged_at.isoformat() if p.idle_flagged_at else None,
+                "leak_flagged_at": p.leak_flagged_at.isoformat() if p.leak_flagged_at else None,
+                "series": p.series,
+            }
+        )
+        if p.idle_flagged_at and not p.final:
+            idle = {"since": p.idle_since.isoformat() if p.idle_since else None, "flagged_at": p.idle_flagged_at}
+    return {
+        "requested": {
+            "spec": job.spec.name if job.spec_id else None,
+            "gpu_count": job.gpu_count,
+            "gpu_milli": job.gpu_milli,
+            "gpu_memory_mib": job.gpu_memory_mib,
+            "cpu_milli": job.cpu_milli,
+            "memory_mib": job.memory_mib,
+        },
+        "attempts": attempts,
+        "idle": idle,
+        "idle_policy": {
+            "threshold_pct": job.queue.idle_threshold_pct,
+            "after_s": job.queue.idle_after_s,
+            "action": job.queue.idle_action,
+            "stop_after_s": job.queue.idle_stop_after_s,
+        },
+        "recommendation": recommendation_for(job),
+    }
+
+
+@dataclass
+class OverRequest:
+    job: Job
+    held_gpu_hours: float
+    used_gpu_hours: float
+    freed_gpu_hours: float
+    peak_gpu_memory_mib: float | None
+    util_mean_pct: float | None
+    recommendation: dict | None
+
+
+@dataclass
+class TeamRightsizing:
+    start: date
+    end: date
+    requested_gpu_hours: float
+    used_gpu_hours: float
+    unmeasured_gpu_hours: float
+    freed_gpu_hours: float
+    top: list[OverRequest]
+
+
+def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetime | None = None) -> TeamRightsizing:
+    """A team's GPU-hours requested (held) vs used over [start, end], its most over-requesting jobs, and what
+    right-sizing would have freed: each finished job's held GPU-hours times the share of compute its own
+    profile's recommendation would have saved."""
+    now = now or timezone.now()
+    rows = usage_report(user=None, start=start, end=end, team=team.slug, now=now)
+    t0 = datetime.combine(start, time.min, tzinfo=UTC)
+    upper = min(datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC), now)
+    held: dict[Any, float] = defaultdict(float)
+    used: dict[Any, float] = defaultdict(float)
+    devices = LogicalDevice.objects.filter(attempt__job__team=team, attempt__isnull=False, created_at__lt=upper).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=t0)
+    )
+    device_rows = list(
+        devices.values_list("created_at", "released_at", "compute_milli", "attempt__job_id", "attempt_id")
+    )
+    utilization = _utilization_of({r[4] for r in device_rows})
+    for created, released, milli, job_id, attempt_id in device_rows:
+        hours = max(0.0, (min(released or now, upper) - max(created, t0)).total_seconds() / 3600)
+        held[job_id] += hours * milli / 1000
+        util = utilization.get(attempt_id)
+        if util is not None:
+            used[job_id] += min(hours * milli / 1000, hours * util)
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=list(used)).select_related("spec", "queue", "owner")}
+    profiles = {
+        p.job_id: p
+        for p in UsageProfile.objects.filter(job__in=list(jobs), final=True, gpu_memory_peak_mib__isnull=False)
+        .select_related("attempt")
+        .order_by("job", "attempt__number")
+    }
+    over: list[OverRequest] = []
+    freed_total = 0.0
+    for job_id, job in jobs.items():
+        p = profiles.get(job_id)
+        rec = None
+        freed = 0.0
+        if p is not None:
+            run = rightsizing.Run(
+                job_id=str(job_id),
+                gpu_count=job.gpu_count,
+                gpu_memory_mib=job.gpu_memory_mib,
+                gpu_memory_peak_mib=p.gpu_memory_peak_mib,
+                gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
+                gpu_util_p95_pct=p.gpu_util_p95_pct,
+            )
+            request = rightsizing.SpecOption(
+                name=job.spec.name if job.spec_id else "",
+                gpu_count=job.gpu_count,
+                gpu_milli=job.gpu_milli,
+                gpu_memory_mib=job.gpu_memory_mib,
+            )
+            found = rightsizing.recommend(
+                [run],
+                request=request,
+                options=spec_options(job),
+                margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+                scope="job",
+            )
+            if found is not None:
+                rec = found.as_dict()
+                asked = job.gpu_count * job.gpu_milli
+                if asked and not found.fits_request:
+                    freed = held[job_id] * (found.saves_gpu_milli / asked)
+        freed_total += freed
+        over.append(
+            OverRequest(
+                job=job,
+                held_gpu_hours=held[job_id],
+                used_gpu_hours=used[job_id],
+                freed_gpu_hours=freed,
+                peak_gpu_memory_mib=p.gpu_memory_peak_mib if p else None,
+                util_mean_pct=p.gpu_util_mean_pct if p else None,
+                recommendation=rec,
+            )
+        )
+    over.sort(key=lambda o: o.held_gpu_hours - o.used_gpu_hours, reverse=True)
+    return TeamRightsizing(
+        start=start,
+        end=end,
+        requested_gpu_hours=sum(r.gpu_hours for r in rows),
+        used_gpu_hours=sum(r.gpu_hours_used for r in rows),
+        unmeasured_gpu_hours=sum(r.gpu_hours_unmeasured for r in rows),
+        freed_gpu_hours=freed_total,
+        top=over[:top],
     )

@@ -16,7 +16,17 @@ def probe_gpus() -> dict:
 @shared_task(name="monitoring.collect_telemetry", soft_time_limit=60, time_limit=90)
 def collect_telemetry() -> dict:
     report = services.telemetry_collect()
-    return {"source": report.source, "samples": report.samples, "unknown": report.unknown, "error": report.error}
+    usage = services.usage_collect()
+    return {
+        "usage_attempts": usage.attempts,
+        "idle_flagged": len(usage.idle_flagged),
+        "idle_stopped": len(usage.idle_stopped),
+        "leaks": len(usage.leaks),
+        "source": report.source,
+        "samples": report.samples,
+        "unknown": report.unknown,
+        "error": report.error,
+    }
 
 
 @shared_task(name="monitoring.evaluate_alerts", soft_time_limit=60, time_limit=90)

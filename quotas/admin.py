@@ -315,6 +315,10 @@ class QueueForm(HumanQuotaForm):
             "gang",
             "secondary_network",
             "outbound_network",
+            "idle_threshold_pct",
+            "idle_after_s",
+            "idle_action",
+            "idle_stop_after_s",
         )
 
     def clean(self) -> dict[str, Any]:
@@ -325,6 +329,9 @@ class QueueForm(HumanQuotaForm):
                 "default_timeout_s",
                 f"the default time limit ({human_duration(default)}) exceeds the maximum ({human_duration(maximum)})",
             )
+        threshold = data.get("idle_threshold_pct")
+        if threshold is not None and not 0 <= threshold <= 100:
+            self.add_error("idle_threshold_pct", "a utilization threshold is between 0 and 100 (0 turns it off)")
         return data
 
 
@@ -365,6 +372,10 @@ class QueueAdmin(admin.ModelAdmin):
             {
                 "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network", "outbound_network"),
             },
+        ),
+        (
+            "Idle GPUs (docs/rightsizing.md)",
+            {"fields": ("idle_threshold_pct", "idle_after_s", "idle_action", "idle_stop_after_s")},
         ),
         ("Live usage", {"fields": ("usage_now",)}),
     )

@@ -182,6 +182,25 @@ class Queue(ResourceVector):
         "notice and a final checkpoint) when quota-holding work needs the cards back",
     )
 
+    class IdleAction(models.TextChoices):
+        NOTIFY = "notify"
+        STOP = "stop"
+
+    idle_threshold_pct = models.FloatField(
+        default=5.0,
+        help_text="a running job whose GPUs stay below this utilization is idle (0 = never)",
+    )
+    idle_after_s = models.PositiveIntegerField(default=1800, help_text="…for this long: flagged and its owner told")
+    idle_action = models.CharField(
+        max_length=8,
+        choices=IdleAction.choices,
+        default=IdleAction.NOTIFY,
+        help_text="notify: flag and tell only; stop: also cancel the job if it is still idle after the notice period",
+    )
+    idle_stop_after_s = models.PositiveIntegerField(
+        default=3600, help_text="stop action: how long after the notice an idle job is cancelled"
+    )
+
     class Meta:
         ordering = ["-priority", "name"]
         constraints = [

@@ -301,6 +301,24 @@ def _template(api: ApiClient, name: str, team: str | None) -> dict:
     return found[0]
 
 
+def recommendation_line(rec: dict | None) -> str:
+    """The submission's right-sizing advice in one line (docs/rightsizing.md), or '' without evidence."""
+    if not rec:
+        return ""
+    if rec.get("fits_request"):
+        line = f"recommendation: the request fits earlier runs ({rec['evidence']})"
+    else:
+        spec = rec.get("spec") or "an explicit request"
+        saves = rec.get("saves") or {}
+        line = (
+            f"recommendation: spec {spec} with {rec['gpu_count']} GPU(s) would do ({rec['evidence']}); "
+            f"it frees {saves.get('gpu_milli', 0)} GPU milli and {saves.get('gpu_memory_mib', 0)} MiB of GPU memory"
+        )
+    if rec.get("batch_size"):
+        line += f"; batch size {rec['batch_size']} would fill it"
+    return line + " (your request is unchanged)"
+
+
 def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
     if args.file is None and not args.template:
         raise CliError("give a job file, or --template NAME (see `trainyard submit --help`)", EXIT_USAGE)
@@ -320,6 +338,9 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
         _err(f"job {job['id']} was already submitted with this Idempotency-Key (it is {job['state']})")
     else:
         _err(f"submitted job {job['id']} ({job['name']}) to {job['team']}/{job['queue']}: {_state_line(job)}")
+        advice = recommendation_line(job.get("recommendation"))
+        if advice:
+            _err(advice)
     if not (args.wait or args.follow):
         if args.json:
             _print_json(job)

@@ -343,6 +343,15 @@ CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "
 TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S", default=10.0)
 TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
 TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
+# Right-sizing (docs/rightsizing.md): how often a local supervisor samples its attempt's use, the margin a
+# recommendation adds over the observed p95 (chosen by `make bench-rightsizing` on held-out seeds), and how many
+# earlier runs it looks at.
+TRAINYARD_USAGE_INTERVAL_S = env.float("TRAINYARD_USAGE_INTERVAL_S", default=5.0)
+TRAINYARD_RIGHTSIZE_MARGIN = env.float("TRAINYARD_RIGHTSIZE_MARGIN", default=0.15)
+TRAINYARD_RIGHTSIZE_HISTORY = env.int("TRAINYARD_RIGHTSIZE_HISTORY", default=10)
+# A leak: GPU or host memory that rose over at least this many samples and this share of the attempt's first value.
+TRAINYARD_LEAK_MIN_SAMPLES = env.int("TRAINYARD_LEAK_MIN_SAMPLES", default=120)
+TRAINYARD_LEAK_MIN_GROWTH = env.float("TRAINYARD_LEAK_MIN_GROWTH", default=0.5)
 TRAINYARD_PROMETHEUS_URL = env.str("TRAINYARD_PROMETHEUS_URL", default="")
 TRAINYARD_FATAL_XIDS = env.list(
     "TRAINYARD_FATAL_XIDS", cast=int, default=[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]

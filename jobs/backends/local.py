@@ -157,6 +157,11 @@ class LocalBackend:
             "grace_s": desc.preempt_notice_s or settings.TRAINYARD_CANCEL_GRACE_S,
             "sandbox": box,
             "checkpoint": self._checkpoint_spec(desc, ckpt_dir),
+            "usage": {
+                "interval_s": settings.TRAINYARD_USAGE_INTERVAL_S,
+                # Only emulated cards accept the job's own statement of GPU use (jobs/backends/usage_sampler.py).
+                "emulated_gpu": bool(desc.devices) and all(d.gpu_uuid.startswith("EMU-") for d in desc.devices),
+            },
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -333,6 +338,26 @@ class LocalBackend:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def read_usage(self, ref: str, offset: int, *, limit_bytes: int = 4 << 20) -> tuple[list[dict], int, bool]:
+        """Usage samples the supervisor appended since byte `offset`: (samples, next offset, attempt ended)."""
+        folder = self._folder(ref)
+        ended = (folder / "status.json").exists() or (folder / "fenced").exists()
+        try:
+            with open(folder / "usage.jsonl", "rb") as f:
+                f.seek(offset)
+                chunk = f.read(limit_bytes)
+        except OSError:
+            return [], offset, ended
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written is read next time
+        samples = []
+        for line in complete.splitlines():
+            try:
+                samples.append(json.loads(line))
+            except ValueError:
+                continue
+        more = len(chunk) == limit_bytes
+        return samples, offset + len(complete), ended and not more
 
     def cleanup(self, ref: str) -> None:
         pass  # the working directory stays for the user; the log store keeps the logs

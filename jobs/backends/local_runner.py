@@ -29,6 +29,7 @@ from pathlib import Path
 
 from jobs.backends import proctree, sandbox
 from jobs.backends.checkpoint_sync import CheckpointSync
+from jobs.backends.usage_sampler import UsageSampler
 from jobs.logstore import RING_LINES, LogWriter
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
@@ -288,6 +289,12 @@ def main(folder: Path) -> int:
             except OSError:
                 pass
     sup.main_pid = child.pid
+    usage_spec = spec.get("usage") or {}
+    sampler = UsageSampler(
+        folder / "usage.jsonl",
+        interval_s=float(usage_spec.get("interval_s", 5.0)),
+        emulated_gpu=bool(usage_spec.get("emulated_gpu")),
+    )
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
     assert child.stdout is not None
     fd: int | None = child.stdout.fileno()
@@ -315,6 +322,7 @@ def main(folder: Path) -> int:
         partial = lines.pop()
         for line in lines:
             logs.line(line)
+            sampler.line(line)
         while len(partial) > MAX_PARTIAL:
             logs.line(partial[:MAX_PARTIAL] + " …[line cut]".encode())
             partial = partial[MAX_PARTIAL:]
@@ -324,6 +332,8 @@ def main(folder: Path) -> int:
         sup.enforce_stop()
         pump(0.2)
         sup.reap()
+        if sampler.due():  # descendants only: the subreaper keeps every process of the job below it
+            sampler.sample(proctree.descendants(os.getpid()))
     # The main process has ended: read what is still in flight, then stop whatever it left behind.
     deadline = time.monotonic() + DRAIN_S
     while fd is not None and time.monotonic() < deadline:

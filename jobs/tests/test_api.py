@@ -274,7 +274,7 @@ def test_fast_job_output_matches_drfs_field_by_field_output(world):
     from rest_framework import serializers
     from rest_framework.renderers import JSONRenderer
 
-    from jobs.api import JobDetailSerializer, JobSerializer
+    from jobs.api import JobDetailSerializer, JobSerializer, JobSubmittedSerializer
     from jobs.states import JobState
 
     client = client_for("demo")
@@ -305,7 +305,7 @@ def test_fast_job_output_matches_drfs_field_by_field_output(world):
     assert explicit.status_code == 201, explicit.json()
     jobs = list(Job.objects.select_related("owner", "team", "queue", "spec").order_by("submitted_at"))
     assert len(jobs) == 3 and jobs[1].spec is None and jobs[2].reproduced_from_id == jobs[0].id
-    for cls in (JobSerializer, JobDetailSerializer):
+    for cls in (JobSerializer, JobDetailSerializer, JobSubmittedSerializer):
         for job in jobs:
             fast = JSONRenderer().render(cls(job).data)
             generic = JSONRenderer().render(serializers.ModelSerializer.to_representation(cls(), job))

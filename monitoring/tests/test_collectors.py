@@ -244,3 +244,34 @@ def test_prometheus_down_records_nothing_and_says_why(k8s_node, prometheus):
     report = services.telemetry_collect()
     assert report.samples == 0 and "Prometheus" in report.error
     assert not GpuSample.objects.exists()
+
+
+def test_nvml_samples_fold_into_the_attempts_usage_profile(db_platform, real_node, fake_nvml, job_process):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import Attempt
+    from monitoring.models import UsageProfile
+
+    job = admitted_job(db_platform)
+    attempt = job.attempts.get()
+    now = timezone.now()
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state="running", started_at=now - timedelta(minutes=1), backend_ref=f"local:{job.id}:1"
+    )
+    card_uuid = attempt.placement["devices"][0]["gpu_uuid"]
+    card = next(c for c in fake_nvml.cards if c.uuid == card_uuid)
+    pid = job_process(str(job.id))
+    for seconds_ago, used, util in ((20, 3000, 60), (10, 5000, 80)):
+        card.util, card.used_mib, card.processes = util, 40000, [(pid, used)]
+        services.telemetry_collect(now=now - timedelta(seconds=seconds_ago))
+
+    services.usage_collect(now=now)
+
+    profile = UsageProfile.objects.get(attempt=attempt)
+    # Memory from NVML's per-process accounting (not the card's 40,000 MiB); utilization is the card's.
+    assert profile.gpu_source == "nvml" and profile.gpu_memory_peak_mib == 5000
+    assert profile.gpu_util_mean_pct == 70 and profile.gpu_samples == 2 and not profile.final
+    services.usage_collect(now=now)  # nothing new: nothing counted twice
+    assert UsageProfile.objects.get(attempt=attempt).gpu_samples == 2

@@ -8,7 +8,7 @@ import pytest
 
 from cluster.models import LogicalDevice
 from jobs import services as jobs
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
 from monitoring import selectors
 from monitoring.tests.conftest import api_as, emulated_gpus
 from quotas.models import Queue
@@ -72,7 +72,13 @@ def test_sums_per_day_team_user_and_spec(ledger):
 def test_the_api_report_and_its_csv(ledger):
     admin = api_as("admin")
     body = admin.get("/api/v1/monitoring/usage/?from=2024-01-05&to=2024-01-06&team=demo").json()
-    assert body["totals"] == {"gpu_hours": 7.0, "by_team": {"demo": 7.0}, "by_spec": {"guaranteed": 6.0, "shared": 1.0}}
+    assert body["totals"] == {
+        "gpu_hours": 7.0,
+        "gpu_hours_used": 0.0,
+        "gpu_hours_unmeasured": 7.0,  # nothing measured these jobs
+        "by_team": {"demo": 7.0},
+        "by_spec": {"guaranteed": 6.0, "shared": 1.0},
+    }
 
     response = admin.get("/api/v1/monitoring/usage/?from=2024-01-05&to=2024-01-06&user=demo&format=csv")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
@@ -83,7 +89,48 @@ def test_the_api_report_and_its_csv(ledger):
         ("2024-01-06", "guaranteed", 6.0, 1),
         ("2024-01-06", "shared", 0.5, 1),
     ]
-    assert set(rows[0]) == {"day", "team", "user", "spec", "gpu_model", "gpu_hours", "jobs"}
+    assert set(rows[0]) == {
+        "day",
+        "team",
+        "user",
+        "spec",
+        "gpu_model",
+        "gpu_hours",
+        "gpu_hours_used",
+        "gpu_hours_unmeasured",
+        "jobs",
+    }
+
+
+def test_requested_vs_used_and_what_right_sizing_would_have_freed(ledger):
+    from monitoring.models import UsageProfile
+
+    job = Job.objects.get(spec__name="guaranteed")
+    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=at(6, 13))
+    UsageProfile.objects.create(
+        attempt=job.attempts.get(),
+        job=job,
+        final=True,
+        samples=100,
+        gpu_samples=100,
+        gpu_source="emulated",
+        gpu_memory_peak_mib=4000,
+        gpu_memory_p95_mib=3500,
+        gpu_util_mean_pct=15,
+        gpu_util_p95_pct=20,
+    )
+    admin = api_as("admin")
+    body = admin.get("/api/v1/monitoring/usage/?from=2024-01-06&to=2024-01-06&team=demo").json()
+    guaranteed = next(r for r in body["rows"] if r["spec"] == "guaranteed")
+    # 2 cards x 3 h held; 15% of each card used.
+    assert (guaranteed["gpu_hours"], guaranteed["gpu_hours_used"], guaranteed["gpu_hours_unmeasured"]) == (6.0, 0.9, 0)
+
+    report = selectors.team_rightsizing(job.team, start=date(2024, 1, 1), end=date(2024, 1, 31), now=at(8, 0))
+    assert report.requested_gpu_hours == pytest.approx(7.0) and report.used_gpu_hours == pytest.approx(0.9)
+    top = report.top[0]
+    assert top.job == job and top.recommendation["spec"] == "shared" and top.recommendation["gpu_count"] == 1
+    # The shared spec asks 250 of the 2,000 milli requested: 7/8 of the 6 held GPU-hours were not needed.
+    assert report.freed_gpu_hours == pytest.approx(6.0 * 1750 / 2000)
 
 
 def test_members_see_only_their_teams(ledger):
