@@ -352,16 +352,18 @@ def _submitter(user_id, request, start: float, rate: float, ks: range, results) 
 
 
 def _passes_logged(path: Path) -> dict:
-    """The worker's dispatch passes during the latency phase, from its JSON log lines."""
+    """The worker's dispatch passes during the latency phase, from its log lines."""
+    import ast
     import json
 
     rows = []
     for line in path.read_text(errors="replace").splitlines():
-        if '"dispatch_pass"' not in line:
+        if "dispatch_pass" not in line or "{" not in line:
             continue
-        try:
-            rows.append(json.loads(line[line.index("{") :]))
-        except ValueError:
+        body = line[line.index("{") : line.rindex("}") + 1]
+        try:  # a JSON line, or the event dict as Celery's own log format prints it
+            rows.append(json.loads(body) if '"event"' in body else ast.literal_eval(body))
+        except (ValueError, SyntaxError):
             continue
     path.unlink(missing_ok=True)
     totals = [r.get("total_ms", 0.0) for r in rows]

@@ -126,9 +126,6 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Workers log through the platform's structured handlers (console or JSON lines, TRAINYARD_LOG_LEVEL), not
-# Celery's own format, which would print structlog's events as Python dicts.
-CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
