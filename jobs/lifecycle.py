@@ -95,6 +95,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         outbound_network=job.queue.outbound_network,
         gpu_products=_gpu_products(job, attempt),
         checkpoint=checkpoints.attempt_plan(attempt),
+        datasets=list(job.datasets),
     )
 
 
@@ -217,6 +218,8 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             "platform_version": settings.PLATFORM_VERSION,
             "ci": job.ci,
             "attempt": attempt.number,
+            # What each dataset was at submission (name, version, source, size and file count) and where it sat.
+            "datasets": job.datasets,
         }
         Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
         job_transition(

@@ -98,6 +98,9 @@ def make_world() -> World:
         actions_taken=[{"action": "restart_job", "detail": f"stopped {job.id}#1", "attempts": [f"{job.id}#1"]}],
     )
     template = services.template_create(user=mia, team_slug="demo", name="matrix", body={**base})
+    from jobs.models import Dataset
+
+    dataset = Dataset.objects.create(team=demo_team, name="matrix", claim="matrix-data")
     token, _ = token_create(user=get_user_model().objects.get(username="demo"), name="someone's")
     values = {
         "/jobs/{id}": str(job.id),
@@ -107,6 +110,7 @@ def make_world() -> World:
         "/monitoring/notifications/{id}": "999999",
         "/tokens/{id}": str(token.id),
         "/templates/{id}": str(template.id),
+        "/datasets/{id}": str(dataset.id),
         "{uuid}": gpu.uuid,
         "/images/{name}": "python-3.11",
         "/nodes/{name}": Node.objects.first().name,

@@ -238,6 +238,10 @@ TRAINYARD_S3_SECRET_ACCESS_KEY = env.str("TRAINYARD_S3_SECRET_ACCESS_KEY", defau
 # ends, waits at most TRAINYARD_CHECKPOINT_FINAL_WAIT_S for the store.
 TRAINYARD_CHECKPOINT_SYNC_S = env.float("TRAINYARD_CHECKPOINT_SYNC_S", default=30.0)
 TRAINYARD_CHECKPOINT_FINAL_WAIT_S = env.float("TRAINYARD_CHECKPOINT_FINAL_WAIT_S", default=300.0)
+# Registered datasets on the local backend: one node-local copy per dataset version, shared read-only by the
+# jobs that name it; least recently used copies no job uses are evicted past the size limit (0 = no limit).
+TRAINYARD_DATASET_CACHE_DIR = Path(env.str("TRAINYARD_DATASET_CACHE_DIR", default=str(VAR_DIR / "datasets")))
+TRAINYARD_DATASET_CACHE_BYTES = env.int("TRAINYARD_DATASET_CACHE_BYTES", default=100 * 1024**3)
 # Local jobs run in a bubblewrap sandbox (jobs/backends/sandbox.py, docs/security.md); `off` only on a single-user
 # machine: every job page then says that jobs run unsandboxed, as the platform's own user.
 TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")

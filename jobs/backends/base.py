@@ -57,6 +57,9 @@ class AttemptDescription:
     gpu_products: list[str] = field(default_factory=list)
     # Checkpoints (jobs/checkpoints.py): {"prefix": object key prefix, "restore": the checkpoint to start from}.
     checkpoint: dict = field(default_factory=dict)
+    # Registered datasets (jobs/datasets.py), as resolved at submission: id, team, name, version, path, kind,
+    # prefix (S3) or claim (PVC), size_bytes, file_count. Always mounted read-only.
+    datasets: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
