@@ -37,5 +37,6 @@ urlpatterns = [
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("images/", views.image_list, name="image-list"),
+    path("datasets/", views.dataset_list, name="dataset-list"),
     path("gpus/", views.gpu_list, name="gpu-list"),
 ]

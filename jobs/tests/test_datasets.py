@@ -9,11 +9,12 @@ from rest_framework.test import APIClient
 
 from jobs import services
 from jobs.backends.dataset_cache import CacheFull, DatasetCache, DatasetError
-from jobs.models import Dataset
+from jobs.models import Dataset, Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
 from jobs.tests.test_lifecycle_e2e import finished, log_text, submit
 from trainyard import objectstore
+from trainyard.tests.test_cli import cli  # noqa: F401 - fixture
 
 
 def _upload(store, prefix: str, files: dict[str, bytes]) -> None:
@@ -235,3 +236,25 @@ def test_a_full_cache_fails_the_attempt_with_a_clear_reason(demo, checkpoint_sto
     attempt = job.attempts.get()
     assert attempt.reason == "DatasetCacheFull" and attempt.rule == "dataset-cache-full"
     assert "TRAINYARD_DATASET_CACHE_BYTES" in log_text(job)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_cli_lists_datasets_and_a_job_yaml_names_them(cli, demo, checkpoint_store, tmp_path):  # noqa: F811
+    from trainyard.tests.test_cli import job_yaml, write
+
+    _register(demo, checkpoint_store, "imagenet", {"a": b"1" * 10, "b": b"2" * 20}, version=3)
+    listing = cli("datasets")
+    assert listing.code == 0, listing.err
+    header, row = listing.out.splitlines()
+    assert header.split()[:7] == ["TEAM", "NAME", "VERSION", "KIND", "SOURCE", "SIZE", "FILES"]
+    assert row.split()[:4] == ["demo", "imagenet", "3", "s3"] and row.split()[5:8] == ["30", "B", "2"]
+    good = cli(
+        "submit", write(tmp_path, job_yaml("true", datasets=[{"name": "imagenet", "version": 3, "path": "/data"}]))
+    )
+    assert good.code == 0, good.err
+    assert Job.objects.get(pk=good.out.strip()).datasets[0]["size_bytes"] == 30
+    bad = cli(
+        "submit", write(tmp_path, job_yaml("true", datasets=[{"name": "imagenet", "version": 4, "path": "/data"}]))
+    )
+    assert bad.code != 0 and "unknown_dataset" in bad.err + bad.out
