@@ -322,6 +322,10 @@ TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default
 # A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
 TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
 TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
+# The platform's own image, which runs the checkpoint sidecar and the dataset fetchers in a job's pod, and the
+# Secret (in each team's namespace) holding the object store's keys for them.
+TRAINYARD_K8S_PLATFORM_IMAGE = env.str("TRAINYARD_K8S_PLATFORM_IMAGE", default=f"trainyard:{PLATFORM_VERSION}")
+TRAINYARD_K8S_S3_SECRET = env.str("TRAINYARD_K8S_S3_SECRET", default="trainyard-s3")
 TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
 TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced

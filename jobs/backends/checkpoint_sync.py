@@ -340,3 +340,71 @@ class CheckpointSync:
             os.replace(tmp, self.folder / MANIFEST)
         except OSError:
             pass
+
+
+def manifest_key(prefix: str) -> str:
+    """Where a sidecar publishes its attempt's manifest in the store (beside, not inside, the attempt's keys)."""
+    return prefix.rstrip("/") + ".manifest.json"
+
+
+class SidecarSync(CheckpointSync):
+    """The uploader as a Kubernetes native sidecar: besides the local manifest, the manifest is written to the
+    store (`manifest_key`) after each pass, where the platform's observer reads it."""
+
+    def write_manifest(self, files: dict[str, tuple[int, int]] | None = None) -> None:
+        super().write_manifest(files)
+        try:
+            body = (self.folder / MANIFEST).read_bytes()
+            if body != getattr(self, "_published", None):
+                self.s3().put_object(Bucket=self.store.bucket, Key=manifest_key(self.prefix), Body=body)
+                self._published = body
+        except Exception:  # noqa: BLE001, S110 - the next pass publishes it again; uploads never stop for it
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jobs.backends.checkpoint_sync --state DIR`: the checkpoint sidecar of a Kubernetes pod.
+
+    `TRAINYARD_CHECKPOINT_SPEC` (JSON: dir, prefix, restore, sync_s, final_wait_s) says what to sync, the
+    `TRAINYARD_S3_*` environment where. It restores first (a failure exits 125: the kubelet starts the sidecar
+    again, and the trainer waits, since the sidecar has not reported started), then writes `DIR/ready`, syncs
+    until SIGTERM (the pod ends once the trainer has), and makes the final sync."""
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(prog="checkpoint_sync")
+    parser.add_argument("--state", required=True, help="a folder of the sidecar's own (manifest, ready marker)")
+    args = parser.parse_args(argv)
+    state = Path(args.state)
+    state.mkdir(parents=True, exist_ok=True)
+    store = objectstore.S3Config.from_env()
+    if store is None:
+        print("[trainyard] TRAINYARD_S3_URL is not set: checkpoints cannot be synced", file=sys.stderr)
+        return 2
+    conf = {**json.loads(os.environ["TRAINYARD_CHECKPOINT_SPEC"]), "store": store.to_dict()}
+    Path(conf["dir"]).mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sync = SidecarSync(state, conf)
+    plan = conf.get("restore")
+    if plan and not (state / "ready").exists():
+        try:
+            where = sync.restore(plan)
+            print(f"[trainyard] restored checkpoint {plan['name']} into {where}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - the trainer never starts without the checkpoint it resumes
+            print(f"[trainyard] could not restore checkpoint {plan['name']}: {exc}", file=sys.stderr, flush=True)
+            return 125
+    (state / "ready").touch()
+    sync.start()
+    stop.wait()
+    sync.finish()
+    if sync.unsaved:
+        print(f"[trainyard] {len(sync.unsaved)} checkpoint file(s) not saved to the object store"
+              + (f": {sync.error}" if sync.error else ""), file=sys.stderr, flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
