@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-logs lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-logs bench-storage lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -39,7 +39,7 @@ migrations: venv
 web worker beat: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
 
-bench: bench-allocator bench-scheduler bench-eta bench-api bench-logs
+bench: bench-allocator bench-scheduler bench-eta bench-api bench-logs bench-storage
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
@@ -57,6 +57,9 @@ bench-api: venv
 
 bench-logs: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.logs
+
+bench-storage: venv
+	@$(BIN)/python -m bench.storage
 
 # Re-pin every dependency after editing requirements.in.
 lock:

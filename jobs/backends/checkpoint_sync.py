@@ -27,6 +27,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -36,6 +37,7 @@ from trainyard import objectstore
 PART_BYTES = 64 * 1024 * 1024  # multipart threshold and part size: the ETag check recomputes with the same size
 READ_BYTES = 1024 * 1024
 MAX_BACKOFF_S = 60.0
+UPLOAD_THREADS = 4  # files uploaded at once by one attempt's sync
 HOLD_FILE = "checkpoint_hold"
 MANIFEST = "checkpoints.json"
 
@@ -50,7 +52,7 @@ class Digest:
     @property
     def etag(self) -> str:
         if self.size <= PART_BYTES:
-            return self.md5
+            return self.part_md5s[0].hex() if self.part_md5s else self.md5
         return hashlib.md5(b"".join(self.part_md5s)).hexdigest() + f"-{len(self.part_md5s)}"  # noqa: S324
 
 
@@ -86,12 +88,12 @@ def open_beneath(root: Path, rel: str):
 
 
 def digest(f) -> Digest:
-    """Checksums of an open file, read from its start."""
+    """Checksums of an open file, read from its start: SHA-256 and the MD5 of each part (the whole file's MD5
+    is the single part's; a multipart ETag needs only the parts'), in one pass."""
     f.seek(0)
-    md5, sha, part, part_len, parts, size = hashlib.md5(), hashlib.sha256(), hashlib.md5(), 0, [], 0  # noqa: S324
+    sha, part, part_len, parts, size = hashlib.sha256(), hashlib.md5(), 0, [], 0  # noqa: S324
     while chunk := f.read(READ_BYTES):
         size += len(chunk)
-        md5.update(chunk)
         sha.update(chunk)
         while chunk:
             take = chunk[: PART_BYTES - part_len]
@@ -101,9 +103,10 @@ def digest(f) -> Digest:
             if part_len == PART_BYTES:
                 parts.append(part.digest())
                 part, part_len = hashlib.md5(), 0  # noqa: S324
-    if part_len:
+    if part_len or not parts:
         parts.append(part.digest())
-    return Digest(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest(), part_md5s=parts)
+    md5 = parts[0].hex() if len(parts) == 1 else ""
+    return Digest(size=size, md5=md5, sha256=sha.hexdigest(), part_md5s=parts)
 
 
 def _stat(path: Path) -> tuple[int, int] | None:
@@ -138,7 +141,8 @@ def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = No
         meta = {"sha256": d.sha256}
         f.seek(0)
         if d.size <= PART_BYTES:
-            s3.put_object(
+            # The store checks the bytes against Content-MD5 and answers with their ETag: no second request.
+            put = s3.put_object(
                 Bucket=bucket,
                 Key=key,
                 Body=f,
@@ -146,13 +150,14 @@ def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = No
                 ContentMD5=base64.b64encode(bytes.fromhex(d.md5)).decode(),
                 Metadata=meta,
             )
+            stored_etag, stored_size = str(put.get("ETag", "")).strip('"'), d.size
         else:
             config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=4)
             s3.upload_fileobj(f, bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
-        head = s3.head_object(Bucket=bucket, Key=key)
-        stored_etag = str(head.get("ETag", "")).strip('"')
+            head = s3.head_object(Bucket=bucket, Key=key)
+            stored_etag, stored_size = str(head.get("ETag", "")).strip('"'), head.get("ContentLength")
         st = os.fstat(f.fileno())
-    if (st.st_size, st.st_mtime_ns) != before or head.get("ContentLength") != d.size or stored_etag != d.etag:
+    if (st.st_size, st.st_mtime_ns) != before or stored_size != d.size or stored_etag != d.etag:
         raise ChangedDuringUpload(f"{rel} changed during the upload (the stored copy does not match)")
     return {"key": key, "size": d.size, "sha256": d.sha256, "etag": stored_etag, "mtime_ns": before[1]}
 
@@ -278,23 +283,42 @@ class CheckpointSync:
                 self.seen = files
                 self.write_manifest(files)
                 return not waiting
-            for rel in waiting:
-                settled = self.seen.get(rel) == files[rel]
-                if not (final or settled):
-                    continue
+            ready = [rel for rel in waiting if final or self.seen.get(rel) == files[rel]]
+            failed: BaseException | None = None
+            s3 = None
+            if ready:
                 try:
-                    record = upload_file(
-                        self.s3(), bucket=self.store.bucket, key=self.prefix + rel, path=self.dir / rel
-                    )
-                except ChangedDuringUpload:
-                    continue  # still being written: the next pass sees it settle
-                except Exception as exc:  # noqa: BLE001 - a store failure never stops the job
-                    self.failures += 1
-                    self.error = objectstore.describe_error(exc)
-                    self.retry_at = time.monotonic() + min(MAX_BACKOFF_S, self.sync_s * 2 ** min(self.failures, 8))
-                    break
-                record["uploaded_at"] = time.time()
-                self.uploaded[rel] = record
+                    s3 = self.s3()
+                except Exception as exc:  # noqa: BLE001 - a store that is down: retried with backoff
+                    failed, ready = exc, []
+            # Several files at once: hashing (which releases the GIL) and the network overlap.
+            with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="checkpoint-upload") as pool:
+                futures = {
+                    pool.submit(
+                        upload_file, s3, bucket=self.store.bucket, key=self.prefix + rel, path=self.dir / rel
+                    ): rel
+                    for rel in ready
+                }
+                for future in as_completed(futures):
+                    try:
+                        record = future.result()
+                    except ChangedDuringUpload:
+                        continue  # still being written: the next pass sees it settle
+                    except CancelledError:
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - a store failure never stops the job
+                        if failed is None:
+                            failed = exc
+                            for other in futures:
+                                other.cancel()
+                        continue
+                    record["uploaded_at"] = time.time()
+                    self.uploaded[futures[future]] = record
+            if failed is not None:
+                self.failures += 1
+                self.error = objectstore.describe_error(failed)
+                self.retry_at = time.monotonic() + min(MAX_BACKOFF_S, self.sync_s * 2 ** min(self.failures, 8))
+            elif ready:
                 self.failures, self.error = 0, ""
             self.seen = self._files()
             left = self.pending(self.seen)

@@ -172,8 +172,8 @@ def test_the_sidecar_process_restores_syncs_publishes_and_makes_the_final_sync(o
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_the_fake_api_server_gets_the_sidecar_and_the_platform_records_what_it_publishes(
-    kube,
-    platform,
+    kube,  # noqa: F811
+    platform,  # noqa: F811
     celery_worker_thread,
     checkpoint_store,
     settings,
