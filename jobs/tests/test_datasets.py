@@ -176,6 +176,34 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
     )
     assert created.status_code == 400 and created.json()["code"] == "empty_dataset"
 
+    # Registered through the API by a maintainer (demo) with its size read from the store; not by a plain member.
+    prefix = f"datasets-test/{uuid.uuid4().hex}/api/"
+    _upload(checkpoint_store, prefix, {"x": b"x" * 7, "y/z": b"z" * 3})
+    body = {"team": "demo", "name": "viaapi", "version": 2, "s3_prefix": prefix, "shared_with": ["other"]}
+    created = client.post("/api/v1/datasets/", body, format="json")
+    assert created.status_code == 201, created.content
+    assert (created.json()["size_bytes"], created.json()["file_count"], created.json()["shared_with"]) == (
+        10,
+        2,
+        ["other"],
+    )
+    again = client.post("/api/v1/datasets/", body, format="json")
+    assert again.status_code == 409 and again.json()["code"] == "dataset_exists"
+    member = UserFactory(username="mia")
+    MembershipFactory(team=Team.objects.get(slug="demo"), user=member, role="member")
+    as_member = APIClient()
+    as_member.force_login(member)
+    refused = as_member.post("/api/v1/datasets/", {**body, "version": 3}, format="json")
+    assert refused.status_code == 403 and refused.json()["code"] == "not_maintainer"
+    olga_client = APIClient()
+    olga_client.force_login(olga)
+    assert [d["name"] for d in olga_client.get("/api/v1/datasets/").json()] == [
+        "viaapi",
+        "private",
+    ]  # by team: demo, other
+    assert olga_client.delete(f"/api/v1/datasets/{created.json()['id']}/").status_code == 403  # not olga's team
+    assert client.delete(f"/api/v1/datasets/{created.json()['id']}/").status_code == 204
+
     base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
     for datasets, code in [
         ([{"name": "nope", "path": "/data"}], "unknown_dataset"),
@@ -258,3 +286,25 @@ def test_cli_lists_datasets_and_a_job_yaml_names_them(cli, demo, checkpoint_stor
         "submit", write(tmp_path, job_yaml("true", datasets=[{"name": "imagenet", "version": 4, "path": "/data"}]))
     )
     assert bad.code != 0 and "unknown_dataset" in bad.err + bad.out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_registers_a_dataset_with_its_size_read_from_the_store(demo, checkpoint_store):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from quotas.models import Team
+
+    prefix = f"datasets-test/{uuid.uuid4().hex}/admin"
+    _upload(checkpoint_store, prefix + "/", {"a": b"a" * 5, "b": b"b" * 6})
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="admin"))
+    team = Team.objects.get(slug="demo")
+    form = {"team": team.id, "name": "fromadmin", "version": 1, "description": "", "s3_prefix": prefix, "claim": ""}
+    response = client.post("/admin/jobs/dataset/add/", form)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    dataset = Dataset.objects.get(name="fromadmin")
+    assert (dataset.s3_prefix, dataset.size_bytes, dataset.file_count) == (prefix + "/", 11, 2)
+    assert dataset.registered_by == "admin"
+    empty = client.post("/admin/jobs/dataset/add/", {**form, "name": "nothing", "s3_prefix": "no/such/prefix"})
+    assert empty.status_code == 200 and "upload the dataset first" in empty.content.decode()
