@@ -1,5 +1,6 @@
 """Registered datasets with real parts: a real S3 store (SeaweedFS), the real node cache, real sandboxed jobs."""
 
+import stat
 import threading
 import uuid
 
@@ -55,8 +56,9 @@ def test_fetch_verifies_checksums_including_multipart_etags(object_store, tmp_pa
     assert held.fetched
     assert (held.path / "sub" / "b.txt").read_bytes() == b"beta"
     assert (held.path / "big.bin").read_bytes() == big
-    with pytest.raises(PermissionError):
-        (held.path / "a.txt").write_bytes(b"changed")
+    # Read-only for every job (the sandbox binds it read-only as well, which holds even for root).
+    assert stat.S_IMODE((held.path / "a.txt").stat().st_mode) == 0o444
+    assert stat.S_IMODE((held.path / "sub").stat().st_mode) == 0o555
     held.release()
 
 
