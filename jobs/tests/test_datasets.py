@@ -310,3 +310,24 @@ def test_the_admin_registers_a_dataset_with_its_size_read_from_the_store(demo, c
     assert dataset.registered_by == "admin"
     empty = client.post("/admin/jobs/dataset/add/", {**form, "name": "nothing", "s3_prefix": "no/such/prefix"})
     assert empty.status_code == 200 and "upload the dataset first" in empty.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_dataset_deleted_while_a_job_reads_it_stays_for_that_job(
+    demo, checkpoint_store, celery_worker_thread, settings, tmp_path
+):
+    from jobs.datasets import dataset_delete
+
+    settings.TRAINYARD_DATASET_CACHE_DIR = tmp_path / "datasets"
+    dataset = _register(demo, checkpoint_store, "ephemeral", {"f.txt": b"still-here"})
+    script = "cat /data/f.txt; echo; sleep 3; cat /data/f.txt; echo"
+    job = submit(demo, command=["sh", "-c", script], datasets=[{"name": "ephemeral", "path": "/data"}])
+    wait_for(lambda: "still-here" in log_text(job), timeout=60)
+    s3 = objectstore.client(checkpoint_store)
+    s3.delete_object(Bucket=checkpoint_store.bucket, Key=dataset.s3_prefix + "f.txt")
+    dataset_delete(user=demo, dataset_id=dataset.id)
+    job = wait_for(lambda: finished(job), timeout=60)
+    assert job.state == JobState.SUCCEEDED
+    assert log_text(job).count("still-here") == 2
+    assert not Dataset.objects.filter(name="ephemeral").exists()
