@@ -34,7 +34,7 @@ from stat import S_ISREG
 
 from trainyard import objectstore
 
-PART_BYTES = 16 * 1024 * 1024  # multipart threshold and part size: the ETag check recomputes with the same size
+PART_BYTES = 8 * 1024 * 1024  # multipart threshold and part size: the ETag check recomputes with the same size
 READ_BYTES = 1024 * 1024
 MAX_BACKOFF_S = 60.0
 UPLOAD_THREADS = 4  # files uploaded at once by one attempt's sync
@@ -160,7 +160,7 @@ def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = No
             )
             stored_etag, stored_size = str(put.get("ETag", "")).strip('"'), d.size
         else:
-            config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=8)
+            config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=10)
             s3.upload_fileobj(f, bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
             head = s3.head_object(Bucket=bucket, Key=key)
             stored_etag, stored_size = str(head.get("ETag", "")).strip('"'), head.get("ContentLength")
