@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,8 @@ def _read_meta(path: Path) -> dict | None:
 
 
 def _write_meta(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own per writer: several jobs note their use of the same copy at once.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
 
