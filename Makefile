@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
@@ -41,7 +41,7 @@ migrations: venv
 web worker beat: venv
 	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
 
-bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing
+bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
@@ -67,6 +67,9 @@ bench-logs: venv
 # Right-sizing: recommendations replayed on profiles recorded from real local jobs (docs/rightsizing.md).
 bench-rightsizing: venv
 	$(BIN)/python -m bench.rightsizing
+
+bench-storage: venv
+	@$(BIN)/python -m bench.storage
 
 # Re-pin every dependency after editing requirements.in.
 lock:

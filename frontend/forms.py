@@ -49,6 +49,7 @@ FIELD_FOR: dict[str, str] = {
     "name": "name",
     "tensorboard": "tensorboard",
     "preemptible": "preemptible",
+    "datasets": "datasets",
 }
 
 
@@ -68,6 +69,7 @@ FORM_ORDER = (
     "preemptible",
     "gpu_models",
     "labels",
+    "datasets",
     "name",
 )
 
@@ -108,6 +110,7 @@ class SubmitForm(forms.Form):
     tensorboard = forms.BooleanField(label=_("Start a TensorBoard for this job"), required=False)
     preemptible = forms.BooleanField(label=_("Run preemptible on idle GPUs"), required=False)
     labels = forms.CharField(label=_("Labels"), required=False, widget=forms.Textarea)
+    datasets = forms.CharField(label=_("Datasets"), required=False, widget=forms.Textarea)
     gpu_models = forms.MultipleChoiceField(label=_("GPU models"), required=False, choices=())
     carried = forms.CharField(required=False, widget=forms.HiddenInput)
     template_name = forms.CharField(label=_("Template name"), required=False, max_length=80)
@@ -126,6 +129,29 @@ class SubmitForm(forms.Form):
 
     def clean_labels(self) -> dict[str, str]:
         return _key_value_lines(self.cleaned_data["labels"], code="invalid_labels")
+
+    def clean_datasets(self) -> list[dict[str, Any]]:
+        """`name[:version] /path` per line (team/name for another team's shared dataset); checked by the service."""
+        found: list[dict[str, Any]] = []
+        for number, raw in enumerate(self.cleaned_data["datasets"].splitlines(), start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ValidationError(
+                    _("line %(number)d: expected NAME[:VERSION] /PATH, got “%(line)s”"),
+                    code="invalid_dataset",
+                    params={"number": number, "line": line[:80]},
+                )
+            name, _sep, version = parts[0].partition(":")
+            item: dict[str, Any] = {"name": name, "path": parts[1]}
+            if "/" in name:
+                item["team"], item["name"] = name.split("/", 1)
+            if version:
+                item["version"] = version
+            found.append(item)
+        return found
 
     def clean_carried(self) -> dict[str, Any]:
         raw = self.cleaned_data["carried"]
@@ -161,6 +187,8 @@ class SubmitForm(forms.Form):
             body["labels"] = data["labels"]
         if data.get("gpu_models"):
             body["gpu_models"] = list(data["gpu_models"])
+        if data.get("datasets"):
+            body["datasets"] = data["datasets"]
         body["tensorboard"] = bool(data.get("tensorboard"))
         if data.get("preemptible"):
             body["preemptible"] = True
@@ -173,7 +201,9 @@ class SubmitForm(forms.Form):
 
     def add_service_errors(self, errors: list) -> None:
         """Each of a ValidationErrors' problems, unless the form already found one for that field."""
-        unreadable = {name for name in ("env", "labels") if name in self.errors}  # the service saw none of these
+        unreadable = {
+            name for name in ("env", "labels", "datasets") if name in self.errors
+        }  # the service saw none of these
         for error in errors:
             if error.field not in unreadable:
                 self.add_service_error(error.field, error.detail, error.code)
@@ -213,6 +243,7 @@ def initial_from_submission(body: dict[str, Any], *, catalog: set[str]) -> dict[
         "tensorboard": bool(body.get("tensorboard")),
         "preemptible": bool(body.get("preemptible")),
         "gpu_models": list(body.get("gpu_models") or []),
+        "datasets": "\n".join(_dataset_line(d) for d in body.get("datasets") or [] if isinstance(d, dict)),
         "name": body.get("name", ""),
     }
     carried = {k: body[k] for k in CARRIED_FIELDS if body.get(k) not in (None, "", [], {})}
@@ -222,3 +253,9 @@ def initial_from_submission(body: dict[str, Any], *, catalog: set[str]) -> dict[
         carried.pop("priority")
     initial["carried"] = json.dumps(carried) if carried else ""
     return initial
+
+
+def _dataset_line(item: dict[str, Any]) -> str:
+    name = f"{item['team']}/{item.get('name', '')}" if item.get("team") else str(item.get("name", ""))
+    version = f":{item['version']}" if item.get("version") not in (None, "") else ""
+    return f"{name}{version} {item.get('path', '')}"

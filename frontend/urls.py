@@ -39,5 +39,6 @@ urlpatterns = [
     path("images/", views.image_list, name="image-list"),
     path("images/<str:kind>/<int:pk>/build/", views.image_build, name="image-build"),
     path("images/builds/<int:pk>/", views.image_build_detail, name="image-build-detail"),
+    path("datasets/", views.dataset_list, name="dataset-list"),
     path("gpus/", views.gpu_list, name="gpu-list"),
 ]

@@ -1239,6 +1239,15 @@ def image_build_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    """The registered datasets the user's teams may read, with their size and file count."""
+    from jobs.datasets import visible_to
+
+    datasets = list(visible_to(request.user).order_by("team__slug", "name", "-version"))
+    return render(request, "frontend/dataset_list.html", {"nav": "datasets", "datasets": datasets})
+
+
+@login_required
 def gpu_list(request: HttpRequest) -> HttpResponse:
     visible = set(quota.visible_teams(request.user).values_list("id", flat=True))
     live = (

@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.lifecycle import job_cancel
-from jobs.models import Attempt, FailureRule, Job, JobEvent
+from jobs.models import Attempt, Dataset, FailureRule, Job, JobEvent
 from jobs.states import JobState
 from trainyard.errors import DomainError
 
@@ -300,3 +300,47 @@ class FailureRuleAdmin(admin.ModelAdmin):
         if obj.node_unhealthy:
             parts.append("node or GPU unhealthy")
         return " and ".join(parts) or "nothing (never matches)"
+
+
+class DatasetForm(forms.ModelForm):
+    class Meta:
+        model = Dataset
+        fields = ["team", "name", "version", "description", "s3_prefix", "claim", "shared_with"]
+
+    def clean(self):
+        from jobs.datasets import _measure
+
+        data = super().clean()
+        prefix, claim = (data.get("s3_prefix") or "").strip(), (data.get("claim") or "").strip()
+        if bool(prefix) == bool(claim):
+            raise forms.ValidationError("Give either an S3 prefix or a claim.", code="invalid_dataset_source")
+        if prefix and self.instance.pk is None:
+            data["s3_prefix"] = prefix.rstrip("/") + "/"
+            try:
+                self.measured = _measure(data["s3_prefix"])
+            except DomainError as exc:
+                raise forms.ValidationError(exc.detail, code=exc.code) from None
+        return data
+
+
+@admin.register(Dataset)
+class DatasetAdmin(admin.ModelAdmin):
+    """Register datasets: an S3 prefix's size and file count are read from the store when it is added."""
+
+    form = DatasetForm
+    list_display = ("name", "version", "team", "kind", "s3_prefix", "claim", "size_bytes", "file_count", "created_at")
+    list_filter = ("team",)
+    search_fields = ("name", "s3_prefix", "claim")
+    readonly_fields = ("size_bytes", "file_count", "registered_by", "created_at")
+    filter_horizontal = ("shared_with",)
+
+    def get_readonly_fields(self, request, obj=None):
+        # A version's source never changes once jobs may have used it: register a new version instead.
+        fixed = ("team", "name", "version", "s3_prefix", "claim") if obj is not None else ()
+        return (*fixed, *self.readonly_fields)
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.registered_by = request.user.get_username()
+            obj.size_bytes, obj.file_count = getattr(form, "measured", (0, 0))
+        super().save_model(request, obj, form, change)

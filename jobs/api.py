@@ -17,7 +17,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from jobs import lifecycle, logstore, selectors, services
-from jobs.models import Attempt, Checkpoint, Job, JobEvent, JobTemplate
+from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
 from jobs.states import JobState
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
@@ -80,6 +80,11 @@ class JobSubmitSerializer(serializers.Serializer):
     tensorboard = serializers.BooleanField(required=False)
     tensorboard_logdir = serializers.CharField(max_length=500, required=False, allow_blank=True)
     mounts = serializers.ListField(child=serializers.DictField(), required=False)
+    datasets = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="registered datasets, mounted read-only: [{name, version (default: latest), path}]",
+    )
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     gpu_models = serializers.ListField(
         child=serializers.CharField(max_length=100),
@@ -253,7 +258,14 @@ def _plan(serializer_class) -> tuple:
 
 class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "reproduce", "excluded_gpus", "mounts", "tensorboard_logdir"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "reproduce",
+            "excluded_gpus",
+            "mounts",
+            "datasets",
+            "tensorboard_logdir",
+        ]
         read_only_fields = fields
 
 
@@ -769,3 +781,103 @@ def _first_code(errors) -> str:
             return item["code"]
         return getattr(item, "code", None) or _first_code(item)
     return getattr(errors, "code", "invalid")
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    kind = serializers.CharField(read_only=True)
+    shared_with = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dataset
+        fields = [
+            "id",
+            "team",
+            "name",
+            "version",
+            "kind",
+            "description",
+            "s3_prefix",
+            "claim",
+            "size_bytes",
+            "file_count",
+            "shared_with",
+            "registered_by",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_shared_with(self, obj) -> list[str]:
+        return sorted(t.slug for t in obj.shared_with.all())
+
+
+class DatasetCreateSerializer(serializers.Serializer):
+    team = serializers.SlugField()
+    name = serializers.CharField(max_length=100)
+    version = serializers.IntegerField(min_value=1, default=1)
+    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    s3_prefix = serializers.CharField(max_length=1024, required=False, allow_blank=True)
+    claim = serializers.CharField(max_length=253, required=False, allow_blank=True)
+    shared_with = serializers.ListField(child=serializers.SlugField(), required=False)
+
+
+class DatasetFilter(filters.FilterSet):
+    team = filters.CharFilter(field_name="team__slug", help_text="owning team's slug")
+    name = filters.CharFilter(field_name="name")
+
+    class Meta:
+        model = Dataset
+        fields = []
+
+
+class DatasetViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Registered datasets a user's teams may read; a team's maintainers register and delete its own."""
+
+    serializer_class = DatasetSerializer
+    filterset_class = DatasetFilter
+    pagination_class = None
+    lookup_value_regex = "[0-9]{1,9}"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Dataset.objects.none()
+        from jobs.datasets import visible_to
+
+        return visible_to(self.request.user).order_by("team__slug", "name", "-version")
+
+    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    def create(self, request):
+        """Register a dataset version: its size and file count are read from the object store (400
+        `empty_dataset` when nothing is there)."""
+        from jobs.datasets import dataset_register
+
+        payload = DatasetCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        team = quota_selectors.visible_teams(request.user).filter(slug=data["team"]).first()
+        if team is None:
+            raise NotFound("team not found (or you are not a member)", code="unknown_team", field="team")
+        shared = list(Team.objects.filter(slug__in=data.get("shared_with", [])))
+        missing = set(data.get("shared_with", [])) - {t.slug for t in shared}
+        if missing:
+            raise ValidationFailed(f"no team {', '.join(sorted(missing))}", code="unknown_team", field="shared_with")
+        dataset = dataset_register(
+            user=request.user,
+            team=team,
+            name=data["name"],
+            version=data["version"],
+            s3_prefix=data.get("s3_prefix", ""),
+            claim=data.get("claim", ""),
+            description=data.get("description", ""),
+            shared_with=shared,
+        )
+        return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        """Unregister a dataset; jobs that use it keep their copy."""
+        from jobs.datasets import dataset_delete
+
+        self.get_object()
+        dataset_delete(user=request.user, dataset_id=int(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -104,6 +104,24 @@ DEFAULT_RULES = [
         suggestion="The command exited with an error: read the end of the log.",
     ),
     dict(
+        name="dataset-cache-full",
+        order=58,
+        reason_pattern=r"^DatasetCacheFull$",
+        failure_class="resource",
+        reaction="no_retry",
+        suggestion="The node's dataset cache has no room for the job's datasets next to those running jobs use: "
+        "try again when they end, or ask an admin to raise TRAINYARD_DATASET_CACHE_BYTES.",
+    ),
+    dict(
+        name="dataset-fetch-failed",
+        order=59,
+        reason_pattern=r"^DatasetFetchError$",
+        failure_class="platform",
+        reaction="retry",
+        suggestion="A dataset could not be fetched from the object store (or no longer matches its registration); "
+        "the log says which. Retried.",
+    ),
+    dict(
         name="exit-137-oom",
         order=95,
         exit_codes=[137],

@@ -112,6 +112,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         preempt_notice_s=math.ceil(settings.TRAINYARD_PREEMPT_GRACE_S) if job.preemptible else 0,
         priority_class="preemptible" if job.preemptible else job.queue.priority_class,
         mig_profile=job.mig_profile,
+        datasets=list(job.datasets),
     )
 
 
@@ -236,6 +237,8 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             "platform_version": settings.PLATFORM_VERSION,
             "ci": job.ci,
             "attempt": attempt.number,
+            # What each dataset was at submission (name, version, source, size and file count) and where it sat.
+            "datasets": job.datasets,
         }
         Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
         job_transition(

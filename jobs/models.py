@@ -61,6 +61,9 @@ class Job(models.Model):
     tensorboard = models.BooleanField(default=False)
     tensorboard_logdir = models.CharField(max_length=500, blank=True)
     mounts = models.JSONField(default=list, blank=True, help_text="data and checkpoint mounts")
+    datasets = models.JSONField(
+        default=list, blank=True, help_text="registered datasets as resolved at submission, with their mount paths"
+    )
     labels = models.JSONField(default=dict, blank=True)
     ci = models.JSONField(default=dict, blank=True, help_text="whatever the CI passes: git commit, pipeline")
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
@@ -321,3 +324,45 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.attempt_id}:{self.name}"
+
+
+class Dataset(models.Model):
+    """A registered, read-only dataset: a prefix in the object store or a PersistentVolumeClaim, by version.
+
+    Jobs name it (`datasets: [{name, version, path}]`); the team that owns it and the teams it is shared with
+    may read it. Size and file count are read from the store when it is registered (claims: left at 0)."""
+
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="datasets")
+    name = models.SlugField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
+    description = models.CharField(max_length=300, blank=True)
+    s3_prefix = models.CharField(
+        max_length=1024, blank=True, help_text="key prefix in the platform's bucket, e.g. datasets/imagenet/v3/"
+    )
+    claim = models.CharField(
+        max_length=253, blank=True, help_text="a PersistentVolumeClaim in the team's namespace (Kubernetes only)"
+    )
+    shared_with = models.ManyToManyField(
+        "quotas.Team", blank=True, related_name="datasets_shared", help_text="other teams that may read it"
+    )
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    file_count = models.PositiveIntegerField(default=0)
+    registered_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team", "name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name", "version"], name="dataset_unique_version"),
+            models.CheckConstraint(
+                condition=(Q(s3_prefix="") & ~Q(claim="")) | (~Q(s3_prefix="") & Q(claim="")),
+                name="dataset_prefix_xor_claim",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.name} v{self.version}"
+
+    @property
+    def kind(self) -> str:
+        return "s3" if self.s3_prefix else "pvc"

@@ -191,6 +191,7 @@ FIELD_ORDER = (
     "name",
     "working_dir",
     "mounts",
+    "datasets",
     "priority",
     "preemptible",
     "ci",
@@ -465,6 +466,16 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     paths = None
     with problems.check():
         paths = validation.job_paths(data, backend=settings.TRAINYARD_BACKEND)
+    datasets: list[dict] = []
+    with problems.check():
+        from jobs import datasets as datasets_mod
+
+        datasets = datasets_mod.resolve(
+            data.get("datasets"),
+            team=team,
+            backend=settings.TRAINYARD_BACKEND,
+            mounts=paths.mounts if paths is not None else [],
+        )
     priority = 0
     with problems.check():
         if queue is not None:
@@ -496,6 +507,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             tensorboard=bool(data.get("tensorboard")),
             tensorboard_logdir=paths.tensorboard_logdir,
             mounts=paths.mounts,
+            datasets=datasets,
             labels=labels,
             gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
@@ -819,6 +831,10 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     }
     if job.preemptible:
         data["preemptible"] = True
+    if job.datasets:
+        from jobs.datasets import requested
+
+        data["datasets"] = requested(job.datasets)
     if job.gpu_models:
         data["gpu_models"] = job.gpu_models
     if job.spec:

@@ -115,6 +115,10 @@ def make_world(registry_url: str | None = None) -> World:
     )
     build = ImageBuild.objects.create(project_image=project_image, status="failed", log="matrix build log")
     ScanPolicy.objects.create(queue=Queue.objects.get(name="train"), max_severity="critical")
+
+    from jobs.models import Dataset
+
+    dataset = Dataset.objects.create(team=demo_team, name="matrix", claim="matrix-data")
     token, _ = token_create(user=get_user_model().objects.get(username="demo"), name="someone's")
     values = {
         "/jobs/{id}": str(job.id),
@@ -124,6 +128,7 @@ def make_world(registry_url: str | None = None) -> World:
         "/monitoring/notifications/{id}": "999999",
         "/tokens/{id}": str(token.id),
         "/templates/{id}": str(template.id),
+        "/datasets/{id}": str(dataset.id),
         "{uuid}": gpu.uuid,
         "/images/{name}": "python-3.11",
         "/project-images/{id}": str(project_image.id),

@@ -5,7 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
 from images.api import FeedViewSet, ImageBuildViewSet, ImageViewSet, ProjectImageViewSet, ScanPolicyViewSet
-from jobs.api import JobTemplateViewSet, JobViewSet
+from jobs.api import DatasetViewSet, JobTemplateViewSet, JobViewSet
 from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
 
 router = DefaultRouter()
@@ -22,5 +22,6 @@ router.register("scan-policies", ScanPolicyViewSet, basename="scan-policy")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")
 router.register("tokens", TokenViewSet, basename="token")
+router.register("datasets", DatasetViewSet, basename="dataset")
 urlpatterns = router.urls
 urlpatterns += [path("monitoring/", include("monitoring.api_urls"))]

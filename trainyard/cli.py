@@ -3,7 +3,7 @@
     trainyard submit job.yaml [--wait] [--follow] [--idempotency-key K] [--resume-from JOB]
     trainyard submit --template NAME [overrides.yaml] [--team T]
     trainyard status JOB | list | logs JOB [-f] | cancel JOB | checkpoints JOB | queues [NAME] | quota [TEAM]
-    trainyard templates | tokens | login
+    trainyard templates | datasets | tokens | login
 
 JOB is a job id, or its first 8 (or more) characters as the portal shows them.
 
@@ -841,6 +841,25 @@ def cmd_templates(args: argparse.Namespace, api: ApiClient) -> int:
     return EXIT_OK
 
 
+def cmd_datasets(args: argparse.Namespace, api: ApiClient) -> int:
+    params = {k: v for k, v in (("team", args.team), ("name", args.name)) if v}
+    datasets = api.get("/datasets/", params=params or None)
+    if args.json:
+        _print_json(datasets)
+        return EXIT_OK
+    if not datasets:
+        _err("no datasets your teams may read (a maintainer registers one: POST /api/v1/datasets/)")
+        return EXIT_OK
+    rows = [
+        (d["team"], d["name"], d["version"], d["kind"], d["s3_prefix"] or d["claim"],
+         _bytes(d["size_bytes"]) if d["kind"] == "s3" else "-", d["file_count"] if d["kind"] == "s3" else "-",
+         ",".join(d["shared_with"]))
+        for d in datasets
+    ]  # fmt: skip
+    _out(_table(["TEAM", "NAME", "VERSION", "KIND", "SOURCE", "SIZE", "FILES", "SHARED WITH"], rows))
+    return EXIT_OK
+
+
 def cmd_tokens(args: argparse.Namespace, api: ApiClient) -> int:
     if args.action == "create":
         if not args.name:
@@ -1031,6 +1050,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team", metavar="T")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_templates)
+
+    p = sub.add_parser("datasets", help="registered datasets your teams may read (name them in a job's datasets:)")
+    p.add_argument("--team", metavar="T", help="only this team's own datasets")
+    p.add_argument("--name", metavar="N", help="only this dataset's versions")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_datasets)
 
     p = sub.add_parser(
         "tokens", help="your API tokens: list, create NAME, revoke ID (needs a token with the admin scope)"

@@ -239,6 +239,10 @@ TRAINYARD_S3_SECRET_ACCESS_KEY = env.str("TRAINYARD_S3_SECRET_ACCESS_KEY", defau
 # ends, waits at most TRAINYARD_CHECKPOINT_FINAL_WAIT_S for the store.
 TRAINYARD_CHECKPOINT_SYNC_S = env.float("TRAINYARD_CHECKPOINT_SYNC_S", default=30.0)
 TRAINYARD_CHECKPOINT_FINAL_WAIT_S = env.float("TRAINYARD_CHECKPOINT_FINAL_WAIT_S", default=300.0)
+# Registered datasets on the local backend: one node-local copy per dataset version, shared read-only by the
+# jobs that name it; least recently used copies no job uses are evicted past the size limit (0 = no limit).
+TRAINYARD_DATASET_CACHE_DIR = Path(env.str("TRAINYARD_DATASET_CACHE_DIR", default=str(VAR_DIR / "datasets")))
+TRAINYARD_DATASET_CACHE_BYTES = env.int("TRAINYARD_DATASET_CACHE_BYTES", default=100 * 1024**3)
 # Local jobs run in a bubblewrap sandbox (jobs/backends/sandbox.py, docs/security.md); `off` only on a single-user
 # machine: every job page then says that jobs run unsandboxed, as the platform's own user.
 TRAINYARD_SANDBOX = env.str("TRAINYARD_SANDBOX", default="on")
@@ -330,6 +334,10 @@ TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default
 # A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
 TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
 TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
+# The platform's own image, which runs the checkpoint sidecar and the dataset fetchers in a job's pod, and the
+# Secret (in each team's namespace) holding the object store's keys for them.
+TRAINYARD_K8S_PLATFORM_IMAGE = env.str("TRAINYARD_K8S_PLATFORM_IMAGE", default=f"trainyard:{PLATFORM_VERSION}")
+TRAINYARD_K8S_S3_SECRET = env.str("TRAINYARD_K8S_S3_SECRET", default="trainyard-s3")
 TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
 TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced

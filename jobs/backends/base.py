@@ -62,6 +62,9 @@ class AttemptDescription:
     # Admission class (docs/pools.md): inference, training or preemptible; Kubernetes gets its PriorityClass.
     priority_class: str = ""
     mig_profile: str = ""  # each card is a MIG instance of this profile (nvidia.com/mig-<profile> on Kubernetes)
+    # Registered datasets (jobs/datasets.py), as resolved at submission: id, team, name, version, path, kind,
+    # prefix (S3) or claim (PVC), size_bytes, file_count. Always mounted read-only.
+    datasets: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

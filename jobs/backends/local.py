@@ -162,6 +162,7 @@ class LocalBackend:
                 # Only emulated cards accept the job's own statement of GPU use (jobs/backends/usage_sampler.py).
                 "emulated_gpu": bool(desc.devices) and all(d.gpu_uuid.startswith("EMU-") for d in desc.devices),
             },
+            "datasets": self._datasets_spec(desc),
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -206,6 +207,21 @@ class LocalBackend:
             "restore": desc.checkpoint.get("restore"),
             "sync_s": settings.TRAINYARD_CHECKPOINT_SYNC_S,
             "final_wait_s": settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
+        }
+
+    @staticmethod
+    def _datasets_spec(desc: AttemptDescription) -> dict | None:
+        """What the supervisor needs to bring the job's datasets into the node's cache and bind them read-only."""
+        if not desc.datasets:
+            return None
+        from jobs.checkpoints import store_config
+
+        store = store_config()
+        return {
+            "cache_dir": str(settings.TRAINYARD_DATASET_CACHE_DIR),
+            "limit_bytes": int(settings.TRAINYARD_DATASET_CACHE_BYTES),
+            "store": store.to_dict() if store is not None else None,
+            "items": [d for d in desc.datasets if d.get("kind") == "s3"],
         }
 
     def _runner_alive(self, folder: Path) -> bool:

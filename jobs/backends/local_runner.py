@@ -201,6 +201,50 @@ def _lock(folder: Path):
     return None
 
 
+def _datasets(spec: dict, box: dict | None, logs: _Log, folder: Path) -> list | None:
+    """Bring the job's datasets into the node's cache (fetched once, shared) and bind them read-only into the
+    sandbox at the paths the job asked for. Returns the held copies (kept from eviction while this supervisor
+    lives), or None when one could not be had: the attempt then ends with the reason, before the command starts."""
+    conf = spec.get("datasets") or {}
+    items = conf.get("items") or []
+    if not items:
+        return []
+    from jobs.backends.dataset_cache import DatasetCache, DatasetError
+    from trainyard import objectstore
+
+    held = []
+    try:
+        if not conf.get("store"):
+            raise DatasetError("no object store is configured (TRAINYARD_S3_URL): datasets cannot be fetched")
+        store = objectstore.S3Config(**conf["store"])
+        cache = DatasetCache(Path(conf["cache_dir"]), limit_bytes=int(conf.get("limit_bytes") or 0))
+        for item in items:
+            started = time.monotonic()
+            copy = cache.acquire(item, store)
+            held.append(copy)
+            how = "fetched into" if copy.fetched else "found in"
+            logs.line(f"[trainyard] dataset {item['name']} v{item['version']} {how} the node's cache "
+                      f"in {time.monotonic() - started:.2f} s, read-only at {item['path']}")  # fmt: skip
+            env_name = "TRAINYARD_DATASET_" + "".join(c if c.isalnum() else "_" for c in item["name"].upper())
+            if box:
+                box.setdefault("datasets", []).append([str(copy.path), item["path"]])
+                spec["env"][env_name] = item["path"]
+            else:  # no sandbox to bind into: the job reads the cached copy where it is
+                spec["env"][env_name] = str(copy.path)
+    except Exception as exc:  # noqa: BLE001 - the command never starts without its data
+        reason = getattr(exc, "reason", "DatasetFetchError")
+        logs.line(f"[trainyard] {reason}: {exc}")
+        logs.close()
+        for copy in held:
+            copy.release()
+        _write_json(
+            folder / "status.json",
+            {"exit_code": 125, "signal": None, "cancelled": False, "reason": reason, "ended_at": time.time()},
+        )
+        return None
+    return held
+
+
 def main(folder: Path) -> int:
     lock = _lock(folder)
     if lock is None or (folder / "status.json").exists():
@@ -244,6 +288,11 @@ def main(folder: Path) -> int:
                 )
                 return 0
         ckpt.start()
+    held = _datasets(spec, box, logs, folder)
+    if held is None:
+        if ckpt is not None:
+            ckpt.finish()
+        return 0
     try:
         cwd.mkdir(parents=True, exist_ok=True)
         if box and box.get("network"):

@@ -265,10 +265,14 @@ def wrap(
         cmd += ["--dev-bind", node, node]
     for path in sandbox["rw_paths"]:
         cmd += ["--bind", path, path]
+    # Registered datasets: the node's cached copy, read-only at the path the job asked for.
+    datasets = [(src, dest) for src, dest in sandbox.get("datasets", [])]
+    for src, dest in datasets:
+        cmd += ["--ro-bind", src, dest]
     resolv = (sandbox.get("network") or {}).get("resolv_conf")
     if resolv:
         cmd += ["--ro-bind", resolv, "/etc/resolv.conf"]
-    cmd += _open_parents([*binds, *sandbox["rw_paths"]], sandbox)
+    cmd += _open_parents([*binds, *sandbox["rw_paths"], *(dest for _, dest in datasets)], sandbox)
     cmd += ["--chdir", sandbox["cwd"], "--"]
     if sandbox["drop_root"]:
         uid = str(sandbox["uid"])

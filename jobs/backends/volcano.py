@@ -21,6 +21,7 @@ fake API server in tests), `TRAINYARD_K8S_KUBECONFIG`, the in-cluster service ac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import math
@@ -57,6 +58,7 @@ from cluster.inventory import (
 from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
+from trainyard import objectstore
 
 log = structlog.get_logger(__name__)
 JSON = dict[str, Any]
@@ -165,6 +167,13 @@ def config_from_settings() -> VolcanoConfig:
         shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
         tensorboard_image=settings.TRAINYARD_TB_IMAGE,
         rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
+        platform_image=settings.TRAINYARD_K8S_PLATFORM_IMAGE,
+        s3_url=(settings.TRAINYARD_S3_URL or "").rstrip("/"),
+        s3_bucket=settings.TRAINYARD_S3_BUCKET,
+        s3_region=settings.TRAINYARD_S3_REGION,
+        s3_secret=settings.TRAINYARD_K8S_S3_SECRET,
+        checkpoint_sync_s=settings.TRAINYARD_CHECKPOINT_SYNC_S,
+        checkpoint_final_wait_s=settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
         volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
     )
     config = VolcanoConfig(
@@ -199,6 +208,7 @@ class VolcanoBackend:
         self.networking = k8s.NetworkingV1Api(api_client)
         self.extensions = k8s.ApiextensionsV1Api(api_client)
         self._volcano_version: tuple[int, int] | None = None
+        self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
 
     @classmethod
     def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
@@ -337,12 +347,40 @@ class VolcanoBackend:
                 continue
             pods = [p for p in pods_by_job.get(name, []) if _owned_by(p, job)]
             obs = self._observation(job, pods, context)
+            manifest = self._checkpoint_manifest(job)
+            if manifest is not None:
+                obs = dataclasses.replace(obs, checkpoints=manifest)
             self._collect_logs(name, pods, final=obs.finished)
             if obs.finished and _phase(job) not in FINISHED_PHASES and not job["metadata"].get("deletionTimestamp"):
                 # The platform gave up on it (stuck pulling an image, unschedulable): stop what is left.
                 self._delete_job(namespace, name, propagation="Background")
             result[ref] = obs
         return result
+
+    def _checkpoint_manifest(self, job: JSON) -> dict | None:
+        """What the attempt's checkpoint sidecar last published in the object store (None: none, or unreadable)."""
+        options = self.config.render
+        labels = job["metadata"].get("labels") or {}
+        if not options.s3_url or not labels.get(render.LABEL_JOB):
+            return None
+        from jobs.backends.checkpoint_sync import manifest_key
+        from jobs.checkpoints import attempt_prefix, store_config
+
+        store = store_config()
+        if store is None:
+            return None
+        prefix = attempt_prefix(
+            team_slug=labels.get(render.LABEL_TEAM, ""),
+            job_id=labels[render.LABEL_JOB],
+            number=int(labels.get(render.LABEL_ATTEMPT, "0") or 0),
+        )
+        try:
+            if self._s3 is None:
+                self._s3 = objectstore.client(store, timeout_s=5.0, attempts=1)
+            body = self._s3.get_object(Bucket=store.bucket, Key=manifest_key(prefix))["Body"].read()
+            return json.loads(body)
+        except Exception:  # noqa: BLE001 - not published yet, or the store is down: read again next pass
+            return None
 
     def _observation(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation:
         meta = job["metadata"]

@@ -91,6 +91,10 @@ TENSORBOARD_PORT = 6006
 PYTORCH_PORT = 23456
 SCRATCH_DIR = "/tmp"
 DEFAULT_TB_DIR = "/trainyard/tensorboard"
+CHECKPOINT_DIR = "/trainyard/checkpoints"
+SYNC_STATE_DIR = "/trainyard/sync"
+DATASET_CACHE_DIR = "/trainyard/datasets"
+CHECKPOINT_SIDECAR = "checkpoint-sync"
 # Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
 SYNTHETIC_UUID_PREFIX = "K8S-"
 
@@ -126,6 +130,17 @@ class RenderOptions:
     gpu_toleration: bool = True
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     volcano_version: tuple[int, int] = MIN_VOLCANO_VERSION
+    # The platform's own image: it runs the checkpoint sidecar and the dataset fetchers (the same code as the
+    # local supervisor's). The object store they reach: its URL, bucket and region here, the keys from a Secret
+    # in the team's namespace (`s3_secret`, keys TRAINYARD_S3_ACCESS_KEY_ID / TRAINYARD_S3_SECRET_ACCESS_KEY).
+    # No `s3_url`: no sidecar, checkpoints stay in the pod; S3 datasets are refused.
+    platform_image: str = "trainyard:0.1.0"
+    s3_url: str = ""
+    s3_bucket: str = "trainyard"
+    s3_region: str = "us-east-1"
+    s3_secret: str = "trainyard-s3"
+    checkpoint_sync_s: float = 30.0
+    checkpoint_final_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.sharing == "hami":
@@ -340,12 +355,25 @@ def _task(
         container_mounts.append({"name": "tensorboard", "mountPath": tb_dir})
     if tensorboard:
         init_containers.append(_tensorboard_sidecar(tb_dir, options, container_mounts))
+    env_extra: dict[str, str] = {}
+    if desc.checkpoint.get("prefix") and options.s3_url:
+        # The checkpoint folder, shared with a native sidecar that uploads it (and restores into it first).
+        pod_volumes += [{"name": "checkpoints", "emptyDir": {}}, {"name": "checkpoint-sync", "emptyDir": {}}]
+        container_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
+        init_containers.append(_checkpoint_sidecar(desc, options))
+        env_extra["TRAINYARD_CHECKPOINT_DIR"] = CHECKPOINT_DIR
+        restore = desc.checkpoint.get("restore")
+        if restore:
+            env_extra["TRAINYARD_RESUME_FROM"] = posixpath.join(CHECKPOINT_DIR, restore["name"])
+    fetchers, dataset_mounts = _datasets(desc, options, pod_volumes)
+    init_containers += fetchers
+    container_mounts += dataset_mounts
     container: JSON = {
         "name": MAIN_CONTAINER,
         "image": desc.image,
         "imagePullPolicy": "IfNotPresent" if "@sha256:" in desc.image else "Always",
         "command": list(desc.command),
-        "env": _env(desc, devices, tb_dir, rank=rank, master_addr=master_addr),
+        "env": _env(desc, devices, tb_dir, rank=rank, master_addr=master_addr, extra=env_extra),
         "resources": _resources(desc, devices, options),
         # Writable: images write to their own paths (caches, /workspace); the sidecar below is read-only.
         "securityContext": _container_security(read_only_root=False),
@@ -407,7 +435,13 @@ def _under(path: str, mount_path: str) -> bool:
 
 
 def _env(
-    desc: AttemptDescription, devices: list[Device], tb_dir: str, *, rank: int | None = None, master_addr: str = ""
+    desc: AttemptDescription,
+    devices: list[Device],
+    tb_dir: str,
+    *,
+    rank: int | None = None,
+    master_addr: str = "",
+    extra: Mapping[str, str] | None = None,
 ) -> list[JSON]:
     env = {
         "HOME": SCRATCH_DIR,
@@ -417,6 +451,7 @@ def _env(
         "TRAINYARD_ATTEMPT": str(desc.attempt_number),
         "TRAINYARD_REPLICAS": str(desc.replicas),
         "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
+        **(extra or {}),
     }
     if desc.preempt_notice_s:
         env["TRAINYARD_PREEMPT_NOTICE"] = str(desc.preempt_notice_s)
@@ -495,6 +530,102 @@ def _tensorboard_sidecar(tb_dir: str, options: RenderOptions, mounts: list[JSON]
         "securityContext": _container_security(read_only_root=True),
         "volumeMounts": [{**m, "readOnly": True} if m["mountPath"] != SCRATCH_DIR else m for m in mounts],
     }
+
+
+def _store_env(options: RenderOptions) -> list[JSON]:
+    """Where the platform's code in the pod finds the object store; the keys come from the team's Secret."""
+    env: list[JSON] = [
+        {"name": "TRAINYARD_S3_URL", "value": options.s3_url},
+        {"name": "TRAINYARD_S3_BUCKET", "value": options.s3_bucket},
+        {"name": "TRAINYARD_S3_REGION", "value": options.s3_region},
+        {"name": "HOME", "value": SCRATCH_DIR},
+    ]
+    for key in ("TRAINYARD_S3_ACCESS_KEY_ID", "TRAINYARD_S3_SECRET_ACCESS_KEY"):
+        env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": options.s3_secret, "key": key}}})
+    return env
+
+
+def _platform_container(name: str, options: RenderOptions, command: list[str], env: list[JSON]) -> JSON:
+    return {
+        "name": name,
+        "image": options.platform_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": [*env, *_store_env(options)],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": _container_security(read_only_root=True),
+    }
+
+
+def _checkpoint_sidecar(desc: AttemptDescription, options: RenderOptions) -> JSON:
+    """The checkpoint uploader as a native sidecar (an init container that keeps running): the local supervisor's
+    own code (`python -m jobs.backends.checkpoint_sync`). It restores the checkpoint to resume from before it
+    reports started (so before the trainer starts), uploads while the job runs, and makes the final sync when
+    the pod ends (SIGTERM), within the pod's grace period."""
+    final_wait = max(1.0, min(float(options.checkpoint_final_wait_s), float(options.grace_s) - 5.0))
+    conf = {
+        "dir": CHECKPOINT_DIR,
+        "prefix": desc.checkpoint["prefix"],
+        "restore": desc.checkpoint.get("restore"),
+        "sync_s": float(options.checkpoint_sync_s),
+        "final_wait_s": final_wait,
+    }
+    container = _platform_container(
+        CHECKPOINT_SIDECAR,
+        options,
+        ["python", "-m", "jobs.backends.checkpoint_sync", "--state", SYNC_STATE_DIR],
+        [{"name": "TRAINYARD_CHECKPOINT_SPEC", "value": json.dumps(conf, sort_keys=True)}],
+    )
+    container["restartPolicy"] = "Always"
+    container["volumeMounts"] = [
+        {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
+        {"name": "checkpoint-sync", "mountPath": SYNC_STATE_DIR},
+        {"name": "scratch", "mountPath": SCRATCH_DIR},
+    ]
+    # Started (and the trainer let go) only once the restore is done.
+    container["startupProbe"] = {
+        "exec": {"command": ["test", "-e", posixpath.join(SYNC_STATE_DIR, "ready")]},
+        "periodSeconds": 1,
+        "failureThreshold": 3600,
+    }
+    return container
+
+
+def _datasets(desc: AttemptDescription, options: RenderOptions, volumes: list[JSON]) -> tuple[list[JSON], list[JSON]]:
+    """Registered datasets, read-only: a claim as a read-only volume; an S3 dataset fetched (checksums checked)
+    by an init container in the platform's image into the pod's dataset volume (an emptyDir: a hostPath cache
+    shared by the node's pods is refused by the restricted pod security standard), mounted read-only."""
+    from jobs.backends.dataset_cache import entry_name
+
+    fetchers: list[JSON] = []
+    mounts: list[JSON] = []
+    for index, item in enumerate(desc.datasets):
+        path = posixpath.normpath(str(item["path"]))
+        if item.get("kind") == "pvc":
+            name = f"dataset-{index}"
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": item["claim"], "readOnly": True}})
+            mounts.append({"name": name, "mountPath": path, "readOnly": True})
+            continue
+        if not options.s3_url:
+            raise ManifestError(
+                f"dataset {item['name']} is in the object store, and TRAINYARD_S3_URL is not set: it cannot be fetched"
+            )
+        if not any(v["name"] == "datasets" for v in volumes):
+            volumes.append({"name": "datasets", "emptyDir": {}})
+        spec = {k: item.get(k) for k in ("id", "team", "name", "version", "prefix", "size_bytes", "file_count")}
+        fetcher = _platform_container(
+            f"dataset-{index}",
+            options,
+            ["python", "-m", "jobs.backends.dataset_cache", "fetch", "--cache", DATASET_CACHE_DIR],
+            [{"name": "TRAINYARD_DATASET", "value": json.dumps(spec, sort_keys=True)}],
+        )
+        fetcher["volumeMounts"] = [
+            {"name": "datasets", "mountPath": DATASET_CACHE_DIR},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
+        ]
+        fetchers.append(fetcher)
+        mounts.append({"name": "datasets", "mountPath": path, "subPath": f"data/{entry_name(spec)}", "readOnly": True})
+    return fetchers, mounts
 
 
 # ------------------------------------------------------------------------------------------------ volumes
