@@ -14,8 +14,9 @@ the real dispatcher (``jobs.dispatch`` -> ``scheduler.dispatch.run_pass``) decid
    from submitted jobs by bulk insert to keep the set-up short), a pass each: total time, the pool lock's hold
    time (the write), queries per pass. The first pass writes every reason and position; the second is steady.
 3. Latency: 5,000 jobs waiting, the cluster emptied, 100 submissions/s for 20 s through ``job_submit`` in this
-   process while a real Celery worker process runs the coalesced dispatch passes; submit-to-admitted p50/p99
-   from the rows' own timestamps.
+   processes of their own (two, two threads each, as web processes would) while a real Celery worker process runs
+   the coalesced dispatch passes; submit-to-admitted p50/p99 from the rows' own timestamps, and each pass's
+   timings from the worker's log.
 
 Run: ``make bench-scheduler`` (``--quick`` for a smaller replay). Results: ``bench/results/scheduler.json``.
 """
