@@ -5,9 +5,9 @@ the supervisor, never in the job's own process, so the job's writes are never sl
 uploaded once it has kept the same size and modification time across a whole sync period; after the command
 ends, everything left is uploaded (bounded by `final_wait_s`), whatever the outcome.
 
-Every upload is verified: the file's MD5, SHA-256 and per-part MD5s are computed first; a single PUT carries
-`Content-MD5` (the store rejects other bytes), a multipart upload's ETag must equal the MD5 of the part MD5s, the
-stored size must match, and the file must have the same size and mtime after the upload as before. A file that
+Every upload is verified: a single PUT carries `Content-MD5` (the store rejects other bytes); a large file is read
+once, each part hashed as it is read and sent with its own `Content-MD5`, and the completed object's ETag must equal
+the MD5 of the part MD5s; the file must have the same size and mtime after the upload as before. A file that
 changed meanwhile is never recorded; it is tried again once it settles.
 
 What was uploaded is written to `checkpoints.json` in the attempt folder; the platform's observer reads it and
@@ -38,6 +38,7 @@ PART_BYTES = 8 * 1024 * 1024  # multipart threshold and part size: the ETag chec
 READ_BYTES = 1024 * 1024
 MAX_BACKOFF_S = 60.0
 UPLOAD_THREADS = 4  # files uploaded at once by one attempt's sync
+PARTS_IN_FLIGHT = 4  # parts of one large file on the wire at once (each PART_BYTES in memory)
 HOLD_FILE = "checkpoint_hold"
 MANIFEST = "checkpoints.json"
 
@@ -131,24 +132,76 @@ class ChangedDuringUpload(Exception):
     pass
 
 
+def _upload_parts(s3, *, bucket: str, key: str, f, expected: int) -> tuple[Digest, str]:
+    """A multipart upload that reads the file once: each part is hashed (its MD5, and the whole file's SHA-256 in
+    order) by this thread while earlier parts are on the wire, and sent with its Content-MD5 (the store rejects
+    other bytes). Reads `expected` bytes at most (the size when the upload began: a file still growing would
+    otherwise end a part early in the middle). Returns the file's digest and the ETag the store gave the completed
+    object. At most PARTS_IN_FLIGHT parts are held in memory."""
+    import base64
+    from collections import deque
+
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    sha, md5s, etags, size = hashlib.sha256(), [], {}, 0
+    try:
+        with ThreadPoolExecutor(max_workers=PARTS_IN_FLIGHT, thread_name_prefix="checkpoint-part") as pool:
+            inflight: deque = deque()
+            number = 0
+            while size < expected and (chunk := f.read(min(PART_BYTES, expected - size))):
+                number += 1
+                size += len(chunk)
+                sha.update(chunk)
+                md5 = hashlib.md5(chunk).digest()  # noqa: S324 - what S3 checks a part against
+                md5s.append(md5)
+                part = pool.submit(
+                    s3.upload_part,
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=chunk,
+                    ContentMD5=base64.b64encode(md5).decode(),
+                )
+                inflight.append((number, part))
+                while len(inflight) >= PARTS_IN_FLIGHT:
+                    n, done = inflight.popleft()
+                    etags[n] = done.result()["ETag"]
+            while inflight:
+                n, done = inflight.popleft()
+                etags[n] = done.result()["ETag"]
+        completed = s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]},
+        )
+    except BaseException:
+        try:
+            s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        except Exception:  # noqa: BLE001 - the store's own expiry of stale uploads covers a failed abort
+            pass
+        raise
+    digest_ = Digest(size=size, md5="", sha256=sha.hexdigest(), part_md5s=md5s)
+    return digest_, str(completed.get("ETag", "")).strip('"')
+
+
 def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = None) -> dict:
     """Upload one file and verify what the store holds; ChangedDuringUpload when the file moved under us.
-    `root`: the folder the job owns; no symlink below it is followed."""
+    `root`: the folder the job owns; no symlink below it is followed. A file of one part is hashed, then sent
+    with its Content-MD5 and its SHA-256 as metadata; a larger one is hashed while its parts are sent
+    (`_upload_parts`; its SHA-256 is known only at the end, so it lives in the platform's records alone)."""
     import base64
-
-    from boto3.s3.transfer import TransferConfig
 
     root, rel = (path.parent, path.name) if root is None else (root, str(path.relative_to(root)))
     with open_beneath(root, rel) as f:
         st = os.fstat(f.fileno())
         before = (st.st_size, st.st_mtime_ns)
-        d = digest(f)
-        st = os.fstat(f.fileno())
-        if d.size != before[0] or (st.st_size, st.st_mtime_ns) != before:
-            raise ChangedDuringUpload(f"{rel} changed while it was read")
-        meta = {"sha256": d.sha256}
-        f.seek(0)
-        if d.size <= PART_BYTES:
+        if before[0] <= PART_BYTES:
+            d = digest(f)
+            st = os.fstat(f.fileno())
+            if d.size != before[0] or (st.st_size, st.st_mtime_ns) != before:
+                raise ChangedDuringUpload(f"{rel} changed while it was read")
+            f.seek(0)
             # The store checks the bytes against Content-MD5 and answers with their ETag: no second request.
             put = s3.put_object(
                 Bucket=bucket,
@@ -156,16 +209,13 @@ def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = No
                 Body=f,
                 ContentLength=d.size,
                 ContentMD5=base64.b64encode(bytes.fromhex(d.md5)).decode(),
-                Metadata=meta,
+                Metadata={"sha256": d.sha256},
             )
-            stored_etag, stored_size = str(put.get("ETag", "")).strip('"'), d.size
+            stored_etag = str(put.get("ETag", "")).strip('"')
         else:
-            config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES, max_concurrency=10)
-            s3.upload_fileobj(f, bucket, key, ExtraArgs={"Metadata": meta}, Config=config)
-            head = s3.head_object(Bucket=bucket, Key=key)
-            stored_etag, stored_size = str(head.get("ETag", "")).strip('"'), head.get("ContentLength")
+            d, stored_etag = _upload_parts(s3, bucket=bucket, key=key, f=f, expected=before[0])
         st = os.fstat(f.fileno())
-    if (st.st_size, st.st_mtime_ns) != before or stored_size != d.size or stored_etag != d.etag:
+    if (st.st_size, st.st_mtime_ns) != before or d.size != before[0] or stored_etag != d.etag:
         raise ChangedDuringUpload(f"{rel} changed during the upload (the stored copy does not match)")
     return {"key": key, "size": d.size, "sha256": d.sha256, "etag": stored_etag, "mtime_ns": before[1]}
 

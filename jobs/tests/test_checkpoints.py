@@ -58,6 +58,39 @@ def test_a_file_that_changes_during_the_upload_is_never_recorded(object_store, t
         writer.wait()
 
 
+def test_a_large_file_is_read_once_sent_in_checked_parts_and_restored_byte_for_byte(object_store, tmp_path):
+    import hashlib
+    import os
+
+    from jobs.backends.checkpoint_sync import PART_BYTES, download_file
+
+    data = os.urandom(2 * PART_BYTES + 12345)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    s3 = objectstore.client(object_store)
+    record = upload_file(s3, bucket=object_store.bucket, key=f"large-{time.time_ns()}", path=path)
+    assert record["size"] == len(data) and record["sha256"] == hashlib.sha256(data).hexdigest()
+    assert record["etag"].endswith("-3")  # three parts, the store's ETag matched the one computed while reading
+    assert not s3.list_multipart_uploads(Bucket=object_store.bucket).get("Uploads")  # nothing left half done
+    back = tmp_path / "restored.pt"
+    download_file(s3, bucket=object_store.bucket, key=record["key"], path=back, sha256=record["sha256"], size=len(data))
+    assert back.read_bytes() == data
+
+
+def test_a_large_file_that_grows_during_its_multipart_upload_is_never_recorded(object_store, tmp_path):
+    path = tmp_path / "growing-large.bin"
+    path.write_bytes(b"x" * (20 * 1024 * 1024))
+    writer = subprocess.Popen(["sh", "-c", f"while :; do echo more >> {path}; done"])
+    try:
+        time.sleep(0.1)
+        s3 = objectstore.client(object_store)
+        with pytest.raises(ChangedDuringUpload):
+            upload_file(s3, bucket=object_store.bucket, key=f"changing-large-{time.time_ns()}", path=path)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_a_symlink_in_the_checkpoint_folder_is_not_followed(object_store, tmp_path):
     sync, ckpt = _sync(tmp_path, object_store, prefix=f"link-{time.time_ns()}/")
     secret = tmp_path / "secret"
