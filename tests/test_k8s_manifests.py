@@ -1,6 +1,7 @@
 """The manifests in k8s/ that deploy Trainyard itself: valid for Kubernetes 1.34 (kubernetes-validate, strict,
 offline) and for the real Volcano CRDs, secure by default, consistent with the seed data, and granting the
-backend's service account exactly the API verbs the Volcano backend uses — no more, no less.
+backend's service account exactly the API verbs the Volcano backend and the Kubernetes image builder use — no more,
+no less.
 
 The RBAC check replays every backend operation against the fake API server, turns each request into the
 (API group, resource, verb, scope) an authorizer would check, and compares that set with the rules.
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from kubernetes.utils import parse_quantity
 
+from images import k8s_build
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig
@@ -278,6 +280,19 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.queue_sync(queue)  # reopen
         kube.controller.tick()
         backend.inventory()
+        # Image builds (TRAINYARD_IMAGE_BUILDER=kubernetes) in the platform's namespace: images/k8s_build.py.
+        builds = k8s_build.BuildJobs(kube.api_client(), SYSTEM_NS, timeout_s=2)
+        objects = k8s_build.render_build_job(
+            build_id=1, containerfile="FROM registry.local/b@sha256:" + "1" * 64 + "\n", files={},
+            destination="registry.local/t:b1", namespace=SYSTEM_NS, insecure_registry=False, timeout_s=600,
+        )  # fmt: skip
+        builds.create(1, objects)
+        assert builds.create(1, objects) is False  # 409s: reads what exists
+        kube.controller.script("trainyard-image-build-", logs="pushed")
+        assert builds.observe(1).state == "pending"
+        kube.controller.tick(3)
+        assert builds.observe(1).log == "pushed\n"  # finished: its pod and log
+        builds.delete(1)
         kube.controller.script("ty-", run_ticks=None, logs="hi")
         single, gang = describe(1), describe(2)
         refs = [backend.submit(single), backend.submit(gang)]
