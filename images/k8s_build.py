@@ -159,7 +159,7 @@ class BuildJobs:
 
     @classmethod
     def from_settings(cls) -> BuildJobs:
-        return cls(api_client(), settings.TRAINYARD_K8S_NAMESPACE, settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S)
+        return cls(api_client(), settings.TRAINYARD_K8S_BUILD_NAMESPACE, settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S)
 
     def close(self) -> None:
         self.api.close()

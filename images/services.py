@@ -379,7 +379,7 @@ def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[d
         containerfile=containerfile,
         files=files,
         destination=f"{registry.platform_registry()}/{repository_of(build.image)}:b{build.pk}",
-        namespace=namespace or settings.TRAINYARD_K8S_NAMESPACE,
+        namespace=namespace or settings.TRAINYARD_K8S_BUILD_NAMESPACE,
         insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
         timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
     )
@@ -399,7 +399,7 @@ def _build_on_cluster(
     where it stands, and once it has finished record its log, read the pushed tag's digest back from the registry
     and delete the Job. Returns the build still RUNNING while the Job runs; the task looks again later."""
     tag = f"b{build.pk}"
-    name = f"{settings.TRAINYARD_K8S_NAMESPACE}/{k8s_build.build_name(build.pk)}"
+    name = f"{settings.TRAINYARD_K8S_BUILD_NAMESPACE}/{k8s_build.build_name(build.pk)}"
     jobs = k8s_build.BuildJobs.from_settings()
     try:
         try:

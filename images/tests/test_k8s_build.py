@@ -75,7 +75,7 @@ def cluster(settings, images_env):
         kube.create("namespaces", {"metadata": {"name": "builds"}})
         settings.TRAINYARD_IMAGE_BUILDER = "kubernetes"
         settings.TRAINYARD_K8S_API_URL = kube.url
-        settings.TRAINYARD_K8S_NAMESPACE = "builds"
+        settings.TRAINYARD_K8S_BUILD_NAMESPACE = "builds"
         yield kube
         assert kube.internal_errors == []
 

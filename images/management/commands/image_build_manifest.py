@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("build_id", type=int)
-        parser.add_argument("--namespace", default=settings.TRAINYARD_K8S_NAMESPACE)
+        parser.add_argument("--namespace", default=settings.TRAINYARD_K8S_BUILD_NAMESPACE)
 
     def handle(self, *args, build_id: int, namespace: str, **options):
         build = (
