@@ -435,6 +435,7 @@ def _build_on_cluster(
         if observed.state == "running":
             _note(build, f"build Job {name}: running")
             return build
+        before = build.log
         _append(build, observed.log if observed.log.endswith("\n") or not observed.log else observed.log + "\n")
         if observed.state == "failed":
             jobs.delete(build.pk)
@@ -448,6 +449,7 @@ def _build_on_cluster(
                 build, ok=False, message=f"build Job {name} succeeded but {target}:{tag} is not in the registry\n"
             )
         except registry.RegistryError as exc:
+            build.log = before  # the pod's log is recorded by the pass that finishes the build
             build.save(update_fields=["log", "containerfile"])
             _wait(build, str(exc))  # the Job stays until the registry answers
             raise AssertionError("unreachable") from None

@@ -183,3 +183,26 @@ def test_a_job_created_before_is_adopted_and_another_builds_is_refused(cluster, 
     cluster.create("batch/v1/jobs", job)
     other = services.build_run(build_id=other.pk)
     assert other.status == "failed" and "belongs to image build 999" in other.log
+
+
+@pytest.mark.django_db
+def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, build_root, settings):
+    from trainyard.embedded import free_port
+
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    cluster.controller.script("trainyard-image-build-", logs="#6 pushing layers done")
+    build = services.build_run(build_id=build.pk)
+    digest = push_as_buildkit(build_root, build)
+    cluster.controller.tick(3)
+    good = settings.TRAINYARD_REGISTRY_URL
+    settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(services.RegistryWaiting):
+        services.build_run(build_id=build.pk)
+    build.refresh_from_db()
+    assert build.status == "waiting_registry" and "registry unreachable" in build.log
+    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is not None  # kept until it is recorded
+    settings.TRAINYARD_REGISTRY_URL = good
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "succeeded" and build.digest == digest
+    assert build.log.count("#6 pushing layers done") == 1
