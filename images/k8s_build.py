@@ -5,15 +5,28 @@ batch/v1 Job running `buildctl-daemonless.sh` that builds and pushes to the plat
 Rendered from the same inputs as the local podman build (`services.render_build`): FROM pinned to the base's digest.
 The Job only builds and pushes; the platform then reads the image back from the registry (SBOM, scan) as it does
 for a local build. `manage.py image_build_manifest BUILD_ID` prints the objects for `kubectl apply -f -`.
+
+`BuildJobs` creates, reads and deletes those objects through the official client when the platform builds on the
+cluster (TRAINYARD_IMAGE_BUILDER=kubernetes): a create that meets 409 AlreadyExists adopts the object of the same
+build (a retried task, or a restart after the create went through), and a 404 on delete is done already.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import urllib3
+from django.conf import settings
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 BUILDKIT_IMAGE = "moby/buildkit:v0.16.0-rootless"
 BUILDKIT_UID = 1000  # the rootless image's user
 JSON = dict[str, Any]
+BUILD_LABEL = "trainyard.io/image-build"
+LOG_LIMIT_BYTES = 1_000_000
 
 
 def build_name(build_id: int) -> str:
@@ -34,7 +47,7 @@ def render_build_job(
     """[ConfigMap, Job] building `containerfile` (with `files` beside it) and pushing it to `destination`
     (`host/repo:tag`)."""
     name = build_name(build_id)
-    labels = {"app.kubernetes.io/managed-by": "trainyard", "trainyard.io/image-build": str(build_id)}
+    labels = {"app.kubernetes.io/managed-by": "trainyard", BUILD_LABEL: str(build_id)}
     output = f"type=image,name={destination},push=true" + (",registry.insecure=true" if insecure_registry else "")
     configmap: JSON = {
         "apiVersion": "v1",
@@ -100,3 +113,156 @@ def render_build_job(
         },
     }
     return [configmap, job]
+
+
+class ClusterUnavailable(Exception):
+    """The Kubernetes API did not answer (or answered 5xx/429): the build is looked at again later."""
+
+
+class BuildJobConflict(Exception):
+    """An object of the build's name exists but belongs to another build: refuse rather than adopt it."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    state: str  # missing | pending | running | succeeded | failed
+    detail: str = ""  # why it is pending, or how it failed
+    log: str = ""  # the builder pod's log, read once the Job has finished
+
+
+def api_client() -> k8s.ApiClient:
+    """The same connection as the Volcano backend: TRAINYARD_K8S_API_URL, TRAINYARD_K8S_KUBECONFIG, in-cluster,
+    then ~/.kube/config."""
+    if settings.TRAINYARD_K8S_API_URL:
+        configuration = k8s.Configuration(host=settings.TRAINYARD_K8S_API_URL)
+        configuration.proxy = None
+        return k8s.ApiClient(configuration)
+    if settings.TRAINYARD_K8S_KUBECONFIG:
+        return k8s_config.new_client_from_config(
+            config_file=str(settings.TRAINYARD_K8S_KUBECONFIG), context=settings.TRAINYARD_K8S_CONTEXT or None
+        )
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        return k8s_config.new_client_from_config(context=settings.TRAINYARD_K8S_CONTEXT or None)
+    return k8s.ApiClient(configuration)
+
+
+class BuildJobs:
+    """A build's ConfigMap and Job in the platform's namespace."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str, timeout_s: float = 15.0):
+        self.api, self.namespace, self.timeout_s = api, namespace, timeout_s
+        self.core = k8s.CoreV1Api(api)
+        self.batch = k8s.BatchV1Api(api)
+
+    @classmethod
+    def from_settings(cls) -> BuildJobs:
+        return cls(api_client(), settings.TRAINYARD_K8S_BUILD_NAMESPACE, settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, _request_timeout=self.timeout_s, **kwargs)
+        except ApiException as exc:
+            if exc.status == 429 or exc.status >= 500:
+                raise ClusterUnavailable(f"the Kubernetes API answered {exc.status} ({exc.reason})") from None
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterUnavailable(f"the Kubernetes API did not answer ({type(exc).__name__})") from None
+
+    def create(self, build_id: int, objects: list[JSON]) -> bool:
+        """Create the ConfigMap and the Job; False when the Job already existed for this build (adopted)."""
+        configmap, job = objects
+        try:
+            self._call(self.core.create_namespaced_config_map, self.namespace, configmap)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            existing = self._call(self.core.read_namespaced_config_map, configmap["metadata"]["name"], self.namespace)
+            self._check_owner(build_id, existing.metadata)
+        try:
+            self._call(self.batch.create_namespaced_job, self.namespace, job)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            existing = self._call(self.batch.read_namespaced_job, job["metadata"]["name"], self.namespace)
+            self._check_owner(build_id, existing.metadata)
+            return False
+        return True
+
+    def _check_owner(self, build_id: int, metadata: Any) -> None:
+        owner = (metadata.labels or {}).get(BUILD_LABEL)
+        if owner != str(build_id):
+            raise BuildJobConflict(
+                f"{self.namespace}/{metadata.name} exists but belongs to image build {owner or 'none'}, not {build_id}"
+            )
+
+    def observe(self, build_id: int) -> Observed:
+        name = build_name(build_id)
+        try:
+            job = self._call(self.batch.read_namespaced_job, name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return Observed("missing")
+            raise
+        self._check_owner(build_id, job.metadata)
+        status = job.status
+        conditions = {c.type: c for c in status.conditions or [] if c.status == "True"}
+        pods = self._call(
+            self.core.list_namespaced_pod, self.namespace, label_selector=f"batch.kubernetes.io/job-name={name}"
+        ).items
+        pods.sort(key=lambda p: p.metadata.creation_timestamp or 0)
+        pod = pods[-1] if pods else None
+        if "Complete" in conditions or "Failed" in conditions:
+            failed = conditions.get("Failed")
+            detail = f"{failed.reason}: {failed.message}" if failed is not None else ""
+            return Observed("failed" if failed is not None else "succeeded", detail, self._log(pod))
+        if pod is None or (pod.status and pod.status.phase == "Pending"):
+            return Observed("pending", _waiting_reason(pod))
+        return Observed("running")
+
+    def _log(self, pod: Any) -> str:
+        if pod is None:
+            return ""
+        try:
+            return self._call(
+                self.core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.namespace,
+                container="buildkit",
+                limit_bytes=LOG_LIMIT_BYTES,
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # never started, or already gone
+                return ""
+            raise
+
+    def delete(self, build_id: int) -> None:
+        """Delete the Job (its pods with it) and the ConfigMap; already gone is fine."""
+        name = build_name(build_id)
+        for fn, kwargs in (
+            (self.batch.delete_namespaced_job, {"propagation_policy": "Background"}),
+            (self.core.delete_namespaced_config_map, {}),
+        ):
+            try:
+                self._call(fn, name, self.namespace, **kwargs)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def _waiting_reason(pod: Any) -> str:
+    if pod is None:
+        return "no pod yet"
+    for container in (pod.status.container_statuses if pod.status else None) or []:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason:
+            return waiting.reason + (f": {waiting.message}" if waiting.message else "")
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"{condition.reason}: {condition.message}"
+    return "pod pending"

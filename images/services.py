@@ -19,8 +19,9 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
+from kubernetes.client.exceptions import ApiException
 
-from images import registry, scan
+from images import k8s_build, registry, scan
 from images.models import (
     SEVERITY_RANK,
     Advisory,
@@ -328,6 +329,8 @@ def build_run(*, build_id: int) -> ImageBuild:
     host = registry.platform_registry()
     repository = repository_of(image)
     target = f"{host}/{repository}"
+    if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
+        return _build_on_cluster(build, containerfile, files, base_digest, repository, target)
     local = f"localhost/trainyard-build-{build.pk}"
     context = Path(tempfile.mkdtemp(prefix=f"build-{build.pk}-", dir=_build_dir()))
     try:
@@ -366,6 +369,102 @@ def build_run(*, build_id: int) -> ImageBuild:
     except registry.RegistryError as exc:
         _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
     return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=f"{target}:latest")
+
+
+def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[dict]:
+    """The build as a ConfigMap and a rootless BuildKit Job that push `<registry>/<repository>:b<id>`."""
+    containerfile, files, _ = render_build(build)
+    return k8s_build.render_build_job(
+        build_id=build.pk,
+        containerfile=containerfile,
+        files=files,
+        destination=f"{registry.platform_registry()}/{repository_of(build.image)}:b{build.pk}",
+        namespace=namespace or settings.TRAINYARD_K8S_BUILD_NAMESPACE,
+        insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
+        timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
+    )
+
+
+def _note(build: ImageBuild, line: str) -> None:
+    """Add a progress line to the log unless it is the last one already (each look at the Job would repeat it)."""
+    if not build.log.endswith(line + "\n"):
+        _append(build, line + "\n")
+        build.save(update_fields=["log", "containerfile"])
+
+
+def _build_on_cluster(
+    build: ImageBuild, containerfile: str, files: dict[str, str], base_digest: str, repository: str, target: str
+) -> ImageBuild:
+    """One look at the build's Job, level-triggered: create it (or adopt the one a previous try created), report
+    where it stands, and once it has finished record its log, read the pushed tag's digest back from the registry
+    and delete the Job. Returns the build still RUNNING while the Job runs; the task looks again later."""
+    tag = f"b{build.pk}"
+    name = f"{settings.TRAINYARD_K8S_BUILD_NAMESPACE}/{k8s_build.build_name(build.pk)}"
+    jobs = k8s_build.BuildJobs.from_settings()
+    try:
+        try:
+            observed = jobs.observe(build.pk)
+        except k8s_build.BuildJobConflict as exc:
+            return _finish(build, ok=False, message=f"{exc}\n")
+        if observed.state != "missing" and not build.containerfile:  # made by a try whose answer was lost
+            build.containerfile = containerfile
+            _note(build, f"adopted the existing build Job {name}")
+        if observed.state == "missing":
+            if build.containerfile:  # created by an earlier look, gone before it finished
+                return _finish(build, ok=False, message=f"the build Job {name} disappeared before it finished\n")
+            try:
+                created = jobs.create(build.pk, build_manifest(build))
+            except k8s_build.BuildJobConflict as exc:
+                return _finish(build, ok=False, message=f"{exc}\n")
+            except ApiException as exc:
+                return _finish(build, ok=False, message=f"Kubernetes refused the build Job {name}: {exc.reason}\n")
+            build.containerfile = containerfile
+            _note(build, f"{'created' if created else 'adopted the existing'} build Job {name} (BuildKit, rootless)")
+            log.info("image_build_job_created", build_id=build.pk, job=name, adopted=not created)
+            return build
+        build.containerfile = containerfile
+        if observed.state == "pending":
+            deadline = (build.started_at or timezone.now()) + timedelta(seconds=settings.TRAINYARD_BUILD_TIMEOUT_S)
+            if timezone.now() > deadline:
+                jobs.delete(build.pk)
+                return _finish(
+                    build, ok=False, message=f"the build Job never started ({observed.detail}); deleted it\n"
+                )
+            _note(build, f"build Job {name}: pending ({observed.detail})")
+            return build
+        if observed.state == "running":
+            _note(build, f"build Job {name}: running")
+            return build
+        before = build.log
+        _append(build, observed.log if observed.log.endswith("\n") or not observed.log else observed.log + "\n")
+        if observed.state == "failed":
+            jobs.delete(build.pk)
+            return _finish(build, ok=False, message=f"build Job {name} failed ({observed.detail})\n")
+        try:
+            with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+                digest = client.resolve(repository, tag)
+        except registry.ManifestUnknown:
+            jobs.delete(build.pk)
+            return _finish(
+                build, ok=False, message=f"build Job {name} succeeded but {target}:{tag} is not in the registry\n"
+            )
+        except registry.RegistryError as exc:
+            build.log = before  # the pod's log is recorded by the pass that finishes the build
+            build.save(update_fields=["log", "containerfile"])
+            _wait(build, str(exc))  # the Job stays until the registry answers
+            raise AssertionError("unreachable") from None
+        jobs.delete(build.pk)
+    finally:
+        jobs.close()
+    build.digest = digest
+    build.base_digest = base_digest
+    build.reference = f"{target}:{tag}"
+    try:
+        _inspect(build, repository)
+    except registry.RegistryError as exc:
+        _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
+    # BuildKit pushes the build's own tag only: the catalog points at it (a digest-pinned reference either way).
+    return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=f"{target}:{tag}")
 
 
 def _build_dir() -> Path:

@@ -1010,3 +1010,49 @@ def test_dropped_connection(kube: FakeKubernetes, custom: client.CustomObjectsAp
         submit(custom, vcjob("dropped"))
     assert kube.try_get("jobs.batch.volcano.sh", "dropped", NS) is None
     assert kube.requests_matching("POST")[-1].status is None
+
+
+def _batch_job(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}},
+        },
+    }
+
+
+def test_batch_jobs_run_a_pod_and_report_complete_or_failed(kube: FakeKubernetes, api: client.ApiClient) -> None:
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    assert kube.controller is not None
+    kube.controller.script("ok-", logs="built\npushed", run_ticks=2)
+    kube.controller.script("bad-", exit_code=2, logs="boom")
+    created = batch.create_namespaced_job("default", _batch_job("ok-1", {"app": "build"}))
+    batch.create_namespaced_job("default", _batch_job("bad-1", {"app": "build"}))
+    with pytest.raises(client.ApiException) as err:
+        batch.create_namespaced_job("default", _batch_job("ok-1", {"app": "build"}))
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "AlreadyExists"
+    assert created.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": created.metadata.uid}
+    assert [j.metadata.name for j in batch.list_namespaced_job("default", label_selector="app=build").items] == [
+        "bad-1",
+        "ok-1",
+    ]
+    assert batch.list_namespaced_job("default", label_selector="app=other").items == []
+    kube.controller.tick()
+    running = batch.read_namespaced_job("ok-1", "default")
+    assert running.status.active == 1 and not running.status.conditions
+    assert int(running.metadata.resource_version) > int(created.metadata.resource_version)
+    kube.controller.tick(3)
+    done, failed = batch.read_namespaced_job("ok-1", "default"), batch.read_namespaced_job("bad-1", "default")
+    assert done.status.succeeded == 1 and {c.type for c in done.status.conditions} == {"SuccessCriteriaMet", "Complete"}
+    assert failed.status.failed == 1 and "Failed" in {c.type for c in failed.status.conditions}
+    assert next(c for c in failed.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
+    (pod,) = core.list_namespaced_pod("default", label_selector="job-name=ok-1").items
+    assert core.read_namespaced_pod_log(pod.metadata.name, "default") == "built\npushed\n"
+    batch.delete_namespaced_job("ok-1", "default", propagation_policy="Background")
+    with pytest.raises(client.ApiException) as err:
+        batch.read_namespaced_job("ok-1", "default")
+    assert err.value.status == 404
+    assert core.list_namespaced_pod("default", label_selector="job-name=ok-1").items == []  # collected with it

@@ -1,6 +1,7 @@
 """The manifests in k8s/ that deploy Trainyard itself: valid for Kubernetes 1.34 (kubernetes-validate, strict,
 offline) and for the real Volcano CRDs, secure by default, consistent with the seed data, and granting the
-backend's service account exactly the API verbs the Volcano backend uses — no more, no less.
+backend's service account exactly the API verbs the Volcano backend and the Kubernetes image builder use — no more,
+no less.
 
 The RBAC check replays every backend operation against the fake API server, turns each request into the
 (API group, resource, verb, scope) an authorizer would check, and compares that set with the rules.
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from kubernetes.utils import parse_quantity
 
+from images import k8s_build
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig
@@ -27,7 +29,7 @@ from tests.fake_k8s import FakeKubernetes, crds
 
 K8S = Path(__file__).resolve().parents[1] / "k8s"
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
-TEAM_NS, SYSTEM_NS = "trainyard-demo", "trainyard"
+TEAM_NS, SYSTEM_NS, BUILD_NS = "trainyard-demo", "trainyard", "trainyard-builds"
 
 
 def documents() -> list[tuple[str, dict]]:
@@ -117,8 +119,12 @@ def test_pods_are_locked_down():
         "trainyard-beat": False,
         "trainyard-migrate": False,
     }
-    for namespace in kind("Namespace"):
-        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    enforced = {
+        n["metadata"]["name"]: n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] for n in kind("Namespace")
+    }
+    # Only image builds (rootless BuildKit: seccomp and AppArmor unconfined) run outside "restricted".
+    assert enforced == {"trainyard": "restricted", TEAM_NS: "restricted", BUILD_NS: "privileged"}
+    assert kind("ConfigMap")[0]["data"]["TRAINYARD_K8S_BUILD_NAMESPACE"] == BUILD_NS
 
 
 def test_configmap_sets_only_documented_settings():
@@ -255,7 +261,7 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
     crds.require()
     settings.TRAINYARD_LOG_ROOT = tmp_path
     with FakeKubernetes(nodes=2) as kube:
-        for namespace in (TEAM_NS, SYSTEM_NS):
+        for namespace in (TEAM_NS, SYSTEM_NS, BUILD_NS):
             kube.create("namespaces", {"metadata": {"name": namespace}})
         backend = VolcanoBackend(
             kube.api_client(),
@@ -278,6 +284,19 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.queue_sync(queue)  # reopen
         kube.controller.tick()
         backend.inventory()
+        # Image builds (TRAINYARD_IMAGE_BUILDER=kubernetes) in their own namespace: images/k8s_build.py.
+        builds = k8s_build.BuildJobs(kube.api_client(), BUILD_NS, timeout_s=2)
+        objects = k8s_build.render_build_job(
+            build_id=1, containerfile="FROM registry.local/b@sha256:" + "1" * 64 + "\n", files={},
+            destination="registry.local/t:b1", namespace=BUILD_NS, insecure_registry=False, timeout_s=600,
+        )  # fmt: skip
+        builds.create(1, objects)
+        assert builds.create(1, objects) is False  # 409s: reads what exists
+        kube.controller.script("trainyard-image-build-", logs="pushed")
+        assert builds.observe(1).state == "pending"
+        kube.controller.tick(3)
+        assert builds.observe(1).log == "pushed\n"  # finished: its pod and log
+        builds.delete(1)
         kube.controller.script("ty-", run_ticks=None, logs="hi")
         single, gang = describe(1), describe(2)
         refs = [backend.submit(single), backend.submit(gang)]

@@ -392,6 +392,15 @@ TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR 
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
 TRAINYARD_BUILD_REGISTRY_RETRY_S = env.float("TRAINYARD_BUILD_REGISTRY_RETRY_S", default=30.0)
 TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", default=20)
+# Where builds run: `podman` on the worker, or `kubernetes`: a rootless BuildKit Job per build in
+# TRAINYARD_K8S_BUILD_NAMESPACE (the default when TRAINYARD_BACKEND=volcano), looked at every TRAINYARD_BUILD_POLL_S.
+# Rootless BuildKit needs seccomp and AppArmor unconfined, which the "restricted" (and "baseline") Pod Security
+# Standard refuse: builds get a namespace of their own (k8s/namespace.yaml), away from the platform and the teams.
+TRAINYARD_IMAGE_BUILDER = env.str(
+    "TRAINYARD_IMAGE_BUILDER", default="kubernetes" if TRAINYARD_BACKEND == "volcano" else "podman"
+)
+TRAINYARD_K8S_BUILD_NAMESPACE = env.str("TRAINYARD_K8S_BUILD_NAMESPACE", default="trainyard-builds")
+TRAINYARD_BUILD_POLL_S = env.float("TRAINYARD_BUILD_POLL_S", default=10.0)
 TRAINYARD_IMAGE_SIZE_WARN_MIB = env.int("TRAINYARD_IMAGE_SIZE_WARN_MIB", default=20 * 1024)
 TRAINYARD_IMAGE_DATA_WARN_MIB = env.int("TRAINYARD_IMAGE_DATA_WARN_MIB", default=100)
 TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS = env.int("TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS", default=90)

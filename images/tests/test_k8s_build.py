@@ -8,7 +8,7 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from images import k8s_build, services
+from images import k8s_build, registry, services
 from images.tests.test_builds import built, define_base
 from quotas.tests.factories import TeamFactory
 
@@ -59,3 +59,150 @@ def test_the_manifest_command_prints_a_project_build_pinned_to_its_base(images_e
     assert f"/trainyard/vision/trainer:b{build.pk},push=true,registry.insecure=true" in args[-1]
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(job, version, strict=True)
+
+
+# ----------------------------------------------------------------------------- builds on the cluster
+# The fake API server runs the Job's pod through its simulated scheduler and kubelet; what BuildKit would push is
+# pushed here with podman (the session's tiny upstream image), so the digest the platform reads back is real.
+
+
+@pytest.fixture
+def cluster(settings, images_env):
+    from tests.fake_k8s import FakeKubernetes, crds
+
+    crds.require()
+    with FakeKubernetes() as kube:
+        kube.create("namespaces", {"metadata": {"name": "builds"}})
+        settings.TRAINYARD_IMAGE_BUILDER = "kubernetes"
+        settings.TRAINYARD_K8S_API_URL = kube.url
+        settings.TRAINYARD_K8S_BUILD_NAMESPACE = "builds"
+        yield kube
+        assert kube.internal_errors == []
+
+
+def push_as_buildkit(build_root, build) -> str:
+    """What the Job's BuildKit would have pushed: an image under the build's tag; its digest."""
+    from images.tests.conftest import podman
+
+    destination = f"{registry.platform_registry()}/{services.repository_of(build.image)}:b{build.pk}"
+    digestfile = build_root / f"digest-{build.pk}"
+    pushed = podman(
+        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), "localhost/upstream-tiny",
+        destination,
+    )  # fmt: skip
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    return digestfile.read_text().strip()
+
+
+def job_name(build) -> str:
+    return k8s_build.build_name(build.pk)
+
+
+@pytest.mark.django_db
+def test_a_build_on_kubernetes_runs_as_a_job_and_records_log_and_digest(cluster, images_env, build_root):
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    assert build.status == "queued"
+    cluster.controller.script(
+        "trainyard-image-build-", logs="#1 [internal] load build definition\n#6 pushing layers done", run_ticks=3
+    )
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "running" and f"created build Job builds/{job_name(build)}" in build.log
+    job = cluster.get("batch/v1/jobs", job_name(build), "builds")
+    configmap = cluster.get("configmaps", job_name(build), "builds")
+    assert configmap["data"]["Containerfile"] == base.containerfile
+    assert job["metadata"]["labels"]["trainyard.io/image-build"] == str(build.pk)
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "running" and "pending (no pod yet)" in build.log
+    cluster.controller.tick(2)
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "running" and build.log.rstrip().endswith(": running")
+    digest = push_as_buildkit(build_root, build)
+    cluster.controller.run_until(
+        lambda: any(
+            c["type"] == "Complete"
+            for c in cluster.get("batch/v1/jobs", job_name(build), "builds")["status"].get("conditions", [])
+        )
+    )
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "succeeded", build.log
+    assert build.digest == digest and build.reference.endswith(f"/trainyard/base/tiny-base:b{build.pk}")
+    assert "#6 pushing layers done" in build.log and build.log.count(": running") == 1
+    assert {"type": "deb", "name": "libssl3", "version": "3.0.11-1~deb12u1"} in build.sbom  # read back
+    base.refresh_from_db()
+    assert base.digest == digest and registry.resolve(base.reference) == digest
+    # The finished Job, its pod and the ConfigMap are gone.
+    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is None
+    assert cluster.try_get("configmaps", job_name(build), "builds") is None
+    cluster.controller.tick()
+    assert cluster.list("pods", "builds") == []
+
+
+@pytest.mark.django_db
+def test_a_failed_build_job_keeps_its_log_and_fails_the_build(cluster, images_env):
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    cluster.controller.script(
+        "trainyard-image-build-",
+        exit_code=1,
+        logs='ERROR: failed to solve: process "/bin/sh -c false" did not complete',
+    )
+    build = services.build_run(build_id=build.pk)
+    cluster.controller.run_until(
+        lambda: cluster.get("batch/v1/jobs", job_name(build), "builds")["status"].get("failed") == 1
+    )
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "failed" and not build.digest
+    assert 'process "/bin/sh -c false" did not complete' in build.log
+    assert "BackoffLimitExceeded" in build.log
+    base.refresh_from_db()
+    assert base.digest == ""
+    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is None
+    assert services.build_run(build_id=build.pk).status == "failed"  # a late look changes nothing
+
+
+@pytest.mark.django_db
+def test_a_job_created_before_is_adopted_and_another_builds_is_refused(cluster, images_env):
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    # A try whose create went through but whose answer was lost: the objects are there already.
+    for obj in services.build_manifest(build):
+        cluster.create("configmaps" if obj["kind"] == "ConfigMap" else "batch/v1/jobs", obj)
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "running" and "adopted the existing build Job" in build.log
+    assert len(cluster.list("batch/v1/jobs", "builds")) == 1
+    # A create that meets 409 AlreadyExists (the Job appeared between the look and the create) adopts it too.
+    jobs = k8s_build.BuildJobs.from_settings()
+    assert jobs.create(build.pk, services.build_manifest(build)) is False
+    assert [r.status for r in cluster.requests_matching("POST", "/apis/batch/v1/namespaces/builds/jobs")] == [409]
+    jobs.close()
+    # An object of the same name made for another build (another platform sharing the namespace) is not adopted.
+    other = services.build_request(image=define_base(images_env, name="other-base"))
+    configmap, job = services.build_manifest(other)
+    job["metadata"]["labels"]["trainyard.io/image-build"] = "999"
+    cluster.create("batch/v1/jobs", job)
+    other = services.build_run(build_id=other.pk)
+    assert other.status == "failed" and "belongs to image build 999" in other.log
+
+
+@pytest.mark.django_db
+def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, build_root, settings):
+    from trainyard.embedded import free_port
+
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    cluster.controller.script("trainyard-image-build-", logs="#6 pushing layers done")
+    build = services.build_run(build_id=build.pk)
+    digest = push_as_buildkit(build_root, build)
+    cluster.controller.tick(3)
+    good = settings.TRAINYARD_REGISTRY_URL
+    settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(services.RegistryWaiting):
+        services.build_run(build_id=build.pk)
+    build.refresh_from_db()
+    assert build.status == "waiting_registry" and "registry unreachable" in build.log
+    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is not None  # kept until it is recorded
+    settings.TRAINYARD_REGISTRY_URL = good
+    build = services.build_run(build_id=build.pk)
+    assert build.status == "succeeded" and build.digest == digest
+    assert build.log.count("#6 pushing layers done") == 1

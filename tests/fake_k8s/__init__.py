@@ -21,7 +21,11 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
 - `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
   `wait_for_job_phase()`, `start()`/`stop()` for a background loop, `evict_pod()`, `fail_pod()`,
   `preempt_pod()`, `lose_node()`/`restore_node()`/`delete_node()` (pods of a lost node stay Terminating),
-  `set_queue_state()`, `hami_scheduler` (a simulated HAMi scheduler for pods that name it).
+  `set_queue_state()`, `hami_scheduler` (a simulated HAMi scheduler for pods that name it), and a batch/v1
+  Job controller (`batch_job_pods()`): one pod at a time from the Job's template, through the same scheduler,
+  kubelet and scripts, `active`/`succeeded`/`failed` counts and the Complete (with SuccessCriteriaMet) or Failed
+  (BackoffLimitExceeded, FailureTarget) conditions; not its `activeDeadlineSeconds`, indexed completions,
+  parallelism above one, pod failure policies or `ttlSecondsAfterFinished`.
 - `crds`: the real Volcano CRDs (`crds_available()`, `crd_schema()`, `validate()`; `require()` skips a test
   without them, or fails it under `CI=true`; `release_dirs()` names the release folders to test against).
 

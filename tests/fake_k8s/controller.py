@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from .server import FakeKubernetes
 
 JSON = dict[str, Any]
+BATCH_JOB = "batch/v1/jobs"
 Resources = dict[str, Fraction]
 
 JOB = "jobs.batch.volcano.sh"
@@ -306,6 +307,8 @@ class VolcanoController:
                 self._sync_queues()
                 for job in sorted(self.kube.list(JOB), key=self.kube.creation_order):
                     self._sync_job(job)
+                for batch_job in sorted(self.kube.list(BATCH_JOB), key=self.kube.creation_order):
+                    self._sync_batch_job(batch_job)
                 self._schedule()
                 self._run_kubelet()
                 self._sync_queues()
@@ -623,6 +626,90 @@ class VolcanoController:
         # After an action the follow-up sync waits for the next tick, so each phase it passes is observable.
         if not acted:
             self._execute(self.kube.get(JOB, meta["name"], meta["namespace"]), "SyncJob")
+
+    # -- batch/v1 Jobs (kube-controller-manager's Job controller, NonIndexed, one pod at a time) ----------
+
+    def batch_job_pods(self, namespace: str, job: str) -> list[JSON]:
+        return self.kube.list("pods", namespace, label_selector=f"batch.kubernetes.io/job-name={job}")
+
+    def _sync_batch_job(self, job: JSON) -> None:
+        meta, spec = job["metadata"], job.get("spec") or {}
+        status = job.get("status") or {}
+        if meta.get("deletionTimestamp") or any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ):
+            return
+        pods = [
+            p
+            for p in self.kube.list("pods", meta["namespace"])
+            if any(ref.get("uid") == meta["uid"] for ref in p["metadata"].get("ownerReferences") or [])
+        ]
+        phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
+        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
+        active = len([p for p, phase in zip(pods, phases, strict=True) if phase not in ("Succeeded", "Failed")])
+        now = rfc3339(self.kube.now())
+        backoff_limit = _int(spec.get("backoffLimit"), 6)
+        if not succeeded and not active and failed <= backoff_limit and not spec.get("suspend"):
+            template = copy.deepcopy(spec.get("template") or {})
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    **(template.get("metadata") or {}),
+                    "generateName": f"{meta['name']}-",
+                    "namespace": meta["namespace"],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": template.get("spec") or {},
+            }
+            self.kube.create("pods", pod)
+            active = 1
+
+        def apply(current: JSON) -> None:
+            st = current.setdefault("status", {})
+            st.setdefault("startTime", now)
+            st["active"], st["succeeded"], st["failed"] = active, succeeded, failed
+            st["ready"] = len([p for p in phases if p == "Running"])
+            for key in ("active", "succeeded", "failed"):
+                if not st[key]:
+                    del st[key]
+            if succeeded:
+                _set_condition(
+                    st,
+                    "SuccessCriteriaMet",
+                    "True",
+                    now,
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                )
+                _set_condition(
+                    st, "Complete", "True", now, "CompletionsReached", "Reached expected number of succeeded pods"
+                )
+                st["completionTime"] = now
+            elif failed > backoff_limit:
+                _set_condition(
+                    st,
+                    "FailureTarget",
+                    "True",
+                    now,
+                    "BackoffLimitExceeded",
+                    "Job has reached the specified backoff limit",
+                )
+                _set_condition(
+                    st, "Failed", "True", now, "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+                )
+
+        self.kube.mutate(BATCH_JOB, meta["name"], meta["namespace"], apply, subresource="status")
 
     def _expired(self, job: JSON) -> bool:
         ttl = job["spec"].get("ttlSecondsAfterFinished")

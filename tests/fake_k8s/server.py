@@ -217,6 +217,10 @@ BUILTIN_TYPES = (
                  ("cm",)),
     ResourceType("", "v1", "secrets", "Secret", True, False, "V1Secret", _META_FIELDS | {"type"}),
     ResourceType(
+        "batch", "v1", "jobs", "Job", True, True, "V1Job", _META_FIELDS | {"status.successful"}, False,
+        "subdomain",
+    ),
+    ResourceType(
         "networking.k8s.io", "v1", "ingresses", "Ingress", True, True, "V1Ingress", short_names=("ing",)
     ),
     ResourceType(
@@ -2726,6 +2730,30 @@ def _prepare_for_create(fake: FakeKubernetes, rt: ResourceType, obj: JSON) -> No
                 status[section] = {k: canonical_quantity(v) for k, v in status[section].items()}
     elif rt.key == ("networking.k8s.io", "ingresses"):
         obj["status"] = {"loadBalancer": {}}
+    elif rt.key == ("batch", "jobs"):
+        obj["status"] = {}
+        _default_batch_job(obj)
+
+
+def _default_batch_job(job: JSON) -> None:
+    """What the Job controller's defaulting adds: a controller-uid selector and the labels pods will carry."""
+    meta, spec = job["metadata"], job.setdefault("spec", {})
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    uid = meta.setdefault("uid", str(uuid.uuid4()))
+    pod_labels = {
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": meta["name"],
+        "controller-uid": uid,
+        "job-name": meta["name"],
+    }
+    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
+    template_meta["labels"] = {**(template_meta.get("labels") or {}), **pod_labels}
+    meta["labels"] = {**pod_labels, **(meta.get("labels") or {})}
 
 
 def _prepare_for_update(fake: FakeKubernetes, rt: ResourceType, new: JSON, old: JSON) -> None:

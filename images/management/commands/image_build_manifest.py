@@ -4,7 +4,7 @@ import yaml
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from images import k8s_build, registry, services
+from images import services
 from images.models import ImageBuild
 from trainyard.errors import DomainError
 
@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("build_id", type=int)
-        parser.add_argument("--namespace", default=settings.TRAINYARD_K8S_NAMESPACE)
+        parser.add_argument("--namespace", default=settings.TRAINYARD_K8S_BUILD_NAMESPACE)
 
     def handle(self, *args, build_id: int, namespace: str, **options):
         build = (
@@ -27,17 +27,7 @@ class Command(BaseCommand):
         if not settings.TRAINYARD_REGISTRY_URL:
             raise CommandError("TRAINYARD_REGISTRY_URL is not set: the Job needs a registry it can push to")
         try:
-            containerfile, files, _ = services.render_build(build)
+            objects = services.build_manifest(build, namespace=namespace)
         except DomainError as exc:
             raise CommandError(exc.detail) from None
-        destination = f"{registry.platform_registry()}/{services.repository_of(build.image)}:b{build.pk}"
-        objects = k8s_build.render_build_job(
-            build_id=build.pk,
-            containerfile=containerfile,
-            files=files,
-            destination=destination,
-            namespace=namespace,
-            insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
-            timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
-        )
         self.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
