@@ -23,8 +23,15 @@ Reported per seed and overall:
   in it (the simulated backend yields at once).
 
 The cluster size and load were chosen on seed 1 (so that quota-holding jobs wait at all); the results file
-reports seeds 21-23, other windows of the trace. Not measured here: lending between node pools (jobs/lending.py
-runs every minute on real time).
+reports seeds 21-23, other windows of the trace.
+
+Idle lending (``--scenario lending``, part of the default run): three 8-GPU nodes, two in a lending pool
+(``whole-card``, its ``train`` queue) and one in a borrowing pool (``inference``, its ``serve`` queue, which takes
+preemptible jobs); the pods are drawn into the lender's training jobs (a small share, so its use stays low), the
+borrower's inference jobs and the borrower's preemptible jobs. The same window runs with the lending rule off and
+on; on, the real rule (``jobs.lending.pools_lend``, default threshold and window) runs on simulated time at every
+event and when a pool's below-threshold window ends. Reported: GPU allocation overall and per pool, loans, the
+wait of quota-holding jobs, preemptions. Load and shares chosen on seed 1; reported on seeds 21-23.
 Run: ``make bench-pools`` (``--seeds``, ``--pods``). Results: ``bench/results/pools.json``.
 """
 
