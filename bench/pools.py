@@ -194,7 +194,6 @@ def run(user, pods: list[dict], base, capacity: int, *, lend: bool = False, pool
 
     Job.objects.all().delete()
     PoolState.objects.all().delete()
-    PoolRepair.objects.filter(kind__in=["node_lent", "node_reclaimed"]).delete()
     from cluster.inventory import LENT_LABEL
     from cluster.models import Node
     from cluster.services import node_lend
@@ -202,6 +201,7 @@ def run(user, pods: list[dict], base, capacity: int, *, lend: bool = False, pool
     for node in Node.objects.all():  # every run starts with nothing lent (a run with lending leaves loans behind)
         if node.labels.get(LENT_LABEL):
             node_lend(node_id=node.id, to=None, why="bench reset")
+    PoolRepair.objects.filter(kind__in=["node_lent", "node_reclaimed"]).delete()  # this run's loans only
     scheduler.reset()
     pool_held: dict[str, float] = {p: 0.0 for p in pool_gpus or {}}
     pool_area: dict[str, float] = {p: 0.0 for p in pool_gpus or {}}
