@@ -435,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.scenario == "all":
         results["lending"] = lending
+    elif args.output.exists():  # the preemption part only: the lending part already there is kept
+        import json
+
+        kept = json.loads(args.output.read_text()).get("lending")
+        if kept:
+            results["lending"] = kept
     results["environment"] = {"python": py_platform.python_version(), "seconds": round(time.perf_counter() - t0, 1)}
     write_json(args.output, results)
     print(
