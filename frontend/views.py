@@ -45,6 +45,7 @@ from jobs.lifecycle import backend_runtime
 from jobs.models import FailureRule, Job, JobTemplate
 from jobs.states import JobState
 from monitoring.charts import PALETTE, Series, line_chart
+from monitoring.models import Alert
 from monitoring.selectors import compare_metrics
 from quotas import selectors as quota
 from quotas import tokens
@@ -1290,5 +1291,8 @@ def gpu_list(request: HttpRequest) -> HttpResponse:
             "pools": sorted(pools.values(), key=lambda r: r["name"]),
             "visible": visible,
             "any_emulated": any(n.emulated for n in nodes),
+            "mig_proposals": list(Alert.objects.filter(rule_name="mig-rebalance").exclude(state=Alert.State.RESOLVED))
+            if request.user.is_staff
+            else [],
         },
     )

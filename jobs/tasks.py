@@ -89,9 +89,11 @@ def prune_checkpoints() -> dict:
 
 @shared_task(name="jobs.lend_idle_nodes", soft_time_limit=60, time_limit=90)
 def lend_idle_nodes() -> dict:
+    """The pool rules of the minute: idle lending, then MIG rebalancing proposals (docs/pools.md)."""
     from jobs import lending
+    from monitoring.mig import mig_proposals
 
-    return lending.pools_lend()
+    return {**lending.pools_lend(), "mig": mig_proposals()}
 
 
 @shared_task(name="trainyard.heartbeat")
