@@ -46,11 +46,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench.allocator import load_trace, trace_dir_from_env, write_json
-from bench.api import drop_database, setup_django
+from bench.allocator import trace_dir_from_env, write_json
+from bench.api import drop_database
 from bench.eta import LOAD as ETA_LOAD
 from bench.eta import trace_pods, window
-from bench.scheduler import load_cluster, own_database, percentile, trace_present
+from bench.scheduler import load_cluster, percentile, seeded_cluster, trace_present
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "pools.json"
@@ -335,22 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     trace_dir = trace_dir_from_env()
     if not trace_present(trace_dir, "pools"):
         return 1 if os.environ.get("CI") == "true" else 0
-    url = own_database(url_name="pools")
-    setup_django()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
+    url, user, capacity, nodes = seeded_cluster("pools", trace_dir, eight_gpu_nodes=NODES)
     from django.utils import timezone
 
     from quotas.models import Queue, Team
-    from trainyard.seed import seed
 
-    call_command("migrate", verbosity=0, interactive=False)
-    seed(admin_password="bench-admin-pass", demo_password="bench-demo-pass")
-    user = get_user_model().objects.get(username="demo")
-    nodes, _ = load_trace(trace_dir)
-    big = [n for n in nodes if n.num_gpus == 8][:NODES]
-    load_cluster(big)
-    capacity = sum(n.num_gpus for n in big)
     plenty = {"cpu_milli": 10**9, "memory_mib": 10**12, "gpu_memory_mib": 10**12}
     common = dict(**plenty, ordering="backfill", allow_explicit_request=True, max_timeout_s=LIMIT_S)
     Queue.objects.filter(name="train").update(

@@ -82,6 +82,26 @@ def own_database(url_name: str) -> str:
     return url
 
 
+def seeded_cluster(url_name: str, trace_dir: Path, *, eight_gpu_nodes: int):
+    """A fresh benchmark database (`own_database`), migrated and seeded, with the first `eight_gpu_nodes` of the
+    trace's 8-GPU nodes as Node/GPU rows. Returns (database URL, the seeded demo user, capacity in GPUs, every node
+    of the trace)."""
+    url = own_database(url_name=url_name)
+    setup_django()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from trainyard.seed import seed
+
+    call_command("migrate", verbosity=0, interactive=False)
+    seed(admin_password="bench-admin-pass", demo_password="bench-demo-pass")
+    user = get_user_model().objects.get(username="demo")
+    nodes, _ = load_trace(trace_dir)
+    big = [n for n in nodes if n.num_gpus == 8][:eight_gpu_nodes]
+    load_cluster(big)
+    return url, user, sum(n.num_gpus for n in big), nodes
+
+
 def load_cluster(nodes) -> None:
     from cluster.models import GPU, Node
 
