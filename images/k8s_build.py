@@ -19,8 +19,9 @@ from typing import Any
 import urllib3
 from django.conf import settings
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+
+from trainyard import kubeclient
 
 BUILDKIT_IMAGE = "moby/buildkit:v0.16.0-rootless"
 BUILDKIT_UID = 1000  # the rootless image's user
@@ -130,25 +131,6 @@ class Observed:
     log: str = ""  # the builder pod's log, read once the Job has finished
 
 
-def api_client() -> k8s.ApiClient:
-    """The same connection as the Volcano backend: TRAINYARD_K8S_API_URL, TRAINYARD_K8S_KUBECONFIG, in-cluster,
-    then ~/.kube/config."""
-    if settings.TRAINYARD_K8S_API_URL:
-        configuration = k8s.Configuration(host=settings.TRAINYARD_K8S_API_URL)
-        configuration.proxy = None
-        return k8s.ApiClient(configuration)
-    if settings.TRAINYARD_K8S_KUBECONFIG:
-        return k8s_config.new_client_from_config(
-            config_file=str(settings.TRAINYARD_K8S_KUBECONFIG), context=settings.TRAINYARD_K8S_CONTEXT or None
-        )
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        return k8s_config.new_client_from_config(context=settings.TRAINYARD_K8S_CONTEXT or None)
-    return k8s.ApiClient(configuration)
-
-
 class BuildJobs:
     """A build's ConfigMap and Job in the platform's namespace."""
 
@@ -159,7 +141,9 @@ class BuildJobs:
 
     @classmethod
     def from_settings(cls) -> BuildJobs:
-        return cls(api_client(), settings.TRAINYARD_K8S_BUILD_NAMESPACE, settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S)
+        return cls(
+            kubeclient.api_client(), settings.TRAINYARD_K8S_BUILD_NAMESPACE, settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S
+        )
 
     def close(self) -> None:
         self.api.close()

@@ -40,7 +40,6 @@ import structlog
 import urllib3
 from django.conf import settings
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
@@ -58,7 +57,7 @@ from cluster.inventory import (
 from jobs import logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
-from trainyard import objectstore
+from trainyard import kubeclient, objectstore
 
 log = structlog.get_logger(__name__)
 JSON = dict[str, Any]
@@ -135,23 +134,6 @@ def _attempt_of(name: str) -> tuple[str, int]:
     return str(uuid.UUID(hex=hex_id)), int(number)
 
 
-def _api_client_from_settings() -> k8s.ApiClient:
-    if settings.TRAINYARD_K8S_API_URL:
-        configuration = k8s.Configuration(host=settings.TRAINYARD_K8S_API_URL)
-        configuration.proxy = None
-        return k8s.ApiClient(configuration)
-    if settings.TRAINYARD_K8S_KUBECONFIG:
-        return k8s_config.new_client_from_config(
-            config_file=str(settings.TRAINYARD_K8S_KUBECONFIG), context=settings.TRAINYARD_K8S_CONTEXT or None
-        )
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        return k8s_config.new_client_from_config(context=settings.TRAINYARD_K8S_CONTEXT or None)
-    return k8s.ApiClient(configuration)
-
-
 def config_from_settings() -> VolcanoConfig:
     """The backend's configuration; raises `render.ManifestError` with the setting named when it cannot work
     (the `jobs` system check reports the same at startup)."""
@@ -212,7 +194,7 @@ class VolcanoBackend:
 
     @classmethod
     def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
-        return cls(api_client or _api_client_from_settings(), config_from_settings())
+        return cls(api_client or kubeclient.api_client(), config_from_settings())
 
     # ------------------------------------------------------------------------------------------- API calls
 
