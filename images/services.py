@@ -361,14 +361,15 @@ def build_run(*, build_id: int) -> ImageBuild:
     finally:
         shutil.rmtree(context, ignore_errors=True)
     build.containerfile = containerfile
-    build.digest = digest
-    build.base_digest = base_digest
-    build.reference = f"{target}:{tag}"
-    try:
-        _inspect(build, repository)
-    except registry.RegistryError as exc:
-        _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
-    return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=f"{target}:latest")
+    return _pushed(
+        build,
+        repository=repository,
+        target=target,
+        tag=tag,
+        digest=digest,
+        base_digest=base_digest,
+        latest=f"{target}:latest",
+    )
 
 
 def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[dict]:
@@ -456,6 +457,22 @@ def _build_on_cluster(
         jobs.delete(build.pk)
     finally:
         jobs.close()
+    # BuildKit pushes the build's own tag only: the catalog points at it (a digest-pinned reference either way).
+    return _pushed(
+        build,
+        repository=repository,
+        target=target,
+        tag=tag,
+        digest=digest,
+        base_digest=base_digest,
+        latest=f"{target}:{tag}",
+    )
+
+
+def _pushed(
+    build: ImageBuild, *, repository: str, target: str, tag: str, digest: str, base_digest: str, latest: str
+) -> ImageBuild:
+    """Record a pushed build: its digest and reference, then what the registry holds of it (SBOM, layers, size)."""
     build.digest = digest
     build.base_digest = base_digest
     build.reference = f"{target}:{tag}"
@@ -463,8 +480,7 @@ def _build_on_cluster(
         _inspect(build, repository)
     except registry.RegistryError as exc:
         _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
-    # BuildKit pushes the build's own tag only: the catalog points at it (a digest-pinned reference either way).
-    return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=f"{target}:{tag}")
+    return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=latest)
 
 
 def _build_dir() -> Path:
