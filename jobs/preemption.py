@@ -21,7 +21,7 @@ import structlog
 from django.db import connection
 
 from jobs import lifecycle
-from jobs.dispatch import JobStore, _pending_rows, _row_waiting
+from jobs.dispatch import CLASS_ORDER, JobStore, _pending_rows, _row_waiting
 from quotas.models import Queue
 from scheduler import dispatch as scheduler
 from scheduler.pool import Pool
@@ -70,14 +70,11 @@ def _waiting() -> list[tuple[scheduler.Waiting, tuple[str, ...]]]:
     rows = _pending_rows("AND NOT preemptible AND reason = %s", [scheduler.NO_CAPACITY])
     if not rows:
         return []
-    queues = {q["id"]: q for q in Queue.objects.values("id", "priority_class", "priority", "pools")}
-
-    def rank(job: scheduler.Waiting) -> tuple:
-        q = queues[job.queue_id]
-        return (0 if q["priority_class"] == Queue.PriorityClass.INFERENCE else 1, -q["priority"], q["id"], job.order)
-
-    jobs = sorted((_row_waiting(row) for row in rows), key=rank)
-    return [(job, tuple(sorted(queues[job.queue_id]["pools"] or ()))) for job in jobs]
+    # The dispatcher's own queue order (JobStore.backlog), then each line's.
+    ordered = Queue.objects.order_by(CLASS_ORDER, "-priority", "id").values_list("id", "pools")
+    place = {queue_id: (k, tuple(sorted(pools or ()))) for k, (queue_id, pools) in enumerate(ordered)}
+    jobs = sorted((_row_waiting(row) for row in rows), key=lambda job: (place[job.queue_id][0], job.order))
+    return [(job, place[job.queue_id][1]) for job in jobs]
 
 
 def preemptions_plan() -> list[tuple[Victim, scheduler.Waiting]]:
