@@ -56,8 +56,13 @@ def check_url(url: str) -> None:
         raise StoreError(f"TRAINYARD_S3_URL must be an http(s):// URL of an S3 endpoint, got '{url}'")
 
 
-def client(config: S3Config, *, timeout_s: float = 30.0, attempts: int = 3):
-    """A botocore S3 client for the store (path-style addressing: most self-hosted stores need it)."""
+def client(config: S3Config, *, timeout_s: float = 30.0, attempts: int = 3, sign_payload: bool = True):
+    """A botocore S3 client for the store (path-style addressing: most self-hosted stores need it).
+
+    `sign_payload=False`: request bodies are not hashed into the signature (botocore otherwise reads every byte
+    once more for SHA-256 on plain http). Only for callers whose every upload carries a Content-MD5 the store
+    checks and whose result is verified against the store's ETag (the checkpoint uploader): that is the choice
+    botocore itself makes over https when a Content-MD5 is present."""
     import boto3
     from botocore.config import Config
 
@@ -70,7 +75,7 @@ def client(config: S3Config, *, timeout_s: float = 30.0, attempts: int = 3):
         endpoint_url=config.url,
         region_name=config.region,
         config=Config(
-            s3={"addressing_style": "path"},
+            s3={"addressing_style": "path", **({} if sign_payload else {"payload_signing_enabled": False})},
             signature_version="s3v4",
             connect_timeout=min(timeout_s, 10.0),
             read_timeout=timeout_s,

@@ -21,6 +21,7 @@ Restore: before the command starts, the files of the checkpoint to resume from a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -39,6 +40,7 @@ READ_BYTES = 1024 * 1024
 MAX_BACKOFF_S = 60.0
 UPLOAD_THREADS = 4  # files uploaded at once by one attempt's sync
 PARTS_IN_FLIGHT = 4  # parts of one large file on the wire at once (each PART_BYTES in memory)
+LARGE_AT_ONCE = 1  # multipart files uploaded at once: several at a time only overcommit the CPU and the store
 HOLD_FILE = "checkpoint_hold"
 MANIFEST = "checkpoints.json"
 
@@ -185,11 +187,14 @@ def _upload_parts(s3, *, bucket: str, key: str, f, expected: int) -> tuple[Diges
     return digest_, str(completed.get("ETag", "")).strip('"')
 
 
-def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = None) -> dict:
+def upload_file(
+    s3, *, bucket: str, key: str, path: Path, root: Path | None = None, large_gate: threading.Semaphore | None = None
+) -> dict:
     """Upload one file and verify what the store holds; ChangedDuringUpload when the file moved under us.
     `root`: the folder the job owns; no symlink below it is followed. A file of one part is hashed, then sent
     with its Content-MD5 and its SHA-256 as metadata; a larger one is hashed while its parts are sent
-    (`_upload_parts`; its SHA-256 is known only at the end, so it lives in the platform's records alone)."""
+    (`_upload_parts`; its SHA-256 is known only at the end, so it lives in the platform's records alone), one such
+    file at a time per `large_gate` (its parts already keep the wire busy)."""
     import base64
 
     root, rel = (path.parent, path.name) if root is None else (root, str(path.relative_to(root)))
@@ -213,7 +218,8 @@ def upload_file(s3, *, bucket: str, key: str, path: Path, root: Path | None = No
             )
             stored_etag = str(put.get("ETag", "")).strip('"')
         else:
-            d, stored_etag = _upload_parts(s3, bucket=bucket, key=key, f=f, expected=before[0])
+            with large_gate or contextlib.nullcontext():
+                d, stored_etag = _upload_parts(s3, bucket=bucket, key=key, f=f, expected=before[0])
         st = os.fstat(f.fileno())
     if (st.st_size, st.st_mtime_ns) != before or d.size != before[0] or stored_etag != d.etag:
         raise ChangedDuringUpload(f"{rel} changed during the upload (the stored copy does not match)")
@@ -259,6 +265,7 @@ class CheckpointSync:
         self.unsaved: list[str] = []
         self.restored: dict = {}
         self._s3 = None
+        self._bulk = None  # the client of the uploads themselves (their bodies are checked by MD5, not signed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -269,6 +276,14 @@ class CheckpointSync:
             objectstore.ensure_bucket(self.store, s3)  # a store down raises here: retried with backoff
             self._s3 = s3
         return self._s3
+
+    def bulk(self):
+        """The client the uploads go through: every body carries a Content-MD5 the store checks and every result
+        is compared with the store's ETag, so the body is not hashed a third time for the signature."""
+        self.s3()  # the bucket check
+        if self._bulk is None:
+            self._bulk = objectstore.client(self.store, timeout_s=60.0, attempts=2, sign_payload=False)
+        return self._bulk
 
     # ------------------------------------------------------------------ restore
 
@@ -347,11 +362,12 @@ class CheckpointSync:
             s3 = None
             if ready:
                 try:
-                    s3 = self.s3()
+                    s3 = self.bulk()
                 except Exception as exc:  # noqa: BLE001 - a store that is down: retried with backoff
                     failed, ready = exc, []
             # Several files at once: hashing (which releases the GIL) and the network overlap. While the job runs,
             # the upload threads yield the CPU to it (lowest priority); the final sync, after it, goes at full speed.
+            large_gate = threading.BoundedSemaphore(LARGE_AT_ONCE)
             with ThreadPoolExecutor(
                 max_workers=UPLOAD_THREADS,
                 thread_name_prefix="checkpoint-upload",
@@ -359,7 +375,12 @@ class CheckpointSync:
             ) as pool:
                 futures = {
                     pool.submit(
-                        upload_file, s3, bucket=self.store.bucket, key=self.prefix + rel, path=self.dir / rel
+                        upload_file,
+                        s3,
+                        bucket=self.store.bucket,
+                        key=self.prefix + rel,
+                        path=self.dir / rel,
+                        large_gate=large_gate,
                     ): rel
                     for rel in ready
                 }
