@@ -16,8 +16,9 @@ recommendation (``rightsizing.recommend`` over the seed's specs) is compared wit
 recommended per-card memory below it is an out-of-memory run. Quota freed = requested minus recommended GPU
 compute (and memory), summed over the replayed submissions, as a share of what they requested.
 
-The margin is chosen on the tuning seeds (the smallest margin on ``MARGINS`` from which no larger margin has an
-out-of-memory run either) and reported on other seeds.
+The memory margin has two knobs: a fixed ``margin`` and an ``uncertainty`` shared among the runs of evidence (one
+run gets all of it; see ``rightsizing.memory_margin``). Both are chosen on the tuning seeds (``choose``) and
+reported on other seeds, recorded after the choice rule was fixed.
 
 Run: ``make bench-rightsizing`` (``--tune-seeds``, ``--seeds``, ``--families``, ``--runs``).
 Results: ``bench/results/rightsizing.json``.
@@ -46,6 +47,7 @@ STEP_S = 0.03
 STEPS = 20
 CARD_MIB = 24 * 1024
 MARGINS = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5]
+UNCERTAINTIES = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # memory allowance shared among the runs of evidence
 
 WORKLOAD = """
 import json, os, time
@@ -171,7 +173,7 @@ def spec_options(specs: list[dict], gpus: int):
     return options
 
 
-def replay(families: list[dict], margin: float, specs: list[dict]) -> dict:
+def replay(families: list[dict], margin: float, specs: list[dict], uncertainty: float = 0.0) -> dict:
     from monitoring import rightsizing
 
     by_name = {s["name"]: s for s in specs}
@@ -196,7 +198,9 @@ def replay(families: list[dict], margin: float, specs: list[dict]) -> dict:
                 )
                 for i, r in enumerate(fam["runs"][:k])
             ]
-            rec = rightsizing.recommend(history, request=request, options=options, margin=margin, scope="user")
+            rec = rightsizing.recommend(
+                history, request=request, options=options, margin=margin, uncertainty=uncertainty, scope="user"
+            )
             submissions += 1
             asked_milli += count * request.gpu_milli
             asked_mem += count * request.gpu_memory_mib
@@ -208,6 +212,7 @@ def replay(families: list[dict], margin: float, specs: list[dict]) -> dict:
                 oom += 1
     return {
         "margin": margin,
+        "uncertainty": uncertainty,
         "submissions": submissions,
         "recommended_smaller": changed,
         "out_of_memory": oom,
@@ -216,6 +221,24 @@ def replay(families: list[dict], margin: float, specs: list[dict]) -> dict:
         "gpu_compute_freed_milli": saved_milli,
         "gpu_compute_requested_milli": asked_milli,
     }
+
+
+def choose(sweep: list[dict]) -> dict:
+    """The setting to report with, from the tuning seeds alone: no out-of-memory run at it nor at any setting that is
+    at least as cautious in both knobs (a lucky zero next to a miss is not trusted); of those, the one that frees
+    the most compute (then the smaller knobs). The most cautious setting when none qualifies."""
+    safe = [
+        row
+        for row in sweep
+        if all(
+            not other["out_of_memory"]
+            for other in sweep
+            if other["margin"] >= row["margin"] and other["uncertainty"] >= row["uncertainty"]
+        )
+    ]
+    if not safe:
+        return max(sweep, key=lambda row: (row["margin"], row["uncertainty"]))
+    return max(safe, key=lambda row: (row["gpu_compute_freed_share"], -row["margin"], -row["uncertainty"]))
 
 
 def record_families(seeds: list[int], count: int, runs: int, root: Path, workers: int) -> list[dict]:
@@ -232,8 +255,10 @@ def record_families(seeds: list[int], count: int, runs: int, root: Path, workers
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tune-seeds", default="1,2,3")
-    parser.add_argument("--seeds", default="21,22,23,24,25")
+    # Tuning: every seed an earlier version of this benchmark has reported on (1-3, 11-15, 21-25) is now tuning
+    # data; the report seeds below were recorded once, after the rule and its grid were fixed.
+    parser.add_argument("--tune-seeds", default="1,2,3,11,12,13,14,15,21,22,23,24,25")
+    parser.add_argument("--seeds", default="31,32,33,34,35,36,37,38,39,40")
     parser.add_argument("--families", type=int, default=6, help="families per seed")
     parser.add_argument("--runs", type=int, default=5, help="runs per family")
     parser.add_argument("--workers", type=int, default=3)
@@ -270,15 +295,9 @@ def main() -> int:
                 "report": held_out,
             },
         )
-    sweep = [replay(tuning, m, specs) for m in MARGINS]
-    # The smallest margin from which every larger one is free of out-of-memory runs too (a lucky zero at a small
-    # margin with a miss above it is not trusted); the largest margin when none is.
-    chosen = MARGINS[-1]
-    for row in reversed(sweep):
-        if row["out_of_memory"]:
-            break
-        chosen = row["margin"]
-    report = replay(held_out, chosen, specs)
+    sweep = [replay(tuning, m, specs, u) for u in UNCERTAINTIES for m in MARGINS]
+    chosen = choose(sweep)
+    report = replay(held_out, chosen["margin"], specs, chosen["uncertainty"])
     all_runs = [r for fam in tuning + held_out for r in fam["runs"]]
     missed = [1 - r["peak_mib"] / r["true_peak_mib"] for r in all_runs]
     payload = {
@@ -295,12 +314,19 @@ def main() -> int:
             "note": "the sampler sees the job's statements only at its own interval: the profile's peak can miss a "
             "short spike, which the margin must cover",
         },
-        "tuning": {"seeds": tune_seeds, "families": len(tuning), "sweep": sweep, "chosen_margin": chosen},
+        "tuning": {
+            "seeds": tune_seeds,
+            "families": len(tuning),
+            "sweep": sweep,
+            "chosen": {"margin": chosen["margin"], "uncertainty": chosen["uncertainty"]},
+            "rule": "the (margin, uncertainty) freeing most compute among those with no out-of-memory run whose every "
+            "safer neighbour (a larger margin or a larger uncertainty) has none either",
+        },
         "report": {"seeds": seeds, "families": len(held_out), **report},
         # For reading only (never used to choose): how the other margins would have fared on the report seeds.
         "report_sweep": [
-            {k: r[k] for k in ("margin", "out_of_memory", "gpu_compute_freed_share")}
-            for r in (replay(held_out, m, specs) for m in MARGINS)
+            {k: r[k] for k in ("margin", "uncertainty", "out_of_memory", "gpu_compute_freed_share")}
+            for r in (replay(held_out, m, specs, u) for u in UNCERTAINTIES for m in MARGINS)
         ],
         "target": {"out_of_memory": 0, "met": report["out_of_memory"] == 0},
     }

@@ -126,6 +126,7 @@ class Recommendation:
     p95_mib: float
     need_memory_mib: float
     need_milli: float
+    memory_margin: float
     saves_gpu_milli: int  # per replica, whole job: request - recommendation (0 when it fits)
     saves_gpu_memory_mib: int
     batch_size: int | None = None
@@ -146,6 +147,7 @@ class Recommendation:
             "p95_gpu_memory_mib": round(self.p95_mib, 1),
             "needed_gpu_memory_mib": round(self.need_memory_mib, 1),
             "needed_gpu_milli": round(self.need_milli),
+            "memory_margin": round(self.memory_margin, 3),
             "saves": {"gpu_milli": self.saves_gpu_milli, "gpu_memory_mib": self.saves_gpu_memory_mib},
             "batch_size": self.batch_size,
             "batch_evidence": self.batch_evidence,
@@ -153,10 +155,19 @@ class Recommendation:
         }
 
 
-def needs(runs: list[Run], *, margin: float) -> tuple[float, float, int]:
-    """(memory per card, compute per card in milli, cards) that cover every run: the p95 plus the margin, and
-    never less than any observed peak; cards shrink only when the busiest card's p95 says they sit unused."""
-    memory = max(max(r.gpu_memory_p95_mib * (1 + margin), r.gpu_memory_peak_mib) for r in runs)
+def memory_margin(runs: list[Run], *, margin: float, uncertainty: float) -> float:
+    """The margin over the p95 for GPU memory: `margin`, plus `uncertainty` shared among the runs of evidence.
+    Few runs say little about how much the next one may differ (data-dependent activations): one run gets the
+    whole allowance, ten get a tenth of it."""
+    return margin + uncertainty / max(1, len(runs))
+
+
+def needs(runs: list[Run], *, margin: float, uncertainty: float = 0.0) -> tuple[float, float, int]:
+    """(memory per card, compute per card in milli, cards) that cover every run: the p95 plus the memory margin
+    (`memory_margin`), and never less than any observed peak; compute is the utilization p95 plus `margin` (too
+    little compute is slower, never a crash); cards shrink only when the busiest card's p95 says they sit unused."""
+    grow = memory_margin(runs, margin=margin, uncertainty=uncertainty)
+    memory = max(max(r.gpu_memory_p95_mib * (1 + grow), r.gpu_memory_peak_mib) for r in runs)
     utils = [r.gpu_util_p95_pct for r in runs if r.gpu_util_p95_pct is not None]
     milli = min(1000.0, max(utils) * 10 * (1 + margin)) if utils else 1000.0
     cards = max(r.gpu_count for r in runs)
@@ -201,11 +212,12 @@ def recommend(
     margin: float,
     scope: str,
     replicas: int = 1,
+    uncertainty: float = 0.0,
 ) -> Recommendation | None:
     """The cheapest option (compute, then memory) that covers the runs; None without runs."""
     if not runs:
         return None
-    memory, milli, cards = needs(runs, margin=margin)
+    memory, milli, cards = needs(runs, margin=margin, uncertainty=uncertainty)
     fitting = [o for o in options if o.gpu_memory_mib >= memory and o.gpu_milli >= milli and o.gpu_count >= cards]
     fitting.sort(key=lambda o: (o.gpu_count * o.gpu_milli, o.gpu_count * o.gpu_memory_mib, o.name))
     best = fitting[0] if fitting else request
@@ -223,7 +235,9 @@ def recommend(
         evidence += f", GPU utilization p95 {max(utils):.0f}%"
     if not covered:
         evidence += "; no spec of this queue covers it"
-    batch, batch_how = suggest_batch(runs, memory_mib=best.gpu_memory_mib, margin=margin)
+    grow = memory_margin(runs, margin=margin, uncertainty=uncertainty)
+    evidence += f"; memory margin {grow:.0%}"
+    batch, batch_how = suggest_batch(runs, memory_mib=best.gpu_memory_mib, margin=grow)
     return Recommendation(
         spec=best.name or None,
         gpu_count=best.gpu_count,
@@ -237,6 +251,7 @@ def recommend(
         p95_mib=p95,
         need_memory_mib=memory,
         need_milli=milli,
+        memory_margin=grow,
         saves_gpu_milli=max(0, (req_cost[0] - best_cost[0]) * replicas) if best != request else 0,
         saves_gpu_memory_mib=max(0, (req_cost[1] - best_cost[1]) * replicas) if best != request else 0,
         batch_size=batch,

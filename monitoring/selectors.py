@@ -547,6 +547,7 @@ def recommendation_for(job: Job) -> dict | None:
         request=request,
         options=spec_options(job),
         margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+        uncertainty=settings.TRAINYARD_RIGHTSIZE_UNCERTAINTY,
         scope=scope,
         replicas=job.replicas,
     )
@@ -720,6 +721,7 @@ def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetim
                 request=request,
                 options=spec_options(job),
                 margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+                uncertainty=settings.TRAINYARD_RIGHTSIZE_UNCERTAINTY,
                 scope="job",
             )
             if found is not None:

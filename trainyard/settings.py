@@ -349,10 +349,11 @@ TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S
 TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
 TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
 # Right-sizing (docs/rightsizing.md): how often a local supervisor samples its attempt's use, the margin a
-# recommendation adds over the observed p95 (chosen by `make bench-rightsizing` on held-out seeds), and how many
-# earlier runs it looks at.
+# recommendation adds over the observed p95 and the memory allowance shared among its runs of evidence (both chosen
+# by `make bench-rightsizing` on its tuning seeds), and how many earlier runs it looks at.
 TRAINYARD_USAGE_INTERVAL_S = env.float("TRAINYARD_USAGE_INTERVAL_S", default=5.0)
-TRAINYARD_RIGHTSIZE_MARGIN = env.float("TRAINYARD_RIGHTSIZE_MARGIN", default=0.15)
+TRAINYARD_RIGHTSIZE_MARGIN = env.float("TRAINYARD_RIGHTSIZE_MARGIN", default=0.0)
+TRAINYARD_RIGHTSIZE_UNCERTAINTY = env.float("TRAINYARD_RIGHTSIZE_UNCERTAINTY", default=0.5)
 TRAINYARD_RIGHTSIZE_HISTORY = env.int("TRAINYARD_RIGHTSIZE_HISTORY", default=10)
 # A leak: GPU or host memory that rose over at least this many samples and this share of the attempt's first value.
 TRAINYARD_LEAK_MIN_SAMPLES = env.int("TRAINYARD_LEAK_MIN_SAMPLES", default=120)

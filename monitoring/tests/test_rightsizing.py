@@ -108,6 +108,26 @@ def test_recommendation_picks_the_smallest_spec_covering_p95_with_margin():
     assert rightsizing.recommend([], request=options[0], options=options, margin=0.1, scope="user") is None
 
 
+def test_few_runs_of_evidence_get_a_wider_memory_margin():
+    """One run says little about the next: the uncertainty allowance goes to a single run whole and shrinks as runs
+    accumulate, so a model whose next run is larger is not sized down on one lucky sample."""
+    options = [
+        rightsizing.SpecOption("guaranteed", 1, 1000, 24576),
+        rightsizing.SpecOption("performance", 1, 750, 18432),
+    ]
+    one = [rightsizing.Run("a", 1, 24576, 15000, 14500, 60.0)]
+    # 14500 x (1 + 0.15 + 0.3) = 21025 MiB: more than the performance spec's 18432, so the request stands.
+    rec = rightsizing.recommend(one, request=options[0], options=options, margin=0.15, uncertainty=0.3, scope="user")
+    assert rec.fits_request and rec.memory_margin == pytest.approx(0.45) and "memory margin 45%" in rec.evidence
+    # Without the allowance the same single run would have been sized down (14500 x 1.15 = 16675).
+    assert not rightsizing.recommend(one, request=options[0], options=options, margin=0.15, scope="user").fits_request
+    # Six consistent runs: 0.15 + 0.3 / 6 = 0.2 -> 17400 MiB, which the performance spec covers.
+    six = [rightsizing.Run(str(i), 1, 24576, 15000, 14500, 60.0) for i in range(6)]
+    rec = rightsizing.recommend(six, request=options[0], options=options, margin=0.15, uncertainty=0.3, scope="user")
+    assert rec.spec == "performance" and rec.need_memory_mib == pytest.approx(14500 * 1.2)
+    assert rec.as_dict()["memory_margin"] == 0.2
+
+
 def test_batch_size_fills_the_recommended_memory():
     runs = [rightsizing.Run("a", 1, 24576, 2000 + 100 * b, 2000 + 100 * b, 50.0, batch_size=b) for b in (16, 32)]
     size, how = rightsizing.suggest_batch(runs, memory_mib=12000, margin=0.2)
