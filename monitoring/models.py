@@ -342,11 +342,13 @@ class UsageProfile(models.Model):
     """What one attempt used: GPU memory and utilization, CPU and host memory, sampled while it ran and kept
     after it ended (docs/rightsizing.md). GPU memory is per card (the busiest card); `gpu_source` says where the
     GPU numbers came from: `nvml` (per process), `dcgm` (per card), `emulated` (stated by the job on an emulated
-    card), or empty when nothing measured them."""
+    card), or empty when nothing measured them. `host_source` says the same of CPU and host memory: `proc` (the
+    local supervisor read /proc), `metrics` (the Kubernetes resource metrics API, per replica), or empty."""
 
     attempt = models.OneToOneField("jobs.Attempt", on_delete=models.CASCADE, primary_key=True, related_name="usage")
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="usage_profiles")
     gpu_source = models.CharField(max_length=10, blank=True)
+    host_source = models.CharField(max_length=10, blank=True, help_text="where CPU and host memory came from")
     samples = models.PositiveIntegerField(default=0)
     gpu_samples = models.PositiveIntegerField(default=0, help_text="samples with a GPU utilization reading")
     first_at = models.DateTimeField(null=True, blank=True)
@@ -363,6 +365,9 @@ class UsageProfile(models.Model):
     )
     cursor = models.PositiveBigIntegerField(default=0, help_text="bytes of the sample file read so far")
     telemetry_at = models.DateTimeField(null=True, blank=True, help_text="the last telemetry sample folded in")
+    metrics_at = models.DateTimeField(
+        null=True, blank=True, help_text="the last pod metrics measurement folded in (Kubernetes)"
+    )
     final = models.BooleanField(default=False, help_text="the attempt ended and every sample was read")
     idle_since = models.DateTimeField(null=True, blank=True, help_text="start of the current run of idle samples")
     idle_flagged_at = models.DateTimeField(null=True, blank=True)

@@ -604,6 +604,7 @@ def usage_payload(job: Job) -> dict:
             {
                 "attempt": p.attempt.number,
                 "gpu_source": p.gpu_source or None,
+                "host_source": p.host_source or None,
                 "samples": p.samples,
                 "final": p.final,
                 "first_at": p.first_at.isoformat() if p.first_at else None,

@@ -27,7 +27,7 @@ from cluster.models import GPU, LogicalDevice
 from jobs import logstore
 from jobs import services as jobs_services
 from jobs.models import Attempt, Job, JobEvent
-from jobs.states import ACTIVE, AttemptState, JobState
+from jobs.states import ACTIVE, ATTEMPT_FINISHED, AttemptState, JobState
 from monitoring import business, collectors, health, rightsizing, rules, selectors
 from monitoring.collectors import GpuReading
 from monitoring.health import ProbeOutcome
@@ -969,6 +969,7 @@ class UsageReport:
     idle_flagged: list[str] = field(default_factory=list)
     idle_stopped: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)
+    host_metrics_error: str = ""  # why no Kubernetes pod had CPU or memory numbers this pass
 
 
 def _at(t: float) -> datetime:
@@ -977,10 +978,11 @@ def _at(t: float) -> datetime:
 
 def usage_collect(*, now: datetime | None = None) -> UsageReport:
     """Fold what was sampled since the last pass into each started attempt's usage profile: the local
-    supervisor's samples (CPU, host memory, and GPU statements on emulated cards) and, for attempts on real cards,
-    the telemetry loop's GPU samples (NVML per process, else per card). Then judge idleness and leaks on the
-    running ones. Level-triggered: a profile remembers how far it read, so a lost pass costs one period; an ended
-    attempt's profile is made final once its last sample is in."""
+    supervisor's samples (CPU, host memory, and GPU statements on emulated cards), on Kubernetes the pods' CPU and
+    memory from the resource metrics API (read once per namespace for all running attempts), and, for attempts on
+    real cards, the telemetry loop's GPU samples (NVML per process, else per card). Then judge idleness and leaks
+    on the running ones. Level-triggered: a profile remembers how far it read, so a lost pass costs one period; an
+    ended attempt's profile is made final once its last sample is in."""
     from jobs.backends import get_backend
 
     moment = _now(now)
@@ -989,17 +991,55 @@ def usage_collect(*, now: datetime | None = None) -> UsageReport:
         Attempt.objects.filter(started_at__isnull=False)
         .exclude(backend_ref="")
         .filter(Q(usage__isnull=True) | Q(usage__final=False))
-        .values_list("pk", "backend", "backend_ref")
+        .values_list("pk", "backend", "backend_ref", "state")
     )
-    for attempt_id, backend_name, ref in attempts:
+    live: dict[str, list[str]] = defaultdict(list)
+    for _, backend_name, ref, state in attempts:
+        if state not in ATTEMPT_FINISHED:
+            live[backend_name].append(ref)
+    sampled = _usage_sample(live, report=report)
+    for attempt_id, backend_name, ref, _ in attempts:
         try:
             backend = get_backend(backend_name)
             with transaction.atomic(durable=True):
-                _usage_update(attempt_id=attempt_id, ref=ref, backend=backend, now=moment, report=report)
+                _usage_update(
+                    attempt_id=attempt_id,
+                    ref=ref,
+                    backend=backend,
+                    now=moment,
+                    report=report,
+                    measured=sampled.get((backend_name, ref)),
+                )
         except Exception:  # noqa: BLE001 - one attempt's unreadable samples never stop the others'
             log.exception("usage_update_failed", attempt=attempt_id)
         report.attempts += 1
     return report
+
+
+def _usage_sample(live: dict[str, list[str]], *, report: UsageReport) -> dict[tuple[str, str], dict]:
+    """One sample now per running attempt of each backend that measures its attempts from outside (Kubernetes:
+    the resource metrics API), keyed by (backend, reference). A backend whose source cannot be read yields
+    nothing, and one log line per pass says why."""
+    from jobs.backends import get_backend
+
+    sampled: dict[tuple[str, str], dict] = {}
+    for backend_name, refs in sorted(live.items()):
+        try:
+            backend = get_backend(backend_name)
+            if not hasattr(backend, "usage_sample"):
+                continue
+            reading = backend.usage_sample(refs)
+        except Exception:  # noqa: BLE001 - no CPU or memory numbers this pass; never a failed telemetry task
+            log.exception("usage_sample_failed", backend=backend_name, attempts=len(refs))
+            report.host_metrics_error = f"reading {backend_name} usage failed"
+            continue
+        if reading.unavailable:
+            log.warning("pod_metrics_unavailable", backend=backend_name, attempts=len(refs), reason=reading.unavailable)
+            report.host_metrics_error = reading.unavailable
+        if reading.skipped_pods:
+            log.warning("pod_metrics_unreadable", backend=backend_name, pods=reading.skipped_pods[:20])
+        sampled.update({(backend_name, ref): sample for ref, sample in reading.samples.items()})
+    return sampled
 
 
 def _telemetry_points(attempt: Attempt, *, since: datetime | None, until: datetime) -> tuple[list[list], str]:
@@ -1037,7 +1077,9 @@ def _telemetry_points(attempt: Attempt, *, since: datetime | None, until: dateti
     return points, source
 
 
-def _usage_update(*, attempt_id: int, ref: str, backend, now: datetime, report: UsageReport) -> None:
+def _usage_update(
+    *, attempt_id: int, ref: str, backend, now: datetime, report: UsageReport, measured: dict | None = None
+) -> None:
     attempt = Attempt.objects.select_related("job__queue", "job__owner").get(pk=attempt_id)
     profile = UsageProfile.objects.select_for_update().filter(attempt=attempt).first()
     if profile is None:
@@ -1051,6 +1093,16 @@ def _usage_update(*, attempt_id: int, ref: str, backend, now: datetime, report: 
         [s["t"], s.get("gpu_memory_mib"), s.get("gpu_util_pct"), s.get("cpu_milli"), s.get("rss_mib")] for s in samples
     ]
     emulated = any(p[1] is not None or p[2] is not None for p in points)
+    if any(p[3] is not None or p[4] is not None for p in points):
+        profile.host_source = "proc"  # the local supervisor's /proc readings
+    if measured is not None and not ended:
+        measured_at = _at(measured["t"])
+        # metrics-server refreshes every scrape interval: a pass that sees the same measurement adds nothing
+        if profile.metrics_at is None or measured_at > profile.metrics_at:
+            points.append([measured["t"], None, None, measured.get("cpu_milli"), measured.get("rss_mib")])
+            profile.metrics_at = measured_at
+            profile.host_source = "metrics"
+            report.samples += 1
     telemetry, source = _telemetry_points(attempt, since=profile.telemetry_at, until=now)
     if telemetry:
         points.extend(telemetry)

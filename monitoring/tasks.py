@@ -22,6 +22,7 @@ def collect_telemetry() -> dict:
         "idle_flagged": len(usage.idle_flagged),
         "idle_stopped": len(usage.idle_stopped),
         "leaks": len(usage.leaks),
+        "host_metrics_error": usage.host_metrics_error,
         "source": report.source,
         "samples": report.samples,
         "unknown": report.unknown,

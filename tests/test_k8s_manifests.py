@@ -304,6 +304,7 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.observe(refs)  # pending: PodGroups and events
         kube.controller.tick(3)
         backend.observe(refs)  # running: pods and logs
+        backend.usage_sample(refs)  # running: the pods' CPU and memory (metrics.k8s.io)
         backend.live_refs()
         host = backend.tensorboard_expose(job_id=single.job_id, namespace=TEAM_NS)
         assert host.endswith(".tb.example.org")

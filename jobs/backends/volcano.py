@@ -55,6 +55,7 @@ from cluster.inventory import (
     mig_profile,
 )
 from jobs import logstore
+from jobs.backends import pod_metrics
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
 from trainyard import kubeclient, objectstore
@@ -599,6 +600,57 @@ class VolcanoBackend:
         job_id, number = _attempt_of(name)
         return logstore.tail_text(logstore.attempt_dir(job_id, number), max_bytes)
 
+    # ------------------------------------------------------------------------------------------- usage
+
+    def usage_sample(self, refs: list[str]) -> pod_metrics.UsageSampling:
+        """CPU and memory of these attempts' pods now, from the resource metrics API (metrics-server): one list
+        per namespace, whatever the number of attempts. Each attempt with metrics gets one sample
+        (jobs/backends/pod_metrics.py says what is counted). No retries: a missed sample costs one telemetry
+        pass. When the API is not installed (404), not serving (503) or not granted (403), the pass stops with
+        `unavailable` set and no numbers."""
+        by_namespace: dict[str, dict[str, str]] = defaultdict(dict)
+        for ref in refs:
+            namespace, name = parse_ref(ref)
+            by_namespace[namespace][name] = ref
+        result = pod_metrics.UsageSampling()
+        group, version, plural = pod_metrics.METRICS_API
+        for namespace, wanted in sorted(by_namespace.items()):
+            result.namespaces += 1
+            try:
+                items = self.custom.list_namespaced_custom_object(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    label_selector=SELECTOR,
+                    _request_timeout=self.config.request_timeout_s,
+                )["items"]
+            except ApiException as exc:
+                # metrics-server lists from its pod cache (a missing namespace lists empty), so a 404 means no API
+                if exc.status in (403, 404, 503):
+                    result.unavailable = _metrics_unavailable(exc)
+                    break
+                log.warning("pod_metrics_read_failed", namespace=namespace, error=_message(exc))
+                continue
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                result.unavailable = f"the resource metrics API did not answer ({type(exc).__name__})"
+                break
+            pods: dict[str, list[pod_metrics.PodUsage]] = defaultdict(list)
+            for item in items:
+                job_name = _metrics_job_name(item, wanted)
+                if job_name is None:
+                    continue
+                try:
+                    usage = pod_metrics.pod_usage(item, container=render.MAIN_CONTAINER)
+                except ValueError as exc:
+                    result.skipped_pods.append(f"{namespace}/{item.get('metadata', {}).get('name')}: {exc}")
+                    continue
+                if usage is not None:
+                    pods[job_name].append(usage)
+            for name, usages in pods.items():
+                result.samples[wanted[name]] = pod_metrics.attempt_sample(usages)
+        return result
+
     # ------------------------------------------------------------------------------------------- stop
 
     def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
@@ -928,6 +980,28 @@ def _message(exc: ApiException) -> str:
         return str(json.loads(exc.body).get("message") or exc.reason)
     except (TypeError, ValueError, AttributeError):
         return f"HTTP {exc.status} {exc.reason}"
+
+
+def _metrics_unavailable(exc: ApiException) -> str:
+    if exc.status == 403:
+        return (
+            "the resource metrics API refused the platform's service account (HTTP 403): "
+            "it needs list on pods.metrics.k8s.io in the team namespaces (k8s/rbac.yaml)"
+        )
+    if exc.status == 404:
+        return "the resource metrics API (metrics.k8s.io/v1beta1) is not installed (HTTP 404): install metrics-server"
+    return f"the resource metrics API is not serving (HTTP {exc.status}): is metrics-server running? {_message(exc)}"
+
+
+def _metrics_job_name(item: JSON, wanted: Mapping[str, str]) -> str | None:
+    """Which of the wanted Volcano jobs a PodMetrics item belongs to: by the pod's `volcano.sh/job-name` label
+    (metrics-server copies pod labels), else by the pod's name (`<job>-<task>-<index>`), for releases that do not."""
+    meta = item.get("metadata") or {}
+    name = (meta.get("labels") or {}).get("volcano.sh/job-name")
+    if name:
+        return name if name in wanted else None
+    pod = str(meta.get("name") or "")
+    return next((job for job in wanted if pod.startswith(f"{job}-")), None)
 
 
 def _phase(job: JSON) -> str:

@@ -26,6 +26,10 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
   kubelet and scripts, `active`/`succeeded`/`failed` counts and the Complete (with SuccessCriteriaMet) or Failed
   (BackoffLimitExceeded, FailureTarget) conditions; not its `activeDeadlineSeconds`, indexed completions,
   parallelism above one, pod failure policies or `ttlSecondsAfterFinished`.
+- the resource metrics API (`metrics.k8s.io/v1beta1` pods, as metrics-server serves them): `set_pod_metrics()`
+  gives a pod's containers' CPU and memory (served while the pod is Running, with its labels, `timestamp` and
+  `window`; lists take label selectors), `clear_pod_metrics()`, and `metrics_api` = `"absent"` (not installed:
+  404) or `"unavailable"` (503); node metrics and field selectors are not emulated.
 - `crds`: the real Volcano CRDs (`crds_available()`, `crd_schema()`, `validate()`; `require()` skips a test
   without them, or fails it under `CI=true`; `release_dirs()` names the release folders to test against).
 

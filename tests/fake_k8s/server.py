@@ -895,6 +895,10 @@ class FakeKubernetes:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._admission: list[Any] = []
         self.graceful_pod_deletion = False  # True while a kubelet simulation removes terminating pods
+        # The resource metrics API (metrics-server): "served", "absent" (not installed: 404) or "unavailable"
+        # (registered but not answering: 503). See `set_pod_metrics`.
+        self.metrics_api = "served"
+        self._pod_metrics: dict[tuple[str, str], JSON] = {}
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -1986,6 +1990,161 @@ class FakeKubernetes:
                     return
                 self._remove(self.resource("pods"), pod)
 
+    # -- the resource metrics API (metrics.k8s.io/v1beta1 pods, as metrics-server serves it) ---------------
+    #
+    # PodMetrics exist for pods that are Running and whose usage a test set, one item per pod, with the pod's labels
+    # (metrics-server copies them), `timestamp`, `window` and the containers' `usage` as canonical quantities. Lists
+    # take label selectors; a namespace that does not exist lists empty (metrics-server lists pods from its cache and
+    # never looks namespaces up); a pod without metrics is 404 on get. Not emulated: node metrics, field selectors
+    # (400 here), the delay of the first scrapes.
+
+    def set_pod_metrics(
+        self,
+        namespace: str,
+        pod: str,
+        usage: Mapping[str, Mapping[str, Any]],
+        *,
+        at: datetime | None = None,
+        window_s: int = 15,
+    ) -> None:
+        """What metrics-server measured for a pod: `{container: {"cpu": "250m", "memory": "512Mi"}}`, at `at` (the
+        server's clock by default). Containers the pod does not run are not served."""
+        containers = []
+        for name, values in usage.items():
+            if set(values) != {"cpu", "memory"}:
+                raise ValueError(
+                    f"container {name}: metrics-server reports exactly cpu and memory, got {sorted(values)}"
+                )
+            # metrics-server writes CPU in decimal units (nanocores) and memory in binary ones (bytes)
+            usage = {"cpu": format_quantity(quantity_value(values["cpu"]), "DecimalSI")}
+            usage["memory"] = format_quantity(quantity_value(values["memory"]), "BinarySI")
+            containers.append({"name": name, "usage": usage})
+        with self._lock:
+            self._pod_metrics[(namespace, pod)] = {
+                "timestamp": rfc3339(at or self.now()),
+                "window": f"{int(window_s)}s",
+                "containers": containers,
+            }
+
+    def clear_pod_metrics(self, namespace: str | None = None, pod: str | None = None) -> None:
+        with self._lock:
+            for key in [k for k in self._pod_metrics if namespace in (None, k[0]) and pod in (None, k[1])]:
+                del self._pod_metrics[key]
+
+    def _with_metrics_group(self, groups: JSON) -> JSON:
+        if self.metrics_api != "absent":
+            version = {"groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}", "version": METRICS_VERSION}
+            groups["groups"].append({"name": METRICS_GROUP, "versions": [version], "preferredVersion": version})
+            groups["groups"].sort(key=lambda g: g["name"])
+        return groups
+
+    def _pod_metrics_item(self, pod: JSON) -> JSON | None:
+        meta = pod["metadata"]
+        stored = self._pod_metrics.get((meta.get("namespace", ""), meta["name"]))
+        if stored is None or (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+            return None
+        spec = pod.get("spec") or {}
+        running = {c.get("name") for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])}
+        item: JSON = {
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta.get("namespace", ""),
+                "creationTimestamp": rfc3339(self.now()),
+                "labels": dict(meta.get("labels") or {}),
+            },
+            "timestamp": stored["timestamp"],
+            "window": stored["window"],
+            "containers": [copy.deepcopy(c) for c in stored["containers"] if c["name"] in running],
+        }
+        if not item["metadata"]["labels"]:
+            del item["metadata"]["labels"]
+        return item
+
+    def _metrics_request(self, method: str, path: str, query: dict[str, list[str]], record: RequestRecord) -> _Response:
+        if self.metrics_api == "absent":
+            raise _no_such_resource()
+        if self.metrics_api == "unavailable":
+            raise ApiError(503, "the server is currently unable to handle the request")
+        parts = [unquote(part) for part in path[len(METRICS_PREFIX) :].strip("/").split("/") if part]
+        if parts == [METRICS_VERSION]:
+            if method != "GET":
+                raise ApiError(405, "the server does not allow this method on the requested resource")
+            return _Response(
+                200,
+                {
+                    "kind": "APIResourceList",
+                    "apiVersion": "v1",
+                    "groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}",
+                    "resources": [
+                        {
+                            "name": "pods",
+                            "singularName": "",
+                            "namespaced": True,
+                            "kind": "PodMetrics",
+                            "verbs": ["get", "list"],
+                        }
+                    ],
+                },
+            )
+        if not parts and method == "GET":
+            version = {"groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}", "version": METRICS_VERSION}
+            return _Response(
+                200,
+                {
+                    "kind": "APIGroup",
+                    "apiVersion": "v1",
+                    "name": METRICS_GROUP,
+                    "versions": [version],
+                    "preferredVersion": version,
+                },
+            )
+        if not parts or parts[0] != METRICS_VERSION:
+            raise _no_such_resource()
+        rest, namespace = parts[1:], None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not rest or rest[0] != "pods" or len(rest) > 2:
+            raise _no_such_resource()
+        if method != "GET":
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        param = _Params(query)
+        record.handled = True
+        with self._lock:
+            if len(rest) == 2:
+                if namespace is None:
+                    raise _no_such_resource()
+                pod = self._objects[("", "pods")].get((namespace, rest[1]))
+                item = self._pod_metrics_item(pod) if pod is not None else None
+                if item is None:
+                    raise ApiError(
+                        404,
+                        f'podmetrics.metrics.k8s.io "{namespace}/{rest[1]}" not found',
+                        details={"name": f"{namespace}/{rest[1]}", "group": METRICS_GROUP, "kind": "pods"},
+                    )
+                return _Response(
+                    200, {"kind": "PodMetrics", "apiVersion": f"{METRICS_GROUP}/{METRICS_VERSION}", **item}
+                )
+            if param.flag("watch"):
+                raise ApiError(405, "the server does not allow this method on the requested resource")
+            if param.get("fieldSelector"):
+                raise bad_request("field selectors on metrics.k8s.io are not emulated by the fake API server")
+            labels = LabelSelector(param.get("labelSelector"))
+            items = []
+            for (ns, _), pod in sorted(self._objects[("", "pods")].items()):
+                if namespace in (None, ns) and labels.matches(pod["metadata"].get("labels")):
+                    item = self._pod_metrics_item(pod)
+                    if item is not None:
+                        items.append(item)
+        return _Response(
+            200,
+            {
+                "kind": "PodMetricsList",
+                "apiVersion": f"{METRICS_GROUP}/{METRICS_VERSION}",
+                "metadata": {},
+                "items": items,
+            },
+        )
+
     # -- HTTP --------------------------------------------------------------------------------------
 
     def _serve(self, handler: _Handler) -> None:
@@ -2110,7 +2269,9 @@ class FakeKubernetes:
                 },
             )
         if path in ("/apis", "/apis/"):
-            return _Response(200, self._group_list())
+            return _Response(200, self._with_metrics_group(self._group_list()))
+        if path == METRICS_PREFIX or path.startswith(METRICS_PREFIX + "/"):
+            return self._metrics_request(method, path, query, record)
         route = self._parse_route(path)
         if route.kind == "discovery":
             if method != "GET":
@@ -2614,6 +2775,11 @@ class _Params:
             return int(str(value))
         except ValueError:
             raise bad_request(f"{name}: invalid integer {value!r}") from None
+
+
+METRICS_GROUP = "metrics.k8s.io"
+METRICS_VERSION = "v1beta1"
+METRICS_PREFIX = f"/apis/{METRICS_GROUP}"
 
 
 def _no_such_resource() -> ApiError:
