@@ -274,3 +274,99 @@ def test_a_shared_job_holding_more_than_its_share_is_stopped_by_the_platform(pla
     print("stopped:", event.message, "|", attempt.reason, attempt.rule)
     assert job.state == JobState.FAILED and attempt.rule == "gpu-share-exceeded" and attempt.failure_class == "user"
     assert event.data["share_mib"] == share and event.data["used_mib"] >= greedy
+
+
+# Right-sizing on a real card (docs/rightsizing.md): the profile comes from NVML's per-process memory and the card's
+# utilization, sampled by the telemetry loop, not from anything the job states.
+ALLOCATING_JOB = (
+    "import sys, time, torch\n"
+    "x = torch.empty(int(sys.argv[1]) * 1024 * 1024, dtype=torch.uint8, device='cuda')\n"
+    "x.fill_(1); torch.cuda.synchronize(); print('holding', sys.argv[1], 'MiB', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+def _profile_while_running(job, *, until, timeout: float):
+    """Run the telemetry loop's two passes (card samples, then usage profiles) every second, as beat would,
+    until `until(report)` is true; returns that report."""
+    from monitoring import services as monitoring
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        monitoring.telemetry_collect()
+        report = monitoring.usage_collect()
+        if until(report):
+            return report
+        time.sleep(1.0)
+    raise AssertionError(f"not reached in {timeout} s; job {Job.objects.get(pk=job.pk).state}")
+
+
+@needs_torch
+@pytest.mark.django_db(transaction=True)
+def test_a_job_allocating_a_known_amount_is_profiled_within_5_percent_and_advised_next_time(
+    platform, celery_worker_thread
+):
+    from monitoring import selectors
+    from monitoring.models import UsageProfile
+
+    card_mib = inventory.read_nvml().gpus[0].memory_mib
+    if card_mib < 17 * 1024:
+        pytest.skip(f"a {card_mib} MiB card: the CUDA context alone is more than 5% of what fits in 60% of it")
+    amount = min(16384, card_mib * 6 // 10)  # large enough that the CUDA context (~0.5 GiB) stays within 5%
+    command = [JOB_PYTHON, "-c", ALLOCATING_JOB, str(amount), "10"]
+    data = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": command}
+    job, _ = services.job_submit(user=platform, data=data)
+    wait_for(lambda: "holding" in _log(job), timeout=150, every=0.5)
+    _profile_while_running(job, until=lambda _: Job.objects.get(pk=job.pk).is_terminal, timeout=90)
+    profile = wait_for(
+        lambda: (
+            _profile_while_running(job, until=lambda _: True, timeout=5)
+            and UsageProfile.objects.filter(job=job, final=True).first()
+        ),
+        timeout=60,
+    )
+    print("profile:", profile.gpu_source, profile.gpu_memory_peak_mib, profile.gpu_util_p95_pct, "allocated", amount)
+    assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
+    assert profile.gpu_source == "nvml"
+    assert abs(profile.gpu_memory_peak_mib - amount) <= 0.05 * amount
+
+    # The same command again: the answer carries a recommendation from that run; the request is untouched.
+    again, _ = services.job_submit(user=platform, data=data)
+    try:
+        rec = selectors.recommendation_for(again)
+        print("recommendation:", rec)
+        assert rec is not None and rec["runs"] == 1 and rec["evidence"].startswith("1 run, peak")
+        assert again.spec.name == "guaranteed" and again.gpu_memory_mib == job.gpu_memory_mib
+    finally:
+        services.job_cancel(job_id=str(again.id), actor="demo")
+
+
+IDLE_CUDA_JOB = (
+    "import time, torch\n"
+    "x = torch.ones(256 * 1024 * 1024, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
+    "print('idle', flush=True); time.sleep(300)\n"
+)
+
+
+@needs_torch
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_job_on_a_real_card_is_flagged_then_stopped_after_its_notice(platform, celery_worker_thread):
+    from monitoring.defaults import seed_rules
+    from monitoring.models import AlertRule
+    from quotas.models import Queue
+
+    seed_rules(AlertRule)
+    Queue.objects.filter(name="train").update(
+        idle_threshold_pct=5, idle_after_s=5, idle_action="stop", idle_stop_after_s=5
+    )
+    data = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11"}
+    job, _ = services.job_submit(user=platform, data={**data, "command": [JOB_PYTHON, "-c", IDLE_CUDA_JOB]})
+    wait_for(lambda: "idle" in _log(job), timeout=150, every=0.5)
+    flagged = _profile_while_running(job, until=lambda r: r.idle_flagged, timeout=60)
+    assert flagged.idle_flagged == [f"{job.id}#1"]
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # noticed, not stopped yet
+    assert job.events.filter(kind="gpu_idle").exists()
+    stopped = _profile_while_running(job, until=lambda r: r.idle_stopped, timeout=60)
+    assert stopped.idle_stopped == [f"{job.id}#1"]
+    job = wait_for(lambda: (lambda j: j if j.is_terminal else None)(Job.objects.get(pk=job.pk)), timeout=60)
+    assert job.state == JobState.CANCELLED and job.reason == "idle_gpu"
