@@ -2,6 +2,8 @@
 /proc, GPU numbers stated by the job on emulated cards), recommendations on the next submission, idle GPUs flagged
 and stopped after notice, and leaks raising a warning alert."""
 
+import uuid
+
 import pytest
 from django.test import Client
 
@@ -326,3 +328,32 @@ def test_a_teammates_runs_are_used_when_the_user_has_none(db_platform):
     rec = body["recommendation"]
     # 90% of a card: no smaller spec computes it; the request fits, said so with the team's evidence.
     assert rec["scope"] == "team" and rec["fits_request"] and rec["evidence"].startswith("1 run, peak 4.9 GiB")
+
+
+def test_a_repeated_submission_reuses_the_expected_waits_aged(db_platform, monkeypatch):
+    """The expected waits replay the queue's whole line; a CI pipeline resubmitting the same command within the
+    reuse period gets the answer already computed, less the time since, instead of another replay."""
+    from jobs import eta
+    from monitoring import selectors
+
+    command = ["python3", f"train-{uuid.uuid4().hex[:8]}.py"]  # a key no earlier test left in the shared cache
+    for peak in (3900, 4100):
+        finished_run(db_platform, peak=peak, p95=peak - 300, util=18, batch=16, command=command)
+    replays = []
+    real = eta.estimate_starts
+    monkeypatch.setattr(eta, "estimate_starts", lambda *a, **k: replays.append(1) or real(*a, **k))
+    body = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11"}
+    first = api_as("demo").post("/api/v1/jobs/", {**body, "command": command}, format="json").json()
+    replayed = len(replays)
+    assert replayed >= 1 and first["recommendation"]["expected_waits"]
+    second = api_as("demo").post("/api/v1/jobs/", {**body, "command": command}, format="json").json()
+    assert len(replays) == replayed  # served from the first answer
+    assert [w["queue"] for w in second["recommendation"]["expected_waits"]] == [
+        w["queue"] for w in first["recommendation"]["expected_waits"]
+    ]
+    assert selectors._aged({"low_s": 100, "mid_s": None, "high_s": 7, "known": True}, 10) == {
+        "low_s": 90,
+        "mid_s": None,
+        "high_s": 0,
+        "known": True,
+    }
