@@ -283,6 +283,7 @@ def main() -> int:
     parser.add_argument("--work-mib", type=int, default=64, help="MiB hashed per step (the job's compute)")
     args = parser.parse_args()
 
+    load_start = [round(x, 2) for x in os.getloadavg()]
     running = embedded.Embedded()
     work = Path(tempfile.mkdtemp(prefix="trainyard-bench-storage-"))
     try:
@@ -308,7 +309,12 @@ def main() -> int:
         report = {
             "benchmark": "storage",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "loadavg_start": load_start,
+                "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            },
             "store": where,
             "size_mib": args.size_mib,
             "checkpoint_upload": upload,
