@@ -122,6 +122,24 @@ DEFAULT_RULES = [
         "the log says which. Retried.",
     ),
     dict(
+        name="checkpoint-restore-failed",
+        order=56,
+        reason_pattern=r"^CheckpointRestoreError$",
+        failure_class="platform",
+        reaction="no_retry",
+        suggestion="The checkpoint to resume from could not be restored: it is missing from the object store or its "
+        "bytes no longer match their checksum (the message says which). Restoring it again would fail the same "
+        "way: resubmit without resuming, or resume from a job whose checkpoint is intact.",
+    ),
+    dict(
+        name="checkpoint-store-unavailable",
+        order=57,
+        reason_pattern=r"^CheckpointStoreUnavailable$",
+        failure_class="platform",
+        reaction="retry",
+        suggestion="The object store could not be reached to restore the checkpoint to resume from; retried.",
+    ),
+    dict(
         name="exit-137-oom",
         order=95,
         exit_codes=[137],

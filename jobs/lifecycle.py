@@ -30,7 +30,7 @@ from django.utils import timezone
 from cluster.models import GPU
 from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
-from jobs.backends import AttemptDescription, Device, Observation, get_backend
+from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
@@ -40,6 +40,10 @@ from trainyard.units import human_duration
 log = structlog.get_logger(__name__)
 LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
 PREEMPTED_REASON = "Preempted"  # what a preempted attempt's observation reports
+# Failures before the command started, whose message names what failed (the checkpoint to resume from, a dataset).
+STARTUP_FAILURE_REASONS = frozenset(
+    {checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN, "DatasetFetchError", "DatasetCacheFull"}
+)
 
 
 # ------------------------------------------------------------------------------------------- start
@@ -585,6 +589,14 @@ def _describe_exit(obs: Observation) -> str:
     if obs.exit_code is not None:
         if obs.reason in {"", "Error"}:
             return stored("exited with code %(code)s", code=obs.exit_code)
+        if obs.message and obs.reason in STARTUP_FAILURE_REASONS:
+            # The command never started: the message says what stopped it (which checkpoint or dataset, and why).
+            return stored(
+                "exited with code %(code)s (%(reason)s): %(message)s",
+                code=obs.exit_code,
+                reason=obs.reason,
+                message=obs.message,
+            )
         return stored("exited with code %(code)s (%(reason)s)", code=obs.exit_code, reason=obs.reason)
     if obs.message:
         return stored("ended: %(reason)s — %(message)s", reason=obs.reason or "unknown", message=obs.message)

@@ -10,6 +10,7 @@ The RBAC check replays every backend operation against the fake API server, turn
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from tests.fake_k8s import FakeKubernetes, crds
 K8S = Path(__file__).resolve().parents[1] / "k8s"
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 TEAM_NS, SYSTEM_NS, BUILD_NS = "trainyard-demo", "trainyard", "trainyard-builds"
+DATASET = {"id": 7, "team": "demo", "name": "imagenet", "version": 3, "path": "/data", "kind": "s3",
+           "prefix": "datasets/imagenet/3/", "claim": "", "size_bytes": 1000, "file_count": 10}  # fmt: skip
 
 
 def documents() -> list[tuple[str, dict]]:
@@ -311,6 +314,23 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.tensorboard_remove(job_id=single.job_id, namespace=TEAM_NS)
         backend.cancel(refs[0], grace_s=1)
         backend.cleanup(refs[1])
+        # Shared dataset caches (TRAINYARD_DATASET_CACHE_STORAGE_CLASS): a claim and a fill Job per dataset version,
+        # made once; the trainers wait; a failed fill fails the attempt, and is replaced by the next submit.
+        cached = VolcanoBackend(
+            kube.api_client(),
+            dataclasses.replace(
+                backend.config,
+                render=render.RenderOptions(s3_url="http://s3.storage:8333", dataset_cache_storage_class="cephfs"),
+            ),
+        )
+        kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
+        kube.controller.script("ty-dataset-", exit_code=1, message="DatasetFetchError: the store is down")
+        waiting = dataclasses.replace(describe(1), datasets=[DATASET])
+        ref = cached.submit(waiting)
+        cached.submit(waiting)  # 409s: the claim, and the fill Job read
+        kube.controller.tick(12)
+        assert cached.observe([ref])[ref].reason == "DatasetFetchError"  # the failed fill Job is deleted
+        kube.controller.script("ty-", run_ticks=None, logs="hi")
         kube.controller.script("ty-", waiting_reason="ImagePullBackOff")
         stuck = describe(1)
         ref = backend.submit(stuck)

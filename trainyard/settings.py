@@ -338,6 +338,11 @@ TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
 # Secret (in each team's namespace) holding the object store's keys for them.
 TRAINYARD_K8S_PLATFORM_IMAGE = env.str("TRAINYARD_K8S_PLATFORM_IMAGE", default=f"trainyard:{PLATFORM_VERSION}")
 TRAINYARD_K8S_S3_SECRET = env.str("TRAINYARD_K8S_S3_SECRET", default="trainyard-s3")
+# A storage class offering ReadWriteMany: each S3 dataset version is fetched once into a claim of its own that
+# every job pod mounts read-only. Empty: every pod fetches its datasets into its own emptyDir.
+TRAINYARD_DATASET_CACHE_STORAGE_CLASS = env.str("TRAINYARD_DATASET_CACHE_STORAGE_CLASS", default="")
+# How long a dataset's fill Job may take, and a job's pods wait for it, before the attempt fails.
+TRAINYARD_DATASET_FILL_TIMEOUT_S = env.int("TRAINYARD_DATASET_FILL_TIMEOUT_S", default=6 * 3600)
 TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow/tensorflow:2.16.1")
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
 TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced

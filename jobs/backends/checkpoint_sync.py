@@ -43,6 +43,13 @@ PARTS_IN_FLIGHT = 4  # parts of one large file on the wire at once (each PART_BY
 LARGE_AT_ONCE = 1  # multipart files uploaded at once: several at a time only overcommit the CPU and the store
 HOLD_FILE = "checkpoint_hold"
 MANIFEST = "checkpoints.json"
+# A failed restore: the attempt ends before its command starts, with one of these reasons. The checkpoint itself is
+# unusable (missing from the store, or its bytes do not match its checksum): restoring it again fails the same way.
+RESTORE_FAILED = "CheckpointRestoreError"
+# The store could not be used (unreachable, refusing requests) after the client's own retries: a platform outage.
+RESTORE_STORE_DOWN = "CheckpointStoreUnavailable"
+RESTORE_EXIT_CODE = 125  # what the sidecar exits with (and the local supervisor records) when the restore failed
+TERMINATION_LOG = "/dev/termination-log"
 
 
 @dataclass
@@ -132,6 +139,29 @@ def _lowest_priority() -> None:
 
 class ChangedDuringUpload(Exception):
     pass
+
+
+class CheckpointUnusable(objectstore.StoreError):
+    """The checkpoint's stored bytes cannot be restored as recorded (checksum or size mismatch, a bad path)."""
+
+
+def restore_failure(plan: dict, exc: BaseException) -> tuple[str, str]:
+    """The reason and the one-line message of a failed restore of `plan` (the local supervisor and the Kubernetes
+    sidecar report it alike): CheckpointRestoreError when the checkpoint is missing or corrupt,
+    CheckpointStoreUnavailable when the store could not be used."""
+    from botocore.exceptions import ClientError
+
+    missing = isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code", "")) in {
+        "NoSuchKey",
+        "404",
+        "NotFound",
+    }
+    reason = RESTORE_FAILED if missing or isinstance(exc, CheckpointUnusable) else RESTORE_STORE_DOWN
+    origin = ""
+    if plan.get("job"):
+        origin = f" (job {plan['job']}" + (f", attempt {plan['attempt']})" if plan.get("attempt") else ")")
+    why = "missing in the object store: " if missing else ""
+    return reason, f"could not restore checkpoint {plan['name']}{origin}: {why}{objectstore.describe_error(exc)}"
 
 
 def _upload_parts(s3, *, bucket: str, key: str, f, expected: int) -> tuple[Digest, str]:
@@ -240,7 +270,7 @@ def download_file(s3, *, bucket: str, key: str, path: Path, sha256: str, size: i
             f.write(chunk)
     if sha.hexdigest() != sha256 or (size is not None and written != size):
         tmp.unlink(missing_ok=True)
-        raise objectstore.StoreError(f"{key}: the downloaded copy does not match its checksum")
+        raise CheckpointUnusable(f"{key}: the downloaded copy does not match its checksum")
     os.replace(tmp, path)
 
 
@@ -292,7 +322,7 @@ class CheckpointSync:
         for item in plan["files"]:
             target = self.dir / item["path"]
             if not target.resolve().is_relative_to(self.dir.resolve()):
-                raise objectstore.StoreError(f"refusing to restore outside the checkpoint folder: {item['path']}")
+                raise CheckpointUnusable(f"refusing to restore outside the checkpoint folder: {item['path']}")
             download_file(
                 self.s3(), bucket=self.store.bucket, key=item["key"], path=target, sha256=item["sha256"],
                 size=item.get("size"),
@@ -475,15 +505,18 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m jobs.backends.checkpoint_sync --state DIR`: the checkpoint sidecar of a Kubernetes pod.
 
     `TRAINYARD_CHECKPOINT_SPEC` (JSON: dir, prefix, restore, sync_s, final_wait_s) says what to sync, the
-    `TRAINYARD_S3_*` environment where. It restores first (a failure exits 125: the kubelet starts the sidecar
-    again, and the trainer waits, since the sidecar has not reported started), then writes `DIR/ready`, syncs
-    until SIGTERM (the pod ends once the trainer has), and makes the final sync."""
+    `TRAINYARD_S3_*` environment where. It restores first, then writes `DIR/ready`, syncs until SIGTERM (the pod
+    ends once the trainer has), and makes the final sync. A failed restore exits RESTORE_EXIT_CODE with
+    `<reason>: <message>` (see `restore_failure`) in `--termination-log`, where the kubelet reads it into the
+    container's terminated state: the platform's observer fails the attempt with it (the kubelet would otherwise
+    start the sidecar again and again, and the trainer, which waits for the sidecar to report started, never)."""
     import argparse
     import signal
     import sys
 
     parser = argparse.ArgumentParser(prog="checkpoint_sync")
     parser.add_argument("--state", required=True, help="a folder of the sidecar's own (manifest, ready marker)")
+    parser.add_argument("--termination-log", default="", help="where a failed restore's reason is written")
     args = parser.parse_args(argv)
     state = Path(args.state)
     state.mkdir(parents=True, exist_ok=True)
@@ -503,8 +536,14 @@ def main(argv: list[str] | None = None) -> int:
             where = sync.restore(plan)
             print(f"[trainyard] restored checkpoint {plan['name']} into {where}", flush=True)
         except Exception as exc:  # noqa: BLE001 - the trainer never starts without the checkpoint it resumes
-            print(f"[trainyard] could not restore checkpoint {plan['name']}: {exc}", file=sys.stderr, flush=True)
-            return 125
+            reason, message = restore_failure(plan, exc)
+            print(f"[trainyard] {message}", file=sys.stderr, flush=True)
+            if args.termination_log:
+                try:
+                    Path(args.termination_log).write_text(f"{reason}: {message}"[:4000])
+                except OSError as err:
+                    print(f"[trainyard] cannot write {args.termination_log}: {err}", file=sys.stderr, flush=True)
+            return RESTORE_EXIT_CODE
     (state / "ready").touch()
     sync.start()
     stop.wait()

@@ -329,26 +329,112 @@ def download_verified(s3, bucket: str, obj: dict, dest: Path) -> None:
         raise DatasetError(f"{obj['key']}: the downloaded copy does not match its size or checksum")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m jobs.backends.dataset_cache fetch`: the Kubernetes init container of an S3 dataset.
+FILLED_MARKER = "filled.json"  # in a shared cache volume: written last, once the copy is complete and verified
 
-    The dataset is named by `TRAINYARD_DATASET` (JSON), the store by the `TRAINYARD_S3_*` environment; the copy
-    is made in `--cache` (the pod's dataset volume) and linked from `--dest` when given."""
+
+def filled(cache: Path, spec: dict) -> dict | None:
+    """The completion marker of a shared cache volume, when it is there and names this dataset version's copy."""
+    marker = _read_meta(Path(cache) / FILLED_MARKER)
+    if marker is None or marker.get("entry") != entry_name(spec):
+        return None
+    return marker if (Path(cache) / "data" / marker["entry"]).is_dir() else None
+
+
+def fill(cache: Path, spec: dict, store: objectstore.S3Config) -> tuple[dict, bool]:
+    """Fill a shared cache volume (one per dataset version, on Kubernetes) with the dataset: the same fetch and
+    checks as the node cache's, then the completion marker, written last (after an fsync) so that a reader never
+    sees it before every file is in place. Returns the marker and whether this call fetched the copy."""
+    done = filled(cache, spec)
+    if done is not None:
+        return done, False
+    held = DatasetCache(Path(cache)).acquire(spec, store)
+    held.release()
+    meta = _read_meta(Path(cache) / "data" / f"{held.path.name}.json") or {}
+    marker = {
+        "entry": held.path.name,
+        "size": meta.get("size"),
+        "file_count": meta.get("file_count"),
+        "filled_at": time.time(),
+        "dataset": {k: spec.get(k) for k in ("id", "team", "name", "version")},
+    }
+    tmp = Path(cache) / f".{FILLED_MARKER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(marker))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, Path(cache) / FILLED_MARKER)
+    return marker, True
+
+
+def wait_filled(cache: Path, spec: dict, *, timeout_s: float, poll_s: float = 2.0) -> dict | None:
+    """Wait for a shared cache volume's completion marker (None: not there within `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = filled(cache, spec)
+        if done is not None or time.monotonic() >= deadline:
+            return done
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def _report(termination_log: str, reason: str, message: str) -> None:
+    """Say why on stderr and, for the kubelet (which copies it into the container's terminated state, where the
+    platform's observer reads it), in the termination log."""
+    print(f"[trainyard] {reason}: {message}", file=sys.stderr, flush=True)
+    if termination_log:
+        try:
+            Path(termination_log).write_text(f"{reason}: {message}"[:4000])
+        except OSError as err:
+            print(f"[trainyard] cannot write {termination_log}: {err}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jobs.backends.dataset_cache fetch|fill|wait`: the dataset's Kubernetes containers.
+
+    The dataset is named by `TRAINYARD_DATASET` (JSON), the store by the `TRAINYARD_S3_*` environment.
+    `fetch`: the init container that copies it into `--cache`, the pod's own dataset volume (an emptyDir).
+    `fill`: the one Job that copies it into its shared cache volume (`fill`), the marker written last.
+    `wait`: the init container of a pod reading a shared cache volume (mounted read-only): it ends once the
+    marker is there, or fails after `--timeout-s` with a DatasetFetchError. A failure exits 1 with
+    `<reason>: <message>` in `--termination-log`."""
     parser = argparse.ArgumentParser(prog="dataset_cache")
-    parser.add_argument("action", choices=["fetch"])
+    parser.add_argument("action", choices=["fetch", "fill", "wait"])
     parser.add_argument("--cache", required=True)
     parser.add_argument("--limit-bytes", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="wait: how long the fill may take")
+    parser.add_argument("--poll-s", type=float, default=2.0)
+    parser.add_argument("--termination-log", default="", help="where a failure's reason is written")
     args = parser.parse_args(argv)
     spec = json.loads(os.environ["TRAINYARD_DATASET"])
+    what = f"dataset {spec['name']} v{spec['version']}"
+    if args.action == "wait":
+        done = wait_filled(Path(args.cache), spec, timeout_s=args.timeout_s, poll_s=args.poll_s)
+        if done is None:
+            _report(args.termination_log, DatasetError.reason,
+                    f"{what} was not in its shared cache volume after {args.timeout_s:g} s: its fill Job did not "
+                    "complete (TRAINYARD_DATASET_FILL_TIMEOUT_S)")  # fmt: skip
+            return 1
+        print(f"[trainyard] {what} ready in its shared cache volume ({done.get('file_count')} files)", flush=True)
+        return 0
     store = objectstore.S3Config.from_env()
     if store is None:
-        print("TRAINYARD_S3_URL is not set: the dataset's store is unknown", file=sys.stderr)
+        _report(
+            args.termination_log, DatasetError.reason, "TRAINYARD_S3_URL is not set: the dataset's store is unknown"
+        )
         return 2
+    if args.action == "fill":
+        try:
+            marker, fetched = fill(Path(args.cache), spec, store)
+        except DatasetError as exc:
+            _report(args.termination_log, exc.reason, str(exc))  # the observer says which dataset, and where
+            return 1
+        print(f"[trainyard] {what} {'filled into' if fetched else 'already in'} its shared cache volume "
+              f"({marker.get('file_count')} files, {marker.get('size')} bytes)", flush=True)  # fmt: skip
+        return 0
     cache = DatasetCache(Path(args.cache), limit_bytes=args.limit_bytes)
     try:
         held = cache.acquire(spec, store)
     except DatasetError as exc:
-        print(f"[trainyard] {exc.reason}: {exc}", file=sys.stderr)
+        _report(args.termination_log, exc.reason, str(exc))
         return 1
     print(f"[trainyard] dataset {spec['name']} v{spec['version']} ready at {held.path} "
           f"({'fetched' if held.fetched else 'cached'})")  # fmt: skip

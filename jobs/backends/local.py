@@ -276,6 +276,7 @@ class LocalBackend:
                     exit_code=code,
                     signal=sig,
                     reason=reason,
+                    message=str(status.get("message") or ""),
                     cancelled=bool(status.get("cancelled")),
                     ended_at=status.get("ended_at"),
                     log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),

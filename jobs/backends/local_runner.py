@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from jobs.backends import proctree, sandbox
-from jobs.backends.checkpoint_sync import CheckpointSync
+from jobs.backends.checkpoint_sync import RESTORE_EXIT_CODE, CheckpointSync, restore_failure
 from jobs.backends.usage_sampler import UsageSampler
 from jobs.logstore import RING_LINES, LogWriter
 
@@ -239,8 +239,9 @@ def _datasets(spec: dict, box: dict | None, logs: _Log, folder: Path) -> list | 
             copy.release()
         _write_json(
             folder / "status.json",
-            {"exit_code": 125, "signal": None, "cancelled": False, "reason": reason, "ended_at": time.time()},
-        )
+            {"exit_code": 125, "signal": None, "cancelled": False, "reason": reason, "message": str(exc)[:1000],
+             "ended_at": time.time()},
+        )  # fmt: skip
         return None
     return held
 
@@ -274,15 +275,17 @@ def main(folder: Path) -> int:
                 logs.line(f"[trainyard] restored checkpoint {plan['name']} (job {plan.get('job')}, attempt "
                           f"{plan.get('attempt')}) into {spec['env']['TRAINYARD_RESUME_FROM']}")  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - the command never starts without the checkpoint it resumes
-                logs.line(f"[trainyard] could not restore checkpoint {plan['name']}: {exc}")
+                reason, message = restore_failure(plan, exc)
+                logs.line(f"[trainyard] {message}")
                 logs.close()
                 _write_json(
                     folder / "status.json",
                     {
-                        "exit_code": 125,
+                        "exit_code": RESTORE_EXIT_CODE,
                         "signal": None,
                         "cancelled": False,
-                        "reason": "CheckpointRestoreError",
+                        "reason": reason,
+                        "message": message,
                         "ended_at": time.time(),
                     },
                 )

@@ -55,7 +55,7 @@ from cluster.inventory import (
     mig_profile,
 )
 from jobs import logstore
-from jobs.backends import pod_metrics
+from jobs.backends import checkpoint_sync, pod_metrics
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
 from trainyard import kubeclient, objectstore
@@ -88,6 +88,9 @@ PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
 VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
+NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
+RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
+DATASET_REASONS = frozenset({"DatasetFetchError", "DatasetCacheFull"})  # dataset_cache.DatasetError's reasons
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 
@@ -157,6 +160,8 @@ def config_from_settings() -> VolcanoConfig:
         s3_secret=settings.TRAINYARD_K8S_S3_SECRET,
         checkpoint_sync_s=settings.TRAINYARD_CHECKPOINT_SYNC_S,
         checkpoint_final_wait_s=settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
+        dataset_cache_storage_class=settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS,
+        dataset_fill_timeout_s=settings.TRAINYARD_DATASET_FILL_TIMEOUT_S,
         volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
     )
     config = VolcanoConfig(
@@ -190,6 +195,7 @@ class VolcanoBackend:
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
         self.extensions = k8s.ApiextensionsV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
         self._volcano_version: tuple[int, int] | None = None
         self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
 
@@ -245,6 +251,8 @@ class VolcanoBackend:
         manifest = render.render_job(desc, self.config.render, node_labels=node_labels)
         name, namespace = manifest["metadata"]["name"], desc.namespace
         ref = f"{REF_PREFIX}{namespace}/{name}"
+        for spec in render.shared_datasets(desc, self.config.render):
+            self._ensure_dataset_cache(spec, namespace)
         group, version, plural = render.JOB_API
         try:
             self._call(
@@ -267,6 +275,96 @@ class VolcanoBackend:
             "volcano_job_created", job_id=desc.job_id, attempt=desc.attempt_number, ref=ref, queue=desc.volcano_queue
         )
         return ref
+
+    # ------------------------------------------------------------------------------------------- dataset caches
+
+    def _ensure_dataset_cache(self, spec: JSON, namespace: str) -> None:
+        """The shared cache volume of a dataset version and the Job that fills it, each made once (409: already
+        there). A fill Job that failed is replaced: the new attempt that asks for it tries the fetch again."""
+        options = self.config.render
+        name = render.dataset_cache_name(spec)
+        try:
+            self._call(
+                "create_dataset_claim",
+                self.core.create_namespaced_persistent_volume_claim,
+                namespace,
+                render.render_dataset_claim(spec, namespace, options),
+                _preload_content=False,
+            )
+            log.info("dataset_cache_claim_created", claim=name, namespace=namespace)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise VolcanoError(
+                    f"Kubernetes refused the cache volume {namespace}/{name} of dataset {spec['name']} "
+                    f"v{spec['version']}: {_message(exc)}"
+                ) from None
+        fill = render.render_dataset_fill(spec, namespace, options)
+        for _ in range(2):
+            try:
+                self._call(
+                    "create_dataset_fill", self.batch.create_namespaced_job, namespace, fill, _preload_content=False
+                )
+                log.info("dataset_fill_created", job=name, namespace=namespace)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise VolcanoError(
+                        f"Kubernetes refused the fill Job {namespace}/{name} of dataset {spec['name']} "
+                        f"v{spec['version']}: {_message(exc)}"
+                    ) from None
+            existing = self._raw("read_dataset_fill", self.batch.read_namespaced_job, name, namespace)
+            if not _batch_failed(existing) or existing["metadata"].get("deletionTimestamp"):
+                return  # running or done (or on its way out: the observer makes it again once it is gone)
+            self._delete_fill(namespace, name)
+
+    def _delete_fill(self, namespace: str, name: str) -> None:
+        try:
+            self._call(
+                "delete_dataset_fill",
+                self.batch.delete_namespaced_job,
+                name,
+                namespace,
+                propagation_policy="Background",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _dataset_fill_failure(self, job: JSON, pods: list[JSON], context: _NamespaceContext) -> Observation | None:
+        """While the trainers wait for their shared dataset caches: a fill Job that failed fails the attempt with
+        its reason (and is removed, so that a retry fills again); a fill Job that is gone is made again."""
+        raw = (job["metadata"].get("annotations") or {}).get(render.ANNOTATION_DATASET_FILLS)
+        if not raw or any(_main_state(p) and "waiting" not in _main_state(p) for p in pods):
+            return None
+        try:
+            specs = json.loads(raw)
+        except ValueError:
+            return None
+        namespace = job["metadata"]["namespace"]
+        fills = context.dataset_fills()
+        for spec in specs:
+            name = render.dataset_cache_name(spec)
+            fill = fills.get(name)
+            if fill is None:
+                log.warning("dataset_fill_missing", job=name, namespace=namespace)
+                self._ensure_dataset_cache(spec, namespace)
+                continue
+            if not _batch_failed(fill):
+                continue
+            reason, detail = context.fill_failure(fill)
+            condition = next(
+                (c for c in (fill.get("status") or {}).get("conditions") or [] if c.get("type") == "Failed"), {}
+            )
+            why = detail or condition.get("message") or condition.get("reason") or "its fill Job failed"
+            message = (
+                f"dataset {spec['name']} v{spec['version']} could not be filled into its shared cache volume "
+                f"(Job {name}): {why}"
+            )
+            if not fill["metadata"].get("deletionTimestamp"):
+                self._delete_fill(namespace, name)
+            return Observation(phase="failed", reason=reason, message=message[:1000], node=_main_node(pods))
+        return None
 
     def _node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
         labels: dict[str, dict[str, str]] = {}
@@ -333,7 +431,13 @@ class VolcanoBackend:
             manifest = self._checkpoint_manifest(job)
             if manifest is not None:
                 obs = dataclasses.replace(obs, checkpoints=manifest)
-            self._collect_logs(name, pods, final=obs.finished)
+            # The trainer never ran: the attempt's log says why, as the local supervisor's does.
+            note = ""
+            if obs.finished and obs.reason in RESTORE_REASONS:
+                note = f"[trainyard] {obs.message}"
+            elif obs.finished and obs.reason in DATASET_REASONS:
+                note = f"[trainyard] {obs.reason}: {obs.message}"
+            self._collect_logs(name, pods, final=obs.finished, note=note)
             if obs.finished and _phase(job) not in FINISHED_PHASES and not job["metadata"].get("deletionTimestamp"):
                 # The platform gave up on it (stuck pulling an image, unschedulable): stop what is left.
                 self._delete_job(namespace, name, propagation="Background")
@@ -379,6 +483,12 @@ class VolcanoBackend:
             return Observation(phase="succeeded", exit_code=0, reason="Completed", node=node)
         if phase in FINISHED_PHASES:
             return self._failure(job, pods, context)
+        restore_failed = _restore_failure(pods)
+        if restore_failed is not None:
+            return restore_failed
+        fill_failed = self._dataset_fill_failure(job, pods, context)
+        if fill_failed is not None:
+            return fill_failed
         lost = self._lost(pods, context)
         if lost is not None:
             return lost
@@ -395,6 +505,9 @@ class VolcanoBackend:
             terminated = _main_state(pod).get("terminated") or {}
             reason = status.get("reason") or terminated.get("reason") or "Error"
             message = status.get("message") or terminated.get("message") or ""
+            init = _failed_init(pod) if not terminated and not status.get("reason") else None
+            if init is not None:  # the trainer never ran: an init container (a dataset's) failed first
+                terminated, reason, message = init
             if multi:
                 message = f"{_short_pod_name(pod)}: {message or reason}"
             return Observation(
@@ -499,7 +612,9 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- logs
 
-    def _collect_logs(self, name: str, pods: list[JSON], *, final: bool) -> None:
+    def _collect_logs(self, name: str, pods: list[JSON], *, final: bool, note: str = "") -> None:
+        """Copy new lines of the pods' trainers into the log store; `note`, a line of the platform's own, is added
+        once."""
         started = [p for p in pods if _main_state(p) and "waiting" not in _main_state(p)]
         if not started and not final:
             return
@@ -513,6 +628,10 @@ class VolcanoBackend:
             except (OSError, ValueError):
                 state = {}
             writer: _CollectorWriter | None = None
+            if note and note not in state.get(NOTES_KEY, []):
+                writer = _CollectorWriter(folder)
+                writer.write_line(note)
+                state.setdefault(NOTES_KEY, []).append(note)
             prefix_needed = len(pods) > 1
             for pod in sorted(started, key=_task_order):
                 meta = pod["metadata"]
@@ -873,6 +992,38 @@ class _NamespaceContext:
         self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
         self._events: dict[str, list[JSON]] = {}
+        self._fills: dict[str, JSON] | None = None
+        self._fill_failures: dict[str, tuple[str, str]] = {}
+
+    def dataset_fills(self) -> dict[str, JSON]:
+        """The namespace's dataset fill Jobs by name (read once per pass, only when a job waits for one)."""
+        if self._fills is None:
+            selector = f"{SELECTOR},{render.LABEL_COMPONENT}={render.DATASET_FILL_COMPONENT}"
+            body = self.backend._raw(
+                "list_dataset_fills", self.backend.batch.list_namespaced_job, self.namespace, label_selector=selector
+            )
+            self._fills = {j["metadata"]["name"]: j for j in body.get("items") or []}
+        return self._fills
+
+    def fill_failure(self, fill: JSON) -> tuple[str, str]:
+        """Why a fill Job failed, from its last pod's termination message: (reason, message). Read once per pass:
+        every attempt waiting on it gets the same answer, though the first one's report removes the Job."""
+        name = fill["metadata"]["name"]
+        if name not in self._fill_failures:
+            self._fill_failures[name] = self._read_fill_failure(name)
+        return self._fill_failures[name]
+
+    def _read_fill_failure(self, name: str) -> tuple[str, str]:
+        pods = self.backend._raw(
+            "list_fill_pods", self.backend.core.list_namespaced_pod, self.namespace, label_selector=f"job-name={name}"
+        )["items"]
+        for pod in sorted(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""), reverse=True):
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated") or {}
+                if terminated.get("exitCode"):
+                    reason, message = _said(str(terminated.get("message") or ""), DATASET_REASONS)
+                    return reason or "DatasetFetchError", message
+        return "DatasetFetchError", ""
 
     def podgroups(self) -> dict[str, JSON]:
         if self._podgroups is None:
@@ -1023,6 +1174,74 @@ def _main_state(pod: JSON) -> JSON:
         if status.get("name") == render.MAIN_CONTAINER:
             return status.get("state") or {}
     return {}
+
+
+def _batch_failed(job: JSON) -> bool:
+    return any(
+        c.get("type") == "Failed" and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _said(text: str, reasons: frozenset[str]) -> tuple[str, str]:
+    """`<reason>: <message>` from a container's termination message (the platform's own code writes it so; the
+    end of a log, the fallback, may carry it on its last line after `[trainyard] `): ("", text) otherwise."""
+    lines = [line.removeprefix("[trainyard] ").strip() for line in (text or "").splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    reason, _, message = last.partition(": ")
+    if reason in reasons and message:
+        return reason, message
+    return "", last
+
+
+def _failed_init(pod: JSON) -> tuple[JSON, str, str] | None:
+    """The first init container that ended with an error: its terminated state, reason and message."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode"):
+            reason, message = _said(str(terminated.get("message") or ""), DATASET_REASONS)
+            if not reason:
+                reason = terminated.get("reason") or "Error"
+                message = f"init container {status.get('name')} exited with code {terminated['exitCode']}" + (
+                    f": {message}" if message else ""
+                )
+            return terminated, reason, message
+    return None
+
+
+def _restore_failure(pods: list[JSON]) -> Observation | None:
+    """The attempt's end when a pod's checkpoint sidecar failed to restore the checkpoint to resume from.
+
+    The sidecar is a native sidecar (restartPolicy Always): the kubelet starts it again after it exits, and keeps
+    the trainer waiting, so the pod never ends by itself. The exit shows as the sidecar's terminated state (now,
+    or as its last state while it waits to be started again); its termination message is `<reason>: <message>`
+    (`checkpoint_sync.main`), or the end of its log when it could not write one."""
+    for pod in sorted(pods, key=_task_order):
+        for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if status.get("name") != render.CHECKPOINT_SIDECAR:
+                continue
+            for state in (status.get("state") or {}, status.get("lastState") or {}):
+                terminated = state.get("terminated") or {}
+                if terminated.get("exitCode") != checkpoint_sync.RESTORE_EXIT_CODE:
+                    continue
+                reason, message = _said(str(terminated.get("message") or ""), RESTORE_REASONS)
+                if not reason:
+                    # No reason of its own (a log tail, or nothing): the store is the likelier cause, and a retry
+                    # is bounded by the job's retry limit.
+                    reason = checkpoint_sync.RESTORE_STORE_DOWN
+                if not message:
+                    message = (
+                        f"the checkpoint sidecar of {_short_pod_name(pod)} could not restore the checkpoint to resume "
+                        f"from (exit code {checkpoint_sync.RESTORE_EXIT_CODE}) and left no message"
+                    )
+                return Observation(
+                    phase="failed",
+                    exit_code=checkpoint_sync.RESTORE_EXIT_CODE,
+                    reason=reason,
+                    message=message[:1000],
+                    node=(pod.get("spec") or {}).get("nodeName", ""),
+                )
+    return None
 
 
 def _device_uuids(raw: str) -> list[str]:

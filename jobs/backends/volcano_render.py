@@ -94,7 +94,17 @@ DEFAULT_TB_DIR = "/trainyard/tensorboard"
 CHECKPOINT_DIR = "/trainyard/checkpoints"
 SYNC_STATE_DIR = "/trainyard/sync"
 DATASET_CACHE_DIR = "/trainyard/datasets"
+SHARED_DATASET_DIR = "/trainyard/dataset-cache"  # where a pod's dataset waiter sees each shared cache volume
+LABEL_COMPONENT = "app.kubernetes.io/component"
+DATASET_FILL_COMPONENT = "dataset-fill"
+LABEL_DATASET = "trainyard.io/dataset-id"
+# On a Volcano job: the S3 datasets (JSON) whose shared cache volumes its pods wait for (the observer checks
+# their fill Jobs, and starts a fill Job again should it be gone).
+ANNOTATION_DATASET_FILLS = "trainyard.io/dataset-fills"
+DATASET_FILL_BACKOFF = 2  # a fill Job's own retries (a store that blinked); then it has failed
+DATASET_FILL_TTL_S = 24 * 3600  # a finished fill Job is removed after this; a later job's submit makes it again
 CHECKPOINT_SIDECAR = "checkpoint-sync"
+TERMINATION_LOG = "/dev/termination-log"
 # Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
 SYNTHETIC_UUID_PREFIX = "K8S-"
 
@@ -141,6 +151,10 @@ class RenderOptions:
     s3_secret: str = "trainyard-s3"
     checkpoint_sync_s: float = 30.0
     checkpoint_final_wait_s: float = 300.0
+    # A storage class offering ReadWriteMany: each S3 dataset version is fetched once, by one Job, into a claim of
+    # its own that every job pod mounts read-only (see `render_dataset_claim`). Empty: each pod fetches its own.
+    dataset_cache_storage_class: str = ""
+    dataset_fill_timeout_s: int = 6 * 3600
 
     def __post_init__(self) -> None:
         if self.sharing == "hami":
@@ -154,6 +168,15 @@ class RenderOptions:
             raise ManifestError(
                 f"TRAINYARD_K8S_TTL_S={self.ttl_s} is too short: Volcano would delete a finished job before the "
                 f"platform reads its outcome (at least {MIN_TTL_S} s)"
+            )
+        if self.dataset_cache_storage_class and not _CLAIM_NAME.match(self.dataset_cache_storage_class):
+            raise ManifestError(
+                f"TRAINYARD_DATASET_CACHE_STORAGE_CLASS='{self.dataset_cache_storage_class}' is not a storage "
+                "class name"
+            )
+        if int(self.dataset_fill_timeout_s) < 60:
+            raise ManifestError(
+                f"TRAINYARD_DATASET_FILL_TIMEOUT_S={self.dataset_fill_timeout_s} is too short (at least 60 s)"
             )
         if tuple(self.volcano_version) < MIN_VOLCANO_VERSION:
             raise ManifestError(
@@ -286,10 +309,14 @@ def render_job(
     priority_class = PRIORITY_CLASS_NAMES.get(desc.priority_class) or options.priority_class
     if priority_class:
         spec["priorityClassName"] = priority_class
+    job_annotations = dict(annotations)
+    fills = shared_datasets(desc, options)
+    if fills:
+        job_annotations[ANNOTATION_DATASET_FILLS] = json.dumps(fills, sort_keys=True)
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": desc.namespace, "labels": labels, "annotations": annotations},
+        "metadata": {"name": name, "namespace": desc.namespace, "labels": labels, "annotations": job_annotations},
         "spec": spec,
     }
 
@@ -545,15 +572,22 @@ def _store_env(options: RenderOptions) -> list[JSON]:
     return env
 
 
-def _platform_container(name: str, options: RenderOptions, command: list[str], env: list[JSON]) -> JSON:
+def _platform_container(
+    name: str, options: RenderOptions, command: list[str], env: list[JSON], *, store: bool = True
+) -> JSON:
+    """A container of the platform's own code; `store`: it reaches the object store (and gets the keys)."""
     return {
         "name": name,
         "image": options.platform_image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
-        "env": [*env, *_store_env(options)],
+        "env": [*env, *(_store_env(options) if store else [{"name": "HOME", "value": SCRATCH_DIR}])],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": _container_security(read_only_root=True),
+        # A failure says why here (`<reason>: <message>`), where the platform's observer reads it; should the
+        # file be empty, the end of the container's log stands in.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
@@ -573,10 +607,11 @@ def _checkpoint_sidecar(desc: AttemptDescription, options: RenderOptions) -> JSO
     container = _platform_container(
         CHECKPOINT_SIDECAR,
         options,
-        ["python", "-m", "jobs.backends.checkpoint_sync", "--state", SYNC_STATE_DIR],
+        ["python", "-m", "jobs.backends.checkpoint_sync", "--state", SYNC_STATE_DIR,
+         "--termination-log", TERMINATION_LOG],
         [{"name": "TRAINYARD_CHECKPOINT_SPEC", "value": json.dumps(conf, sort_keys=True)}],
-    )
-    container["restartPolicy"] = "Always"
+    )  # fmt: skip
+    container["restartPolicy"] = "Always"  # a failed restore says why in its termination message
     container["volumeMounts"] = [
         {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
         {"name": "checkpoint-sync", "mountPath": SYNC_STATE_DIR},
@@ -594,7 +629,11 @@ def _checkpoint_sidecar(desc: AttemptDescription, options: RenderOptions) -> JSO
 def _datasets(desc: AttemptDescription, options: RenderOptions, volumes: list[JSON]) -> tuple[list[JSON], list[JSON]]:
     """Registered datasets, read-only: a claim as a read-only volume; an S3 dataset fetched (checksums checked)
     by an init container in the platform's image into the pod's dataset volume (an emptyDir: a hostPath cache
-    shared by the node's pods is refused by the restricted pod security standard), mounted read-only."""
+    shared by the node's pods is refused by the restricted pod security standard), mounted read-only.
+
+    With a storage class for dataset caches, an S3 dataset is instead read from its shared cache volume (one claim
+    per dataset version, filled once by its own Job: `render_dataset_claim`, `render_dataset_fill`), mounted
+    read-only; a small init container holds the trainer back until the fill's completion marker is there."""
     from jobs.backends.dataset_cache import entry_name
 
     fetchers: list[JSON] = []
@@ -610,15 +649,39 @@ def _datasets(desc: AttemptDescription, options: RenderOptions, volumes: list[JS
             raise ManifestError(
                 f"dataset {item['name']} is in the object store, and TRAINYARD_S3_URL is not set: it cannot be fetched"
             )
+        spec = _dataset_spec(item)
+        if options.dataset_cache_storage_class:
+            name, seen_at = f"dataset-{index}", posixpath.join(SHARED_DATASET_DIR, str(index))
+            claim = {"claimName": dataset_cache_name(spec), "readOnly": True}
+            volumes.append({"name": name, "persistentVolumeClaim": claim})
+            waiter = _platform_container(
+                name,
+                options,
+                ["python", "-m", "jobs.backends.dataset_cache", "wait", "--cache", seen_at,
+                 "--timeout-s", str(int(options.dataset_fill_timeout_s)), "--termination-log", TERMINATION_LOG],
+                [{"name": "TRAINYARD_DATASET", "value": json.dumps(spec, sort_keys=True)}],
+                store=False,
+            )  # fmt: skip
+            waiter["resources"] = {
+                "requests": {"cpu": "10m", "memory": "64Mi"},
+                "limits": {"cpu": "200m", "memory": "256Mi"},
+            }
+            waiter["volumeMounts"] = [
+                {"name": name, "mountPath": seen_at, "readOnly": True},
+                {"name": "scratch", "mountPath": SCRATCH_DIR},
+            ]
+            fetchers.append(waiter)
+            mounts.append({"name": name, "mountPath": path, "subPath": f"data/{entry_name(spec)}", "readOnly": True})
+            continue
         if not any(v["name"] == "datasets" for v in volumes):
             volumes.append({"name": "datasets", "emptyDir": {}})
-        spec = {k: item.get(k) for k in ("id", "team", "name", "version", "prefix", "size_bytes", "file_count")}
         fetcher = _platform_container(
             f"dataset-{index}",
             options,
-            ["python", "-m", "jobs.backends.dataset_cache", "fetch", "--cache", DATASET_CACHE_DIR],
+            ["python", "-m", "jobs.backends.dataset_cache", "fetch", "--cache", DATASET_CACHE_DIR,
+             "--termination-log", TERMINATION_LOG],
             [{"name": "TRAINYARD_DATASET", "value": json.dumps(spec, sort_keys=True)}],
-        )
+        )  # fmt: skip
         fetcher["volumeMounts"] = [
             {"name": "datasets", "mountPath": DATASET_CACHE_DIR},
             {"name": "scratch", "mountPath": SCRATCH_DIR},
@@ -626,6 +689,119 @@ def _datasets(desc: AttemptDescription, options: RenderOptions, volumes: list[JS
         fetchers.append(fetcher)
         mounts.append({"name": "datasets", "mountPath": path, "subPath": f"data/{entry_name(spec)}", "readOnly": True})
     return fetchers, mounts
+
+
+DATASET_SPEC_KEYS = ("id", "team", "name", "version", "prefix", "size_bytes", "file_count")
+
+
+def _dataset_spec(item: Mapping[str, Any]) -> JSON:
+    return {k: item.get(k) for k in DATASET_SPEC_KEYS}
+
+
+def shared_datasets(desc: AttemptDescription, options: RenderOptions) -> list[JSON]:
+    """The attempt's S3 datasets read from shared cache volumes (none without a storage class for them)."""
+    if not options.dataset_cache_storage_class or not options.s3_url:
+        return []
+    return [_dataset_spec(item) for item in desc.datasets if item.get("kind") != "pvc"]
+
+
+def dataset_cache_name(spec: Mapping[str, Any]) -> str:
+    """The shared cache volume's claim, and its fill Job: one per dataset version (ids are the platform's own)."""
+    return f"ty-dataset-{int(spec['id'])}-v{int(spec['version'])}"
+
+
+def dataset_claim_size(size_bytes: int | None) -> str:
+    """The claim's size: the dataset's recorded size, a tenth more and 256 MiB (the cache's bookkeeping, a file
+    system's own overhead), at least 1 GiB, in whole MiB."""
+    mib = 1024 * 1024
+    need = int(size_bytes or 0) * 11 // 10 + 256 * mib
+    return _quantity_mib(max(1024, -(-need // mib)))
+
+
+def _dataset_labels(spec: Mapping[str, Any], options: RenderOptions) -> dict[str, str]:
+    return {
+        **{k: v for k, v in options.extra_labels.items()},
+        MANAGED_BY: MANAGER,
+        LABEL_COMPONENT: DATASET_FILL_COMPONENT,
+        LABEL_TEAM: str(spec["team"]),
+        LABEL_DATASET: str(spec["id"]),
+    }
+
+
+def render_dataset_claim(spec: Mapping[str, Any], namespace: str, options: RenderOptions) -> JSON:
+    """The shared cache volume of one dataset version: ReadWriteMany (its fill Job writes it once; job pods on any
+    node read it, mounted read-only) in the operator's storage class."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": dataset_cache_name(spec),
+            "namespace": namespace,
+            "labels": _dataset_labels(spec, options),
+            "annotations": {ANNOTATION_NAME: f"{spec['name']} v{spec['version']}"},
+        },
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": options.dataset_cache_storage_class,
+            "resources": {"requests": {"storage": dataset_claim_size(spec.get("size_bytes"))}},
+        },
+    }
+
+
+def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: RenderOptions) -> JSON:
+    """The one Job that fetches a dataset version into its shared cache volume: the same fetch as every other
+    (listing checked against the registration, each file's checksum checked), its completion marker written last.
+    Restricted pod security: non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp."""
+    name = dataset_cache_name(spec)
+    labels = _dataset_labels(spec, options)
+    container = _platform_container(
+        "fill",
+        options,
+        ["python", "-m", "jobs.backends.dataset_cache", "fill", "--cache", DATASET_CACHE_DIR,
+         "--termination-log", TERMINATION_LOG],
+        [{"name": "TRAINYARD_DATASET", "value": json.dumps(dict(spec), sort_keys=True)}],
+    )  # fmt: skip
+    container["volumeMounts"] = [
+        {"name": "cache", "mountPath": DATASET_CACHE_DIR},
+        {"name": "scratch", "mountPath": SCRATCH_DIR},
+    ]
+    pod: JSON = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": options.run_as_uid,
+            "runAsGroup": options.run_as_uid,
+            "fsGroup": options.run_as_uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "cache", "persistentVolumeClaim": {"claimName": name}},
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    }
+    if options.service_account:
+        pod["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_NAME: f"{spec['name']} v{spec['version']}"},
+        },
+        "spec": {
+            "backoffLimit": DATASET_FILL_BACKOFF,
+            "activeDeadlineSeconds": int(options.dataset_fill_timeout_s),
+            "ttlSecondsAfterFinished": DATASET_FILL_TTL_S,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------------------ volumes

@@ -171,3 +171,28 @@ def test_checkpoints_api_is_scoped_to_the_team_and_teams_show_storage(platform, 
     assert bad.status_code == 400
     page = mine.get("/teams/demo/").content.decode()
     assert "Checkpoint storage" in page and "1.2\xa0KB of 4.9\xa0KB used" in page
+
+
+def test_a_checkpoint_gone_from_the_store_fails_the_resume_with_its_reason_and_is_not_retried(
+    platform, celery_worker_thread, checkpoint_store
+):
+    first = submit(platform, command=["sh", "-c", 'printf one > "$TRAINYARD_CHECKPOINT_DIR/epoch-3.ckpt"'])
+    first = wait_for(lambda: finished(first), timeout=60)
+    saved = Checkpoint.objects.get(job=first)
+    objectstore.client(checkpoint_store).delete_object(Bucket=checkpoint_store.bucket, Key=saved.key)
+    second = submit(platform, command=["sh", "-c", "echo never"], resume_from=str(first.id), max_retries=2)
+    second = wait_for(lambda: finished(second), timeout=60)
+    assert second.state == JobState.FAILED
+    [attempt] = second.attempts.all()  # the same missing checkpoint would fail the same way: not retried
+    assert (attempt.exit_code, attempt.reason, attempt.rule) == (
+        125,
+        "CheckpointRestoreError",
+        "checkpoint-restore-failed",
+    )
+    event = JobEvent.objects.get(job=second, kind="attempt_failed")
+    assert f"(CheckpointRestoreError): could not restore checkpoint epoch-3.ckpt (job {first.id}, attempt 1)" in (
+        event.message
+    )
+    assert "missing in the object store" in event.message
+    text = log_text(second)
+    assert "[trainyard] could not restore checkpoint epoch-3.ckpt" in text and "never" not in text

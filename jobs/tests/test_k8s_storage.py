@@ -9,12 +9,15 @@ import subprocess
 import sys
 import time
 
+import kubernetes_validate
 import pytest
 
+from jobs import logstore
 from jobs.backends import checkpoint_sync
 from jobs.backends import volcano_render as render
 from jobs.backends.dataset_cache import entry_name
-from jobs.tests.test_volcano_backend import kube, platform  # noqa: F401 - fixtures
+from jobs.backends.volcano import parse_ref
+from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import (  # noqa: F401 - fixture
     describe,
     options,
@@ -206,3 +209,471 @@ def test_the_fake_api_server_gets_the_sidecar_and_the_platform_records_what_it_p
     assert sync.sync_once(final=True)
     saved = drive(kube, lambda: Checkpoint.objects.filter(job=job, name="step-300.pt").first())
     assert saved.step == 300 and saved.size_bytes == len(b"from-the-pod") and saved.attempt.number == 1
+
+
+# ------------------------------------------------------------------------------------ a failed restore on Kubernetes
+
+
+def _sidecar_process(env_store, tmp_path, restore, *, url=None):
+    """The sidecar's own code as a process, restoring `restore`: its exit code and its termination message."""
+    folder, state, termination = tmp_path / "checkpoints", tmp_path / "state", tmp_path / "termination-log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(BASE_DIR),
+        "TRAINYARD_S3_URL": url or env_store.url,
+        "TRAINYARD_S3_BUCKET": env_store.bucket,
+        "TRAINYARD_S3_ACCESS_KEY_ID": env_store.access_key_id,
+        "TRAINYARD_S3_SECRET_ACCESS_KEY": env_store.secret_access_key,
+        "TRAINYARD_CHECKPOINT_SPEC": json.dumps({"dir": str(folder), "prefix": "restore-test/a2/", "restore": restore}),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.backends.checkpoint_sync", "--state", str(state),
+         "--termination-log", str(termination)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert not (state / "ready").exists()  # never reported started: the trainer would not start
+    return done, termination.read_text() if termination.exists() else ""
+
+
+@pytest.mark.slow
+def test_the_sidecar_process_reports_a_failed_restore_with_its_reason(object_store, tmp_path):
+    from trainyard.embedded import free_port
+
+    s3 = objectstore.client(object_store)
+    source = tmp_path / "ckpt-100.pt"
+    source.write_bytes(b"weights-100")
+    key = f"restore-test/{os.getpid()}-{time.time_ns()}/ckpt-100.pt"
+    stored = checkpoint_sync.upload_file(s3, bucket=object_store.bucket, key=key, path=source)
+    good = {"path": "ckpt-100.pt", "key": key, "sha256": stored["sha256"], "size": stored["size"]}
+    plan = {"name": "ckpt-100.pt", "job": "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0", "attempt": 1}
+
+    missing = {**plan, "files": [{**good, "key": key + ".gone"}]}
+    done, said = _sidecar_process(object_store, tmp_path / "missing", missing)
+    assert done.returncode == checkpoint_sync.RESTORE_EXIT_CODE == 125
+    assert said.startswith("CheckpointRestoreError: could not restore checkpoint ckpt-100.pt (job 0f1e2d3c-")
+    assert "attempt 1)" in said and "missing in the object store" in said
+    assert "[trainyard] could not restore checkpoint ckpt-100.pt" in done.stderr  # the local supervisor's line
+
+    corrupt = {**plan, "files": [{**good, "sha256": "0" * 64}]}
+    done, said = _sidecar_process(object_store, tmp_path / "corrupt", corrupt)
+    assert done.returncode == 125
+    assert said.startswith("CheckpointRestoreError: ") and "does not match its checksum" in said
+
+    done, said = _sidecar_process(
+        object_store, tmp_path / "down", {**plan, "files": [good]}, url=f"http://127.0.0.1:{free_port()}"
+    )
+    assert done.returncode == 125
+    assert said.startswith("CheckpointStoreUnavailable: could not restore checkpoint ckpt-100.pt"), said
+
+
+def _storage_backend(kube):  # noqa: F811
+    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
+
+    backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
+    backend.queue_sync(PlatformQueue())
+    return backend
+
+
+@pytest.mark.parametrize(
+    ("ticks_first", "script", "expected"),
+    [
+        # Seen right as it exits (its current state), the reason from its termination message.
+        (0, dict(failing_init_message="CheckpointRestoreError: could not restore checkpoint ckpt-100.pt (job j, "
+                 "attempt 1): missing in the object store: NoSuchKey: gone"),
+         ("CheckpointRestoreError", "could not restore checkpoint ckpt-100.pt (job j, attempt 1): missing in the "
+          "object store: NoSuchKey: gone")),
+        # Seen later, while the kubelet backs off restarting it: the exit is its last state.
+        (3, dict(failing_init_message="CheckpointStoreUnavailable: could not restore checkpoint ckpt-100.pt: "
+                 "cannot reach the object store"),
+         ("CheckpointStoreUnavailable", "could not restore checkpoint ckpt-100.pt: cannot reach the object store")),
+        # No termination message written: the end of its log stands in (FallbackToLogsOnError).
+        (0, dict(logs={render.CHECKPOINT_SIDECAR: "[trainyard] could not restore checkpoint ckpt-100.pt: boom"}),
+         ("CheckpointStoreUnavailable", "could not restore checkpoint ckpt-100.pt: boom")),
+    ],
+)  # fmt: skip
+def test_a_failed_restore_fails_the_attempt_and_deletes_the_volcano_job(kube, logs, ticks_first, script, expected):  # noqa: F811, E501
+    from jobs.tests.test_volcano_backend import describe as describe_attempt
+    from jobs.tests.test_volcano_backend import log_lines
+
+    backend = _storage_backend(kube)
+    kube.controller.script(
+        "ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=125, run_ticks=None, **script
+    )
+    desc = describe_attempt(checkpoint={"prefix": PREFIX, "restore": RESTORE})
+    ref = backend.submit(desc)
+    for _ in range(10):
+        if any(p.get("status", {}).get("initContainerStatuses") for p in kube.list("pods", TEAM_NS)):
+            break
+        assert not backend.observe([ref])[ref].finished
+        kube.controller.tick()
+    kube.controller.tick(ticks_first)
+    [pod] = kube.list("pods", TEAM_NS)
+    sidecar = next(s for s in pod["status"]["initContainerStatuses"] if s["name"] == render.CHECKPOINT_SIDECAR)
+    assert pod["status"]["phase"] == "Pending" and sidecar["started"] is False
+    assert ("lastState" in sidecar) == bool(ticks_first)  # the kubelet keeps starting it again
+    assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+
+    obs = backend.observe([ref])[ref]
+    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 125, *expected)
+    assert obs.node == pod["spec"]["nodeName"]
+    job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS) if kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS) else None
+    assert job is None or job["metadata"].get("deletionTimestamp")  # the platform stopped what is left
+    backend.observe([ref])  # a second pass writes the reason into the log only once
+    assert log_lines(desc) == [f"[trainyard] {expected[1]}"]
+
+
+def test_a_sidecar_that_crashes_for_another_reason_is_not_a_failed_restore(kube, logs):  # noqa: F811
+    backend = _storage_backend(kube)
+    kube.controller.script("ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=2, run_ticks=None)
+    from jobs.tests.test_volcano_backend import describe as describe_attempt
+
+    ref = backend.submit(describe_attempt(checkpoint={"prefix": PREFIX, "restore": RESTORE}))
+    kube.controller.tick(6)
+    assert backend.observe([ref])[ref].phase == "pending"
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("CheckpointRestoreError", ("platform", "no_retry", "checkpoint-restore-failed")),
+        ("CheckpointStoreUnavailable", ("platform", "retry", "checkpoint-store-unavailable")),
+    ],
+)
+def test_default_rules_retry_a_store_outage_but_not_an_unusable_checkpoint(reason, expected):
+    from jobs import classifier
+    from jobs.models import FailureRule
+
+    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
+    verdict = classifier.classify(classifier.Observation(exit_code=125, reason=reason), rules)
+    assert (verdict.failure_class, verdict.reaction, verdict.rule) == expected
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_a_checkpoint_that_cannot_be_restored_fails_the_job_with_its_reason(
+    kube,  # noqa: F811
+    platform,  # noqa: F811
+    celery_worker_thread,
+    checkpoint_store,
+    tmp_path,
+):
+    from django.utils import timezone
+
+    from jobs.backends import reset_backends
+    from jobs.checkpoints import restore_plan
+    from jobs.models import Checkpoint, JobEvent
+    from jobs.tests.test_volcano_backend import attempt_ref, drive, finished, submit
+
+    reset_backends()
+    kube.controller.script("ty-", run_ticks=1)
+    first = submit(platform)
+    first = drive(kube, lambda: finished(first), timeout=60)
+    assert first.state == "succeeded"
+    key = f"demo/{first.id}/attempt-1/ckpt-100.pt"  # recorded, then gone from the store
+    saved = Checkpoint.objects.create(
+        job=first, attempt=first.attempts.get(), name="ckpt-100.pt", step=100, size_bytes=3, sha256="a" * 64,
+        bucket=checkpoint_store.bucket, key=key, saved_at=timezone.now(),
+        files=[{"path": "ckpt-100.pt", "key": key, "sha256": "a" * 64, "size": 3}],
+    )  # fmt: skip
+    # What the sidecar's own code says for that checkpoint, replayed by the fake kubelet for the pod.
+    done, said = _sidecar_process(checkpoint_store, tmp_path, restore_plan(saved))
+    kube.controller.script(
+        "ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=done.returncode,
+        failing_init_message=said, run_ticks=None,
+    )  # fmt: skip
+    job = submit(platform, resume_from=str(first.id), max_retries=2)
+    job = drive(kube, lambda: finished(job), timeout=60)
+    assert job.state == "failed" and job.failure_class == "platform"
+    [attempt] = job.attempts.all()  # restoring the same missing checkpoint again would fail the same way
+    assert (attempt.exit_code, attempt.reason) == (125, "CheckpointRestoreError")
+    assert attempt.rule == "checkpoint-restore-failed"
+    event = JobEvent.objects.get(job=job, kind="attempt_failed")
+    assert "(CheckpointRestoreError): could not restore checkpoint ckpt-100.pt" in event.message
+    assert f"job {first.id}, attempt 1" in event.message and "missing in the object store" in event.message
+    assert "resubmit without resuming" in job.suggestion
+    text = "\n".join(line.text for line in logstore.read_lines(logstore.attempt_dir(str(job.id), 1))[0])
+    assert text.startswith("[trainyard] could not restore checkpoint ckpt-100.pt")
+    name = parse_ref(attempt_ref(job))[1]
+    drive(kube, lambda: kube.try_get(JOBS, name, TEAM_NS) is None)  # the Volcano job is deleted
+
+
+# ------------------------------------------------------------------------------------ shared dataset cache volumes
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
+                      "secret"}  # fmt: skip
+
+
+def assert_restricted(pod: dict) -> None:
+    """The restricted Pod Security Standard's checks for what these pods set."""
+    security = pod.get("securityContext") or {}
+    assert security.get("seccompProfile") == {"type": "RuntimeDefault"}
+    assert not (pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"))
+    for volume in pod["volumes"]:
+        assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        own = container.get("securityContext") or {}
+        assert own.get("runAsNonRoot", security.get("runAsNonRoot")) is True, container["name"]
+        assert own.get("allowPrivilegeEscalation") is False and own.get("privileged") is not True, container["name"]
+        assert own.get("capabilities", {}).get("drop") == ["ALL"], container["name"]
+        assert (own.get("runAsUser", security.get("runAsUser")) or 1) != 0, container["name"]
+
+
+def cached(**overrides):
+    return with_store(**{"dataset_cache_storage_class": "cephfs", **overrides})
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_with_a_cache_storage_class_pods_mount_one_shared_claim_per_dataset_version(
+    replicas,
+    volcano_crds,  # noqa: F811
+):
+    second = {**S3_DATASET, "id": 9, "name": "laion", "version": 1, "path": "/laion", "size_bytes": 50 * 1024**3}
+    desc = describe("guaranteed", replicas=replicas, datasets=[S3_DATASET, PVC_DATASET, second])
+    job = render.render_job(desc, cached())
+    validate_everywhere(job, volcano_crds)
+    fills = json.loads(job["metadata"]["annotations"][render.ANNOTATION_DATASET_FILLS])
+    assert [(f["id"], f["version"]) for f in fills] == [(7, 3), (9, 1)]  # the claims' datasets, for the observer
+    for template in templates(job).values():
+        validate_pod_template(template)
+        spec = template["spec"]
+        assert_restricted(spec)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert "datasets" not in volumes  # no emptyDir copy per pod
+        assert volumes["dataset-0"]["persistentVolumeClaim"] == {"claimName": "ty-dataset-7-v3", "readOnly": True}
+        assert volumes["dataset-2"]["persistentVolumeClaim"] == {"claimName": "ty-dataset-9-v1", "readOnly": True}
+        main = trainer(template)
+        spec_item = {k: S3_DATASET[k] for k in ("id", "team", "name", "version", "prefix")}
+        assert {"name": "dataset-0", "mountPath": "/data", "readOnly": True,
+                "subPath": f"data/{entry_name(spec_item)}"} in main["volumeMounts"]  # fmt: skip
+        inits = {c["name"]: c for c in spec["initContainers"]}
+        waiter = inits["dataset-0"]
+        assert waiter["command"][:4] == ["python", "-m", "jobs.backends.dataset_cache", "wait"]
+        assert "restartPolicy" not in waiter  # a plain init container: the trainer starts only after it ended
+        assert waiter["command"][waiter["command"].index("--timeout-s") + 1] == str(6 * 3600)
+        assert waiter["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert all(m.get("readOnly") for m in waiter["volumeMounts"] if m["name"] == "dataset-0")
+        env = {e["name"] for e in waiter["env"]}
+        assert "TRAINYARD_S3_SECRET_ACCESS_KEY" not in env  # it only reads the volume
+        assert "dataset-1" not in inits  # a registered claim needs no waiting
+
+
+def test_the_dataset_claim_and_fill_job_are_valid_restricted_and_sized_with_headroom():
+    spec = {k: S3_DATASET[k] for k in render.DATASET_SPEC_KEYS}
+    claim = render.render_dataset_claim({**spec, "size_bytes": 100 * 1024**3}, "trainyard-vision", cached())
+    fill = render.render_dataset_fill(spec, "trainyard-vision", cached(service_account="jobs"))
+    for version in ("1.29", kubernetes_validate.latest_version()):
+        for obj in (claim, fill):
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert claim["metadata"]["name"] == fill["metadata"]["name"] == "ty-dataset-7-v3"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and claim["spec"]["storageClassName"] == "cephfs"
+    assert claim["spec"]["resources"]["requests"]["storage"] == f"{110 * 1024 + 256}Mi"  # +10 % and 256 MiB
+    assert render.dataset_claim_size(1000) == "1024Mi"  # at least 1 GiB
+    pod = fill["spec"]["template"]["spec"]
+    assert_restricted(pod)
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    [container] = pod["containers"]
+    assert container["command"][:4] == ["python", "-m", "jobs.backends.dataset_cache", "fill"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "cache", "mountPath": "/trainyard/datasets"} in container["volumeMounts"]
+    assert pod["volumes"][0] == {"name": "cache", "persistentVolumeClaim": {"claimName": "ty-dataset-7-v3"}}
+    assert fill["spec"]["activeDeadlineSeconds"] == 6 * 3600 and fill["spec"]["backoffLimit"] == 2
+    labels = fill["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "dataset-fill" and labels["trainyard.io/dataset-id"] == "7"
+    # Without the setting: today's emptyDir fetcher per pod, and no fill to wait for.
+    job = render.render_job(describe(datasets=[S3_DATASET]), with_store())
+    assert render.ANNOTATION_DATASET_FILLS not in job["metadata"]["annotations"]
+    with pytest.raises(render.ManifestError, match="TRAINYARD_DATASET_CACHE_STORAGE_CLASS"):
+        cached(dataset_cache_storage_class="Not A Class")
+
+
+@pytest.mark.slow
+def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_path):
+    s3 = objectstore.client(object_store)
+    prefix = f"datasets/fill-{os.getpid()}-{time.time_ns()}/"
+    files = {"train/a.bin": b"a" * 100, "train/b.bin": b"b" * 50, "labels.csv": b"x,1\n"}
+    for rel, body in files.items():
+        s3.put_object(Bucket=object_store.bucket, Key=prefix + rel, Body=body)
+    spec = {"id": 11, "team": "vision", "name": "tiny", "version": 2, "prefix": prefix,
+            "size_bytes": sum(map(len, files.values())), "file_count": len(files)}  # fmt: skip
+    volume = tmp_path / "claim"
+    volume.mkdir()
+
+    def run(action, *extra, dataset=spec):
+        env = {**os.environ, "PYTHONPATH": str(BASE_DIR), "TRAINYARD_DATASET": json.dumps(dataset),
+               "TRAINYARD_S3_URL": object_store.url, "TRAINYARD_S3_BUCKET": object_store.bucket,
+               "TRAINYARD_S3_ACCESS_KEY_ID": object_store.access_key_id,
+               "TRAINYARD_S3_SECRET_ACCESS_KEY": object_store.secret_access_key}  # fmt: skip
+        log = tmp_path / f"termination-{time.time_ns()}"  # each container run gets a file of its own
+        done = subprocess.run(
+            [sys.executable, "-m", "jobs.backends.dataset_cache", action, "--cache", str(volume),
+             "--termination-log", str(log), *extra],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        return done, log.read_text() if log.exists() else ""
+
+    waited, said = run("wait", "--timeout-s", "0.5", "--poll-s", "0.1")  # nothing filled yet: bounded, and says so
+    assert waited.returncode == 1
+    assert said.startswith("DatasetFetchError: dataset tiny v2 was not in its shared cache volume after 0.5 s")
+    changed = {**spec, "file_count": 4}
+    failed, said = run("fill", dataset=changed)
+    assert failed.returncode == 1
+    assert said.startswith("DatasetFetchError: dataset tiny v2 changed in the store since it was registered")
+    assert not (volume / "filled.json").exists()
+
+    filled, said = run("fill")
+    assert filled.returncode == 0 and said == "", filled.stderr
+    assert "filled into its shared cache volume (3 files, 154 bytes)" in filled.stdout
+    marker = json.loads((volume / "filled.json").read_text())
+    copy = volume / "data" / marker["entry"]
+    assert {str(p.relative_to(copy)): p.read_bytes() for p in copy.rglob("*") if p.is_file()} == files
+    assert not os.access(copy / "labels.csv", os.W_OK) or os.geteuid() == 0  # read-only copies
+    again, _ = run("fill")  # the Job run again (its TTL passed, a retry): nothing fetched twice
+    assert again.returncode == 0 and "already in its shared cache volume" in again.stdout
+    waited, said = run("wait", "--timeout-s", "5")
+    assert waited.returncode == 0 and said == "" and "ready in its shared cache volume" in waited.stdout
+
+
+def _cached_backend(kube, **overrides):  # noqa: F811
+    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
+
+    options = render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333", dataset_cache_storage_class="cephfs")
+    backend = make_backend(kube, render=options, **overrides)
+    backend.queue_sync(PlatformQueue())
+    return backend
+
+
+def _with_dataset(**overrides):
+    from jobs.tests.test_volcano_backend import describe as describe_attempt
+
+    return describe_attempt(datasets=[{**S3_DATASET, "team": "demo"}], **overrides)
+
+
+def test_one_claim_and_one_fill_job_serve_every_attempt_and_the_trainers_wait(kube, logs):  # noqa: F811
+    backend = _cached_backend(kube)
+    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
+    kube.controller.script("ty-dataset-", run_ticks=3, logs="[trainyard] dataset imagenet v3 filled")
+    first, second = _with_dataset(), _with_dataset()
+    refs = [backend.submit(first), backend.submit(second)]
+    [claim] = kube.list("persistentvolumeclaims", TEAM_NS)
+    assert claim["metadata"]["name"] == "ty-dataset-7-v3" and claim["spec"]["storageClassName"] == "cephfs"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"  # 1024Mi, as the API server writes it
+    [fill] = kube.list("batch/v1/jobs", TEAM_NS)
+    assert fill["metadata"]["name"] == "ty-dataset-7-v3"
+    creates = [r.status for r in kube.requests_matching("POST", r"/(persistentvolumeclaims|jobs)$")]
+    assert creates.count(201) == 4 and creates.count(409) == 2  # two vcjobs, one claim, one fill; then 409s
+    for _ in range(8):
+        seen = backend.observe(refs)
+        assert all(o.phase == "pending" for o in seen.values())  # the trainers wait for the fill
+        kube.controller.tick()
+    assert any(
+        c["type"] == "Complete" for c in kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"]["conditions"]
+    )
+    for pod in kube.list("pods", TEAM_NS, label_selector="volcano.sh/job-name"):
+        assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+
+    kube.delete("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)  # its TTL passed, or someone removed it
+    kube.controller.tick()
+    backend.observe(refs)  # level-triggered: made again while jobs wait for it
+    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["metadata"]["uid"] != fill["metadata"]["uid"]
+
+
+def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_is_replaced(kube, logs):  # noqa: F811
+    backend = _cached_backend(kube)
+    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
+    said = "DatasetFetchError: cannot list the dataset in the store: timed out"
+    kube.controller.script("ty-dataset-", exit_code=1, message=said)
+    waiting = [_with_dataset(), _with_dataset()]
+    refs = [backend.submit(desc) for desc in waiting]
+    for _ in range(20):
+        seen = backend.observe(refs)
+        if all(o.finished for o in seen.values()):
+            break
+        kube.controller.tick()
+    for ref in refs:
+        obs = seen[ref]
+        assert (obs.phase, obs.reason, obs.exit_code) == ("failed", "DatasetFetchError", None)
+        assert obs.message == (
+            "dataset imagenet v3 could not be filled into its shared cache volume (Job ty-dataset-7-v3): cannot list "
+            "the dataset in the store: timed out"
+        )
+        job = kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS)
+        assert job is None or job["metadata"].get("deletionTimestamp")
+    fills = kube.list("pods", TEAM_NS, label_selector="job-name=ty-dataset-7-v3")
+    assert len(fills) <= 3  # the Job's own retries (backoffLimit 2), no more
+    kube.controller.tick(2)
+    assert kube.try_get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS) is None  # removed: a retry fills again
+    kube.controller.script("ty-dataset-", run_ticks=1)
+    backend.submit(_with_dataset(number=2))
+    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"].get("conditions") in (None, [])
+    assert (classifier_verdict("DatasetFetchError")) == ("platform", "retry")
+
+
+def classifier_verdict(reason):
+    from jobs import classifier
+    from jobs.models import FailureRule
+
+    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
+    verdict = classifier.classify(classifier.Observation(reason=reason), rules)
+    return verdict.failure_class, verdict.reaction
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_dataset_init_container_that_fails_ends_the_attempt_with_its_reason(kube, logs, shared):  # noqa: F811
+    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
+
+    if shared:  # the waiter gave up: the fill took longer than TRAINYARD_DATASET_FILL_TIMEOUT_S
+        backend = _cached_backend(kube)
+        kube.controller.script("ty-dataset-", run_ticks=None)
+        said = ("DatasetFetchError: dataset imagenet v3 was not in its shared cache volume after 21600 s: its fill "
+                "Job did not complete (TRAINYARD_DATASET_FILL_TIMEOUT_S)")  # fmt: skip
+        script = dict(failing_init_message=said)
+    else:  # today's per-pod fetcher, whose last log line says why (FallbackToLogsOnError)
+        backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
+        backend.queue_sync(PlatformQueue())
+        said = "DatasetCacheFull: dataset needs 2000 bytes; the node's dataset cache holds at most 1000"
+        script = dict(logs={"dataset-0": f"[trainyard] {said}"})
+    kube.controller.script("ty-", failing_init="dataset-0", failing_init_exit_code=1, **script)
+    desc = _with_dataset()
+    ref = backend.submit(desc)
+    from jobs.tests.test_volcano_backend import log_lines, observe_until
+
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    reason, _, message = said.partition(": ")
+    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 1, reason, message)
+    assert log_lines(desc) == [f"[trainyard] {said}"]  # as the local supervisor writes it
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_e2e_a_failed_dataset_fill_fails_the_waiting_job_with_its_reason_and_each_retry_fills_again(
+    kube,  # noqa: F811
+    platform,  # noqa: F811
+    celery_worker_thread,
+    checkpoint_store,
+    settings,
+):
+    from jobs.backends import reset_backends
+    from jobs.models import Dataset, JobEvent
+    from jobs.tests.test_volcano_backend import drive, finished, submit
+    from quotas.models import Team
+
+    settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = "cephfs"
+    reset_backends()
+    Dataset.objects.create(team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3,
+                           file_count=10, s3_prefix="datasets/imagenet/1/")  # fmt: skip
+    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
+    kube.controller.script("ty-dataset-", exit_code=1, message="DatasetFetchError: cannot list the dataset in the "
+                           "store: EndpointConnectionError")  # fmt: skip
+    job = submit(platform, datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
+    job = drive(kube, lambda: finished(job), timeout=90)
+    assert job.state == "failed" and job.failure_class == "platform"
+    attempts = list(job.attempts.order_by("number"))
+    assert [(a.reason, a.rule) for a in attempts] == [("DatasetFetchError", "dataset-fetch-failed")] * 2
+    events = JobEvent.objects.filter(job=job, kind="attempt_failed").order_by("id")
+    for event in events:
+        assert "dataset imagenet v1 could not be filled into its shared cache volume (Job ty-dataset-" in event.message
+        assert "cannot list the dataset in the store: EndpointConnectionError" in event.message
+    [claim] = kube.list("persistentvolumeclaims", "trainyard-demo")  # one claim for both attempts
+    assert claim["spec"]["resources"]["requests"]["storage"] == f"{(5 * 1024 * 11 // 10) + 256}Mi"
+    fills = [r.status for r in kube.requests_matching("POST", r"/apis/batch/v1/namespaces/trainyard-demo/jobs$")]
+    assert fills.count(201) == 2  # the failed fill Job was removed, and the retry's submit made a new one

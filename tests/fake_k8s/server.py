@@ -235,6 +235,89 @@ BUILTIN_TYPES = (
 )  # fmt: skip
 
 
+# --- PersistentVolumeClaims: created Pending, bound by a simulated dynamic provisioner (VolcanoController tick) ---
+
+PVC_TYPE = ResourceType(
+    "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, True, "V1PersistentVolumeClaim",
+    _META_FIELDS | {"status.phase"}, False, "subdomain", ("pvc",),
+)  # fmt: skip
+BUILTIN_TYPES = (*BUILTIN_TYPES, PVC_TYPE)
+PVC_ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
+
+
+def _pvc_prepare(obj: JSON) -> None:
+    """The API server's defaults for a new claim: Filesystem mode, and Pending until a volume is bound."""
+    obj.setdefault("spec", {}).setdefault("volumeMode", "Filesystem")
+    requests = ((obj["spec"].get("resources") or {}).get("requests")) or {}
+    if isinstance(requests.get("storage"), str):
+        try:
+            requests["storage"] = canonical_quantity(requests["storage"])
+        except ValueError:
+            pass
+    obj["status"] = {"phase": "Pending"}
+
+
+def _pvc_causes(spec: JSON, old: JSON | None) -> list[crds.FieldCause]:
+    """The claim validation a backend is likely to trip on (access modes, the storage request, immutability)."""
+    causes: list[crds.FieldCause] = []
+    modes = spec.get("accessModes") or []
+    if not modes:
+        causes.append(
+            cause("spec.accessModes", "FieldValueRequired", "Required value: at least 1 access mode is required")
+        )
+    for mode in modes:
+        if mode not in PVC_ACCESS_MODES:
+            supported = ", ".join(json.dumps(m) for m in PVC_ACCESS_MODES)
+            causes.append(
+                cause(
+                    "spec.accessModes",
+                    "FieldValueNotSupported",
+                    f"Unsupported value: {json.dumps(mode)}: supported values: {supported}",
+                )
+            )
+    if "ReadWriteOncePod" in modes and len(modes) > 1:
+        causes.append(
+            cause(
+                "spec.accessModes",
+                "FieldValueForbidden",
+                "Forbidden: may not use ReadWriteOncePod with other access modes",
+            )
+        )
+    storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    if storage is None:
+        causes.append(cause("spec.resources[storage]", "FieldValueRequired", "Required value"))
+    else:
+        try:
+            if quantity_value(storage) <= 0:
+                causes.append(
+                    cause(
+                        "spec.resources[storage]",
+                        "FieldValueInvalid",
+                        f"Invalid value: {json.dumps(storage)}: must be greater than zero",
+                    )
+                )
+        except ValueError as exc:
+            causes.append(
+                cause("spec.resources[storage]", "FieldValueInvalid", f"Invalid value: {json.dumps(storage)}: {exc}")
+            )
+    if old is not None:
+        before = dict(old.get("spec") or {})
+        after = dict(spec)
+        for key in ("resources", "volumeName"):  # a claim may grow, and gets its volume name when bound
+            before.pop(key, None)
+            after.pop(key, None)
+        if before != after:
+            causes.append(
+                cause(
+                    "spec",
+                    "FieldValueForbidden",
+                    "Forbidden: spec is immutable after creation except resources.requests and "
+                    "volumeAttributesClassName for bound claims",
+                )
+            )
+    return causes
+
+
 def _crd_type(resource: crds.CustomResource) -> ResourceType:
     return ResourceType(
         resource.group,
@@ -2899,6 +2982,8 @@ def _prepare_for_create(fake: FakeKubernetes, rt: ResourceType, obj: JSON) -> No
     elif rt.key == ("batch", "jobs"):
         obj["status"] = {}
         _default_batch_job(obj)
+    elif rt.key == PVC_TYPE.key:
+        _pvc_prepare(obj)
 
 
 def _default_batch_job(job: JSON) -> None:
@@ -3024,6 +3109,8 @@ def _builtin_causes(rt: ResourceType, obj: JSON, old: JSON | None) -> list[crds.
         return _service_causes(obj.get("spec") or {})
     if rt.key == ("networking.k8s.io", "ingresses"):
         return _ingress_causes(obj.get("spec") or {})
+    if rt.key == PVC_TYPE.key:
+        return _pvc_causes(obj.get("spec") or {}, old)
     return []
 
 
