@@ -431,9 +431,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def create(self, request):
         """Submit a job."""
         submission_check(user=request.user, data=request.data)
-        key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 200:
-            raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
+        key = _idempotency_key(request)
         with transaction.atomic(durable=True):
             job, created = services.job_submit(user=request.user, data=_plain(request.data), idempotency_key=key)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -442,19 +440,34 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         job.recommendation = recommendation_for(job)
         return Response(JobSubmittedSerializer(job).data, status=code)
 
-    @extend_schema(request=BatchSubmitSerializer, responses={201: JobSerializer(many=True)})
+    @extend_schema(
+        request=BatchSubmitSerializer,
+        responses={201: JobSerializer(many=True), 200: JobSerializer(many=True)},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="yours: the same key + the same body returns the batch's jobs (200); a different body 409",
+            )
+        ],
+    )
     @action(detail=False, methods=["post"])
     def batch(self, request):
         """Submit up to 200 jobs at once: all are validated first; if any is invalid, none is created."""
         payload = BatchSubmitSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
+        key = _idempotency_key(request)
         items = request.data["jobs"]
         errors = {}
         for i, item in enumerate(items):
             try:
                 submission_check(user=request.user, data=item)
                 services.job_validate(user=request.user, data=_plain(item))
-            except ValidationFailed as exc:
+            except (ValidationFailed, NotFound) as exc:
+                # An unknown team is this item's problem like any other (the same words whether the team is missing
+                # or not the user's: never a hint which), not a 404 for the whole batch.
                 fields: dict[str, list[dict[str, str]]] = {}
                 for one in getattr(exc, "errors", None) or [exc]:
                     fields.setdefault(one.field or "non_field_errors", []).append(
@@ -469,8 +482,11 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
                 status=status.HTTP_400_BAD_REQUEST,
             )
         with transaction.atomic(durable=True):
-            jobs = [services.job_submit(user=request.user, data=_plain(item))[0] for item in items]
-        return Response(JobSerializer(jobs, many=True).data, status=status.HTTP_201_CREATED)
+            jobs, created = services.job_batch_submit(
+                user=request.user, items=[_plain(item) for item in items], idempotency_key=key
+            )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(JobSerializer(jobs, many=True).data, status=code)
 
     @extend_schema(request=None, responses=JobDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -750,9 +766,7 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
             overrides = _plain(request.data)
         else:
             raise ValidationFailed("send an object of submission fields to override (or nothing)", code="invalid")
-        key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 200:
-            raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
+        key = _idempotency_key(request)
         with transaction.atomic(durable=True):
             job, created = services.template_submit(
                 user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
@@ -765,6 +779,13 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
         )
 
     submit_actions = frozenset({"create", "submit"})
+
+
+def _idempotency_key(request) -> str | None:
+    key = request.headers.get("Idempotency-Key") or None
+    if key is not None and len(key) > 200:
+        raise ValidationFailed("Idempotency-Key is longer than 200 characters", code="invalid_idempotency_key")
+    return key
 
 
 def _plain(data) -> dict:
@@ -857,10 +878,6 @@ class DatasetViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveM
         team = quota_selectors.visible_teams(request.user).filter(slug=data["team"]).first()
         if team is None:
             raise NotFound("team not found (or you are not a member)", code="unknown_team", field="team")
-        shared = list(Team.objects.filter(slug__in=data.get("shared_with", [])))
-        missing = set(data.get("shared_with", [])) - {t.slug for t in shared}
-        if missing:
-            raise ValidationFailed(f"no team {', '.join(sorted(missing))}", code="unknown_team", field="shared_with")
         dataset = dataset_register(
             user=request.user,
             team=team,
@@ -869,7 +886,7 @@ class DatasetViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveM
             s3_prefix=data.get("s3_prefix", ""),
             claim=data.get("claim", ""),
             description=data.get("description", ""),
-            shared_with=shared,
+            shared_with=data.get("shared_with", []),
         )
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 

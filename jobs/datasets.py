@@ -18,9 +18,10 @@ from django.db.models import Q
 
 from jobs.models import Dataset
 from quotas.models import Team
-from quotas.selectors import is_maintainer
+from quotas.selectors import is_maintainer, visible_teams
 from trainyard import objectstore
 from trainyard.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 
@@ -80,11 +81,13 @@ def dataset_register(
     s3_prefix: str = "",
     claim: str = "",
     description: str = "",
-    shared_with: list[Team] | None = None,
+    shared_with: list[str] | None = None,
 ) -> Dataset:
-    """Register a dataset version for a team (its maintainers and staff). Size and file count come from the store."""
+    """Register a dataset version for a team (its maintainers and staff). Size and file count come from the store.
+    `shared_with` names the other teams (slugs) that may read it."""
     if not is_maintainer(user, team):
         raise Forbidden(f"only maintainers of team {team.slug} may register its datasets", code="not_maintainer")
+    shared = _share_targets(user, shared_with or [])
     if not NAME.match(name or ""):
         raise ValidationFailed(
             "name: lower-case letters, digits, '-' and '_'", code="invalid_dataset_name", field="name"
@@ -117,14 +120,29 @@ def dataset_register(
                 file_count=count,
                 registered_by=user.username,
             )
-            if shared_with:
-                dataset.shared_with.set(shared_with)
+            if shared:
+                dataset.shared_with.set(shared)
     except IntegrityError:
         raise Conflict(
             f"team {team.slug} already has dataset {name} version {version}", code="dataset_exists"
         ) from None
     log.info("dataset_registered", team=team.slug, dataset=name, version=version, size=size, files=count)
     return dataset
+
+
+def _share_targets(user, slugs: list[str]) -> list[Team]:
+    """The teams a dataset is shared with: teams the user sees (a maintainer's own teams; staff: every team). A slug
+    that names no team reads exactly like a team the user cannot see, so the answer never says which teams exist."""
+    wanted = set(slugs)
+    teams = list(visible_teams(user).filter(slug__in=wanted))
+    missing = wanted - {t.slug for t in teams}
+    if missing:
+        raise ValidationFailed(
+            stored("team %(teams)s not found (or you are not a member)", teams=", ".join(sorted(missing))),
+            code="unknown_team",
+            field="shared_with",
+        )
+    return teams
 
 
 def dataset_delete(*, user, dataset_id: int) -> None:

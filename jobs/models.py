@@ -297,6 +297,27 @@ class JobTemplate(models.Model):
         return f"{self.team_id}/{self.name}"
 
 
+class JobBatch(models.Model):
+    """A batch submitted with an `Idempotency-Key`: the same key and body sent again return these jobs.
+
+    The key belongs to the user who sent the batch (a batch may span teams, so it cannot be a team's key like a
+    single submission's); it lives apart from single submissions' keys."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_batches")
+    idempotency_key = models.CharField(max_length=200)
+    request_fingerprint = models.CharField(max_length=64)
+    job_ids = models.JSONField(default=list, help_text="the batch's jobs, in the order they were submitted")
+    submitted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "idempotency_key"], name="job_batch_idempotency_key_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}/{self.idempotency_key}"
+
+
 class Checkpoint(models.Model):
     """One checkpoint an attempt saved to the object store: a top-level file or folder of its checkpoint folder.
 

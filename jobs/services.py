@@ -26,7 +26,7 @@ from cluster import services as pool
 from images import registry as image_registry
 from images import services as image_services
 from jobs import reference, validation
-from jobs.models import Attempt, Job, JobEvent, JobTemplate
+from jobs.models import Attempt, Job, JobBatch, JobEvent, JobTemplate
 from jobs.states import ALLOWED, TERMINAL, JobState, PendingReason
 from quotas import selectors as quota
 from quotas.models import Team
@@ -671,6 +671,48 @@ def _same_request_or_conflict(existing: Job, fingerprint: str) -> Job:
             job_id=str(existing.id),
         )
     return existing
+
+
+def job_batch_submit(
+    *, user, items: list[dict[str, Any]], idempotency_key: str | None = None
+) -> tuple[list[Job], bool]:
+    """Create every job of a batch, in order; returns (jobs, created). Called inside the caller's transaction, so a
+    batch is all or nothing. With a key (the sender's own), the same key and body return the batch's jobs and a
+    different body is 409 `idempotency_key_reused`, as for one submission."""
+    fingerprint = request_fingerprint({"jobs": items})
+    if idempotency_key:
+        existing = JobBatch.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_batch_or_conflict(existing, fingerprint), False
+    try:
+        with transaction.atomic():
+            # The key's row first: a concurrent batch with the same key waits on it here, before creating any job.
+            batch = (
+                JobBatch.objects.create(owner=user, idempotency_key=idempotency_key, request_fingerprint=fingerprint)
+                if idempotency_key
+                else None
+            )
+            jobs = [job_submit(user=user, data=item)[0] for item in items]
+            if batch is not None:
+                batch.job_ids = [str(job.id) for job in jobs]
+                batch.save(update_fields=["job_ids"])
+    except IntegrityError:
+        existing = JobBatch.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_batch_or_conflict(existing, fingerprint), False
+    return jobs, True
+
+
+def _same_batch_or_conflict(existing: JobBatch, fingerprint: str) -> list[Job]:
+    if existing.request_fingerprint != fingerprint:
+        raise Conflict(
+            "this Idempotency-Key was used for a different request",
+            code="idempotency_key_reused",
+            job_ids=list(existing.job_ids),
+        )
+    found = Job.objects.select_related("owner", "team", "queue", "spec").in_bulk(existing.job_ids)
+    return [found[uuid.UUID(job_id)] for job_id in existing.job_ids if uuid.UUID(job_id) in found]
 
 
 def _enqueue_dispatch(queue_id: int) -> None:

@@ -27,7 +27,7 @@ from cluster.models import GPU, LogicalDevice
 from jobs import logstore
 from jobs import services as jobs_services
 from jobs.models import Attempt, Job, JobEvent
-from jobs.states import ACTIVE, ATTEMPT_FINISHED, AttemptState, JobState
+from jobs.states import ACTIVE, ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 from monitoring import business, collectors, health, rightsizing, rules, selectors
 from monitoring.collectors import GpuReading
 from monitoring.health import ProbeOutcome
@@ -756,7 +756,10 @@ def alert_rule_save(*, data: dict[str, Any], rule: AlertRule | None = None) -> A
 
 
 def business_metrics_report(*, job: Job, data: Any, now: datetime | None = None) -> list[BusinessMetric]:
-    """Reports a job POSTs about itself (one object or a list of up to 1000); 400 with a code when malformed."""
+    """Reports a job POSTs about itself (one object or a list of up to 1000); 400 with a code when malformed, 409
+    `job_not_running` when none of its attempts is live. A report belongs to the attempt that sent it: it is taken
+    while the job's latest attempt is starting or running, which includes the last moments of a job being cancelled
+    (its process still runs while it stops); a report for a job that is waiting or finished fits no attempt."""
     items = data if isinstance(data, list) else [data]
     if not items or len(items) > 1000:
         raise ValidationFailed("send one report or a list of 1 to 1000", code="invalid_metric_report")
@@ -767,8 +770,20 @@ def business_metrics_report(*, job: Job, data: Any, now: datetime | None = None)
         except business.MetricRejected as exc:
             raise ValidationFailed(str(exc), code=exc.code, field=exc.field)
     moment = _now(now)
-    attempt = job.attempts.order_by("-number").values_list("number", flat=True).first()
     with transaction.atomic(durable=True):
+        job = Job.objects.get(pk=job.pk)
+        latest = job.attempts.order_by("-number").values_list("number", "state").first()
+        if job.state in TERMINAL or latest is None or latest[1] not in (AttemptState.STARTING, AttemptState.RUNNING):
+            raise Conflict(
+                stored(
+                    "job %(job)s is %(state)s: metrics are taken only while one of its attempts runs",
+                    job=str(job.id)[:8],
+                    state=job.state,
+                ),
+                code="job_not_running",
+                state=job.state,
+            )
+        attempt = latest[0]
         job_id = str(job.id)
         transaction.on_commit(lambda: _metrics_changed(job_id), robust=True)
         return BusinessMetric.objects.bulk_create(

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from jobs import selectors as job_selectors
 from quotas import selectors, services, tokens
 from quotas.models import TOKEN_SCOPES, ApiToken, Membership, Queue, ResourceSpec, Team
-from trainyard.api import ScopedActionsMixin
+from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
 from trainyard.errors import Forbidden, NotFound
 
 VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
@@ -90,7 +90,7 @@ INT_MAX = 2**31 - 1  # the columns' ranges: a larger number is a 400, never a da
 BIGINT_MAX = 2**63 - 1
 
 
-class QuotaUpdateSerializer(serializers.Serializer):
+class QuotaUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     gpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
     gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
     cpu_milli = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)

@@ -4,6 +4,7 @@ An outage of PostgreSQL or Redis is a 503 with `database_unavailable` / `broker_
 from the API's handler and, for errors raised outside a view (middleware, sessions), from `server_error`.
 """
 
+import math
 import sys
 from typing import Any
 
@@ -137,7 +138,10 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         code = codes if isinstance(codes, str) else "error"
         response.data = {"code": code, "detail": str(exc.detail)}
         if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-            response.data["retry_after"] = int(exc.wait) + 1
+            # One number for the header clients obey and the body: whole seconds, rounded up, at least 1.
+            wait = max(1, math.ceil(exc.wait))
+            response["Retry-After"] = str(wait)
+            response.data["retry_after"] = wait
     return response
 
 

@@ -7,6 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from frontend.tests.conftest import login, submit
+from jobs.models import Attempt
 from monitoring import services as monitoring
 
 pytestmark = pytest.mark.django_db
@@ -17,6 +18,8 @@ def runs(portal):
     a = submit(portal.demo, name="lr-0.1", env={"EPOCHS": "3", "LR": "0.1"}, labels={"sweep": "lr"})
     b = submit(portal.demo, name="lr-0.3", env={"EPOCHS": "3", "LR": "0.3"}, labels={"sweep": "lr"})
     c = submit(portal.demo, name="other", labels={"sweep": "bs"})
+    for job in (a, b):  # a job reports while one of its attempts runs
+        Attempt.objects.create(job=job, number=1, backend="local", state="running")
     monitoring.business_metrics_report(job=a, data=[{"step": s, "loss": 1 / s, "acc": s / 10} for s in (1, 2, 3)])
     monitoring.business_metrics_report(job=b, data=[{"step": s, "loss": 2 / s} for s in (1, 2, 3, 4)])
     return a, b, c

@@ -198,6 +198,8 @@ def test_rate_limit_answers_429_with_retry_after(world, settings):
         assert codes == [201, 201, 201, 429]
         limited = demo.post("/api/v1/jobs/", body(), format="json")
         assert int(limited["Retry-After"]) > 0 and limited.json()["code"] == "throttled"
+        # One wait, said once: the header clients obey and the body agree.
+        assert limited.json()["retry_after"] == int(limited["Retry-After"]) <= 60
         assert Job.objects.count() == 3
     finally:
         # The class attribute outlives the settings fixture: later tests must get the real rates back.
@@ -212,6 +214,93 @@ def test_batch_submit_is_all_or_nothing(world):
     assert not Job.objects.exists()
     ok = demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"j{i}") for i in range(200)]}, format="json")
     assert ok.status_code == 201 and len(ok.json()) == 200
+
+
+def test_batch_honours_the_idempotency_key(world):
+    demo = client_for("demo")
+    jobs = {"jobs": [body(name="a"), body(name="b", queue="debug")]}
+    first = demo.post("/api/v1/jobs/batch/", jobs, format="json", HTTP_IDEMPOTENCY_KEY="ci-7-batch")
+    assert first.status_code == 201, first.json()
+    again = demo.post("/api/v1/jobs/batch/", jobs, format="json", HTTP_IDEMPOTENCY_KEY="ci-7-batch")
+    assert again.status_code == 200, again.json()
+    assert [j["id"] for j in again.json()] == [j["id"] for j in first.json()]
+    assert [j["name"] for j in again.json()] == ["a", "b"]
+    assert Job.objects.count() == 2
+    # The same key with another body: the single submission's conflict, naming the batch's jobs; nothing created.
+    changed = {"jobs": [body(name="a"), body(name="c")]}
+    different = demo.post("/api/v1/jobs/batch/", changed, format="json", HTTP_IDEMPOTENCY_KEY="ci-7-batch")
+    assert different.status_code == 409 and different.json()["code"] == "idempotency_key_reused"
+    assert different.json()["job_ids"] == [j["id"] for j in first.json()]
+    assert Job.objects.count() == 2
+    # Without a key a batch is new each time; a key is its sender's own; an overlong key is refused.
+    assert demo.post("/api/v1/jobs/batch/", jobs, format="json").status_code == 201
+    admin = client_for("admin")
+    assert admin.post("/api/v1/jobs/batch/", jobs, format="json", HTTP_IDEMPOTENCY_KEY="ci-7-batch").status_code == 201
+    long_key = demo.post("/api/v1/jobs/batch/", jobs, format="json", HTTP_IDEMPOTENCY_KEY="k" * 201)
+    assert long_key.status_code == 400 and long_key.json()["code"] == "invalid_idempotency_key"
+    assert Job.objects.count() == 6
+
+
+def test_a_retried_keyed_batch_that_failed_validation_creates_its_jobs_once_fixed(world):
+    demo = client_for("demo")
+    bad = {"jobs": [body(name="a"), body(name="b", queue="nope")]}
+    refused = demo.post("/api/v1/jobs/batch/", bad, format="json", HTTP_IDEMPOTENCY_KEY="ci-8")
+    assert refused.status_code == 400 and not Job.objects.exists()
+    fixed = {"jobs": [body(name="a"), body(name="b")]}
+    assert demo.post("/api/v1/jobs/batch/", fixed, format="json", HTTP_IDEMPOTENCY_KEY="ci-8").status_code == 201
+    assert demo.post("/api/v1/jobs/batch/", fixed, format="json", HTTP_IDEMPOTENCY_KEY="ci-8").status_code == 200
+    assert Job.objects.count() == 2
+
+
+def test_batch_reports_an_unknown_team_per_item_without_a_hint(world):
+    demo = client_for("demo")
+    items = [body(), body(team="other"), body(), body(team="no-such-team")]
+    response = demo.post("/api/v1/jobs/batch/", {"jobs": items}, format="json")
+    assert response.status_code == 400, response.json()
+    data = response.json()
+    assert data["code"] == "unknown_team" and set(data["jobs"]) == {"1", "3"}
+    # A team that exists but is not the user's reads exactly like one that does not exist.
+    assert (
+        data["jobs"]["1"]
+        == data["jobs"]["3"]
+        == {"team": [{"message": "team not found (or you are not a member)", "code": "unknown_team"}]}
+    )
+    assert not Job.objects.exists()
+    # Next to other items' problems, each under its index.
+    mixed = demo.post("/api/v1/jobs/batch/", {"jobs": [body(queue="nope"), body(team="other")]}, format="json")
+    assert mixed.status_code == 400 and mixed.json()["code"] == "unknown_queue"
+    assert mixed.json()["jobs"]["1"]["team"][0]["code"] == "unknown_team"
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "not-base64!",  # not base64 at all
+        "/w==",  # base64, but not of text
+        "cD0yMDI1LTAyLTMwKzAwJTNBMDA=",  # a forged position the database refuses (2025-02-30)
+        "bz0tNQ==",  # o=-5
+    ],
+)
+def test_a_bad_cursor_is_a_400_invalid_parameter(world, cursor):
+    response = client_for("demo").get("/api/v1/jobs/", {"cursor": cursor})
+    assert response.status_code == 400, response.json()
+    data = response.json()
+    assert data["code"] == "invalid_parameter" and data["fields"]["cursor"][0]["code"] == "invalid_parameter"
+    assert "cursor" in data["detail"]
+
+
+def test_quota_changes_refuse_unknown_keys(world):
+    from quotas.models import Team
+
+    admin = client_for("admin")
+    typo = admin.patch("/api/v1/teams/demo/quota/", {"gpu_mili": 1}, format="json")
+    assert typo.status_code == 400 and typo.json()["code"] == "unknown_field"
+    assert typo.json()["fields"] == {"gpu_mili": [{"message": "unknown field", "code": "unknown_field"}]}
+    # Every problem at once, and nothing changed, not even the valid key next to the typo.
+    both = admin.patch("/api/v1/teams/demo/quota/", {"cpu_milli": -1, "gpu_milli": 1, "colour": "red"}, format="json")
+    assert both.status_code == 400 and set(both.json()["fields"]) == {"cpu_milli", "colour"}
+    assert both.json()["fields"]["colour"][0]["code"] == "unknown_field"
+    assert Team.objects.get(slug="demo").gpu_milli == 4000
 
 
 def test_list_filters_cursor_pagination_and_bounded_queries(world):

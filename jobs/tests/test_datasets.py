@@ -179,6 +179,8 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
     assert created.status_code == 400 and created.json()["code"] == "empty_dataset"
 
     # Registered through the API by a maintainer (demo) with its size read from the store; not by a plain member.
+    # demo shares it with a team it belongs to (a maintainer shares only with teams it sees).
+    MembershipFactory(team=other, user=demo)
     prefix = f"datasets-test/{uuid.uuid4().hex}/api/"
     _upload(checkpoint_store, prefix, {"x": b"x" * 7, "y/z": b"z" * 3})
     body = {"team": "demo", "name": "viaapi", "version": 2, "s3_prefix": prefix, "shared_with": ["other"]}
@@ -223,6 +225,45 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
     Dataset.objects.get(name="private").shared_with.add(Team.objects.get(slug="demo"))
     response = client.post("/api/v1/jobs/", {**base, "datasets": [{"name": "private", "path": "/p"}]}, format="json")
     assert response.status_code == 400 and response.json()["code"] == "dataset_not_available_here"  # a claim, locally
+
+
+@pytest.mark.django_db
+def test_shared_with_never_tells_a_maintainer_which_teams_exist(settings):
+    from django.contrib.auth import get_user_model
+
+    from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+    from trainyard.seed import seed
+
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    TeamFactory(slug="other")  # exists; demo is not a member
+    mine = TeamFactory(slug="mine")
+    demo = get_user_model().objects.get(username="demo")
+    MembershipFactory(team=mine, user=demo)
+    client = APIClient()
+    client.force_authenticate(demo)
+
+    def register(name, shared_with, as_client=client):
+        body = {"team": "demo", "name": name, "claim": "data-claim", "shared_with": shared_with}
+        return as_client.post("/api/v1/datasets/", body, format="json")
+
+    hidden, missing = register("a", ["other"]), register("a", ["no-such-team"])
+    assert hidden.status_code == missing.status_code == 400
+    assert hidden.json()["code"] == missing.json()["code"] == "unknown_team"
+    # The same words for a team that exists and one that does not: only the slug the user sent differs.
+    assert hidden.json()["detail"].replace("other", "X") == missing.json()["detail"].replace("no-such-team", "X")
+    assert [f["code"] for f in hidden.json()["fields"]["shared_with"]] == ["unknown_team"]
+    both = register("a", ["other", "no-such-team", "mine"])
+    assert both.status_code == 400 and "no-such-team, other" in both.json()["detail"]
+    assert "mine" not in both.json()["detail"]
+    assert not Dataset.objects.exists()
+    # A team of the maintainer's own is fine; staff may share with any team.
+    shared = register("a", ["mine"])
+    assert shared.status_code == 201 and shared.json()["shared_with"] == ["mine"]
+    admin = APIClient()
+    admin.force_authenticate(UserFactory(username="root", is_staff=True))
+    by_staff = register("b", ["other", "mine"], as_client=admin)
+    assert by_staff.status_code == 201 and by_staff.json()["shared_with"] == ["mine", "other"]
+    assert register("c", ["no-such-team"], as_client=admin).json()["code"] == "unknown_team"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -187,6 +187,53 @@ def test_a_job_reports_over_http(running_attempt, outsider):
 
 
 @pytest.mark.parametrize(
+    ("job_state", "attempt_state", "status", "attempt_number"),
+    [
+        ("running", "running", 201, 1),
+        ("starting", "starting", 201, 1),
+        ("cancelling", "running", 201, 1),  # the job's last moments while it stops: its process still reports
+        ("succeeded", "succeeded", 409, None),
+        ("failed", "failed", 409, None),
+        ("cancelled", "cancelled", 409, None),
+        ("retrying", "preempted", 409, None),
+        ("pending", None, 409, None),  # never ran: no attempt a report could belong to
+    ],
+)
+def test_reports_are_taken_only_while_an_attempt_of_the_job_runs(
+    running_attempt, job_state, attempt_state, status, attempt_number
+):
+    from jobs.models import Job
+    from jobs.states import TERMINAL
+
+    job_id = running_attempt.job_id
+    finished_at = timezone.now() if job_state in TERMINAL else None
+    Job.objects.filter(pk=job_id).update(state=job_state, finished_at=finished_at)
+    if attempt_state is None:
+        running_attempt.delete()
+    else:
+        Attempt.objects.filter(pk=running_attempt.pk).update(
+            state=attempt_state, ended_at=timezone.now() if attempt_state not in ("starting", "running") else None
+        )
+    response = api_as("demo").post(f"/api/v1/monitoring/jobs/{job_id}/metrics/", {"loss": 0.5}, format="json")
+    assert response.status_code == status, response.json()
+    if status == 409:
+        assert (response.json()["code"], response.json()["state"]) == ("job_not_running", job_state)
+        assert job_state in response.json()["detail"]
+        assert not BusinessMetric.objects.exists()
+    else:
+        assert list(BusinessMetric.objects.values_list("attempt_number", flat=True)) == [attempt_number]
+
+
+def test_a_report_belongs_to_the_attempt_that_runs_now(running_attempt):
+    Attempt.objects.filter(pk=running_attempt.pk).update(state="failed", ended_at=timezone.now())
+    Attempt.objects.create(job_id=running_attempt.job_id, number=2, backend="local", state="running")
+    response = api_as("demo").post(
+        f"/api/v1/monitoring/jobs/{running_attempt.job_id}/metrics/", {"step": 7, "loss": 0.5}, format="json"
+    )
+    assert response.status_code == 201 and response.json()[0]["attempt_number"] == 2
+
+
+@pytest.mark.parametrize(
     ("body", "code"),
     [
         ({"loss": "high"}, "invalid_metric_value"),
