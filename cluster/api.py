@@ -9,7 +9,7 @@ from cluster import services
 from cluster.inventory import node_pool
 from cluster.models import GPU, LogicalDevice, Node
 from quotas.selectors import visible_teams
-from trainyard.api import ScopedActionsMixin
+from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
 
 
 class SliceSerializer(serializers.ModelSerializer):
@@ -84,7 +84,7 @@ class NodeSerializer(serializers.ModelSerializer):
         return node_pool(node.labels)
 
 
-class NodeMoveSerializer(serializers.Serializer):
+class NodeMoveSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     pool = serializers.CharField(max_length=50, help_text="the node pool to move the node to")
 
 

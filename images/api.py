@@ -12,7 +12,7 @@ from cluster.services import driver_satisfies
 from images import selectors, services
 from images.models import BaseImage, Finding, ImageBuild, ProjectImage, ScanException, ScanPolicy
 from quotas.selectors import is_member
-from trainyard.api import ScopedActionsMixin
+from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
 from trainyard.errors import Forbidden, ValidationFailed
 
 
@@ -148,7 +148,7 @@ class ProjectImageSerializer(CompatibilityMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ProjectImageInputSerializer(serializers.Serializer):
+class ProjectImageInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = serializers.CharField()
     name = serializers.CharField(max_length=80)
     base = serializers.CharField(max_length=80)
@@ -245,7 +245,7 @@ class ImageBuildViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retrie
         return Response(BuildSummarySerializer(build).data)
 
 
-class FeedSerializer(serializers.Serializer):
+class FeedSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     loaded = serializers.IntegerField()
 
 

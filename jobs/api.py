@@ -21,7 +21,7 @@ from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
 from jobs.states import JobState
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
-from trainyard.api import NewestFirstCursor, ScopedActionsMixin, int_param
+from trainyard.api import NewestFirstCursor, RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
 from trainyard.errors import NotFound, ValidationErrors, ValidationFailed
 from trainyard.units import parse_duration
 
@@ -325,7 +325,7 @@ def _id_of(model, **unique) -> Subquery:
     return Subquery(model.objects.filter(**unique).order_by().values("pk")[:1])
 
 
-class ResumeSerializer(serializers.Serializer):
+class ResumeSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     resume = serializers.BooleanField(required=False, help_text="restore the original job's latest checkpoint")
 
 
@@ -396,7 +396,7 @@ class JobFilter(filters.FilterSet):
         return queryset.annotate(id_text=Cast("id", models.CharField())).filter(id_text__startswith=prefix)
 
 
-class BatchSubmitSerializer(serializers.Serializer):
+class BatchSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     jobs = serializers.ListField(child=serializers.DictField(), min_length=1, max_length=200)
 
 
@@ -673,14 +673,14 @@ class JobTemplateSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class JobTemplateCreateSerializer(serializers.Serializer):
+class JobTemplateCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = serializers.SlugField()
     name = serializers.CharField(max_length=80)
     description = serializers.CharField(max_length=300, required=False, allow_blank=True)
     job = serializers.DictField(help_text="submission fields as in POST /api/v1/jobs/, without team")
 
 
-class JobTemplateUpdateSerializer(serializers.Serializer):
+class JobTemplateUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=80, required=False)
     description = serializers.CharField(max_length=300, required=False, allow_blank=True)
     job = serializers.DictField(required=False, help_text="replaces the template's whole job")
@@ -832,7 +832,7 @@ class DatasetSerializer(serializers.ModelSerializer):
         return sorted(t.slug for t in obj.shared_with.all())
 
 
-class DatasetCreateSerializer(serializers.Serializer):
+class DatasetCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = serializers.SlugField()
     name = serializers.CharField(max_length=100)
     version = serializers.IntegerField(min_value=1, default=1)

@@ -32,7 +32,7 @@ from monitoring.models import (
     Notification,
 )
 from quotas.selectors import visible_teams
-from trainyard.api import ScopedActionsMixin, int_param
+from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
 from trainyard.errors import ValidationFailed
 
 # --------------------------------------------------------------------------------------------- alerts
@@ -107,7 +107,7 @@ class AlertSerializer(serializers.ModelSerializer):
         return selectors.actions_visible(alert.actions_taken, self.context.get("job_ids"))
 
 
-class AlertResolveSerializer(serializers.Serializer):
+class AlertResolveSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     note = serializers.CharField(max_length=300, required=False, allow_blank=True)
 
 
@@ -277,7 +277,7 @@ def gpu_overview_data(item: selectors.GpuOverview, *, teams_jobs: set[str] | Non
     }
 
 
-class ReturnToServiceSerializer(serializers.Serializer):
+class ReturnToServiceSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     force = serializers.BooleanField(
         required=False, default=False, help_text="skip the fresh probe (the card stays out if it fails again)"
     )

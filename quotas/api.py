@@ -104,7 +104,7 @@ class QuotaUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     checkpoint_retention_days = serializers.IntegerField(min_value=0, max_value=36500, required=False)
 
 
-class MembershipInputSerializer(serializers.Serializer):
+class MembershipInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     username = serializers.CharField()
     role = serializers.ChoiceField(choices=Membership.Role.choices, default="member")
 
@@ -269,7 +269,7 @@ class TokenSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TokenCreateSerializer(serializers.Serializer):
+class TokenCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=100)
     expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False)
     scopes = serializers.ListField(

@@ -303,6 +303,23 @@ def test_quota_changes_refuse_unknown_keys(world):
     assert Team.objects.get(slug="demo").gpu_milli == 4000
 
 
+def test_every_write_body_refuses_keys_it_does_not_take(world):
+    """A typo in any write body is a 400 naming the key, never a silent no-op: a batch, a template, a token, a
+    membership change, a reproduce with resume."""
+    demo, admin = client_for("demo"), client_for("admin")
+    cases = [
+        (demo, "/api/v1/jobs/batch/", {"jobs": [body(name="a")], "job": [body(name="b")]}, "job"),
+        (demo, "/api/v1/templates/", {"team": "demo", "name": "t1", "job": body(), "descripton": "x"}, "descripton"),
+        (demo, "/api/v1/tokens/", {"name": "ci", "scopes": ["read"], "expires_in_day": 3}, "expires_in_day"),
+        (admin, "/api/v1/teams/demo/members/", {"username": "demo", "rol": "maintainer"}, "rol"),
+    ]
+    for client, path, payload, key in cases:
+        answer = client.post(path, payload, format="json")
+        assert answer.status_code == 400, (path, answer.status_code, answer.content)
+        assert answer.json()["fields"][key][0]["code"] == "unknown_field", (path, answer.json())
+    assert Job.objects.count() == 0
+
+
 def test_list_filters_cursor_pagination_and_bounded_queries(world):
     demo = client_for("demo")
     demo.post(
