@@ -201,7 +201,7 @@ def _submit_choices(user) -> dict[str, Any]:
     queues = list(Queue.objects.prefetch_related("specs", "teams").order_by("-priority", "name"))
     queue_rows = []
     for queue in queues:
-        waiting = selectors.queue_waiting(queue)
+        waiting = selectors.waiting_line(queue)
         waits = selectors.estimated_waits(queue, waiting)
         queue_rows.append(
             {
@@ -493,7 +493,7 @@ def _live_context(job: Job) -> dict[str, Any]:
     suggestions = dict(FailureRule.objects.filter(name__in=rules).values_list("name", "suggestion")) if rules else {}
     wait = None
     if job.state == JobState.PENDING:
-        wait = selectors.estimated_waits(job.queue, selectors.queue_waiting(job.queue)).get(job.id)
+        wait = selectors.estimated_waits(job.queue).get(job.id)
     recorded = (job.reproduce or {}).get("runtime")
     return {
         "job": job,
@@ -1059,7 +1059,7 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 def queue_list(request: HttpRequest) -> HttpResponse:
     rows = []
     for queue in Queue.objects.prefetch_related("specs").order_by("-priority", "name"):
-        waiting = selectors.queue_waiting(queue)
+        waiting = selectors.waiting_line(queue)
         waits = selectors.estimated_waits(queue, waiting)
         rows.append(
             {
@@ -1072,29 +1072,44 @@ def queue_list(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/queue_list.html", {"nav": "queues", "rows": rows})
 
 
+LINE_SHOWN = 200  # jobs of a waiting line listed on its queue's page (the rest are counted)
+MINE_SHOWN = 50  # the user's own jobs of that line listed above it, wherever they wait
+
+
 @login_required
 def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
     """Why a job waits: the ordered line with positions, reasons in plain words and estimated waits;
     jobs of teams the user is not in show only their place in the line."""
     queue = get_object_or_404(Queue.objects.prefetch_related("specs", "teams"), name=name)
     visible = set(quota.visible_teams(request.user).values_list("id", flat=True))
-    waiting = selectors.queue_waiting(queue)
-    waits = selectors.estimated_waits(queue, waiting)
+    # The whole line is estimated; its first LINE_SHOWN jobs are listed, and the user's own wherever they are.
+    light = selectors.waiting_line(queue)
+    own = [j.id for j in light if j.owner_id == request.user.id]
+    own_more = max(0, len(own) - MINE_SHOWN)
+    own = own[:MINE_SHOWN]
+    waits, rows = selectors.line_rows(queue, light, first=LINE_SHOWN, also=own)
+    by_id = {job.id: job for job in rows}
+    own_set = set(own)
     now = timezone.now()
-    line = []
-    for i, job in enumerate(waiting, start=1):
-        line.append(
-            {
-                "job": job,
-                "visible": job.team_id in visible,
-                "position": job.queue_position or i,
-                "ahead": i - 1,
-                "mine": job.owner_id == request.user.id,
-                "waited_s": (now - job.submitted_at).total_seconds(),
-                "wait": waits.get(job.id),
-                "reason_text": wording.reason_sentence(job.reason),
-            }
-        )
+    line, mine = [], []
+    for i, entry in enumerate(light, start=1):
+        job = by_id.get(entry.id)
+        if job is None:
+            continue
+        row = {
+            "job": job,
+            "visible": job.team_id in visible,
+            "position": job.queue_position or i,
+            "ahead": i - 1,
+            "mine": job.owner_id == request.user.id,
+            "waited_s": (now - job.submitted_at).total_seconds(),
+            "wait": waits.get(job.id),
+            "reason_text": wording.reason_sentence(job.reason),
+        }
+        if i <= LINE_SHOWN:
+            line.append(row)
+        if row["mine"] and job.id in own_set:
+            mine.append(row)
     holding = list(
         Job.objects.filter(queue=queue, reserved=True)
         .select_related("team", "owner", "spec")
@@ -1112,7 +1127,9 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
             "visible": visible,
             "usage": usage,
             "capability": queue.vector(),
-            "mine": [row for row in line if row["mine"]],
+            "mine": mine,
+            "line_more": max(0, len(light) - LINE_SHOWN),
+            "mine_more": own_more,
         },
     )
 

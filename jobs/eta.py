@@ -39,6 +39,36 @@ HISTORY_ROWS = 20000
 FINISHED = (JobState.SUCCEEDED, JobState.FAILED)
 
 
+@dataclass(frozen=True, slots=True)
+class LineJob:
+    """A waiting job as the estimate reads it: a few columns instead of a whole row (`waiting_line`)."""
+
+    id: object
+    reason: str
+    total_gpu_milli: int
+    team_id: int
+    queue_id: int
+    owner_id: int
+    command: list
+    labels: dict
+    timeout_s: int
+
+
+LINE_COLUMNS = ("id", "reason", "total_gpu_milli", "team_id", "queue_id", "owner_id", "command", "labels", "timeout_s")
+
+
+def waiting_line(queue) -> list[LineJob]:
+    """The queue's waiting line in the dispatcher's order, with only what the estimate needs: reading 5,000
+    whole rows (some 60 columns, JSON among them, and their owners, teams and specs) took about half a second,
+    these columns a fraction of it."""
+    rows = (
+        Job.objects.filter(queue=queue, state=JobState.PENDING)
+        .order_by("-priority", "submitted_at", "id")
+        .values_list(*LINE_COLUMNS)
+    )
+    return [LineJob(*row) for row in rows]
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Seconds from now until the job may start: `low`..`high`, `mid` the median replay's figure. `known` is
@@ -183,6 +213,7 @@ def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo
 def estimate_starts(queue, waiting: list[Job], *, now: datetime | None = None) -> dict:
     """Estimate for each job of `waiting` (the queue's line, in order): job id -> Estimate."""
     from cluster.models import GPU
+    from quotas.models import Team
 
     if not waiting:
         return {}
@@ -214,7 +245,8 @@ def estimate_starts(queue, waiting: list[Job], *, now: datetime | None = None) -
         running.append((j, elapsed, limit_left))
         queue_used[j.queue_id] = queue_used.get(j.queue_id, 0) + j.total_gpu_milli
         team_used[j.team_id] = team_used.get(j.team_id, 0) + j.total_gpu_milli
-    limits = (queue.gpu_milli, {j.team_id: j.team.gpu_milli for j in waiting})
+    team_ids = {j.team_id for j in waiting}
+    limits = (queue.gpu_milli, dict(Team.objects.filter(id__in=team_ids).values_list("id", "gpu_milli")))
     fifo = queue.ordering == "fifo"
     free = capacity - sum(j.total_gpu_milli for j in holding)
     replays = [

@@ -20,19 +20,61 @@ def jobs_visible_to(user) -> QuerySet[Job]:
     return qs.filter(team_id__in=list(Membership.objects.filter(user=user).values_list("team_id", flat=True)))
 
 
-def queue_waiting(queue) -> list[Job]:
-    return list(
-        Job.objects.filter(queue=queue, state=JobState.PENDING)
-        .select_related("owner", "team", "spec")
-        .order_by("-priority", "submitted_at", "id")
-    )
+# What the waiting line is read for (the line on queue pages and in the API, the estimated starts): a job row has
+# some 60 columns, several of them JSON, and a line of 5,000 jobs read whole took half a second to load.
+LINE_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "priority",
+    "queue_position",
+    "reason",
+    "message",
+    "submitted_at",
+    "total_gpu_milli",
+    "timeout_s",
+    "command",
+    "labels",
+    "queue_id",
+    "owner__username",
+    "team__slug",
+    "team__gpu_milli",
+    "spec__name",
+)
 
 
-def estimated_waits(queue, waiting: list[Job]) -> dict:
-    """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown)."""
+def queue_waiting(queue, *, ids=None) -> list[Job]:
+    """The queue's waiting line in the dispatcher's order, with the columns the line and its estimates use
+    (`LINE_FIELDS`; touching another one costs a query per job); `ids`: only those jobs of it."""
+    qs = Job.objects.filter(queue=queue, state=JobState.PENDING)
+    if ids is not None:
+        qs = qs.filter(id__in=list(ids))
+    qs = qs.select_related("owner", "team", "spec").only(*LINE_FIELDS)
+    return list(qs.order_by("-priority", "submitted_at", "id"))
+
+
+def line_rows(queue, line: list, *, first: int, also=()) -> tuple[dict, list[Job]]:
+    """A long line shown in part: (the estimates of the whole `line` (`waiting_line`), the full rows of its `first`
+    jobs and of the jobs in `also`). The estimates need the whole line; pages and the API list a part of it."""
+    waits = estimated_waits(queue, line)
+    also = set(also)
+    wanted = {j.id for j in line[:first]} | {j.id for j in line if j.id in also}
+    return waits, queue_waiting(queue, ids=wanted) if wanted else []
+
+
+def waiting_line(queue) -> list:
+    """The waiting line with only what its estimates and its length need (jobs.eta.LineJob)."""
     from jobs import eta
 
-    return eta.estimate_starts(queue, waiting)
+    return eta.waiting_line(queue)
+
+
+def estimated_waits(queue, waiting: list | None = None) -> dict:
+    """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown). `waiting`: the line
+    already read (`queue_waiting`), else only the columns the estimate needs are read (`eta.waiting_line`)."""
+    from jobs import eta
+
+    return eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting)
 
 
 def line_clears(waiting: list[Job], waits: dict):

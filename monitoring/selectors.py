@@ -568,7 +568,7 @@ def expected_waits(job: Job, rec: dict) -> list[dict]:
     import copy
 
     from jobs.eta import estimate_starts
-    from jobs.selectors import queue_waiting
+    from jobs.selectors import waiting_line
     from quotas.models import Queue
 
     queues = [job.queue]
@@ -586,7 +586,7 @@ def expected_waits(job: Job, rec: dict) -> list[dict]:
         if found is None:
             probe = copy.copy(job)
             probe.queue, probe.queue_id, probe.total_gpu_milli, probe.reason = queue, queue.id, milli, ""
-            line = [j for j in queue_waiting(queue) if j.pk != job.pk] + [probe]
+            line = [j for j in waiting_line(queue) if j.id != job.pk] + [probe]
             estimate = estimate_starts(queue, line).get(job.pk)
             found = {"at": timezone.now().timestamp(), "estimate": estimate.as_dict() if estimate is not None else None}
             cache.set(key, found, WAITS_TTL_S)

@@ -9,8 +9,8 @@ from rest_framework.response import Response
 from jobs import selectors as job_selectors
 from quotas import selectors, services, tokens
 from quotas.models import TOKEN_SCOPES, ApiToken, Membership, Queue, ResourceSpec, Team
-from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
-from trainyard.errors import Forbidden, NotFound
+from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
+from trainyard.errors import Forbidden, NotFound, ValidationFailed
 
 VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
 
@@ -223,19 +223,38 @@ class QueueSerializer(serializers.ModelSerializer):
         return queue.jobs.filter(state="pending").count()
 
 
+LINE_LIMIT = 500  # waiting jobs a queue's detail lists by default (`?limit=`, up to LINE_LIMIT_MAX)
+LINE_LIMIT_MAX = 10000
+
+
 class QueueDetailSerializer(QueueSerializer):
-    jobs = serializers.SerializerMethodField()
+    jobs = serializers.SerializerMethodField(help_text="the first `limit` jobs of the waiting line, in order")
+    jobs_total = serializers.SerializerMethodField(help_text="how many jobs wait in all")
 
     class Meta(QueueSerializer.Meta):
-        fields = [*QueueSerializer.Meta.fields, "jobs"]
+        fields = [*QueueSerializer.Meta.fields, "jobs", "jobs_total"]
+
+    def get_jobs_total(self, queue) -> int:
+        return len(self._line(queue))
+
+    def _line(self, queue) -> list:
+        if getattr(self, "_line_of", None) is None or self._line_of[0] != queue.pk:
+            self._line_of = (queue.pk, job_selectors.waiting_line(queue))
+        return self._line_of[1]
 
     def get_jobs(self, queue) -> list:
-        user = self.context["request"].user
-        waiting = job_selectors.queue_waiting(queue)
-        waits = job_selectors.estimated_waits(queue, waiting)
+        request = self.context["request"]
+        user = request.user
+        limit = int_param(request, "limit", default=LINE_LIMIT, minimum=1)
+        if limit > LINE_LIMIT_MAX:
+            raise ValidationFailed(f"limit must be at most {LINE_LIMIT_MAX}", code="invalid_parameter", field="limit")
+        line = self._line(queue)
+        waits, shown = job_selectors.line_rows(queue, line, first=limit)
+        position = {entry.id: i for i, entry in enumerate(line, start=1)}
         visible = set(selectors.visible_teams(user).values_list("id", flat=True))
         rows = []
-        for i, job in enumerate(waiting, start=1):
+        for job in shown:
+            i = position[job.id]
             job.queue_position = job.queue_position or i
             estimate = waits.get(job.id)
             job.estimated_start = estimate.as_dict() if estimate else None

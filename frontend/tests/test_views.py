@@ -334,6 +334,30 @@ def test_queue_page_explains_the_line_and_hides_other_teams_jobs(portal):
     assert "position 2 in queue train" in page
 
 
+def test_a_long_line_lists_its_head_and_your_own_jobs_wherever_they_wait(
+    portal, monkeypatch, django_assert_max_num_queries
+):
+    """A queue page reads the whole line for its estimates but lists only its first jobs (and the reader's own,
+    further back), so a line of thousands does not make a page of thousands."""
+    from frontend import views
+
+    monkeypatch.setattr(views, "LINE_SHOWN", 3)
+    monkeypatch.setattr(views, "MINE_SHOWN", 2)
+    Queue.objects.filter(name="train").update(state="closed")
+    for i in range(5):
+        submit(portal.outsider, team="vision", name=f"theirs-{i}")
+    mine = [submit(portal.demo, name=f"mine-{i}") for i in range(3)]
+    services.queue_dispatch(queue_id=mine[0].queue_id)
+    client = login(portal.demo)
+    with django_assert_max_num_queries(40):
+        body = client.get("/queues/train/").content.decode()
+    assert body.count("another team's job") == 3  # the first three places
+    assert "5 more jobs wait behind these" in body
+    # The reader's first two jobs (places 6 and 7) are listed above the line, and the third is counted.
+    assert "mine-0" in body and "position 6, behind 5 jobs" in body and "mine-1" in body and "mine-2" not in body
+    assert "…and 1 more of yours further back." in body
+
+
 def test_every_pending_reason_has_a_plain_sentence():
     assert set(PendingReason.values) <= set(wording.PENDING_REASONS)
     assert set(JobState.values) <= set(wording.STATE_LABELS)

@@ -349,6 +349,14 @@ def test_queue_detail_shows_order_positions_and_waits(world):
     assert [j["name"] for j in queue["jobs"]] == ["w0", "w1", "w2"]
     assert [j["position"] for j in queue["jobs"]] == [1, 2, 3]
     assert all("estimated_wait_s" in j for j in queue["jobs"])
+    assert queue["jobs_total"] == 3
+    # A long line comes in part: the first `limit` jobs, with the whole line's count and estimates.
+    head = demo.get("/api/v1/queues/debug/?limit=2").json()
+    assert [j["name"] for j in head["jobs"]] == ["w0", "w1"] and head["jobs_total"] == 3
+    assert head["jobs"][1]["estimated_start"] == queue["jobs"][1]["estimated_start"]
+    for bad in ("0", "x", "10001"):
+        answer = demo.get(f"/api/v1/queues/debug/?limit={bad}")
+        assert answer.status_code == 400 and answer.json()["code"] == "invalid_parameter", bad
     listing = demo.get("/api/v1/queues/").json()
     assert {q["name"] for q in listing} == {"debug", "train", "distributed"}
 
