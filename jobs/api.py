@@ -215,6 +215,13 @@ def _links(job) -> dict:
     }
 
 
+def _estimated_start(job):
+    if job.state != JobState.PENDING:
+        return None
+    estimate = selectors.estimated_waits(job.queue).get(job.id)
+    return estimate.as_dict() if estimate is not None else None
+
+
 def _iso(value):
     if value is None:
         return None
@@ -238,6 +245,7 @@ def _plan(serializer_class) -> tuple:
         "spec": lambda job: job.spec.name if job.spec_id is not None else None,
         "links": _links,
         "recommendation": lambda job: getattr(job, "recommendation", None),
+        "estimated_start": _estimated_start,
     }
     plan = []
     for name in serializer_class.Meta.fields:
@@ -267,6 +275,27 @@ class JobDetailSerializer(JobSerializer):
             "tensorboard_logdir",
         ]
         read_only_fields = fields
+
+
+class JobShownSerializer(JobDetailSerializer):
+    """`GET jobs/{id}/`: the job, and for a waiting one when it may start (the estimate its page shows)."""
+
+    estimated_start = serializers.SerializerMethodField()
+
+    class Meta(JobDetailSerializer.Meta):
+        fields = [*JobDetailSerializer.Meta.fields, "estimated_start"]
+        read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "description": "low_s, mid_s, high_s (seconds from now) and known, as on GET queues/{name}/; null "
+            "unless the job waits",
+        }
+    )
+    def get_estimated_start(self, job):
+        return _estimated_start(job)
 
 
 class JobSubmittedSerializer(JobDetailSerializer):
@@ -413,7 +442,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return selectors.jobs_visible_to(self.request.user)
 
     def get_serializer_class(self):
-        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+        return JobShownSerializer if self.action == "retrieve" else JobSerializer
 
     @extend_schema(
         request=JobSubmitSerializer,

@@ -382,6 +382,8 @@ def _estimate(est: dict | None) -> str:
 def _queue_wait(api: ApiClient, job: dict) -> dict | None:
     if job["state"] != "pending":
         return None
+    if "estimated_start" in job:  # the job's own estimate (servers since the queue API lists only a line's head)
+        return job["estimated_start"]
     queue = api.get(f"/queues/{job['queue']}/")
     for row in queue.get("jobs", []):
         if row.get("id") == job["id"]:

@@ -354,6 +354,9 @@ def test_queue_detail_shows_order_positions_and_waits(world):
     head = demo.get("/api/v1/queues/debug/?limit=2").json()
     assert [j["name"] for j in head["jobs"]] == ["w0", "w1"] and head["jobs_total"] == 3
     assert head["jobs"][1]["estimated_start"] == queue["jobs"][1]["estimated_start"]
+    # A waiting job says so itself (what `trainyard status` shows, wherever the job waits in a long line).
+    shown = demo.get(f"/api/v1/jobs/{queue['jobs'][2]['id']}/").json()
+    assert shown["estimated_start"] == queue["jobs"][2]["estimated_start"] and "estimated_start" in shown
     for bad in ("0", "x", "10001"):
         answer = demo.get(f"/api/v1/queues/debug/?limit={bad}")
         assert answer.status_code == 400 and answer.json()["code"] == "invalid_parameter", bad
