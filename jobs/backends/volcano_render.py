@@ -423,13 +423,7 @@ def _task(
         "terminationGracePeriodSeconds": max(1, int(desc.preempt_notice_s or options.grace_s)),
         # A backstop should the platform be unreachable when the job's wall-clock limit passes.
         "activeDeadlineSeconds": int(desc.timeout_s) + int(options.deadline_slack_s),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": options.run_as_uid,
-            "runAsGroup": options.run_as_uid,
-            "fsGroup": options.run_as_uid,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(options),
         "containers": [container],
         "volumes": pod_volumes,
     }
@@ -531,6 +525,18 @@ def _resources(desc: AttemptDescription, devices: list[Device], options: RenderO
         **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options),
     }
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _pod_security(options: RenderOptions) -> JSON:
+    """Every pod the platform makes runs as its unprivileged user under the runtime's seccomp profile (the
+    restricted Pod Security Standard of the team namespaces)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": options.run_as_uid,
+        "runAsGroup": options.run_as_uid,
+        "fsGroup": options.run_as_uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _container_security(*, read_only_root: bool) -> JSON:
@@ -769,13 +775,7 @@ def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: Render
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": options.run_as_uid,
-            "runAsGroup": options.run_as_uid,
-            "fsGroup": options.run_as_uid,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(options),
         "containers": [container],
         "volumes": [
             {"name": "cache", "persistentVolumeClaim": {"claimName": name}},
