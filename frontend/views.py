@@ -35,6 +35,7 @@ from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import driver_satisfies
 from frontend import wording
 from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
+from frontend.templatetags import portal
 from images import selectors as image_selectors
 from images import services as image_services
 from images.models import BaseImage, ProjectImage
@@ -624,7 +625,7 @@ def _recommendation_message(job: Job) -> str:
         "Earlier runs like this one (%(evidence)s) suggest spec %(spec)s with %(gpus)s GPU(s), freeing "
         "%(milli)s GPU milli of quota. Your request was submitted as asked; see Resource use below."
     ) % {
-        "evidence": rec["evidence"],
+        "evidence": portal.evidence(rec),
         "spec": rec["spec"] or "explicit",
         "gpus": rec["gpu_count"],
         "milli": rec["saves"]["gpu_milli"],

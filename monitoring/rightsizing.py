@@ -132,6 +132,9 @@ class Recommendation:
     batch_size: int | None = None
     batch_evidence: str = ""
     job_ids: list[str] = field(default_factory=list)
+    asked_mib: float = 0.0  # the highest per-card memory the runs asked for
+    util_p95_pct: float | None = None  # the highest utilization p95 of the runs
+    covered: bool = True  # some spec of the queue covers what the runs need
 
     def as_dict(self) -> dict:
         return {
@@ -149,6 +152,15 @@ class Recommendation:
             "needed_gpu_milli": round(self.need_milli),
             "memory_margin": round(self.memory_margin, 3),
             "saves": {"gpu_milli": self.saves_gpu_milli, "gpu_memory_mib": self.saves_gpu_memory_mib},
+            # The evidence's figures, for a reader in another language (the portal says them in the reader's own).
+            "evidence_parts": {
+                "runs": self.runs,
+                "peak_mib": round(self.peak_mib, 1),
+                "asked_mib": round(self.asked_mib, 1),
+                "util_p95_pct": None if self.util_p95_pct is None else round(self.util_p95_pct, 1),
+                "covered": self.covered,
+                "memory_margin": round(self.memory_margin, 3),
+            },
             "batch_size": self.batch_size,
             "batch_evidence": self.batch_evidence,
             "based_on": self.job_ids,
@@ -257,4 +269,7 @@ def recommend(
         batch_size=batch,
         batch_evidence=batch_how,
         job_ids=[r.job_id for r in runs],
+        asked_mib=asked,
+        util_p95_pct=max(utils) if utils else None,
+        covered=covered,
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 from django import template
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from frontend import wording
 from quotas.models import Team
@@ -203,3 +204,25 @@ def event_reason(event) -> str:
     if not code or not (code in wording.PENDING_REASONS or code in wording.OTHER_REASONS):
         return ""
     return wording.reason_sentence(code)
+
+
+@register.filter
+def evidence(recommendation: dict | None) -> str:
+    """A recommendation's evidence in the reader's language, from its figures (`evidence_parts`); the stored
+    English sentence when it has none."""
+    if not recommendation:
+        return ""
+    parts = recommendation.get("evidence_parts")
+    if not parts:
+        return recommendation.get("evidence", "")
+    runs = parts["runs"]
+    text = ngettext("%(runs)s run, peak %(peak)s of %(asked)s", "%(runs)s runs, peak %(peak)s of %(asked)s", runs) % {
+        "runs": runs,
+        "peak": f"{parts['peak_mib'] / 1024:.1f} GiB",
+        "asked": f"{parts['asked_mib'] / 1024:.1f} GiB",
+    }
+    if parts.get("util_p95_pct") is not None:
+        text += _(", GPU utilization p95 %(pct)s%%") % {"pct": f"{parts['util_p95_pct']:.0f}"}
+    if not parts.get("covered", True):
+        text += _("; no spec of this queue covers it")
+    return text + _("; memory margin %(pct)s%%") % {"pct": f"{parts['memory_margin'] * 100:.0f}"}

@@ -302,6 +302,25 @@ def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_p
     assert 'id="rightsizing"' in team_page and "GPU-hours requested" in team_page
 
 
+def test_the_evidence_reads_in_the_readers_language(db_platform):
+    """The evidence is figures said in a sentence: the API keeps the English one, a page says it in Chinese."""
+    from frontend.templatetags.portal import evidence
+
+    for peak in (3900, 4100, 4200):
+        finished_run(db_platform, peak=peak, p95=peak - 300, util=18, batch=16)
+    job = submit(db_platform, ["python3", "train.py"])
+    from monitoring.selectors import recommendation_for
+
+    rec = recommendation_for(job)
+    assert evidence(rec) == rec["evidence"]  # English: the same sentence the API returns, from the figures
+    browser = Client()
+    browser.force_login(db_platform)
+    browser.post("/i18n/setlang/", {"language": "zh-hans", "next": "/jobs/"})
+    page = browser.get(f"/jobs/{job.id}/").content.decode()
+    assert "3 次运行，峰值 4.1 GiB（申请 24.0 GiB），GPU 利用率 p95 为 18%；显存余量 17%" in page
+    assert "3 runs, peak" not in page
+
+
 def test_a_teammates_runs_are_used_when_the_user_has_none(db_platform):
     from django.contrib.auth import get_user_model
 
