@@ -154,7 +154,7 @@ def run_seed(user, pods: list[dict], base) -> dict:
             n += 1
         waiting_new = [j for j in new if j not in starts and arrived[j][1]]
         if waiting_new:
-            shown = eta.estimate_starts(queue, selectors.queue_waiting(queue), now=at)
+            shown = eta.estimate_starts(queue, selectors.waiting_line(queue), now=at)
             for j in waiting_new:
                 estimates[j] = shown.get(j)
     rows = []

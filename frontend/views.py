@@ -494,7 +494,7 @@ def _live_context(job: Job) -> dict[str, Any]:
     suggestions = dict(FailureRule.objects.filter(name__in=rules).values_list("name", "suggestion")) if rules else {}
     wait = None
     if job.state == JobState.PENDING:
-        wait = selectors.estimated_waits(job.queue).get(job.id)
+        wait = selectors.estimated_start(job)
     recorded = (job.reproduce or {}).get("runtime")
     return {
         "job": job,

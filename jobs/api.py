@@ -218,7 +218,7 @@ def _links(job) -> dict:
 def _estimated_start(job):
     if job.state != JobState.PENDING:
         return None
-    estimate = selectors.estimated_waits(job.queue).get(job.id)
+    estimate = selectors.estimated_start(job)
     return estimate.as_dict() if estimate is not None else None
 
 

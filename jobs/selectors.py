@@ -77,6 +77,33 @@ def estimated_waits(queue, waiting: list | None = None) -> dict:
     return eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting)
 
 
+# A waiting job's own estimate is asked for again and again (its page's live refresh, `trainyard submit --wait`
+# polling the job): the queue's estimates are kept this long and shared by every job of the line, aged by the time
+# since. A job the kept answer does not know (it came later) gets a fresh replay.
+ESTIMATE_REUSE_S = 5
+
+
+def estimated_start(job: Job):
+    """When this waiting job may start (a jobs.eta.Estimate), or None."""
+    import dataclasses
+    import time
+
+    from django.core.cache import cache
+
+    key = f"eta:queue:{job.queue_id}"
+    kept = cache.get(key)
+    if kept is None or job.id not in kept["waits"]:
+        kept = {"at": time.time(), "waits": estimated_waits(job.queue)}
+        cache.set(key, kept, ESTIMATE_REUSE_S)
+    estimate = kept["waits"].get(job.id)
+    age = time.time() - kept["at"]
+    if estimate is None or age <= 0:
+        return estimate
+    return dataclasses.replace(
+        estimate, **{k: max(0.0, v - age) for k in ("low", "mid", "high") if (v := getattr(estimate, k)) is not None}
+    )
+
+
 def line_clears(waiting: list[Job], waits: dict):
     """When the last job of the line may start (the line has cleared), or None for an empty line."""
     return waits.get(waiting[-1].id) if waiting else None

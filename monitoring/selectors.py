@@ -532,6 +532,25 @@ def spec_options(job: Job) -> list[rightsizing.SpecOption]:
     return options
 
 
+def _recommend(job: Job, runs: list, *, scope: str, replicas: int = 1):
+    """rightsizing.recommend for this job's request, among its queue's specs, with the configured margins."""
+    request = rightsizing.SpecOption(
+        name=job.spec.name if job.spec_id else "",
+        gpu_count=job.gpu_count,
+        gpu_milli=job.gpu_milli,
+        gpu_memory_mib=job.gpu_memory_mib,
+    )
+    return rightsizing.recommend(
+        runs,
+        request=request,
+        options=spec_options(job),
+        margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
+        uncertainty=settings.TRAINYARD_RIGHTSIZE_UNCERTAINTY,
+        scope=scope,
+        replicas=replicas,
+    )
+
+
 def recommendation_for(job: Job) -> dict | None:
     """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
     the job's request is never changed."""
@@ -539,21 +558,7 @@ def recommendation_for(job: Job) -> dict | None:
     runs, scope = _runs_of(list(_similar_runs(job, owner_only=True)[:history])), "user"
     if not runs:
         runs, scope = _runs_of(list(_similar_runs(job, owner_only=False)[:history])), "team"
-    request = rightsizing.SpecOption(
-        name=job.spec.name if job.spec_id else "",
-        gpu_count=job.gpu_count,
-        gpu_milli=job.gpu_milli,
-        gpu_memory_mib=job.gpu_memory_mib,
-    )
-    rec = rightsizing.recommend(
-        runs,
-        request=request,
-        options=spec_options(job),
-        margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
-        uncertainty=settings.TRAINYARD_RIGHTSIZE_UNCERTAINTY,
-        scope=scope,
-        replicas=job.replicas,
-    )
+    rec = _recommend(job, runs, scope=scope, replicas=job.replicas)
     if rec is None:
         return None
     out = rec.as_dict()
@@ -742,20 +747,7 @@ def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetim
                 gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
                 gpu_util_p95_pct=p.gpu_util_p95_pct,
             )
-            request = rightsizing.SpecOption(
-                name=job.spec.name if job.spec_id else "",
-                gpu_count=job.gpu_count,
-                gpu_milli=job.gpu_milli,
-                gpu_memory_mib=job.gpu_memory_mib,
-            )
-            found = rightsizing.recommend(
-                [run],
-                request=request,
-                options=spec_options(job),
-                margin=settings.TRAINYARD_RIGHTSIZE_MARGIN,
-                uncertainty=settings.TRAINYARD_RIGHTSIZE_UNCERTAINTY,
-                scope="job",
-            )
+            found = _recommend(job, [run], scope="job")
             if found is not None:
                 rec = found.as_dict()
                 asked = job.gpu_count * job.gpu_milli
