@@ -37,6 +37,17 @@ def _no_queued_dispatch_mark(_isolated_broker_queue):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _default_language():
+    """Each test starts in the default language: a request through the test client (a page read in Chinese)
+    leaves its language active in the thread, and text made outside a request would follow it."""
+    from django.utils import translation
+
+    translation.deactivate()
+    yield
+    translation.deactivate()
+
+
 @pytest.fixture
 def celery_worker_thread(transactional_db, _isolated_broker_queue):
     """A real Celery worker (solo pool, in a thread) consuming this session's queue."""

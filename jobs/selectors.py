@@ -38,7 +38,6 @@ LINE_FIELDS = (
     "queue_id",
     "owner__username",
     "team__slug",
-    "team__gpu_milli",
     "spec__name",
 )
 
