@@ -5,14 +5,16 @@ PYTEST_ARGS ?=
 .PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
 
 venv: .venv/.installed
-.venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh
+.venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
 	@scripts/bootstrap.sh
 
 run: venv
+	@scripts/system-packages.sh
 	@$(BIN)/python -m trainyard.standalone
 
 # The bulk of the suite in two parallel workers, then the fault suite and the browser tests alone (scripts/test.sh).
 test: venv
+	@scripts/system-packages.sh
 	@$(BIN)/python -m trainyard.embedded exec -- scripts/test.sh $(PYTEST_ARGS)
 
 # The fault suite alone (also part of `make test`): real processes, PostgreSQL and Redis stopped and started.

@@ -27,8 +27,6 @@ if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requ
   exit 1
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . >/dev/null 2>&1 || { echo "trainyard: installing the project itself failed: run .venv/bin/pip install -e . to see why" >&2; exit 1; }
-if ! command -v bwrap >/dev/null 2>&1; then
-  # Not fatal here: a job then fails with this same explanation until it is installed (or TRAINYARD_SANDBOX=off).
-  echo "trainyard: local jobs run in a bubblewrap sandbox and 'bwrap' is missing: install it (e.g. 'apt-get install bubblewrap')" >&2
-fi
+# Debian's sandbox, build, registry and browser packages: installed as root, named otherwise.
+scripts/system-packages.sh || exit 1
 touch .venv/.installed

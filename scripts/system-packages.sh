@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The Debian packages the platform runs with, installed when missing (idempotent; run by bootstrap.sh, so by both
+# `make run` and `make test`):
+#   bubblewrap, slirp4netns  the local job sandbox and its optional outbound network
+#   podman, docker-registry  project image builds and the embedded OCI registry
+#   chromium, fonts-noto-cjk the portal's browser tests (Playwright drives Debian's Chromium; never a downloaded one)
+# As root it installs them with apt-get; as another user it prints the one command to run and carries on, since
+# `make run` works without them (a job then fails saying which piece is missing). Set TRAINYARD_SYSTEM_PACKAGES=off
+# to skip the check entirely (a machine managed some other way).
+set -uo pipefail
+[ "${TRAINYARD_SYSTEM_PACKAGES:-on}" = off ] && exit 0
+declare -A provides=(
+  [bubblewrap]=/usr/bin/bwrap
+  [slirp4netns]=/usr/bin/slirp4netns
+  [podman]=/usr/bin/podman
+  [docker-registry]=/usr/bin/docker-registry
+  [chromium]=/usr/bin/chromium
+  [fonts-noto-cjk]=/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc
+)
+missing=()
+for pkg in bubblewrap slirp4netns podman docker-registry chromium fonts-noto-cjk; do
+  [ -e "${provides[$pkg]}" ] || missing+=("$pkg")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "trainyard: missing system packages (${missing[*]}) and no apt-get here: install their equivalents" >&2
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "trainyard: missing system packages: run 'sudo apt-get install -y ${missing[*]}'" >&2
+  exit 0
+fi
+echo "trainyard: installing system packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+  echo "trainyard: apt-get could not install ${missing[*]} (output above)" >&2
+  exit 1
+fi
