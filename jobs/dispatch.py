@@ -75,6 +75,36 @@ FROM jobs_job WHERE state = 'pending' {where}
 """
 
 
+# Over-limit quotas touched by a set of newly admitted jobs, from the committed rows plus this transaction's. A
+# preemptible job holds no quota (docs/pools.md), so neither side counts it.
+OVER_QUOTA_SQL = """
+WITH new AS (SELECT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible),
+held AS (SELECT queue_id, team_id, owner_id, total_gpu_milli g, total_gpu_memory_mib gm, total_cpu_milli c,
+                total_memory_mib m FROM jobs_job WHERE reserved AND NOT preemptible)
+SELECT 'queue', q.name, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB',
+       sum(h.g), q.gpu_milli, sum(h.gm), q.gpu_memory_mib, sum(h.c), q.cpu_milli, sum(h.m), q.memory_mib)
+FROM held h JOIN quotas_queue q ON q.id = h.queue_id
+WHERE h.queue_id IN (SELECT queue_id FROM new)
+GROUP BY q.id, q.name
+HAVING sum(h.g) > q.gpu_milli OR sum(h.gm) > q.gpu_memory_mib OR sum(h.c) > q.cpu_milli OR sum(h.m) > q.memory_mib
+UNION ALL
+SELECT 'team', t.slug, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB, %%s/%%s jobs',
+       sum(h.g), t.gpu_milli, sum(h.gm), t.gpu_memory_mib, sum(h.c), t.cpu_milli, sum(h.m), t.memory_mib,
+       count(*), t.max_running_jobs)
+FROM held h JOIN quotas_team t ON t.id = h.team_id
+WHERE h.team_id IN (SELECT team_id FROM new)
+GROUP BY t.id, t.slug
+HAVING sum(h.g) > t.gpu_milli OR sum(h.gm) > t.gpu_memory_mib OR sum(h.c) > t.cpu_milli OR sum(h.m) > t.memory_mib
+    OR count(*) > t.max_running_jobs
+UNION ALL
+SELECT 'user', h.owner_id::text || ' in ' || t.slug, format('%%s/%%s jobs', count(*), t.max_jobs_per_user)
+FROM held h JOIN quotas_team t ON t.id = h.team_id
+WHERE (h.team_id, h.owner_id) IN (SELECT team_id, owner_id FROM new)
+GROUP BY t.id, t.slug, h.owner_id, t.max_jobs_per_user
+HAVING count(*) > t.max_jobs_per_user
+"""
+
+
 def _pending_rows(where: str = "", params: Sequence = ()) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(PENDING_SQL.format(where=where), list(params))
@@ -352,6 +382,16 @@ class JobStore:
         )
         self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
+
+    def over_quota(self, admitted: set) -> list[str]:
+        """The queues, teams and users that the admissions `admitted` (just written, not yet committed) take past a
+        limit, read from the rows in this transaction: what the pass decided from its own view is checked again
+        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold."""
+        if not admitted:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(OVER_QUOTA_SQL, {"jobs": [str(j) for j in admitted]})
+            return [f"{kind} {name}: {detail}" for kind, name, detail in cursor.fetchall()]
 
     def record_waits(self, changed: list[scheduler.Wait]) -> None:
         if not changed:

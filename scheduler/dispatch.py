@@ -26,7 +26,7 @@ from cluster.probes import probe_gpu
 from cluster.services import pool_lock
 from quotas.selectors import VECTOR_FIELDS, fits
 from scheduler import policy
-from scheduler.pool import Pool, current
+from scheduler.pool import Pool, current, overbooked
 from trainyard import wake
 from trainyard.sentences import stored
 from trainyard.units import human_resource
@@ -224,6 +224,8 @@ class Store(Protocol):
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
     def write(self, plan: Plan) -> set: ...  # admissions, under the pool lock; ids of the jobs it admitted
+
+    def over_quota(self, admitted: set) -> list[str]: ...  # quotas the written admissions exceed (same transaction)
 
     def record_waits(self, waits: list[Wait]) -> None: ...  # reasons and places, in a transaction of their own
 
@@ -542,6 +544,7 @@ class PassReport:
     total_s: float = 0.0
     placement_calls: int = 0
     shape_hits: int = 0
+    refused: int = 0  # writes the database refused as over-booked (a stale view); each pass re-read and retried
 
 
 _workload: tuple[float, tuple, policy.Workload] | None = None
@@ -668,41 +671,26 @@ def run_pass(
                 _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set())
             report.total_s = time.perf_counter() - t0
             return report
-        pool.sync(lambda p: workload(store, p))
-        t1 = time.perf_counter()
-        report.read_s = t1 - t0
-        decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
-        t2 = time.perf_counter()
-        report.decide_s = t2 - t1
-        report.waiting = len(decided.waits)
-        report.placement_calls = decided.placement_calls
-        report.shape_hits = decided.shape_hits
-        dropped: list[Admission] = []
-        lines_before = lines_after = versions[1]
-        if decided.changes_pool():
+        for attempt in range(1, WRITE_TRIES + 1):
             try:
-                with transaction.atomic(durable=True):
-                    pool_lock()
-                    before = pool.read_versions()
-                    lines_before = store.backlog_version()
-                    admitted = store.write(decided)
-                    after = pool.read_versions()
-                    lines_after = store.backlog_version()
-            except Exception:
+                decided, dropped, lines_before, lines_after = _decide_and_write(
+                    store, pool, backlog, carry, versions, report, t0
+                )
+                break
+            except StaleView as stale:
+                # Another process changed the pool between our read and our write: nothing was written; read
+                # everything again (the carry and the quota in use too) and decide afresh.
                 pool.invalidate()
-                _carry = None
-                raise
-            dropped = [a for a in decided.admissions if a.job.id not in admitted]
-            for a in dropped:
-                for p, s in zip(a.placements, _by_placement(a), strict=True):
-                    pool.give_back(p, s)
-            if dropped:
-                pool.ledger_version = None
-            else:
-                pool.wrote(before, after)
-            store.after_write(decided, admitted)
-            report.write_s = time.perf_counter() - t2
-            report.admitted = len(admitted)
+                _carry = carry = None
+                report.refused += 1
+                log.warning(
+                    "dispatch_write_refused", attempt=attempt, problems=stale.problems[:5], count=len(stale.problems)
+                )
+                if attempt == WRITE_TRIES:
+                    raise
+                report.fast = False
+                versions = (_reference_version(), store.backlog_version())
+                backlog = store.backlog(queue_ids=queue_ids)
         changed = decided.changed_waits()
         if changed:
             # Reasons and places need no pool lock (this pass's lock keeps other passes out) and do not move the
@@ -739,6 +727,70 @@ def run_pass(
             waits_ms=round(report.waits_s * 1000, 1),
         )
     return report
+
+
+class StaleView(Exception):
+    """A pass's write would book a card, a node or a quota past what it holds: its view was stale."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems[:3]))
+        self.problems = problems
+
+
+WRITE_TRIES = 3  # a pass refused this often in a row raises: something other than a race is wrong
+
+
+def _recheck(store: Store, pool: Pool, decided: Plan, admitted: set) -> list[str]:
+    """What the database, inside the write's transaction, says the written admissions over-book."""
+    written = [a for a in decided.admissions if a.job.id in admitted]
+    nodes = {s.node_id for a in written for s in a.slices}
+    host = {m.id for m in pool.meta if m.host_accounted and m.id in nodes}
+    return overbooked(node_ids=nodes, host_node_ids=host) + store.over_quota(admitted)
+
+
+def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, versions, report: PassReport, t0: float):
+    """Bring the pool up to date, decide, and write the admissions under the pool lock, checked by the database
+    before commit (StaleView when the check fails; nothing is written then)."""
+    pool.sync(lambda p: workload(store, p))
+    t1 = time.perf_counter()
+    report.read_s = t1 - t0
+    decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
+    t2 = time.perf_counter()
+    report.decide_s = t2 - t1
+    report.waiting = len(decided.waits)
+    report.placement_calls = decided.placement_calls
+    report.shape_hits = decided.shape_hits
+    dropped: list[Admission] = []
+    lines_before = lines_after = versions[1]
+    if decided.changes_pool():
+        try:
+            with transaction.atomic(durable=True):
+                pool_lock()
+                before = pool.read_versions()
+                lines_before = store.backlog_version()
+                admitted = store.write(decided)
+                problems = _recheck(store, pool, decided, admitted)
+                if problems:
+                    raise StaleView(problems)
+                after = pool.read_versions()
+                lines_after = store.backlog_version()
+        except StaleView:
+            raise
+        except Exception:
+            pool.invalidate()
+            raise
+        dropped = [a for a in decided.admissions if a.job.id not in admitted]
+        for a in dropped:
+            for p, s in zip(a.placements, _by_placement(a), strict=True):
+                pool.give_back(p, s)
+        if dropped:
+            pool.ledger_version = None
+        else:
+            pool.wrote(before, after)
+        store.after_write(decided, admitted)
+        report.write_s = time.perf_counter() - t2
+        report.admitted = len(admitted)
+    return decided, dropped, lines_before, lines_after
 
 
 def _by_placement(a: Admission) -> list[list[Slice]]:

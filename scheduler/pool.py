@@ -135,17 +135,19 @@ class Pool:
             self._rebuild_all()
             self.structure_version, self.ledger_version = structure, ledger
             return
-        workload = workload_for(self)
-        if workload is not self.workload:
-            self.workload = workload
-            self.allocator = policy.Allocator(self.nodes, "fgd", workload)
-        elif ledger != self.ledger_version:
+        # The ledger first, whatever else changed: a new workload rebuilds the allocator from `self.nodes`, and
+        # nodes that still hold another process's old view would be booked again (issue: double-booked cards).
+        if ledger != self.ledger_version:
             self.failed.clear()
             changed = self._load_ledger()
             for i in changed:
                 self._apply(i)
                 assert self.allocator is not None
                 self.allocator.refresh(i)
+        workload = workload_for(self)
+        if workload is not self.workload:
+            self.workload = workload
+            self.allocator = policy.Allocator(self.nodes, "fgd", workload)
         self.structure_version, self.ledger_version = structure, ledger
 
     def invalidate(self) -> None:
@@ -431,6 +433,53 @@ class Pool:
                 u.host_memory - s.host_memory_mib,
                 u.stale,
             )
+
+
+# What the live slices on the given nodes add up to, where that is more than the card or the node holds. Live means
+# what `Pool._load_ledger` counts: held and belonging to an attempt that has not finished.
+OVERBOOKED_SQL = """
+WITH live AS (
+    SELECT d.gpu_id, g.node_id, d.compute_milli, d.memory_mib, d.exclusive, d.cpu_milli, d.host_memory_mib
+    FROM cluster_logicaldevice d
+    JOIN jobs_attempt a ON a.id = d.attempt_id
+    JOIN cluster_gpu g ON g.id = d.gpu_id
+    WHERE d.released_at IS NULL AND NOT (a.state = ANY(%(finished)s)) AND g.node_id = ANY(%(nodes)s)
+)
+SELECT 'card', g.uuid, sum(l.compute_milli), 1000, sum(l.memory_mib), g.memory_mib, count(*), bool_or(l.exclusive)
+FROM live l JOIN cluster_gpu g ON g.id = l.gpu_id
+GROUP BY g.id, g.uuid, g.memory_mib
+HAVING sum(l.compute_milli) > 1000 OR sum(l.memory_mib) > g.memory_mib OR (bool_or(l.exclusive) AND count(*) > 1)
+UNION ALL
+SELECT 'node', n.name, sum(l.cpu_milli), n.cpu_milli, sum(l.host_memory_mib), n.memory_mib, count(*), false
+FROM live l JOIN cluster_node n ON n.id = l.node_id
+WHERE n.id = ANY(%(host_nodes)s)
+GROUP BY n.id, n.name, n.cpu_milli, n.memory_mib
+HAVING sum(l.cpu_milli) > n.cpu_milli OR sum(l.host_memory_mib) > n.memory_mib
+"""
+
+
+def overbooked(*, node_ids: Iterable[int], host_node_ids: Iterable[int]) -> list[str]:
+    """The cards (and, for `host_node_ids`, the nodes' host CPU and memory) on `node_ids` that the committed
+    ledger, read in the caller's transaction, books past what they hold; one sentence each, none when all fit.
+    The dispatcher runs it after writing a pass's slices and before committing, so a pass decided on a stale
+    view of the pool is refused by the database instead of booking a card twice."""
+    nodes = sorted(set(node_ids))
+    if not nodes:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            OVERBOOKED_SQL,
+            {"finished": list(FINISHED_ATTEMPT), "nodes": nodes, "host_nodes": sorted(set(host_node_ids))},
+        )
+        rows = cursor.fetchall()
+    out = []
+    for kind, name, used, total, mem_used, mem_total, count, exclusive in rows:
+        if kind == "card":
+            shared = " (held exclusively and shared)" if exclusive and count > 1 else ""
+            out.append(f"card {name}: {used}/{total} milli, {mem_used}/{mem_total} MiB in {count} slices{shared}")
+        else:
+            out.append(f"node {name}: {used}/{total} CPU milli, {mem_used}/{mem_total} MiB host memory")
+    return out
 
 
 _pool: Pool | None = None

@@ -1,0 +1,192 @@
+"""Several dispatching processes on one ledger, as `make run` and `k8s/worker.yaml` deploy them: no card, node or
+quota is ever booked past what it holds, whichever process decides and however stale its pool in memory is."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection, transaction
+
+from cluster.models import LogicalDevice, Node
+from jobs import services
+from jobs.dispatch import JobStore
+from jobs.models import Job
+from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from quotas.models import Team
+from scheduler import dispatch as scheduler
+from scheduler.pool import Pool, overbooked
+from scheduler.tests.test_dispatch import fresh_pool, node, open_up, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture(autouse=True)
+def _forget_pool():
+    scheduler.reset()
+    yield
+    scheduler.reset()
+
+
+def ledger_problems() -> list[str]:
+    nodes = list(Node.objects.values_list("id", flat=True))
+    return overbooked(node_ids=nodes, host_node_ids=nodes)
+
+
+def card_milli() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for uuid, milli in LogicalDevice.objects.filter(
+        released_at__isnull=True, attempt__state__in=["placed", "starting", "running"]
+    ).values_list("gpu__uuid", "compute_milli"):
+        out[uuid] = out.get(uuid, 0) + milli
+    return out
+
+
+def test_two_pools_never_book_a_card_twice_when_one_pools_workload_expires(platform, settings):  # noqa: F811
+    # The reproduction from the issue: B admits 1, A admits 2, B's workload expires, B admits a share (job 3).
+    fresh_pool(node("n1", 1, A100), node("n2", 1, A100))
+    open_up()
+    settings.TRAINYARD_WORKLOAD_REFRESH_S = 3600
+    a, b = Pool(), Pool()
+    first = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=b, full=True).admitted == 1
+    second = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=a, full=True).admitted == 1
+    settings.TRAINYARD_WORKLOAD_REFRESH_S = 0  # B's next pass builds a new workload (a new shape arrived)
+    third = submit(platform, spec="shared")
+    report = scheduler.run_pass(store=JobStore(), pool=b, full=True)
+    assert report.admitted == 0
+    assert Job.objects.get(pk=third.pk).reason == "no_capacity"
+    assert {Job.objects.get(pk=j.pk).state for j in (first, second)} == {"admitted"}
+    assert max(card_milli().values()) == 1000
+    assert ledger_problems() == []
+
+
+def test_the_database_refuses_a_pass_decided_on_a_stale_pool_and_the_pass_retries(platform, settings):  # noqa: F811
+    # Whatever the cause of a stale view (here: B is told it has read a ledger it has not), the write's own check
+    # in the database refuses it, nothing of it is committed, and the pass re-reads and places correctly.
+    fresh_pool(node("n1", 1, A100), node("n2", 1, A100))
+    open_up()
+    a, b = Pool(), Pool()
+    submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=b, full=True).admitted == 1
+    submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=a, full=True).admitted == 1
+    b.ledger_version = Pool.read_versions()[1]  # B believes it is current; its nodes still show n2 free
+    late = submit(platform, spec="shared")
+    report = scheduler.run_pass(store=JobStore(), pool=b, full=True)
+    assert report.refused == 1  # the first write was refused by the database ...
+    assert report.admitted == 0  # ... and the retry, on a fresh read, found no room
+    assert Job.objects.get(pk=late.pk).state == "pending"
+    assert ledger_problems() == []
+    # A card coming free is then used normally by the same pool.
+    services.job_cancel(job_id=Job.objects.filter(state="admitted").first().id, actor="test")
+    assert scheduler.run_pass(store=JobStore(), pool=b, full=True).admitted == 1
+    assert ledger_problems() == []
+
+
+def test_the_quota_check_in_the_write_counts_the_rows_not_the_pass(platform):  # noqa: F811
+    fresh_pool(node("n1", 4, A100))
+    open_up()
+    jobs = [submit(platform) for _ in range(2)]
+    assert scheduler.run_pass(store=JobStore(), full=True).admitted == 2
+    Team.objects.filter(slug="demo").update(max_running_jobs=1, max_jobs_per_user=1)
+    with transaction.atomic():
+        problems = JobStore().over_quota({jobs[1].id})
+    assert any(p.startswith("team demo:") and "2/1 jobs" in p for p in problems), problems
+    assert any(p.startswith("user ") and "2/1 jobs" in p for p in problems), problems
+    Team.objects.filter(slug="demo").update(max_running_jobs=10, max_jobs_per_user=10)
+    with transaction.atomic():
+        assert JobStore().over_quota({jobs[1].id}) == []
+
+
+def _worker_env(queue: str) -> dict[str, str]:
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(
+        DATABASE_URL=url,
+        REDIS_URL=django_settings.REDIS_URL,
+        CELERY_BROKER_URL=django_settings.CELERY_BROKER_URL,
+        # Admitted attempts are started by a queue nobody consumes: this test is about who books what.
+        TRAINYARD_START_QUEUE=f"{queue}-starts",
+        # The deployed refresh is 300 s; 0 makes every pass build a new workload, the path that went stale.
+        TRAINYARD_WORKLOAD_REFRESH_S="0",
+    )
+    return env
+
+
+def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platform, settings, _isolated_broker_queue):  # noqa: F811
+    from jobs.tasks import dispatch_all
+
+    settings.TRAINYARD_START_QUEUE = f"{_isolated_broker_queue}-starts"
+    # Small cards and scarce CPU: whole cards, shares and host CPU all run out, so any stale view over-books.
+    fresh_pool(*(node(f"n{i}", 4, A100, cpu=24000) for i in range(4)))
+    open_up()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "trainyard", "worker", "--pool", "prefork", "--concurrency", "4"]
+        + [
+            "-Q",
+            _isolated_broker_queue,
+            "-l",
+            "WARNING",
+            "-n",
+            f"several-{os.getpid()}@%h",
+            "--prefetch-multiplier",
+            "1",
+        ],
+        env=_worker_env(_isolated_broker_queue),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    rng = random.Random(7)
+    seen_problems: list[str] = []
+
+    def drain(until, seconds: float = 45.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if until():
+                return True
+            dispatch_all.apply_async(queue=_isolated_broker_queue)
+            time.sleep(0.3)
+        return until()
+
+    try:
+        submit(platform)
+        assert drain(lambda: Job.objects.filter(state="admitted").exists()), "the worker admitted nothing"
+        for _round in range(12):
+            for _ in range(rng.randint(3, 8)):
+                submit(platform, spec=rng.choice(["guaranteed", "shared", "performance", "shared"]))
+            for _ in range(4):
+                dispatch_all.apply_async(queue=_isolated_broker_queue)
+            time.sleep(0.6)
+            admitted = list(Job.objects.filter(state="admitted").values_list("id", flat=True))
+            for job_id in rng.sample(admitted, k=len(admitted) // 3):
+                services.job_cancel(job_id=job_id, actor="test")
+            seen_problems += ledger_problems() + [f"{u}: {m} milli" for u, m in card_milli().items() if m > 1000]
+        # Everything admitted goes: every child must see the cards come free (a stale pool sees them full).
+        for job_id in Job.objects.filter(state="admitted").values_list("id", flat=True):
+            services.job_cancel(job_id=job_id, actor="test")
+        for _ in range(16):
+            submit(platform, spec=rng.choice(["guaranteed", "shared"]))
+        refilled = drain(lambda: Job.objects.filter(state="admitted").count() >= 8)
+        seen_problems += ledger_problems() + [f"{u}: {m} milli" for u, m in card_milli().items() if m > 1000]
+    finally:
+        worker.terminate()
+        try:
+            out, _ = worker.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, 9)
+            out, _ = worker.communicate()
+    log = out.decode("utf-8", "replace")
+    assert refilled, (Job.objects.filter(state="pending").count(), log[-3000:])
+    assert seen_problems == [], seen_problems[:10]
+    assert max(card_milli().values()) <= 1000
+    assert "Traceback" not in log, log[-3000:]
