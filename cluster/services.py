@@ -283,38 +283,79 @@ class ReconcileReport:
     overcommitted: list[str] | None = None
 
 
-def pool_reconcile(*, live_backend_refs: set[str] | None = None) -> ReconcileReport:
+# Held slices whose holder is gone: no attempt, a finished attempt, or (given what the backend runs) an attempt said
+# to run that the backend does not know. One statement under the pool lock, whatever the size of the fleet.
+FREE_LEAKED_SQL = """
+UPDATE cluster_logicaldevice d SET released_at = %(now)s, release_reason = 'reconcile_leak'
+FROM cluster_logicaldevice d2 LEFT JOIN jobs_attempt a ON a.id = d2.attempt_id
+WHERE d.id = d2.id AND d.released_at IS NULL AND (
+    a.id IS NULL OR a.state = ANY(%(finished)s)
+    OR (%(check_refs)s AND a.state = ANY(%(running)s) AND a.backend_ref <> ''
+        AND a.created_at < %(observed_at)s AND NOT (a.backend_ref = ANY(%(refs)s)))
+)
+RETURNING d.id, d.gpu_id, d.compute_milli, d.memory_mib, a.id, a.state
+"""
+
+# Cards whose live slices add up to more than they hold (a read: no lock).
+OVERCOMMITTED_SQL = """
+SELECT g.id, n.name, g.index, sum(d.compute_milli), sum(d.memory_mib), g.memory_mib
+FROM cluster_logicaldevice d
+JOIN jobs_attempt a ON a.id = d.attempt_id
+JOIN cluster_gpu g ON g.id = d.gpu_id
+JOIN cluster_node n ON n.id = g.node_id
+WHERE d.released_at IS NULL AND NOT (a.state = ANY(%(finished)s))
+GROUP BY g.id, n.name, g.index, g.memory_mib
+HAVING sum(d.compute_milli) > 1000 OR sum(d.memory_mib) > g.memory_mib
+"""
+
+FINISHED_ATTEMPT = ["succeeded", "failed", "cancelled", "timed_out", "lost", "preempted"]
+
+
+def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=None) -> ReconcileReport:
     """Compare the ledger with what really runs: free slices whose holder is gone, flag over-committed cards.
 
-    `live_backend_refs` is what the backend says runs now (None: trust the attempts' own states).
+    `live_backend_refs` is what the backend says runs now (None: trust the attempts' own states), read at
+    `observed_at` (attempts created later are not judged by it). Set-based: one UPDATE frees the leaks under
+    the pool lock (held for milliseconds, so admission goes on), one read finds over-commit, and the repair
+    rows are written in bulk.
     """
     report = ReconcileReport(overcommitted=[])
+    now = timezone.now()
+    params = {
+        "now": now,
+        "finished": FINISHED_ATTEMPT,
+        "check_refs": live_backend_refs is not None,
+        "running": ["running", "starting"],
+        "refs": sorted(live_backend_refs or ()),
+        "observed_at": observed_at or now,
+    }
     with transaction.atomic():
         pool_lock()
-        held = LogicalDevice.objects.select_related("attempt", "gpu").filter(released_at__isnull=True)
-        now = timezone.now()
-        for device in held:
-            attempt = device.attempt
-            gone = attempt is None or attempt.is_finished
-            if not gone and live_backend_refs is not None and attempt.backend_ref:
-                gone = attempt.state in {"running", "starting"} and attempt.backend_ref not in live_backend_refs
-            if gone:
-                LogicalDevice.objects.filter(pk=device.pk).update(released_at=now, release_reason="reconcile_leak")
-                PoolRepair.objects.create(
+        with connection.cursor() as cursor:
+            cursor.execute(FREE_LEAKED_SQL, params)
+            freed = cursor.fetchall()
+        PoolRepair.objects.bulk_create(
+            [
+                PoolRepair(
                     kind="freed_leaked_slice",
-                    gpu=device.gpu,
-                    detail=f"slice {device.pk} ({device.compute_milli}m/{device.memory_mib}MiB) held by "
-                    f"{'no attempt' if attempt is None else f'attempt {attempt.pk} ({attempt.state})'}",
+                    gpu_id=gpu_id,
+                    detail=f"slice {did} ({milli}m/{mem}MiB) held by "
+                    + ("no attempt" if attempt_id is None else f"attempt {attempt_id} ({state})"),
                 )
-                report.freed += 1
-        for gpu in GPU.objects.all():
-            live = LogicalDevice.objects.filter(gpu=gpu, released_at__isnull=True)
-            milli = sum(d.compute_milli for d in live)
-            memory = sum(d.memory_mib for d in live)
-            if milli > 1000 or memory > gpu.memory_mib:
-                detail = f"{gpu}: {milli}m compute and {memory} MiB held of 1000m / {gpu.memory_mib} MiB"
-                PoolRepair.objects.create(kind="overcommit", gpu=gpu, detail=detail)
-                report.overcommitted.append(detail)
+                for did, gpu_id, milli, mem, attempt_id, state in freed
+            ],
+            batch_size=1000,
+        )
+    report.freed = len(freed)
+    with connection.cursor() as cursor:
+        cursor.execute(OVERCOMMITTED_SQL, {"finished": FINISHED_ATTEMPT})
+        over = cursor.fetchall()
+    repairs = []
+    for gpu_id, node, index, milli, memory, total in over:
+        detail = f"{node}/gpu{index}: {milli}m compute and {memory} MiB held of 1000m / {total} MiB"
+        repairs.append(PoolRepair(kind="overcommit", gpu_id=gpu_id, detail=detail))
+        report.overcommitted.append(detail)
+    PoolRepair.objects.bulk_create(repairs, batch_size=1000)
     log.info("pool_reconciled", freed=report.freed, overcommitted=len(report.overcommitted))
     return report
 

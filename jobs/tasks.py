@@ -112,10 +112,13 @@ def _reconcile_on_worker_start(**_kwargs) -> None:
 
 @shared_task(name="cluster.reconcile_pool", soft_time_limit=300, time_limit=360)
 def reconcile_pool() -> dict:
+    from django.utils import timezone
+
     from cluster.services import pool_reconcile
     from jobs.backends import get_backend
 
-    report = pool_reconcile(live_backend_refs=get_backend().live_refs())
+    observed_at = timezone.now()
+    report = pool_reconcile(live_backend_refs=get_backend().live_refs(), observed_at=observed_at)
     return {"freed": report.freed, "overcommitted": report.overcommitted}
 
 

@@ -190,3 +190,39 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
     assert seen_problems == [], seen_problems[:10]
     assert max(card_milli().values()) <= 1000
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_the_reconcile_frees_leaks_and_flags_overcommit_in_a_few_statements_whatever_the_fleet(platform):  # noqa: F811
+    from django.test.utils import CaptureQueriesContext
+
+    from django.utils import timezone
+
+    from cluster.models import GPU, PoolRepair
+    from cluster.services import pool_reconcile
+    from jobs.models import Attempt
+
+    counts = []
+    for size in (2, 8):
+        scheduler.reset()
+        fresh_pool(*(node(f"r{size}-{i}", 4, A100) for i in range(size)))
+        open_up()
+        jobs = [submit(platform) for _ in range(3)] + [submit(platform, spec="shared")]
+        assert scheduler.run_pass(store=JobStore(), full=True).admitted == 4
+        # A leak: an attempt that finished without its slices being freed.
+        Attempt.objects.filter(job_id=jobs[0].id).update(state="failed", ended_at=timezone.now())
+        # An over-commit: a slice written behind the scheduler's back onto a card already held whole.
+        held = LogicalDevice.objects.filter(attempt__job_id=jobs[1].id).get()
+        LogicalDevice.objects.create(
+            gpu=held.gpu, attempt=Attempt.objects.get(job_id=jobs[3].id), compute_milli=500, memory_mib=1024
+        )
+        # An attempt said to run that the backend does not know.
+        Attempt.objects.filter(job_id=jobs[2].id).update(state="running", backend_ref="gone-1")
+        with CaptureQueriesContext(connection) as queries:
+            report = pool_reconcile(live_backend_refs={"other"})
+        counts.append(len(queries))
+        assert report.freed == 2
+        assert len(report.overcommitted) == 1 and "1500m" in report.overcommitted[0]
+        assert PoolRepair.objects.filter(kind="overcommit", gpu=held.gpu).exists()
+        assert not LogicalDevice.objects.filter(attempt__job_id=jobs[0].id, released_at__isnull=True).exists()
+        assert GPU.objects.count() == size * 4
+    assert counts[0] == counts[1] <= 10, counts
