@@ -1111,11 +1111,12 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
             line.append(row)
         if row["mine"] and job.id in own_set:
             mine.append(row)
+    # The head of the holders, as of the line: on a full fleet a queue holds thousands of jobs.
+    holders = Job.objects.filter(queue=queue, reserved=True)
     holding = list(
-        Job.objects.filter(queue=queue, reserved=True)
-        .select_related("team", "owner", "spec")
-        .order_by("started_at", "admitted_at")
+        holders.select_related("team", "owner", "spec").order_by("started_at", "admitted_at", "id")[:LINE_SHOWN]
     )
+    holding_more = max(0, holders.count() - len(holding)) if len(holding) == LINE_SHOWN else 0
     usage = quota.queue_usage(queue)
     return render(
         request,
@@ -1125,6 +1126,7 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
             "queue": queue,
             "line": line,
             "holding": holding,
+            "holding_more": holding_more,
             "visible": visible,
             "usage": usage,
             "capability": queue.vector(),

@@ -21,6 +21,7 @@ host CPU) are the dispatcher's business; `bench/eta.py` measures how often real 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -88,9 +89,10 @@ class Estimate:
         return {**r, "known": self.known}
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+def _quantile(ordered: list[float], q: float, start: int = 0) -> float:
+    """The q-quantile of `ordered[start:]` (sorted ascending), by index: no copy, no sort."""
+    n = len(ordered) - start
+    return ordered[start + min(n - 1, max(0, round(q * (n - 1))))]
 
 
 class History:
@@ -102,6 +104,11 @@ class History:
             c = repr(command)
             for key in ((owner, c, repr(sorted((labels or {}).items()))), (owner, c), ("cmd", c), ("queue", queue_id)):
                 self.by.setdefault(key, []).append(seconds)
+        # Sorted once here: each lookup is then a bisection and an index, whatever the history's length (a fleet
+        # with 20,000 finished runs and 7,000 running jobs cost seconds per estimate when each sorted its own copy).
+        for durations in self.by.values():
+            durations.sort()
+        self._for_job: dict = {}
 
     @classmethod
     def load(cls, queue_ids, now: datetime) -> History:
@@ -119,7 +126,12 @@ class History:
         return cls((o, c, lb, q, max(0.0, ran.total_seconds())) for o, c, lb, q, ran in rows)
 
     def durations(self, job) -> list[float]:
+        """The run times (sorted ascending) of the finished jobs most like `job`; [] with none."""
+        hit = self._for_job.get(job.id)
+        if hit is not None:
+            return hit
         c = repr(job.command)
+        hit = []
         for key in (
             (job.owner_id, c, repr(sorted((job.labels or {}).items()))),
             (job.owner_id, c),
@@ -127,15 +139,18 @@ class History:
             ("queue", job.queue_id),
         ):
             if key in self.by:
-                return self.by[key]
-        return []
+                hit = self.by[key]
+                break
+        self._for_job[job.id] = hit
+        return hit
 
 
 def _remaining(durations: list[float], elapsed: float, limit: float | None, q: float) -> tuple[float | None, bool]:
-    """How much longer a job that has run `elapsed` s goes on, at quantile q; (None, False) with no evidence."""
-    longer = [d - elapsed for d in durations if d > elapsed]
-    if longer:
-        value = _quantile(longer, q)
+    """How much longer a job that has run `elapsed` s goes on, at quantile q; (None, False) with no evidence.
+    `durations` is sorted ascending (History keeps it so)."""
+    first_longer = bisect.bisect_right(durations, elapsed)
+    if first_longer < len(durations):
+        value = _quantile(durations, q, first_longer) - elapsed
         return (min(value, limit) if limit is not None else value), True
     if durations:  # it has outlived every run like it: it may end any moment, at the latest at its limit
         return (0.0 if q < 0.5 else limit), limit is not None or q < 0.5

@@ -124,6 +124,12 @@ class Job(models.Model):
             models.Index(fields=["id"], condition=Q(state="pending"), name="job_waiting"),
             # Whether any preemptible job holds cards: read after every dispatch pass that leaves jobs waiting.
             models.Index(fields=["id"], condition=Q(preemptible=True, reserved=True), name="job_preemptible_holding"),
+            # Right-sizing at submission: the team's succeeded runs of an image, newest first (monitoring.selectors).
+            models.Index(
+                fields=["team", "image_reference", "-finished_at"],
+                condition=Q(state="succeeded"),
+                name="job_succeeded_by_image",
+            ),
         ]
 
     def __str__(self) -> str:
