@@ -357,7 +357,31 @@ def format_table(summary: dict[str, dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def provenance() -> dict[str, object]:
+    """What a result was measured on: the commit (and whether the tree had changes), the machine's load, when."""
+    import subprocess
+    from datetime import UTC, datetime
+
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "git_commit": git("rev-parse", "HEAD") or None,
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "loadavg_1m": _loadavg(),
+        "cpu_count": os.cpu_count(),
+        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
 def write_json(path: Path, payload: dict[str, object]) -> None:
+    """Write a result file, stamped with `provenance()` at the end of the run."""
+    payload = {**payload, "provenance": provenance()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")

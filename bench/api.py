@@ -1080,6 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = out_path.with_suffix(".json.tmp")
+        from bench.allocator import provenance
+
+        report["provenance"] = provenance()
         tmp_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         os.replace(tmp_path, out_path)
         print(f"wrote {out_path.relative_to(REPO_ROOT) if out_path.is_relative_to(REPO_ROOT) else out_path}")

@@ -333,10 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     full = levels == LEVELS and not args.no_ingestion and args.start_delay == START_DELAY_S
     results = RESULTS if full else RESULTS.with_name("logs-partial.json")
     results.parent.mkdir(parents=True, exist_ok=True)
+    from bench.allocator import provenance
+
     results.write_text(
         json.dumps(
             {
                 "machine": {"cores": os.cpu_count()},
+                "provenance": provenance(),
                 "ingestion": ingestion,
                 "delivery": delivery,
                 "targets": {"lines_per_s": TARGET_LINES_PER_S, "p99_ms": TARGET_P99_MS},

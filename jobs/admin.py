@@ -308,7 +308,7 @@ class DatasetForm(forms.ModelForm):
         fields = ["team", "name", "version", "description", "s3_prefix", "claim", "shared_with"]
 
     def clean(self):
-        from jobs.datasets import _measure
+        from jobs.datasets import _measure, check_prefix
 
         data = super().clean()
         prefix, claim = (data.get("s3_prefix") or "").strip(), (data.get("claim") or "").strip()
@@ -317,6 +317,8 @@ class DatasetForm(forms.ModelForm):
         if prefix and self.instance.pk is None:
             data["s3_prefix"] = prefix.rstrip("/") + "/"
             try:
+                if data.get("team") is not None:
+                    check_prefix(data["s3_prefix"], team=data["team"], staff=True)
                 self.measured = _measure(data["s3_prefix"])
             except DomainError as exc:
                 raise forms.ValidationError(exc.detail, code=exc.code) from None

@@ -47,6 +47,26 @@ def visible_to(user):
     return qs.filter(Q(team__in=teams) | Q(shared_with__in=teams)).distinct()
 
 
+DATASET_SPACE = "datasets/"  # the bucket's part for datasets; checkpoints live under "<team>/<job>/" beside it
+
+
+def team_space(team: Team) -> str:
+    return f"{DATASET_SPACE}{team.slug}/"
+
+
+def check_prefix(prefix: str, *, team: Team, staff: bool) -> None:
+    """A team registers datasets only under its own space, `datasets/<team>/` (staff: anywhere under `datasets/`),
+    so no one can mount another team's files or checkpoints. Checked before the store is read: the answer says
+    nothing about what exists elsewhere."""
+    space = DATASET_SPACE if staff else team_space(team)
+    if not prefix.startswith(space) or prefix == space and not staff:
+        raise ValidationFailed(
+            f"s3_prefix must be under {space} (the team's own part of the store), e.g. {team_space(team)}imagenet/v3/",
+            code="prefix_outside_team_space",
+            field="s3_prefix",
+        )
+
+
 def _measure(prefix: str) -> tuple[int, int]:
     """Size and file count of a prefix in the platform's store; a 400 when there is none or it is empty."""
     from jobs.backends.dataset_cache import DatasetError, list_objects
@@ -106,6 +126,7 @@ def dataset_register(
             raise ValidationFailed("s3_prefix is a key prefix, not a path", code="invalid_dataset_source",
                                    field="s3_prefix")  # fmt: skip
         s3_prefix = s3_prefix.rstrip("/") + "/"
+        check_prefix(s3_prefix, team=team, staff=user.is_staff)
     size, count = _measure(s3_prefix) if s3_prefix else (0, 0)
     try:
         with transaction.atomic(durable=True):

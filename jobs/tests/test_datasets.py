@@ -25,7 +25,7 @@ def _upload(store, prefix: str, files: dict[str, bytes]) -> None:
 
 
 def _spec(store, name: str, files: dict[str, bytes], *, version: int = 1) -> dict:
-    prefix = f"datasets-test/{uuid.uuid4().hex}/{name}/v{version}/"
+    prefix = f"datasets/demo/{uuid.uuid4().hex}/{name}/v{version}/"
     _upload(store, prefix, files)
     return {
         "id": uuid.uuid4().int % 10**6,
@@ -151,7 +151,7 @@ def _register(user, store, name, files, **kwargs):
     from jobs.datasets import dataset_register
     from quotas.models import Team
 
-    prefix = f"datasets-test/{uuid.uuid4().hex}/{name}/"
+    prefix = f"datasets/demo/{uuid.uuid4().hex}/{name}/"
     _upload(store, prefix, files)
     return dataset_register(user=user, team=Team.objects.get(slug="demo"), name=name, s3_prefix=prefix,
                             version=kwargs.pop("version", 1), **kwargs)  # fmt: skip
@@ -174,14 +174,16 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
     listed = client.get("/api/v1/datasets/").json()
     assert [(d["name"], d["size_bytes"], d["file_count"], d["kind"]) for d in listed] == [("mnist", 120, 2, "s3")]
     created = client.post(
-        "/api/v1/datasets/", {"team": "demo", "name": "empty", "s3_prefix": "nothing-here/"}, format="json"
+        "/api/v1/datasets/",
+        {"team": "demo", "name": "empty", "s3_prefix": "datasets/demo/nothing-here/"},
+        format="json",
     )
     assert created.status_code == 400 and created.json()["code"] == "empty_dataset"
 
     # Registered through the API by a maintainer (demo) with its size read from the store; not by a plain member.
     # demo shares it with a team it belongs to (a maintainer shares only with teams it sees).
     MembershipFactory(team=other, user=demo)
-    prefix = f"datasets-test/{uuid.uuid4().hex}/api/"
+    prefix = f"datasets/demo/{uuid.uuid4().hex}/api/"
     _upload(checkpoint_store, prefix, {"x": b"x" * 7, "y/z": b"z" * 3})
     body = {"team": "demo", "name": "viaapi", "version": 2, "s3_prefix": prefix, "shared_with": ["other"]}
     created = client.post("/api/v1/datasets/", body, format="json")
@@ -338,7 +340,7 @@ def test_the_admin_registers_a_dataset_with_its_size_read_from_the_store(demo, c
 
     from quotas.models import Team
 
-    prefix = f"datasets-test/{uuid.uuid4().hex}/admin"
+    prefix = f"datasets/demo/{uuid.uuid4().hex}/admin"
     _upload(checkpoint_store, prefix + "/", {"a": b"a" * 5, "b": b"b" * 6})
     client = Client()
     client.force_login(get_user_model().objects.get(username="admin"))
@@ -349,7 +351,7 @@ def test_the_admin_registers_a_dataset_with_its_size_read_from_the_store(demo, c
     dataset = Dataset.objects.get(name="fromadmin")
     assert (dataset.s3_prefix, dataset.size_bytes, dataset.file_count) == (prefix + "/", 11, 2)
     assert dataset.registered_by == "admin"
-    empty = client.post("/admin/jobs/dataset/add/", {**form, "name": "nothing", "s3_prefix": "no/such/prefix"})
+    empty = client.post("/admin/jobs/dataset/add/", {**form, "name": "nothing", "s3_prefix": "datasets/no/such/prefix"})
     assert empty.status_code == 200 and "upload the dataset first" in empty.content.decode()
 
 
@@ -372,3 +374,32 @@ def test_a_dataset_deleted_while_a_job_reads_it_stays_for_that_job(
     assert job.state == JobState.SUCCEEDED
     assert log_text(job).count("still-here") == 2
     assert not Dataset.objects.filter(name="ephemeral").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_team_registers_datasets_only_in_its_own_space_and_learns_nothing_of_others(demo, checkpoint_store):
+    from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+    # Team demo's files and a checkpoint-like prefix of demo's exist in the store.
+    mine = f"datasets/demo/{uuid.uuid4().hex}/"
+    _upload(checkpoint_store, mine, {"a": b"a" * 4})
+    _upload(checkpoint_store, f"demo/{uuid.uuid4()}/attempt-1/", {"ckpt.pt": b"c" * 9})
+    beta = TeamFactory(slug="beta")
+    bob = UserFactory(username="bob")
+    MembershipFactory(team=beta, user=bob, role="maintainer")
+    client = APIClient()
+    client.force_login(bob)
+    answers = []
+    for prefix in (mine, "demo/", "datasets/demo/", "datasets/", "datasets/nothing/at/all/", "anything/"):
+        r = client.post("/api/v1/datasets/", {"team": "beta", "name": "steal", "s3_prefix": prefix}, format="json")
+        assert r.status_code == 400, (prefix, r.content)
+        answers.append((r.json()["code"], r.json()["detail"]))
+    # The same answer whether the prefix holds another team's files, checkpoints, or nothing at all.
+    assert len(set(answers)) == 1 and answers[0][0] == "prefix_outside_team_space", answers
+    assert "datasets/beta/" in answers[0][1]
+    assert not Dataset.objects.filter(team=beta).exists()
+    # In its own space the team registers as usual.
+    own = f"datasets/beta/{uuid.uuid4().hex}/"
+    _upload(checkpoint_store, own, {"x": b"x" * 3})
+    r = client.post("/api/v1/datasets/", {"team": "beta", "name": "ok", "s3_prefix": own}, format="json")
+    assert r.status_code == 201 and r.json()["size_bytes"] == 3
