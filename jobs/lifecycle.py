@@ -31,6 +31,7 @@ from cluster.models import GPU
 from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
+from jobs.backends.base import UNOBSERVABLE
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
@@ -283,37 +284,86 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
         obs = observations.get(attempt.backend_ref)
         if obs is None:
             continue
-        if obs.log_lines_lost and not obs.finished:
-            _logs_degraded(attempt, obs)
-        if obs.assigned_gpus and not obs.finished:
-            _follow_assignment(attempt, obs.assigned_gpus)
-        if obs.checkpoints and not obs.finished:
-            with transaction.atomic():  # two observers at once record each checkpoint once
-                _lock(job_id=attempt.job_id, attempt_id=attempt.id)
-                checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
-        if obs.phase == "running" and attempt.state == AttemptState.STARTING:
-            with transaction.atomic():
-                job = Job.objects.select_for_update().get(pk=attempt.job_id)
-                updated = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
-                    state=AttemptState.RUNNING
+        # What one attempt's observation costs stays with it: an error here is logged and the pass goes on.
+        try:
+            changed += _apply_observation(attempt, obs, backend)
+        except Exception:  # noqa: BLE001
+            log.exception("attempt_observation_failed", attempt=attempt.id, job_id=str(attempt.job_id))
+    return changed
+
+
+def _unobservable(attempt: Attempt, obs: Observation, backend) -> int:
+    """The backend cannot tell this attempt's state (its state files cannot be read or written): say so on the
+    job once, and when it lasts past TRAINYARD_OBSERVE_FAILING_S stop every process of the attempt (fencing) and
+    end it as a platform failure, retried like a lost attempt."""
+    now = timezone.now()
+    since = attempt.observe_failing_since
+    if since is None:
+        Attempt.objects.filter(pk=attempt.pk, observe_failing_since__isnull=True).update(observe_failing_since=now)
+        _event(attempt.job, "observe_failing", actor="backend", level="warning", message=obs.message, attempt=attempt)
+        return 0
+    waited = (now - since).total_seconds()
+    if waited < settings.TRAINYARD_OBSERVE_FAILING_S:
+        return 0
+    fence = getattr(backend, "fence", None)
+    if fence is not None and fence(attempt.backend_ref):
+        return 0  # processes still alive: never a retry beside them; the next pass tries again
+    attempt_finish(
+        attempt_id=attempt.id,
+        obs=Observation(
+            phase="lost",
+            reason="ObserveFailed",
+            message=stored(
+                "its state could not be read for %(waited)s (%(why)s); every process of the attempt was stopped",
+                waited=human_duration(waited),
+                why=obs.message,
+            ),
+            ended_at=now.timestamp(),
+        ),
+    )
+    return 1
+
+
+def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
+    """Apply one attempt's observation; 1 when its state changed."""
+    changed = 0
+    if obs.phase == UNOBSERVABLE:
+        return _unobservable(attempt, obs, backend)
+    if attempt.observe_failing_since is not None:
+        Attempt.objects.filter(pk=attempt.pk).update(observe_failing_since=None)
+        _event(attempt.job, "observe_recovered", actor="backend", message=stored("its state can be read again"),
+               attempt=attempt)  # fmt: skip
+    if obs.log_lines_lost and not obs.finished:
+        _logs_degraded(attempt, obs)
+    if obs.assigned_gpus and not obs.finished:
+        _follow_assignment(attempt, obs.assigned_gpus)
+    if obs.checkpoints and not obs.finished:
+        with transaction.atomic():  # two observers at once record each checkpoint once
+            _lock(job_id=attempt.job_id, attempt_id=attempt.id)
+            checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
+    if obs.phase == "running" and attempt.state == AttemptState.STARTING:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=attempt.job_id)
+            updated = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
+                state=AttemptState.RUNNING
+            )
+            if updated and job.state == JobState.STARTING:
+                job_transition(
+                    job_id=job.id,
+                    to=JobState.RUNNING,
+                    actor="backend",
+                    attempt=attempt,
+                    message=obs.message or stored("running"),
                 )
-                if updated and job.state == JobState.STARTING:
-                    job_transition(
-                        job_id=job.id,
-                        to=JobState.RUNNING,
-                        actor="backend",
-                        attempt=attempt,
-                        message=obs.message or stored("running"),
-                    )
-            changed += 1
-        elif obs.finished:
-            attempt_finish(attempt_id=attempt.id, obs=obs)
-            changed += 1
-        elif obs.phase == "pending" and obs.message:
-            job = attempt.job
-            if job.message != obs.message:
-                Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
-                _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
+        changed += 1
+    elif obs.finished:
+        attempt_finish(attempt_id=attempt.id, obs=obs)
+        changed += 1
+    elif obs.phase == "pending" and obs.message:
+        job = attempt.job
+        if job.message != obs.message:
+            Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
+            _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
     return changed
 
 

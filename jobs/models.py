@@ -164,6 +164,9 @@ class Attempt(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True, help_text="when its main process ended")
     stop_requested_at = models.DateTimeField(null=True, blank=True, help_text="the last time a stop was asked")
+    observe_failing_since = models.DateTimeField(
+        null=True, blank=True, help_text="since when the backend cannot read the attempt's state (none: it can)"
+    )
     preempt_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="when the platform asked it to yield its cards (the notice was sent)"
     )

@@ -281,6 +281,8 @@ TRAINYARD_LOCAL_POOL = env.str("TRAINYARD_LOCAL_POOL", default="default")
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
 TRAINYARD_STOP_OVERDUE_S = env.float("TRAINYARD_STOP_OVERDUE_S", default=30.0)
+# An attempt whose state the backend cannot read (its folder unwritable, a full disk) this long is stopped and retried.
+TRAINYARD_OBSERVE_FAILING_S = env.float("TRAINYARD_OBSERVE_FAILING_S", default=120.0)
 # Readiness: beat's heartbeat task runs this often and is stale after TRAINYARD_BEAT_STALE_S.
 TRAINYARD_HEARTBEAT_S = env.float("TRAINYARD_HEARTBEAT_S", default=5.0)
 TRAINYARD_BEAT_STALE_S = env.float("TRAINYARD_BEAT_STALE_S", default=45.0)

@@ -76,11 +76,16 @@ class AttemptDescription:
         return cls(**data)
 
 
+# The backend could not read (or write) what it needs to tell an attempt's state, for this attempt alone: the
+# lifecycle records it and, once it persists past TRAINYARD_OBSERVE_FAILING_S, fences and fails the attempt.
+UNOBSERVABLE = "unobservable"
+
+
 @dataclass(frozen=True)
 class Observation:
     """What the backend sees of one attempt now."""
 
-    phase: str  # pending | running | succeeded | failed | lost
+    phase: str  # pending | running | succeeded | failed | lost | unobservable (UNOBSERVABLE)
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""

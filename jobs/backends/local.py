@@ -24,7 +24,7 @@ from django.conf import settings
 
 from jobs import logstore
 from jobs.backends import proctree, sandbox
-from jobs.backends.base import AttemptDescription, Observation
+from jobs.backends.base import UNOBSERVABLE, AttemptDescription, Observation
 from trainyard.paths import BASE_DIR
 from trainyard.sentences import stored
 
@@ -257,62 +257,77 @@ class LocalBackend:
     def observe(self, refs: list[str]) -> dict[str, Observation]:
         result = {}
         for ref in refs:
-            folder = self._folder(ref)
-            alive = self._runner_alive(folder)
-            status_path = folder / "status.json"  # read after the liveness check: it may have just ended
-            faults = self._log_faults(folder)
-            manifest = self._checkpoints(folder)
-            if status_path.exists():
-                status = json.loads(status_path.read_text())
-                code, sig = status.get("exit_code"), status.get("signal")
-                if self._sandboxed(folder):
-                    code, sig = sandbox.decode_exit(code, sig)
-                phase = "succeeded" if code == 0 and not sig else "failed"
-                reason = status.get("reason") or (
-                    signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
-                )
+            # One attempt whose folder cannot be read or written (an immutable folder, a full disk) is reported
+            # as such and never stops the others from being observed.
+            try:
+                result[ref] = self._observe_one(ref)
+            except (OSError, ValueError) as exc:
+                log.warning("local_attempt_unobservable", ref=ref, error=str(exc)[:200])
                 result[ref] = Observation(
-                    phase=phase,
-                    exit_code=code,
-                    signal=sig,
-                    reason=reason,
-                    message=str(status.get("message") or ""),
-                    cancelled=bool(status.get("cancelled")),
-                    ended_at=status.get("ended_at"),
-                    log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
-                    log_error=status.get("log_error") or faults.get("error") or "",
-                    checkpoints=manifest,
+                    phase=UNOBSERVABLE,
+                    message=stored("its state files cannot be read or written: %(error)s", error=str(exc)[:300]),
                 )
-            elif alive:
-                result[ref] = Observation(
+        return result
+
+    def _observe_one(self, ref: str) -> Observation:
+        folder = self._folder(ref)
+        alive = self._runner_alive(folder)
+        status_path = folder / "status.json"  # read after the liveness check: it may have just ended
+        faults = self._log_faults(folder)
+        manifest = self._checkpoints(folder)
+        if status_path.exists():
+            status = json.loads(status_path.read_text())
+            code, sig = status.get("exit_code"), status.get("signal")
+            if self._sandboxed(folder):
+                code, sig = sandbox.decode_exit(code, sig)
+            phase = "succeeded" if code == 0 and not sig else "failed"
+            reason = status.get("reason") or (
+                signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
+            )
+            return Observation(
+                phase=phase,
+                exit_code=code,
+                signal=sig,
+                reason=reason,
+                message=str(status.get("message") or ""),
+                cancelled=bool(status.get("cancelled")),
+                ended_at=status.get("ended_at"),
+                log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
+                log_error=status.get("log_error") or faults.get("error") or "",
+                checkpoints=manifest,
+            )
+        elif alive:
+            return Observation(
+                phase="running",
+                log_lines_lost=int(faults.get("lines_lost") or 0),
+                log_error=faults.get("error", ""),
+                checkpoints=manifest,
+            )
+        else:
+            left = self.fence(ref)
+            if left:
+                # Never reported lost while any of its processes lives: a retry would run beside them.
+                log.warning("local_attempt_fencing", ref=ref, alive=sorted(left)[:20])
+                return Observation(
                     phase="running",
+                    message=stored("supervisor gone; %(n)s processes could not be killed yet", n=len(left)),
+                )
+            else:
+                try:
+                    (folder / "fenced").write_text(str(time.time()))
+                except OSError as exc:  # only a note for later readers: every process is already gone
+                    log.warning("local_fenced_marker_unwritten", ref=ref, error=str(exc)[:200])
+                return Observation(
+                    phase="lost",
+                    reason="Lost",
+                    message=stored(
+                        "the local supervisor died without an exit status; every process of the attempt was killed"
+                    ),
+                    ended_at=time.time(),
                     log_lines_lost=int(faults.get("lines_lost") or 0),
                     log_error=faults.get("error", ""),
                     checkpoints=manifest,
                 )
-            else:
-                left = self.fence(ref)
-                if left:
-                    # Never reported lost while any of its processes lives: a retry would run beside them.
-                    log.warning("local_attempt_fencing", ref=ref, alive=sorted(left)[:20])
-                    result[ref] = Observation(
-                        phase="running",
-                        message=stored("supervisor gone; %(n)s processes could not be killed yet", n=len(left)),
-                    )
-                else:
-                    (folder / "fenced").write_text(str(time.time()))
-                    result[ref] = Observation(
-                        phase="lost",
-                        reason="Lost",
-                        message=stored(
-                            "the local supervisor died without an exit status; every process of the attempt was killed"
-                        ),
-                        ended_at=time.time(),
-                        log_lines_lost=int(faults.get("lines_lost") or 0),
-                        log_error=faults.get("error", ""),
-                        checkpoints=manifest,
-                    )
-        return result
 
     @staticmethod
     def _checkpoints(folder: Path) -> dict | None:

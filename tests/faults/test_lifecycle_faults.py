@@ -262,3 +262,38 @@ def test_a_start_is_not_overdue_before_its_time(platform, settings, tmp_path):
     assert lifecycle.lifecycle_reconcile()["started"] == 1
     drive_until(lambda: settled(job))
     assert_settled(job, state="succeeded")
+
+
+def test_one_unreadable_attempt_folder_never_blinds_the_observer_to_the_others(platform, fast_lifecycle, tmp_path):
+    """An attempt whose state files cannot be read (here `status.json` is a folder: every read is an OSError) is
+    reported on that job alone; a bystander that ended is recorded at once; once the fault outlasts
+    TRAINYARD_OBSERVE_FAILING_S the broken attempt is fenced and retried as a platform failure."""
+    from jobs.models import JobEvent
+
+    stuck_marks, ok_marks = tmp_path / "stuck", tmp_path / "ok"
+    stuck = submit(
+        platform,
+        script='if [ "$TRAINYARD_ATTEMPT" = 1 ]; then sleep 300; else echo second; fi',
+        marks=stuck_marks,
+    )
+    drive_until(lambda: Job.objects.get(pk=stuck.pk).state == "running")
+    attempt = Attempt.objects.get(job=stuck, number=1)
+    folder = get_backend()._folder(attempt.backend_ref)
+    (folder / "status.json").mkdir()
+    bystander = submit(platform, script="echo done", marks=ok_marks)
+    fast_lifecycle.TRAINYARD_OBSERVE_FAILING_S = 3600
+    drive_until(lambda: settled(bystander), timeout=60)
+    assert_settled(bystander, ok_marks, state="succeeded")
+    assert Job.objects.get(pk=stuck.pk).state == "running"
+    warned = JobEvent.objects.filter(job=stuck, kind="observe_failing")
+    assert warned.count() == 1 and "cannot be read or written" in warned.get().message
+    assert proctree.tagged(str(stuck.id), 1), "the broken attempt's processes were stopped too early"
+    # The fault persists past the limit: the attempt's processes are stopped and it is retried.
+    fast_lifecycle.TRAINYARD_OBSERVE_FAILING_S = 0
+    drive_until(lambda: settled(stuck), timeout=90)
+    (folder / "status.json").rmdir()
+    job = assert_settled(stuck, stuck_marks, state="succeeded")
+    first, second = job.attempts.order_by("number")
+    assert (first.state, first.reason, first.failure_class) == ("lost", "ObserveFailed", "platform")
+    assert second.state == "succeeded"
+    assert runs(stuck_marks) == ["1", "2"]
