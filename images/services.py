@@ -6,10 +6,12 @@ two checks submission makes: pin a tag to its digest, and the queue's scan polic
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
 from images import k8s_build, registry, scan
+from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed
 from images.models import (
     SEVERITY_RANK,
     Advisory,
@@ -180,7 +183,39 @@ def check_from(containerfile: str) -> list[BaseImage]:
         alias = ALIAS.search(match.group("rest") or "")
         if alias:
             stages.add(alias.group(1).lower())
+    check_sources(containerfile, stages=stages, count=len(matches))
     return bases
+
+
+COPY_FROM = re.compile(r"^\s*(?:COPY|ADD)\b[^\n]*?--from=(?P<source>\S+)", re.I | re.M)
+MOUNT_FROM = re.compile(r"--mount=\S*?\bfrom=(?P<source>[^,\s]+)", re.I)
+ADD_LINE = re.compile(r"^\s*ADD\s+(?P<args>.+)$", re.I | re.M)
+
+
+def check_sources(containerfile: str, *, stages: set[str], count: int) -> None:
+    """What a project image's steps may copy from: its own earlier stages and its build context, nothing else —
+    no other image (another team's, by registry path) and no URL (a platform service on loopback, say). 400s
+    `copy_from_not_a_stage` and `add_url_not_allowed`."""
+    sources = [m.group("source") for m in COPY_FROM.finditer(containerfile)]
+    sources += [m.group("source") for m in MOUNT_FROM.finditer(containerfile)]
+    for source in sources:
+        if source.lower() in stages or (source.isdigit() and int(source) < count):
+            continue
+        raise ValidationFailed(
+            f"--from={source}: a step may copy only from an earlier stage of this Containerfile "
+            "(name a catalog base in a `FROM <base> AS <stage>` line first)",
+            code="copy_from_not_a_stage",
+            field="containerfile",
+        )
+    for match in ADD_LINE.finditer(containerfile):
+        words = [w for w in match.group("args").split() if not w.startswith("--")]
+        if any("://" in w or w.startswith("git@") for w in words[:-1]):
+            raise ValidationFailed(
+                "ADD <url>: a build fetches nothing from URLs; put the file in the image's context (or download it "
+                "in a RUN step where the platform's build network allows)",
+                code="add_url_not_allowed",
+                field="containerfile",
+            )
 
 
 def project_image_define(
@@ -332,14 +367,28 @@ def build_run(*, build_id: int) -> ImageBuild:
     if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
         return _build_on_cluster(build, containerfile, files, base_digest, repository, target)
     local = f"localhost/trainyard-build-{build.pk}"
-    context = Path(tempfile.mkdtemp(prefix=f"build-{build.pk}-", dir=_build_dir()))
+    try:
+        who = builder_for("base" if isinstance(image, BaseImage) else str(image.team_id))
+    except (BuilderUnavailable, OSError, subprocess.CalledProcessError) as exc:
+        return _finish(build, ok=False, message=f"the build could not be isolated: {exc}\n")
+    context = context_dir(who, build.pk)
     try:
         (context / "Containerfile").write_text(containerfile)
         for name, body in files.items():
             (context / name).write_text(body)
-        _append(build, f"$ podman build {' '.join(BUILD_ARGS)} -t {local}\n")
-        pull = "--pull=always" if isinstance(image, BaseImage) else "--pull=missing"
-        result = _run(_podman("build", *BUILD_ARGS, pull, "-t", local, "-f", "Containerfile", str(context)))
+        give(who, context)
+        # The bases are pulled first, as the build's user with the network; the build then runs with none.
+        for source in _pull_sources(containerfile):
+            _append(build, f"$ podman pull --tls-verify=false {source}\n")
+            result = _run(who.podman("pull", "--tls-verify=false", "--quiet", source))
+            _append(build, result.stdout)
+            if result.returncode != 0:
+                _registry_check(build)
+                return _finish(build, ok=False, message=f"pull failed (exit {result.returncode}); nothing was pushed\n")
+        user = f" (as {who.name}, network {settings.TRAINYARD_BUILD_NETWORK})" if who.isolated else ""
+        _append(build, f"$ podman build {' '.join(BUILD_ARGS)} --pull=never -t {local}{user}\n")
+        argv = who.podman("build", *BUILD_ARGS, "--pull=never", "-t", local, "-f", "Containerfile", str(context))
+        result = _run_build(who, argv, context)
         _append(build, result.stdout)
         if result.returncode != 0:
             return _finish(build, ok=False, message=f"build failed (exit {result.returncode}); nothing was pushed\n")
@@ -347,17 +396,13 @@ def build_run(*, build_id: int) -> ImageBuild:
         digestfile = context / "digest"
         for destination in (f"{target}:{tag}", f"{target}:latest"):
             _append(build, f"$ podman push --tls-verify=false {destination}\n")
-            result = _run(_podman("push", "--tls-verify=false", "--digestfile", str(digestfile), local, destination))
+            result = _run(who.podman("push", "--tls-verify=false", "--digestfile", str(digestfile), local, destination))
             _append(build, result.stdout)
             if result.returncode != 0:
-                try:
-                    with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
-                        client.ping()
-                except registry.RegistryError as exc:
-                    _wait(build, str(exc))
+                _registry_check(build)
                 return _finish(build, ok=False, message=f"push failed (exit {result.returncode})\n")
         digest = digestfile.read_text().strip()
-        _run(_podman("rmi", "--ignore", local))  # the registry holds it now; layers stay cached for the next build
+        _run(who.podman("rmi", "--ignore", local))  # the registry holds it now; layers stay cached for the next build
     finally:
         shutil.rmtree(context, ignore_errors=True)
     build.containerfile = containerfile
@@ -481,6 +526,80 @@ def _pushed(
     except registry.RegistryError as exc:
         _append(build, f"could not read the pushed image back for its SBOM: {exc}\n")
     return _finish(build, ok=True, message=f"pushed {target}@{digest}\n", latest=latest)
+
+
+def _registry_check(build: ImageBuild) -> None:
+    """After a failed pull or push: a registry that stopped answering makes the build wait (RegistryWaiting)."""
+    try:
+        with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+            client.ping()
+    except registry.RegistryError as exc:
+        _wait(build, str(exc))
+
+
+def _pull_sources(containerfile: str) -> list[str]:
+    """The images a rendered Containerfile builds on (its FROM lines less earlier stages and `scratch`)."""
+    stages: set[str] = set()
+    out: list[str] = []
+    for match in FROM_LINE.finditer(containerfile):
+        image = match.group("image")
+        if image.lower() not in stages and image.lower() != "scratch" and image not in out:
+            out.append(image)
+        alias = ALIAS.search(match.group("rest") or "")
+        if alias:
+            stages.add(alias.group(1).lower())
+    return out
+
+
+def _run_build(who, argv: list[str], context: Path) -> subprocess.CompletedProcess:
+    """The build step in its jail (images/builder.py); with TRAINYARD_BUILD_NETWORK=outbound, slirp4netns gives
+    the jail's network namespace a way out that never reaches the host's loopback."""
+    jail = jailed(who, argv, context=context, resolv_conf=_build_resolver(context))
+    if jail is argv or settings.TRAINYARD_BUILD_NETWORK != "outbound":
+        return _run(jail)
+    return _run_with_outbound(jail)
+
+
+def _build_resolver(context: Path) -> str | None:
+    if settings.TRAINYARD_BUILD_NETWORK != "outbound":
+        return None
+    from jobs.backends.sandbox import _resolver_for_slirp
+
+    return _resolver_for_slirp(context)
+
+
+def _run_with_outbound(jail: list[str]) -> subprocess.CompletedProcess:
+    slirp_tool = shutil.which("slirp4netns")
+    if slirp_tool is None:
+        return subprocess.CompletedProcess(jail, 127, "TRAINYARD_BUILD_NETWORK=outbound needs slirp4netns\n")
+    proc = subprocess.Popen(jail, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    own = os.readlink("/proc/self/ns/net")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # attach only once the jail has its own namespace, never to ours
+        try:
+            if os.readlink(f"/proc/{proc.pid}/ns/net") != own:
+                break
+        except OSError:
+            pass
+        time.sleep(0.01)
+    else:
+        proc.kill()
+        return subprocess.CompletedProcess(jail, 125, "the build's network namespace was not made\n")
+    slirp = subprocess.Popen(
+        [slirp_tool, "--configure", "--mtu=65520", "--disable-host-loopback", str(proc.pid), "tap0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=settings.TRAINYARD_BUILD_TIMEOUT_S)
+        return subprocess.CompletedProcess(jail, proc.returncode, out)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return subprocess.CompletedProcess(jail, 124, (out or "") + "\ntimed out\n")
+    finally:
+        slirp.terminate()
+        slirp.wait(timeout=10)
 
 
 def _build_dir() -> Path:

@@ -3,6 +3,7 @@
 # `make run` and `make test`):
 #   bubblewrap, slirp4netns  the local job sandbox and its optional outbound network
 #   podman, docker-registry  project image builds and the embedded OCI registry
+#   uidmap                   newuidmap/newgidmap: builds run rootless as a user of their team (images/builder.py)
 #   chromium, fonts-noto-cjk the portal's browser tests (Playwright drives Debian's Chromium; never a downloaded one)
 # As root it installs them with apt-get; as another user it prints the one command to run and carries on, since
 # `make run` works without them (a job then fails saying which piece is missing). Set TRAINYARD_SYSTEM_PACKAGES=off
@@ -13,12 +14,13 @@ declare -A provides=(
   [bubblewrap]=/usr/bin/bwrap
   [slirp4netns]=/usr/bin/slirp4netns
   [podman]=/usr/bin/podman
+  [uidmap]=/usr/bin/newuidmap
   [docker-registry]=/usr/bin/docker-registry
   [chromium]=/usr/bin/chromium
   [fonts-noto-cjk]=/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc
 )
 missing=()
-for pkg in bubblewrap slirp4netns podman docker-registry chromium fonts-noto-cjk; do
+for pkg in bubblewrap slirp4netns podman uidmap docker-registry chromium fonts-noto-cjk; do
   [ -e "${provides[$pkg]}" ] || missing+=("$pkg")
 done
 [ "${#missing[@]}" -eq 0 ] && exit 0

@@ -398,6 +398,11 @@ TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
 TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR / "containers")))
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+# The network of a local build's RUN steps (images/builder.py): "none", or "outbound" (slirp4netns: the internet's
+# package mirrors, never the platform's own loopback services).
+TRAINYARD_BUILD_NETWORK = env.str("TRAINYARD_BUILD_NETWORK", default="none")
+if TRAINYARD_BUILD_NETWORK not in ("none", "outbound"):
+    raise ValueError("TRAINYARD_BUILD_NETWORK must be 'none' or 'outbound'")
 TRAINYARD_BUILD_REGISTRY_RETRY_S = env.float("TRAINYARD_BUILD_REGISTRY_RETRY_S", default=30.0)
 TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", default=20)
 # Where builds run: `podman` on the worker, or `kubernetes`: a rootless BuildKit Job per build in

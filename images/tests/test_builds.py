@@ -2,6 +2,7 @@
 scan, FROM checks, failures that keep their log, a registry that is down, the stale cascade and the schedule."""
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -192,3 +193,76 @@ def test_a_requirements_file_alone_builds_as_a_pip_install_on_the_pinned_base(im
     assert lines[0].endswith(f"/trainyard/base/tiny-base@{base.digest}")
     assert "COPY requirements.txt" in lines[1] and "pip install --no-cache-dir -r" in lines[2]
     assert len(build.layers) == 4  # the base's two, the requirements file, the install
+
+
+ISOLATION_PROBE = (
+    "FROM tiny-base\n"
+    # Root in the build is a user namespace's root: host uid 0 is not mapped to it.
+    'RUN read inside host count < /proc/self/uid_map; echo "uid_map $inside $host $count"; [ "$host" != 0 ]\n'
+    # No network: the namespace has its loopback alone (two header lines and `lo` in /proc/net/dev).
+    'RUN n=0; while read line; do n=$((n+1)); done < /proc/net/dev; echo "net lines $n"; [ "$n" -le 3 ]\n'
+)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="builds are isolated when the platform runs as root")
+def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_files(images_env, settings, tmp_path):
+    import os
+    import subprocess
+
+    from images.builder import _traversable, builder_for, context_dir, jailed
+
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    alpha, beta = TeamFactory(slug="alpha"), TeamFactory(slug="beta")
+    image = services.project_image_define(team=alpha, name="probe", base="tiny-base", containerfile=ISOLATION_PROBE)
+    build = built(image)
+    assert build.status == "succeeded", build.log
+    assert f"(as trainyard-b{alpha.pk}, network none)" in build.log
+    assert "uid_map 0 0 " not in build.log and "net lines 3" in build.log
+    # Each team builds as its own user; escaping the chroot leaves that user in the jail: the platform's files,
+    # other jobs' folders and every other team's storage are covered, and root-only files stay unreadable.
+    settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    other_job = settings.TRAINYARD_WORK_ROOT / "job-of-beta" / "attempt-1"
+    other_job.mkdir(parents=True)
+    (other_job / "spec.json").write_text('{"env": {"TOKEN": "beta-secret"}}')
+    os.chmod(other_job / "spec.json", 0o644)
+    for p in (other_job, other_job.parent, settings.TRAINYARD_WORK_ROOT):
+        os.chmod(p, 0o755)
+    _traversable(other_job)
+    me, them = builder_for(str(alpha.pk)), builder_for(str(beta.pk))
+    # Without the jail the build's user could read that world-readable file: the jail is what hides it.
+    bare = ["runuser", "-u", me.name, "--", "cat", str(other_job / "spec.json")]
+    assert "beta-secret" in subprocess.run(bare, capture_output=True, text=True, timeout=60).stdout
+    assert me.name != them.name and me.uid != them.uid and me.uid != 0
+    context = context_dir(me, 1)
+    targets = [other_job / "spec.json", them.root / "storage", Path(settings.TRAINYARD_BUILD_ROOT) / "storage"]
+    for target in targets:
+        probe = ["runuser", "-u", me.name, "--", "ls", "-A", str(target)]
+        seen = subprocess.run(jailed(me, probe, context=context), capture_output=True, text=True, timeout=60)
+        assert seen.returncode != 0 or seen.stdout.strip() == "", (target, seen.stdout)
+    spec = subprocess.run(
+        jailed(me, ["runuser", "-u", me.name, "--", "cat", str(other_job / "spec.json")], context=context),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "beta-secret" not in spec.stdout
+    # Outside the jail the same user still cannot read what only root may.
+    secret = tmp_path / "secret_key"
+    secret.write_text("platform-secret")
+    secret.chmod(0o600)
+    os.chmod(tmp_path, 0o711)
+    leaked = subprocess.run(["runuser", "-u", me.name, "--", "cat", str(secret)], capture_output=True, text=True)
+    assert leaked.returncode != 0 and "platform-secret" not in leaked.stdout
+    # And nothing without a jail: no copy from another image, no URL.
+    for text, code in (
+        ("FROM tiny-base\nCOPY --from=127.0.0.1:5000/trainyard/beta/app:latest /x /x\n", "copy_from_not_a_stage"),
+        ("FROM tiny-base\nRUN --mount=type=bind,from=beta-app,target=/m true\n", "copy_from_not_a_stage"),
+        ("FROM tiny-base\nADD http://127.0.0.1:8888/alpha/ckpt.pt /ckpt.pt\n", "add_url_not_allowed"),
+    ):
+        with pytest.raises(ValidationFailed) as err:
+            services.project_image_define(team=alpha, name="escape", base="tiny-base", containerfile=text)
+        assert err.value.code == code
+    ok = "FROM tiny-base AS first\nRUN echo one > /one\nFROM tiny-base\nCOPY --from=first /one /one\n"
+    assert (
+        built(services.project_image_define(team=alpha, name="stages", base="tiny-base", containerfile=ok)).status
+        == "succeeded"
+    )
