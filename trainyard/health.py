@@ -39,6 +39,32 @@ def _check_worker() -> None:
         raise RuntimeError("no Celery worker answered")
 
 
+def missing_tools() -> list[tuple[str, str]]:
+    """The programs this configuration needs that the machine lacks, as (program, Debian package)."""
+    import os
+    import shutil
+
+    needed: list[tuple[str, str]] = []
+    sandboxed = str(settings.TRAINYARD_SANDBOX).lower() not in {"off", "0", "false", "no"}
+    if settings.TRAINYARD_BACKEND == "local" and sandboxed:
+        needed.append((settings.TRAINYARD_SANDBOX_BWRAP, "bubblewrap"))
+    if settings.TRAINYARD_IMAGE_BUILDER == "podman":
+        needed.append(("podman", "podman"))
+        if os.geteuid() == 0:
+            needed += [("newuidmap", "uidmap"), ("newgidmap", "uidmap")]
+    return [(tool, package) for tool, package in needed if shutil.which(tool) is None]
+
+
+def _check_tools() -> None:
+    missing = missing_tools()
+    if missing:
+        packages = " ".join(sorted({p for _, p in missing}))
+        raise RuntimeError(
+            f"missing {', '.join(t for t, _ in missing)}: run 'apt-get install {packages}' (jobs or builds fail "
+            "until then)"
+        )
+
+
 @require_GET
 def readyz(request):
     timeout = settings.TRAINYARD_READY_TIMEOUT
@@ -52,6 +78,11 @@ def readyz(request):
     except Exception as exc:  # noqa: BLE001 - any failure means not ready; say which
         results["database"] = {"ok": False, "error": str(exc).strip().splitlines()[0][:200]}
     results["database"]["ms"] = round((time.monotonic() - started) * 1000, 1)
+    try:
+        _check_tools()
+        results["tools"] = {"ok": True}
+    except RuntimeError as exc:
+        results["tools"] = {"ok": False, "error": str(exc)}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: (pool.submit(fn), time.monotonic()) for name, fn in checks.items() if name != "database"}
         for name, (future, t0) in futures.items():

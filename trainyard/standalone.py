@@ -10,12 +10,14 @@ gets a parent-death signal, so even a launcher killed with SIGKILL leaves nothin
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 from trainyard import embedded, processes
@@ -103,12 +105,28 @@ def _manage(*args: str, env: dict) -> None:
         raise embedded.ServiceError(f"'manage.py {' '.join(args)}' failed (output above)")
 
 
+def _missing_tools() -> list[tuple[str, str]]:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainyard.settings")
+    from trainyard.health import missing_tools
+
+    return missing_tools()
+
+
 def main() -> int:
     port = processes.PORT
     host = processes.HOST
     if embedded.port_open(host if host != "0.0.0.0" else "127.0.0.1", port, timeout=0.3):
         print(
             f"trainyard: port {port} is in use: stop what uses it or set TRAINYARD_PORT to a free port", file=sys.stderr
+        )
+        return 1
+    missing = _missing_tools()
+    if missing:
+        packages = " ".join(sorted({p for _, p in missing}))
+        print(
+            f"trainyard: {', '.join(t for t, _ in missing)} missing: jobs and image builds need them; run "
+            f"'sudo apt-get install -y {packages}' (make run installs them itself when run as root)",
+            file=sys.stderr,
         )
         return 1
     try:
@@ -141,17 +159,26 @@ def main() -> int:
             children.append(child)
         url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/"
         deadline = time.monotonic() + 60
+        ready, why = False, "no answer from /readyz"
         while not stop_signals and time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(url + "readyz", timeout=3) as resp:
                     if resp.status == 200:
+                        ready = True
                         break
+            except urllib.error.HTTPError as exc:  # 503: say which checks fail if it stays so
+                try:
+                    why = "failing: " + ", ".join(json.loads(exc.read()).get("failed", []))
+                except ValueError:
+                    pass
             except Exception:  # noqa: BLE001 - not up yet
                 pass
             for child in children:
                 child.tend()
             time.sleep(0.5)
-        if not stop_signals:
+        if not stop_signals and not ready:
+            say("setup", f"Trainyard is NOT ready after 60 s ({why}); see {url}readyz — still starting up")
+        if not stop_signals and ready:
             say("setup", f"Trainyard is ready at {url}  (API {url}api/docs/, admin {url}admin/)")
             say("setup", "login: admin (staff) and demo (demo team); passwords were printed when first created,")
             say("setup", "       or set TRAINYARD_ADMIN_PASSWORD / TRAINYARD_DEMO_PASSWORD")

@@ -233,3 +233,30 @@ def test_errors_outside_a_view_are_never_an_html_error_page(rf, path, raised, st
         assert response["Content-Type"] == "application/json" and json.loads(response.content)["code"] == code
     else:
         assert response["Content-Type"].startswith("text/plain") and b"database" in response.content
+
+
+def test_readyz_names_a_missing_program_and_the_package_that_brings_it(client, settings):
+    from trainyard import loops
+
+    settings.TRAINYARD_READY_TIMEOUT = 0.5
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_SANDBOX = "on"
+    settings.TRAINYARD_SANDBOX_BWRAP = "bwrap-that-is-not-installed"
+    loops.loop_ran(loops.HEARTBEAT)
+    body = client.get("/readyz").json()
+    assert "tools" in body["failed"]
+    assert "bwrap-that-is-not-installed" in body["checks"]["tools"]["error"]
+    assert "apt-get install bubblewrap" in body["checks"]["tools"]["error"]
+
+
+def test_make_run_stops_before_ready_when_a_program_is_missing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRAINYARD_SANDBOX_BWRAP": "bwrap-that-is-not-installed", "TRAINYARD_VAR_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "trainyard.standalone"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert "bwrap-that-is-not-installed missing" in done.stderr and "apt-get install -y bubblewrap" in done.stderr
+    assert "ready" not in done.stdout.lower()
