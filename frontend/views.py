@@ -542,7 +542,10 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
     else:
         image_rows = [
             (_("Image"), _("not used: the local backend ran the command on the host")),
-            (_("Image requested"), " ".join(filter(None, [requested.get("reference"), requested.get("digest")]))),
+            (
+                _("Image requested"),
+                " ".join([requested.get("reference") or "", requested.get("digest") or str(_("(digest unresolved)"))]),
+            ),
             (_("Python"), f"{runtime.get('python_version', '')} {runtime.get('python', '')}".strip()),
             ("PATH", runtime.get("path")),
             (_("Sandbox"), _("on") if runtime.get("sandbox") else _("off")),

@@ -110,6 +110,13 @@ def image_admit(*, policy: ScanPolicy, queue, reference: str, digest: str) -> No
                 field="image",
             )
         return
+    if policy.require_scan and feed_state()["stale"]:
+        raise ValidationFailed(
+            f"queue '{queue.name}' only runs scanned images, and the vulnerability feed is empty or older than "
+            f"{settings.TRAINYARD_SCAN_FEED_MAX_AGE_S / 86400:g} days, so no scan proves anything: load a feed",
+            code="image_not_scanned",
+            field="image",
+        )
     blocking = _blocking(policy, queue, list(build.findings.all()), registry.parse(reference).name, timezone.now())
     if blocking:
         named = ", ".join(f"{f.vuln_id} ({f.severity}) in {f.package} {f.version}" for f in blocking[:5])
@@ -688,7 +695,7 @@ def _finish(build: ImageBuild, *, ok: bool, message: str, latest: str = "") -> I
             image.reference = latest
             image.digest = build.digest
             image.last_rebuilt = build.finished_at
-            image.scan_status = "failed" if build.findings.exists() else "passed"
+            image.scan_status = scan_verdict(build)
             fields = ["reference", "digest", "last_rebuilt", "scan_status"]
             if isinstance(image, ProjectImage):
                 image.stale = False
@@ -715,6 +722,28 @@ def _cascade(base: BaseImage) -> None:
 
 
 # ------------------------------------------------------------------------------------------- scanning
+
+
+def feed_state() -> dict[str, Any]:
+    """What the vulnerability feed is now: how many entries, from where, how old (shown beside every verdict)."""
+    newest = Advisory.objects.order_by("-loaded_at").values("loaded_at", "source").first()
+    count = Advisory.objects.count()
+    age = (timezone.now() - newest["loaded_at"]).total_seconds() if newest else None
+    return {
+        "entries": count,
+        "source": newest["source"] if newest else "",
+        "loaded_at": newest["loaded_at"] if newest else None,
+        "age_s": age,
+        "stale": age is None or age > settings.TRAINYARD_SCAN_FEED_MAX_AGE_S,
+    }
+
+
+def scan_verdict(build: ImageBuild) -> str:
+    """`failed` when the scan found something; `passed` only when it ran against a loaded, fresh feed (an empty or
+    stale feed matches nothing and proves nothing: `unscanned`)."""
+    if build.findings.exists():
+        return "failed"
+    return "unscanned" if feed_state()["stale"] else "passed"
 
 
 def build_scan(*, build: ImageBuild) -> list[Finding]:
@@ -782,7 +811,7 @@ def trivy_import(*, build: ImageBuild, document: Any) -> int:
         build.save(update_fields=["scanned_at"])
         image = build.image
         if image.digest == build.digest:
-            image.scan_status = "failed" if build.findings.exists() else "passed"
+            image.scan_status = "failed" if build.findings.exists() else "passed"  # an imported Trivy report is a scan
             image.save(update_fields=["scan_status"])
     return len(rows)
 

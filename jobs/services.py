@@ -85,6 +85,18 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
             raise ValidationFailed(
                 stored("'%(name)s' is not an image name or reference", name=name), code="unknown_image", field="image"
             )
+        if "/" not in reference:
+            # A bare name is a catalog name mistyped far more often than a Docker Hub shorthand: say so at once.
+            raise ValidationFailed(
+                stored(
+                    "'%(name)s' is not in the image catalog (%(names)s); name a catalog image, or a full reference "
+                    "such as docker.io/library/%(name)s",
+                    name=reference,
+                    names=", ".join(sorted({*ref.base_images, *(n for t, n in ref.project_images if t == team.pk)})),
+                ),
+                code="unknown_image",
+                field="image",
+            )
         digest = ""
         if "@" in reference:
             reference, digest = reference.split("@", 1)
@@ -104,7 +116,11 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 field="image",
             )
         endpoint = ref.registry_endpoints.get(registry)
-    if not digest:
+    if not digest and base is not None and settings.TRAINYARD_BACKEND == "local":
+        # An external catalog base nobody pulled: the local backend runs the command on the host, so there is no
+        # digest to pin, and the record says so ("" = unresolved) instead of inventing one.
+        pass
+    elif not digest:
         digest = image_services.image_pin(reference=reference, endpoint=endpoint)
     return dict(
         image_reference=reference,
@@ -850,7 +866,9 @@ def _enqueue_start(attempt_id: int) -> None:
 
 def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     image = job.base_image.name if job.base_image else (job.project_image.name if job.project_image else None)
-    if pin_digest or image is None:
+    if image is None or (pin_digest and job.image_digest):
+        # The same bytes: the pinned digest. A catalog image that was never resolved (unresolved on the local
+        # backend) is named from the catalog again, as it was the first time.
         image = f"{job.image_reference}@{job.image_digest}" if job.image_digest else job.image_reference
     data: dict[str, Any] = {
         "name": job.name,

@@ -25,6 +25,9 @@ def test_datasets_page_lists_what_the_users_teams_may_read(portal):
 
 def test_submit_form_sends_datasets_and_shows_their_errors(portal, settings):
     settings.TRAINYARD_BACKEND = "volcano"  # a claim dataset can be mounted there (the job is only validated)
+    from jobs.tests.conftest import pin_catalog
+
+    pin_catalog()
     demo = Team.objects.get(slug="demo")
     Dataset.objects.create(team=demo, name="corpus", version=2, claim="corpus-pvc")
     client = login(portal.demo)

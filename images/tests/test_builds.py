@@ -266,3 +266,27 @@ def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_fil
         built(services.project_image_define(team=alpha, name="stages", base="tiny-base", containerfile=ok)).status
         == "succeeded"
     )
+
+
+def test_a_clean_scan_passes_only_against_a_loaded_fresh_feed(images_env, settings):
+    from images.models import Advisory
+
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    base.refresh_from_db()
+    assert base.scan_status == "unscanned"  # no feed loaded: a scan that matched nothing proves nothing
+    unrelated = [
+        {
+            "id": "OSV-TEST-0",
+            "affected": [{"package": {"ecosystem": "PyPI", "name": "not-in-image"}, "versions": ["1"]}],
+        }
+    ]
+    services.feed_load(document=unrelated, source="a feed naming other packages")
+    assert built(base).status == "succeeded"
+    base.refresh_from_db()
+    assert base.scan_status == "passed"
+    assert services.feed_state()["entries"] == Advisory.objects.count() and not services.feed_state()["stale"]
+    Advisory.objects.update(loaded_at=timezone.now() - timedelta(seconds=settings.TRAINYARD_SCAN_FEED_MAX_AGE_S + 60))
+    assert built(base).status == "succeeded"
+    base.refresh_from_db()
+    assert base.scan_status == "unscanned"  # a stale feed never yields "passed"

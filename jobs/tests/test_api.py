@@ -49,12 +49,36 @@ def body(**overrides):
 
 
 def test_submit_returns_the_job_and_pins_the_digest(world):
+    from images.models import BaseImage
+
+    # The seeded external base has no digest (nobody pulled it; the local backend runs on the host): unresolved.
+    response = client_for("demo").post("/api/v1/jobs/", body(), format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["image_digest"] == ""
+    # A catalog image with a digest is pinned to it.
+    BaseImage.objects.filter(name="python-3.11").update(digest="sha256:" + "4" * 64)
     response = client_for("demo").post("/api/v1/jobs/", body(), format="json")
     assert response.status_code == 201, response.json()
     job = response.json()
     assert job["state"] == "pending" and job["spec"] == "shared" and job["gpu_milli"] == 250
     assert job["image_digest"] == "sha256:" + "4" * 64
     assert Job.objects.get(pk=job["id"]).events.filter(kind="submitted").exists()
+
+
+def test_a_bare_name_outside_the_catalog_is_a_400_listing_the_catalog(world):
+    response = client_for("demo").post("/api/v1/jobs/", body(image="pytorch-9.9"), format="json")
+    assert response.status_code == 400, response.json()
+    answer = response.json()
+    assert answer["code"] == "unknown_image"
+    assert "pytorch-9.9" in answer["detail"] and "python-3.11" in answer["detail"]
+    assert "docker.io/library/pytorch-9.9" in answer["detail"]
+
+
+def test_the_seeded_catalog_claims_no_digest_and_no_scan(world):
+    from images.models import BaseImage
+
+    for image in BaseImage.objects.all():
+        assert image.digest == "" and image.scan_status == "unscanned", image.name
 
 
 @pytest.mark.parametrize(

@@ -658,6 +658,9 @@ def platform(kube, settings, tmp_path, transactional_db):
     settings.TRAINYARD_TB_GRACE_S = 0
     reset_backends()
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    from jobs.tests.conftest import pin_catalog
+
+    pin_catalog()
     backend = get_backend()
     for queue in Queue.objects.all():
         backend.queue_sync(queue)

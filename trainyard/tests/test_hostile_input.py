@@ -5,6 +5,7 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
+from jobs.tests.conftest import pin_catalog
 from trainyard.seed import seed
 
 pytestmark = pytest.mark.django_db
@@ -173,11 +174,13 @@ def test_paths_inside_the_job_are_kept_normalised(demo):
 )
 def test_mounts_on_kubernetes_are_claims_at_clean_paths(demo, settings, mount, code):
     settings.TRAINYARD_BACKEND = "volcano"
+    pin_catalog()
     assert_400(demo.post("/api/v1/jobs/", job(mounts=[mount]), format="json"), code)
 
 
 def test_an_absolute_log_dir_must_lie_under_one_of_the_jobs_mounts(demo, settings):
     settings.TRAINYARD_BACKEND = "volcano"
+    pin_catalog()
     mounts = [{"claim": "demo-ckpt", "path": "/ckpt", "kind": "checkpoint"}]
     assert_400(
         demo.post("/api/v1/jobs/", job(mounts=mounts, tensorboard_logdir="/other/tb"), format="json"),
