@@ -14,7 +14,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from jobs import lifecycle, logstore, selectors, services
 from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
@@ -84,6 +86,13 @@ class JobSubmitSerializer(serializers.Serializer):
         child=serializers.DictField(),
         required=False,
         help_text="registered datasets, mounted read-only: [{name, version (default: latest), path}]",
+    )
+    code = serializers.CharField(
+        max_length=71,
+        required=False,
+        allow_blank=True,
+        help_text="a code snapshot of the team (sha256:…, uploaded with PUT /api/v1/code/{digest}/): the job's "
+        "working directory starts as a copy of it",
     )
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     gpu_models = serializers.ListField(
@@ -272,6 +281,7 @@ class JobDetailSerializer(JobSerializer):
             "excluded_gpus",
             "mounts",
             "datasets",
+            "code_digest",
             "tensorboard_logdir",
         ]
         read_only_fields = fields
@@ -934,3 +944,59 @@ class DatasetViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveM
         self.get_object()
         dataset_delete(user=request.user, dataset_id=int(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CodeSnapshotSerializer(serializers.Serializer):
+    digest = serializers.CharField()
+    team = serializers.CharField(source="team.slug")
+    size_bytes = serializers.IntegerField()
+    unpacked_bytes = serializers.IntegerField()
+    file_count = serializers.IntegerField()
+    uploaded_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class _RawBody(BaseParser):
+    """The request body as it comes (a gzip'd tar), read by the view as a stream."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream
+
+
+class CodeSnapshotView(ScopedActionsMixin, APIView):
+    """A team's code snapshot by digest: `PUT` uploads it (the body: a gzip'd tar; idempotent), `GET`/`HEAD` say
+    whether the team has it (jobs/code.py)."""
+
+    token_scope = "submit"
+    parser_classes = [_RawBody]
+
+    def _team(self, request) -> Team:
+        slug = request.query_params.get("team", "")
+        team = quota_selectors.visible_teams(request.user).filter(slug=slug).first() if slug else None
+        if team is None:
+            raise NotFound("team not found (or you are not a member): give ?team=<slug>", code="unknown_team",
+                           field="team")  # fmt: skip
+        return team
+
+    @extend_schema(parameters=[OpenApiParameter("team", str, required=True)], responses={200: CodeSnapshotSerializer})
+    def get(self, request, digest: str):
+        from jobs.code import snapshot_get
+
+        snapshot = snapshot_get(team=self._team(request), digest=digest)
+        if snapshot is None:
+            raise NotFound(f"the team has no code snapshot {digest}", code="unknown_code")
+        return Response(CodeSnapshotSerializer(snapshot).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("team", str, required=True)],
+        request={"application/gzip": OpenApiTypes.BINARY},
+        responses={200: CodeSnapshotSerializer, 201: CodeSnapshotSerializer},
+    )
+    def put(self, request, digest: str):
+        from jobs.code import snapshot_store
+
+        team = self._team(request)
+        snapshot, created = snapshot_store(team=team, digest=digest, body=request.stream, user=request.user)
+        return Response(CodeSnapshotSerializer(snapshot).data, status=201 if created else 200)

@@ -118,6 +118,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         priority_class="preemptible" if job.preemptible else job.queue.priority_class,
         mig_profile=job.mig_profile,
         datasets=list(job.datasets),
+        code={"team": job.team.slug, "digest": job.code_digest} if job.code_digest else {},
     )
 
 
@@ -244,6 +245,7 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             "attempt": attempt.number,
             # What each dataset was at submission (name, version, source, size and file count) and where it sat.
             "datasets": job.datasets,
+            "code_digest": job.code_digest or None,
         }
         Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
         job_transition(

@@ -42,6 +42,7 @@ class Job(models.Model):
     replicas = models.PositiveSmallIntegerField(default=1)
     image_reference = models.CharField(max_length=300)
     image_digest = models.CharField(max_length=71, blank=True)
+    code_digest = models.CharField(max_length=71, blank=True, help_text="the code snapshot it runs in (jobs/code.py)")
     base_image = models.ForeignKey("images.BaseImage", null=True, blank=True, on_delete=models.SET_NULL)
     project_image = models.ForeignKey("images.ProjectImage", null=True, blank=True, on_delete=models.SET_NULL)
     min_driver_version = models.CharField(max_length=30, blank=True)
@@ -354,6 +355,25 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.attempt_id}:{self.name}"
+
+
+class CodeSnapshot(models.Model):
+    """A team's uploaded working directory, by content digest (jobs/code.py); the archive lives on disk."""
+
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="code_snapshots")
+    digest = models.CharField(max_length=71)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    unpacked_bytes = models.PositiveBigIntegerField(default=0)
+    file_count = models.PositiveIntegerField(default=0)
+    uploaded_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "digest"], name="code_snapshot_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}:{self.digest[:19]}"
 
 
 class Dataset(models.Model):

@@ -208,6 +208,7 @@ FIELD_ORDER = (
     "working_dir",
     "mounts",
     "datasets",
+    "code",
     "priority",
     "preemptible",
     "ci",
@@ -492,6 +493,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             backend=settings.TRAINYARD_BACKEND,
             mounts=paths.mounts if paths is not None else [],
         )
+    code_digest = ""
+    with problems.check():
+        from jobs import code as code_mod
+
+        code_digest = code_mod.resolve(data.get("code"), team=team, backend=settings.TRAINYARD_BACKEND)
     priority = 0
     with problems.check():
         if queue is not None:
@@ -524,6 +530,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             tensorboard_logdir=paths.tensorboard_logdir,
             mounts=paths.mounts,
             datasets=datasets,
+            code_digest=code_digest,
             labels=labels,
             gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
@@ -891,6 +898,8 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
     }
     if job.preemptible:
         data["preemptible"] = True
+    if job.code_digest:
+        data["code"] = job.code_digest
     if job.datasets:
         from jobs.datasets import requested
 

@@ -140,6 +140,7 @@ def make_world(registry_url: str | None = None) -> World:
         "{slug}": "demo",
         "{username}": "mia",
         "{checkpoint_id}": "999999",
+        "/code/{digest}": "sha256:" + "a" * 64,
     }
     return World(job_id=str(job.id), other_job_id=str(other_job.id), values=values)
 

@@ -5,7 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
 from images.api import FeedViewSet, ImageBuildViewSet, ImageViewSet, ProjectImageViewSet, ScanPolicyViewSet
-from jobs.api import DatasetViewSet, JobTemplateViewSet, JobViewSet
+from jobs.api import CodeSnapshotView, DatasetViewSet, JobTemplateViewSet, JobViewSet
 from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
 
 router = DefaultRouter()
@@ -24,4 +24,7 @@ router.register("gpus", GPUViewSet, basename="gpu")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("datasets", DatasetViewSet, basename="dataset")
 urlpatterns = router.urls
-urlpatterns += [path("monitoring/", include("monitoring.api_urls"))]
+urlpatterns += [
+    path("monitoring/", include("monitoring.api_urls")),
+    path("code/<str:digest>/", CodeSnapshotView.as_view(), name="code-snapshot"),
+]

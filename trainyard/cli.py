@@ -22,9 +22,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from .cli_client import ApiClient, ApiError, cli_version
+from .cli_code import upload as upload_code
 from .cli_config import Config, check_token, config_path, load_config, normalize_url, require_token
 from .cli_config import save_config as write_config
 from .cli_errors import (
@@ -325,6 +327,7 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
     jobfile = load_jobfile(args.file) if args.file is not None else JobFile("(template)", {}, {})
     if args.resume_from:
         jobfile.data["resume_from"] = _job_id(api, args.resume_from)
+    _attach_code(api, jobfile, args)
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     try:
         if args.template:
@@ -354,6 +357,51 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
     def wait() -> int:
         final = wait_for_job(api, job["id"], interval=args.interval, follower=follower)
         return _finish(final, as_json=args.json)
+
+    return _interruptible(job["id"], wait)
+
+
+def _attach_code(api: ApiClient, jobfile: JobFile, args: argparse.Namespace) -> None:
+    """A job file's `code:` naming a folder (relative to the file), or --code DIR: pack and upload it, and submit
+    its digest. A `code: sha256:…` is passed on as it is."""
+    folder = getattr(args, "code", None)
+    value = jobfile.data.get("code")
+    if folder is None and isinstance(value, str) and value and not value.startswith("sha256:"):
+        base = Path(args.file).parent if args.file not in (None, "-") else Path.cwd()
+        folder = str(base / value)
+    if folder is None:
+        return
+    team = jobfile.data.get("team")
+    if not isinstance(team, str) or not team:
+        raise CliError("the job file names no team, and a code snapshot belongs to one", EXIT_USAGE)
+    jobfile.data["code"] = upload_code(api, Path(folder), team=team)
+
+
+def cmd_run(args: argparse.Namespace, api: ApiClient) -> int:
+    """Run a command on the platform in a copy of the current folder: pack and upload it, submit, follow."""
+    if args.cmd and args.cmd[0] == "--":
+        args.cmd = args.cmd[1:]
+    if not args.cmd:
+        raise CliError("give the command after --, e.g. `trainyard run --team T -- python train.py`", EXIT_USAGE)
+    data: dict[str, Any] = {"team": args.team, "queue": args.queue, "spec": args.spec, "image": args.image,
+                            "command": list(args.cmd)}  # fmt: skip
+    if args.gpus:
+        data["gpus"] = args.gpus
+    data["code"] = upload_code(api, Path(args.dir), team=args.team)
+    jobfile = JobFile("(trainyard run)", data, {})
+    try:
+        status, job = api.post("/jobs/", json=jobfile.data)
+    except ApiError as exc:
+        raise _located(exc, jobfile)
+    _err(f"submitted job {job['id']} ({job['name']}) to {job['team']}/{job['queue']}: {_state_line(job)}")
+    if args.detach:
+        _out(job["id"])
+        return EXIT_OK
+    follower = LogFollower(api, job["id"])
+
+    def wait() -> int:
+        final = wait_for_job(api, job["id"], interval=args.interval, follower=follower)
+        return _finish(final, as_json=False)
 
     return _interruptible(job["id"], wait)
 
@@ -999,8 +1047,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idempotency-key", metavar="K", help="submitting again with the same key returns the same job")
     p.add_argument("--json", action="store_true", help="print the job as JSON instead of its id")
     p.add_argument("--resume-from", metavar="JOB", help="start from the latest checkpoint of this job (same team)")
+    p.add_argument("--code", metavar="DIR", help="run in a copy of DIR (packed and uploaded; see docs/cli.md)")
     interval(p)
     p.set_defaults(handler=cmd_submit)
+
+    p = sub.add_parser(
+        "run", help="run a command in a copy of this folder on the platform, and follow its log until it ends"
+    )
+    p.add_argument("--team", required=True, metavar="T")
+    p.add_argument("--queue", default="debug", metavar="Q", help="default debug")
+    p.add_argument("--spec", default="shared", metavar="S", help="default shared")
+    p.add_argument("--gpus", type=int, metavar="N", help="whole cards (guaranteed spec)")
+    p.add_argument("--image", default="python-3.11", metavar="I", help="default python-3.11")
+    p.add_argument("--dir", default=".", metavar="DIR", help="the folder to send (default: the current one)")
+    p.add_argument("--detach", action="store_true", help="print the job id and return instead of following")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
+    interval(p)
+    p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("status", help="a job's state, reason, queue position and attempts")
     p.add_argument("job", help="job id (or its first 8 characters)")

@@ -135,11 +135,14 @@ class ApiClient:
         json: Any = None,
         headers: dict[str, str] | None = None,
         not_found: str | None = None,
+        content: bytes | None = None,
     ) -> tuple[int, Any]:
         target = path if path.startswith(("http://", "https://")) else API + path
         for attempt in range(self.max_rate_retries + 1):
             try:
-                response = self._http.request(method, target, params=params, json=json, headers=headers)
+                response = self._http.request(
+                    method, target, params=params, json=json, headers=headers, content=content
+                )
             except httpx.TimeoutException:
                 raise CliError(
                     f"the Trainyard server at {self.url} did not answer within {self.timeout_s:g} s", EXIT_UNAVAILABLE

@@ -398,6 +398,11 @@ TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
 TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR / "containers")))
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+# Code snapshots (jobs/code.py): where they are kept, and how large one may be.
+TRAINYARD_CODE_ROOT = Path(env.str("TRAINYARD_CODE_ROOT", default=str(VAR_DIR / "code")))
+TRAINYARD_CODE_MAX_BYTES = env.int("TRAINYARD_CODE_MAX_BYTES", default=100 * 2**20)
+TRAINYARD_CODE_MAX_UNPACKED_BYTES = env.int("TRAINYARD_CODE_MAX_UNPACKED_BYTES", default=1024 * 2**20)
+TRAINYARD_CODE_MAX_FILES = env.int("TRAINYARD_CODE_MAX_FILES", default=50_000)
 # A vulnerability feed older than this (or none) makes a clean scan "unscanned", never "passed".
 TRAINYARD_SCAN_FEED_MAX_AGE_S = env.float("TRAINYARD_SCAN_FEED_MAX_AGE_S", default=7 * 86400)
 # The network of a local build's RUN steps (images/builder.py): "none", or "outbound" (slirp4netns: the internet's

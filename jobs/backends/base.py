@@ -65,6 +65,7 @@ class AttemptDescription:
     # Registered datasets (jobs/datasets.py), as resolved at submission: id, team, name, version, path, kind,
     # prefix (S3) or claim (PVC), size_bytes, file_count. Always mounted read-only.
     datasets: list[dict] = field(default_factory=list)
+    code: dict = field(default_factory=dict)  # {"team", "digest"}: the code snapshot the work dir starts as
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -124,6 +124,12 @@ class LocalBackend:
         tb_dir = str(job_path(job_root, desc.tensorboard_logdir, default="tensorboard"))
         ckpt_dir = job_root / "checkpoints" / f"attempt-{desc.attempt_number}"
         ckpt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if desc.code:
+            from jobs.code import unpack
+
+            # The job's copy of its code, the job's own to change (the sandbox's uid when the platform is root).
+            owner = sandbox.job_uid(desc.job_id) if sandbox.enabled() and os.geteuid() == 0 else None
+            unpack(team_slug=desc.code["team"], digest=desc.code["digest"], into=workdir, owner=owner)
         box = sandbox.plan(
             job_id=desc.job_id,
             workdir=workdir,

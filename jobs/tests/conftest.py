@@ -14,6 +14,7 @@ def platform(settings, tmp_path, transactional_db):
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    settings.TRAINYARD_CODE_ROOT = tmp_path / "code"
     settings.TRAINYARD_EMULATED_FAULTS_FILE = str(tmp_path / "faults.json")
     settings.TRAINYARD_CANCEL_GRACE_S = 2.0
     reset_backends()
