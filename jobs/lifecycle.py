@@ -17,7 +17,9 @@ unfinished attempt per job, so a retry never runs beside its predecessor.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -432,6 +434,26 @@ def _ended_at(obs: Observation):
     return min(now, datetime.fromtimestamp(obs.ended_at, tz=UTC))
 
 
+def _hidden_by_sandbox(job: Job, attempt: Attempt, tail: str) -> str:
+    """When a local job failed on a missing file that this machine has (a script in /tmp or a home folder, which
+    the sandbox hides on purpose), say so and how to bring it, instead of "read the end of the log"."""
+    if attempt.backend != "local" or "No such file or directory" not in tail:
+        return ""
+    from jobs.backends import sandbox
+
+    if not sandbox.enabled():
+        return ""
+    for word in [*job.command, *job.args]:
+        candidate = str(word).split("=", 1)[-1]
+        if candidate.startswith("/") and os.path.exists(candidate):
+            return stored(
+                "%(path)s is on this machine but hidden by the job's sandbox: bring it with the job's code "
+                "(trainyard run, or code: in the job file)",
+                path=candidate,
+            )
+    return ""
+
+
 def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
     """Record how an attempt ended; classify failures; retry, or finish the job."""
     with transaction.atomic():
@@ -487,6 +509,9 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 node_unhealthy=node_unhealthy,
             )
         )
+        hint = _hidden_by_sandbox(job, attempt, tail)
+        if hint:
+            verdict = dataclasses.replace(verdict, suggestion=hint)
         attempt.state = AttemptState.LOST if obs.phase == "lost" else AttemptState.FAILED
         attempt.failure_class = verdict.failure_class
         attempt.reaction = verdict.reaction

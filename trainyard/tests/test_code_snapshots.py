@@ -112,3 +112,17 @@ def test_uploads_and_references_that_cannot_work_are_400s_that_say_why(platform,
     assert os.listdir(settings.TRAINYARD_CODE_ROOT / "demo") == [
         created.json()["digest"].removeprefix("sha256:") + ".tar.gz"
     ]
+
+
+def test_a_script_the_sandbox_hides_fails_saying_so_and_how_to_bring_it(platform, celery_worker_thread, tmp_path):  # noqa: F811
+    from jobs.tests.conftest import wait_for
+    from jobs.tests.test_lifecycle_e2e import finished, submit
+
+    script = tmp_path / "outside" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('never seen')\n")
+    job = submit(platform, command=["python3", str(script)], max_retries=0)
+    job = wait_for(lambda: finished(job), timeout=60)
+    assert job.state == "failed" and job.failure_class == "user"
+    assert f"{script} is on this machine but hidden by the job's sandbox" in job.suggestion
+    assert "trainyard run" in job.message
