@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
@@ -342,9 +342,93 @@ def _append(build: ImageBuild, text: str) -> None:
     build.log = (build.log + text)[-1_000_000:]  # the tail is what explains a failure
 
 
+BUILD_LOCK_CLASS = 0x7479  # pg advisory lock (class, build id): held by the process running a local build
+
+
+def _build_claim(build_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [BUILD_LOCK_CLASS, build_id])
+        return bool(cursor.fetchone()[0])
+
+
+def _build_release(build_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [BUILD_LOCK_CLASS, build_id])
+
+
 def build_run(*, build_id: int) -> ImageBuild:
     """Build, push, inspect, scan. Raises RegistryWaiting (after saying so in the log) when the registry is down;
-    a failed build keeps its log and pushes nothing."""
+    a failed build keeps its log and pushes nothing. A local build runs only while its process holds the build's
+    session lock: a second delivery of the same build returns at once, and when the process dies the lock goes
+    with its connection, which is how `builds_reap` knows."""
+    if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
+        return _build_run(build_id=build_id)
+    if not _build_claim(build_id):
+        return ImageBuild.objects.get(pk=build_id)
+    try:
+        return _build_run(build_id=build_id)
+    finally:
+        _build_release(build_id)
+
+
+def builds_reap(*, now: datetime | None = None) -> dict[str, int]:
+    """Level-triggered care of local builds: a `running` build whose process is gone (nobody holds its lock) has
+    its podman processes killed and ends `failed`, saying why, so a rebuild starts a new build; a `queued` build
+    older than TRAINYARD_BUILD_REQUEUE_S whose message was lost is sent again."""
+    if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
+        return {"reaped": 0, "requeued": 0}
+    now = now or timezone.now()
+    reaped = requeued = 0
+    for build in ImageBuild.objects.filter(status=ImageBuild.Status.RUNNING).order_by("pk"):
+        if not _build_claim(build.pk):
+            continue  # its process is alive and holds it
+        try:
+            killed = _kill_build_processes(build.pk)
+            build.refresh_from_db()
+            if build.status == ImageBuild.Status.RUNNING:
+                _finish(
+                    build,
+                    ok=False,
+                    message=f"the worker running this build stopped before it ended ({killed} leftover process(es) "
+                    "killed); nothing was pushed: request a rebuild\n",
+                )
+                reaped += 1
+        finally:
+            _build_release(build.pk)
+    stale = now - timedelta(seconds=settings.TRAINYARD_BUILD_REQUEUE_S)
+    for build_id in ImageBuild.objects.filter(status=ImageBuild.Status.QUEUED, created_at__lt=stale).values_list(
+        "pk", flat=True
+    ):
+        _enqueue(build_id)
+        requeued += 1
+    if reaped or requeued:
+        log.warning("image_builds_reaped", reaped=reaped, requeued=requeued)
+    return {"reaped": reaped, "requeued": requeued}
+
+
+def _kill_build_processes(build_id: int) -> int:
+    """Kill every process whose command line names this build's local tag (podman and what it started)."""
+    import signal
+
+    tag = f"trainyard-build-{build_id}".encode()
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(part == tag or part.endswith(b"/" + tag) for part in cmdline.split(b"\0")):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def _build_run(*, build_id: int) -> ImageBuild:
     with transaction.atomic():
         build = (
             ImageBuild.objects.select_for_update(of=("self",))

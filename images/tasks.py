@@ -36,3 +36,9 @@ def rebuild_due() -> int:
     builds = services.images_rebuild_due()
     services.project_images_expire()
     return len(builds)
+
+
+@shared_task(name="images.reap_builds", soft_time_limit=60, time_limit=90)
+def reap_builds() -> dict:
+    """The beat's pass: builds whose worker died end, lost build messages are sent again."""
+    return services.builds_reap()

@@ -127,6 +127,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# An unacknowledged message (acks_late) is handed out again after this long: longer than the longest task's time
+# limit (an image build, 2 h), so a running task is never started twice; a worker that died is covered sooner by
+# the level-triggered reapers (builds: images.reap_builds; jobs: the lifecycle reconciler).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600 + 600}
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {}
@@ -398,6 +402,8 @@ TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
 TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR / "containers")))
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+# A queued build older than this whose message was lost is sent again (images.reap_builds, every minute).
+TRAINYARD_BUILD_REQUEUE_S = env.float("TRAINYARD_BUILD_REQUEUE_S", default=300.0)
 # Code snapshots (jobs/code.py): where they are kept, and how large one may be.
 TRAINYARD_CODE_ROOT = Path(env.str("TRAINYARD_CODE_ROOT", default=str(VAR_DIR / "code")))
 TRAINYARD_CODE_MAX_BYTES = env.int("TRAINYARD_CODE_MAX_BYTES", default=100 * 2**20)
@@ -425,3 +431,4 @@ TRAINYARD_IMAGE_SIZE_WARN_MIB = env.int("TRAINYARD_IMAGE_SIZE_WARN_MIB", default
 TRAINYARD_IMAGE_DATA_WARN_MIB = env.int("TRAINYARD_IMAGE_DATA_WARN_MIB", default=100)
 TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS = env.int("TRAINYARD_PROJECT_IMAGE_RETENTION_DAYS", default=90)
 CELERY_BEAT_SCHEDULE["rebuild-images"] = {"task": "images.rebuild_due", "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["reap-builds"] = {"task": "images.reap_builds", "schedule": 60.0}

@@ -290,3 +290,50 @@ def test_a_clean_scan_passes_only_against_a_loaded_fresh_feed(images_env, settin
     assert built(base).status == "succeeded"
     base.refresh_from_db()
     assert base.scan_status == "unscanned"  # a stale feed never yields "passed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_build_whose_worker_died_is_reaped_and_a_rebuild_starts_anew(images_env, settings):
+    import subprocess
+    import time
+
+    from django.db import connections
+
+    base = define_base(images_env)
+    dead = services.build_request(image=base)
+    ImageBuild.objects.filter(pk=dead.pk).update(status="running", started_at=timezone.now())
+    # What the dead worker left running: a process named after the build's local tag.
+    leftover = subprocess.Popen(["bash", "-c", f"exec -a trainyard-build-{dead.pk} sleep 300"])
+    deadline = time.monotonic() + 5
+    while b"trainyard-build-" not in Path(f"/proc/{leftover.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # A build whose worker is alive (it holds the build's session lock on its own connection) is left alone.
+    alive = services.build_request(image=services.project_image_define(
+        team=TeamFactory(slug="alive"), name="x", base="tiny-base", containerfile="FROM tiny-base\n"))  # fmt: skip
+    ImageBuild.objects.filter(pk=alive.pk).update(status="running", started_at=timezone.now())
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [services.BUILD_LOCK_CLASS, alive.pk])
+        # A second delivery of a build someone runs returns at once and changes nothing.
+        assert services.build_run(build_id=alive.pk).status == "running"
+        report = services.builds_reap()
+        assert report["reaped"] == 1
+        dead.refresh_from_db()
+        assert dead.status == "failed" and "the worker running this build stopped" in dead.log
+        assert "1 leftover process(es) killed" in dead.log
+        deadline = time.monotonic() + 5
+        while leftover.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leftover.returncode == -9
+        assert ImageBuild.objects.get(pk=alive.pk).status == "running"
+    finally:
+        other.close()
+        if leftover.poll() is None:
+            leftover.kill()
+    again = services.build_request(image=base)
+    assert again.pk != dead.pk and again.status == "queued"
+    # A queued build whose message was lost is sent again once it is old enough.
+    ImageBuild.objects.filter(pk=again.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    assert services.builds_reap()["requeued"] == 1
