@@ -17,7 +17,7 @@ _SPEC = re.compile(
     r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+?))?\s*(?:\[\s*mig\s*=\s*([\w.+ ]+)\])?\s*$", re.I
 )
 # A MIG profile: compute slices (of 7) and memory, as NVIDIA names them (`1g.10gb`, `3g.40gb`, `7g.80gb`).
-MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb\Z")
 MIG_SLICES = 7
 
 

@@ -17,7 +17,7 @@ from cluster.models import GPU, LogicalDevice, Node, PoolRepair
 from trainyard.errors import Conflict, ValidationFailed
 
 log = structlog.get_logger(__name__)
-POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,49}$")
+POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,49}\Z")
 POOL_LOCK_KEY = 0x7472_6169  # advisory lock id for "the pool" (serialises placement across queues)
 
 

@@ -22,7 +22,7 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json",
 )
 ACCEPT = ", ".join(MANIFEST_TYPES)
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 DOCKER_HUB = "docker.io"
 
 

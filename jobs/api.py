@@ -48,7 +48,7 @@ class DurationField(serializers.Field):
         return value
 
 
-SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}$")
+SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}\Z")
 
 
 class JobSubmitSerializer(serializers.Serializer):

@@ -30,7 +30,7 @@ from trainyard.errors import NotFound, ValidationFailed
 from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 MARKER = ".trainyard-code"  # in a job's working directory: the digest of the snapshot unpacked there
 
 

@@ -25,8 +25,8 @@ from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 
-CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}\Z")
 ITEM_KEYS = {"name", "version", "path", "team"}
 # Where a dataset may not be put: the system's folders (read-only in the sandbox, the container's own).
 RESERVED_PREFIXES = ("/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/tmp", "/run")

@@ -35,7 +35,7 @@ from trainyard.sentences import stored
 from trainyard.units import human_duration, human_resource, parse_duration
 
 log = structlog.get_logger(__name__)
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIXES = ("TRAINYARD_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_")
 
 
@@ -963,7 +963,7 @@ def job_submission_data(job: Job) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------- templates
 
-TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}\Z")
 TEMPLATE_LABEL = "template"
 
 

@@ -18,7 +18,7 @@ from quotas.selectors import is_maintainer
 from trainyard.errors import ValidationFailed
 from trainyard.sentences import stored
 
-CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 MOUNT_KEYS = {"name", "kind", "claim", "path", "read_only", "sub_path"}
 RESERVED_MOUNT_PATHS = {"/", "/tmp", "/dev", "/dev/shm", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib"}
 

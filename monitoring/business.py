@@ -32,7 +32,7 @@ from jobs.logstore import LogMeta
 TAG = "TRAINYARD_METRIC"
 KNOWN_KEYS = ("loss", "throughput", "progress", "peak_memory_mib", "epoch")
 MAX_KEYS = 32
-KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
 MAX_READ_BYTES = 8 * 1024 * 1024
 _TAG_BYTES = TAG.encode()
 
@@ -63,7 +63,7 @@ def parse_report(data: Any, *, strict: bool) -> MetricReport:
     if not isinstance(data, dict):
         raise MetricRejected("a metric report must be a JSON object", "invalid_metric_report")
     step = data.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63):
         if strict:
             raise MetricRejected("step must be a non-negative integer", "invalid_metric_step", "step")
         step = None
@@ -71,11 +71,12 @@ def parse_report(data: Any, *, strict: bool) -> MetricReport:
     ts = data.get("ts")
     if ts is not None:
         seconds = _number(ts)
-        if seconds is None or seconds <= 0:
-            if strict:
-                raise MetricRejected("ts must be Unix seconds", "invalid_metric_ts", "ts")
-        else:
-            at = datetime.fromtimestamp(seconds, tz=UTC)
+        try:
+            at = datetime.fromtimestamp(seconds, tz=UTC) if seconds is not None and seconds > 0 else None
+        except (OverflowError, OSError, ValueError):  # past year 9999, or beyond what the platform can date
+            at = None
+        if at is None and strict:
+            raise MetricRejected("ts must be Unix seconds", "invalid_metric_ts", "ts")
     values: dict[str, float] = {}
     for key, raw in data.items():
         if key in {"step", "ts"}:

@@ -50,6 +50,17 @@ def token_create(
                     code="token_outlives_parent",
                     field="expires_in_days",
                 )
+    from django.conf import settings
+    from django.db.models import Q
+
+    live = ApiToken.objects.filter(user=user, revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+    )
+    if live.count() >= settings.TRAINYARD_MAX_TOKENS_PER_USER:
+        raise ValidationFailed(
+            f"you already have {settings.TRAINYARD_MAX_TOKENS_PER_USER} live tokens: revoke one you no longer use",
+            code="too_many_tokens",
+        )
     prefix = secrets.token_hex(4)
     raw = f"ty_{prefix}_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(

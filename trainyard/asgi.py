@@ -22,8 +22,23 @@ from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
+
+class SafeStaticFilesHandler(StaticFilesHandler):
+    """Static files, where a path that tries to leave the folder (`..`, encoded or not) or holds a NUL byte is a
+    plain 404 instead of a server error."""
+
+    def get_response(self, request):
+        from django.core.exceptions import SuspiciousOperation
+        from django.http import HttpResponseNotFound
+
+        try:
+            return super().get_response(request)
+        except (SuspiciousOperation, ValueError):
+            return HttpResponseNotFound("not found", content_type="text/plain")
+
+
 if settings.TRAINYARD_SERVE_STATIC:
-    django_wsgi = StaticFilesHandler(django_wsgi)
+    django_wsgi = SafeStaticFilesHandler(django_wsgi)
 
 if settings.TRAINYARD_GC_FREEZE:
     from trainyard import gctune  # noqa: E402

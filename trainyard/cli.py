@@ -41,8 +41,8 @@ from .cli_errors import (
 )
 from .cli_jobfile import JobFile, load_jobfile
 
-UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-SHORT_ID_RE = re.compile(r"^[0-9a-fA-F][0-9a-fA-F-]{7,34}$")
+UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+SHORT_ID_RE = re.compile(r"^[0-9a-fA-F][0-9a-fA-F-]{7,34}\Z")
 ATTEMPT_ENDED = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost", "preempted"})
 MAX_TRANSIENT_ERRORS = 8
 LOG_PAGE = 1000

@@ -401,6 +401,8 @@ TRAINYARD_REGISTRY_TIMEOUT_S = env.float("TRAINYARD_REGISTRY_TIMEOUT_S", default
 TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
 TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR / "containers")))
+# Live (unrevoked, unexpired) API tokens one user may hold.
+TRAINYARD_MAX_TOKENS_PER_USER = env.int("TRAINYARD_MAX_TOKENS_PER_USER", default=50)
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
 # A queued build older than this whose message was lost is sent again (images.reap_builds, every minute).
 TRAINYARD_BUILD_REQUEUE_S = env.float("TRAINYARD_BUILD_REQUEUE_S", default=300.0)

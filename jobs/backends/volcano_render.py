@@ -830,7 +830,7 @@ def _volumes(desc: AttemptDescription) -> tuple[list[JSON], list[JSON]]:
 
 
 _MOUNT_KEYS = {"name", "kind", "claim", "path", "read_only", "sub_path"}
-_CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 
 
 def _claim_mount(mount: Mapping[str, Any], index: int) -> tuple[JSON, JSON]:

@@ -238,6 +238,9 @@ def test_a_report_belongs_to_the_attempt_that_runs_now(running_attempt):
     [
         ({"loss": "high"}, "invalid_metric_value"),
         ({"step": -1, "loss": 1}, "invalid_metric_step"),
+        ({"step": 10**30, "loss": 1}, "invalid_metric_step"),
+        ({"step": 1e30, "loss": 1}, "invalid_metric_step"),
+        ({"ts": 1e30, "loss": 1}, "invalid_metric_ts"),
         ({}, "empty_metric_report"),
         ([], "invalid_metric_report"),
         ({"ts": "yesterday", "loss": 1}, "invalid_metric_ts"),

@@ -121,3 +121,17 @@ def test_maintainers_may_go_higher_and_it_is_audited(world):
     assert made.status_code == 201, made.json()
     event = Job.objects.get(pk=made.json()["id"]).events.get(kind="priority_elevated")
     assert event.actor == "demo" and event.data == {"priority": 100, "queue_maximum": 0}
+
+
+def test_a_user_holds_a_bounded_number_of_live_tokens(world, settings):
+    from quotas.tokens import token_revoke
+
+    settings.TRAINYARD_MAX_TOKENS_PER_USER = 3
+    client = APIClient()
+    client.force_login(world)
+    made = [client.post("/api/v1/tokens/", {"name": f"t{i}"}, format="json") for i in range(3)]
+    assert [r.status_code for r in made] == [201, 201, 201]
+    refused = client.post("/api/v1/tokens/", {"name": "one-too-many"}, format="json")
+    assert refused.status_code == 400 and refused.json()["code"] == "too_many_tokens"
+    token_revoke(token=ApiToken.objects.filter(user=world).first())  # a revoked one frees its place
+    assert client.post("/api/v1/tokens/", {"name": "again"}, format="json").status_code == 201

@@ -61,3 +61,17 @@ def test_the_api_docs_get_the_looser_policy_they_need(users):
     client = Client()
     client.login(username="demo", password="demo-pass-123")
     assert "'unsafe-inline'" in client.get("/api/docs/")["Content-Security-Policy"].split("script-src")[1]
+
+
+@pytest.mark.parametrize(
+    "path", ["/static/..%2f..%2fsettings.py", "/static/%2e%2e/%2e%2e/etc/passwd", "/static/a%00b.css", "/static/../x"]
+)
+def test_static_paths_that_leave_the_folder_are_404_not_500(path, settings):
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.test import RequestFactory
+
+    from trainyard.asgi import SafeStaticFilesHandler
+
+    handler = SafeStaticFilesHandler(WSGIHandler())
+    request = RequestFactory().get(path)
+    assert handler.get_response(request).status_code == 404
