@@ -11,6 +11,13 @@ HOST = os.environ.get("TRAINYARD_HOST", "127.0.0.1")
 PORT = int(os.environ.get("TRAINYARD_PORT", "8000"))
 
 
+def _proxy_args() -> list[str]:
+    trusted = os.environ.get("TRAINYARD_TRUSTED_PROXIES", "").strip()
+    if not trusted:
+        return ["--no-proxy-headers"]
+    return ["--proxy-headers", "--forwarded-allow-ips", trusted]
+
+
 def command(name: str, *, host: str | None = None, port: int | None = None) -> list[str]:
     """argv (after the interpreter's `-m`) for one process."""
     commands = {
@@ -29,6 +36,10 @@ def command(name: str, *, host: str | None = None, port: int | None = None) -> l
             # Open log streams would otherwise hold a stop (SIGTERM) forever.
             "--timeout-graceful-shutdown",
             "10",
+            # The client's address (login lockout, rate limits) comes from X-Forwarded-For only when the connection
+            # is from a proxy named in TRAINYARD_TRUSTED_PROXIES; none by default, not even loopback, where any
+            # local user could otherwise claim any address.
+            *_proxy_args(),
         ],
         "worker": [
             "celery",

@@ -75,3 +75,14 @@ def test_static_paths_that_leave_the_folder_are_404_not_500(path, settings):
     handler = SafeStaticFilesHandler(WSGIHandler())
     request = RequestFactory().get(path)
     assert handler.get_response(request).status_code == 404
+
+
+def test_the_web_process_believes_x_forwarded_for_only_from_configured_proxies(monkeypatch):
+    from trainyard import processes
+
+    monkeypatch.delenv("TRAINYARD_TRUSTED_PROXIES", raising=False)
+    argv = processes.command("web")
+    assert "--no-proxy-headers" in argv and "--forwarded-allow-ips" not in argv
+    monkeypatch.setenv("TRAINYARD_TRUSTED_PROXIES", "10.0.0.5")
+    argv = processes.command("web")
+    assert argv[argv.index("--forwarded-allow-ips") + 1] == "10.0.0.5" and "--no-proxy-headers" not in argv
