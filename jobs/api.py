@@ -87,6 +87,11 @@ class JobSubmitSerializer(serializers.Serializer):
         required=False,
         help_text="registered datasets, mounted read-only: [{name, version (default: latest), path}]",
     )
+    watch = serializers.ListField(
+        required=False,
+        help_text="log texts that raise an alert on the job when a line holds one (case folded), at most 8: "
+        '[{"pattern": "nan loss", "level": "critical"}]',
+    )
     code = serializers.CharField(
         max_length=71,
         required=False,
@@ -282,6 +287,7 @@ class JobDetailSerializer(JobSerializer):
             "mounts",
             "datasets",
             "code_digest",
+            "watch",
             "tensorboard_logdir",
         ]
         read_only_fields = fields

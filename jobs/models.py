@@ -43,6 +43,11 @@ class Job(models.Model):
     image_reference = models.CharField(max_length=300)
     image_digest = models.CharField(max_length=71, blank=True)
     code_digest = models.CharField(max_length=71, blank=True, help_text="the code snapshot it runs in (jobs/code.py)")
+    watch = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='log texts that raise an alert: [{"pattern": "nan loss", "level": "critical"}]',
+    )
     base_image = models.ForeignKey("images.BaseImage", null=True, blank=True, on_delete=models.SET_NULL)
     project_image = models.ForeignKey("images.ProjectImage", null=True, blank=True, on_delete=models.SET_NULL)
     min_driver_version = models.CharField(max_length=30, blank=True)

@@ -131,6 +131,34 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
     )
 
 
+MAX_WATCHES = 8
+
+
+def _validate_watch(value: Any) -> list[dict]:
+    """`watch`: up to 8 texts to look for in the job's log, each raising an alert at its level when a line holds it
+    (case folded): [{"pattern": "nan loss", "level": "critical"}] (level warning by default)."""
+    if value in (None, []):
+        return []
+    problem = stored(
+        'watch is a list of up to %(n)s {"pattern": text, "level": "warning" or "critical"}', n=MAX_WATCHES
+    )
+    if not isinstance(value, list) or len(value) > MAX_WATCHES:
+        raise ValidationFailed(problem, code="invalid_watch", field="watch")
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            item = {"pattern": item}
+        if not isinstance(item, dict) or set(item) - {"pattern", "level"}:
+            raise ValidationFailed(problem, code="invalid_watch", field="watch")
+        pattern, level = item.get("pattern"), item.get("level", "warning")
+        if not isinstance(pattern, str) or not 2 <= len(pattern.strip()) <= 200 or "\x00" in pattern:
+            raise ValidationFailed(problem, code="invalid_watch", field="watch")
+        if level not in ("warning", "critical"):
+            raise ValidationFailed(problem, code="invalid_watch", field="watch")
+        out.append({"pattern": pattern.strip(), "level": level})
+    return out
+
+
 def _validate_env(env: Any) -> dict[str, str]:
     if env is None:
         return {}
@@ -209,6 +237,7 @@ FIELD_ORDER = (
     "mounts",
     "datasets",
     "code",
+    "watch",
     "priority",
     "preemptible",
     "ci",
@@ -493,6 +522,9 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             backend=settings.TRAINYARD_BACKEND,
             mounts=paths.mounts if paths is not None else [],
         )
+    watch: list[dict] = []
+    with problems.check():
+        watch = _validate_watch(data.get("watch"))
     code_digest = ""
     with problems.check():
         from jobs import code as code_mod
@@ -531,6 +563,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             mounts=paths.mounts,
             datasets=datasets,
             code_digest=code_digest,
+            watch=watch,
             labels=labels,
             gpu_models=gpu_models,
             ci=dict(data.get("ci") or {}),
@@ -900,6 +933,8 @@ def _clone_data(job: Job, *, pin_digest: bool) -> dict[str, Any]:
         data["preemptible"] = True
     if job.code_digest:
         data["code"] = job.code_digest
+    if job.watch:
+        data["watch"] = job.watch
     if job.datasets:
         from jobs.datasets import requested
 

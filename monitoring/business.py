@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -126,10 +126,13 @@ class ReadResult:
     position: ReadPosition
     at_end: bool  # nothing more to read right now
     closed: bool  # the writer closed the log (the attempt is over)
+    watched: list[tuple[int, str, int]] = field(default_factory=list)  # (line, text, index of the pattern it holds)
+    raw: list[tuple[int, bytes]] = field(default_factory=list, repr=False)  # every new line, numbered
 
 
-def read_new_tagged_lines(folder: Path, position: ReadPosition) -> ReadResult | None:
-    """Tagged lines written since `position`; None when the log is mid-rewrite (try again next pass)."""
+def read_new_tagged_lines(folder: Path, position: ReadPosition, watch: tuple[str, ...] = ()) -> ReadResult | None:
+    """Tagged lines written since `position`, and the lines holding one of the `watch` texts (case folded); None
+    when the log is mid-rewrite (try again next pass)."""
     path = folder / "log"
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below on every path
@@ -139,11 +142,28 @@ def read_new_tagged_lines(folder: Path, position: ReadPosition) -> ReadResult | 
         inode = os.fstat(f.fileno()).st_ino
         size = os.fstat(f.fileno()).st_size
         if position.inode == inode and size >= position.byte_offset:
-            return _read_appended(f, folder, position, inode, size)
-        meta = LogMeta.read(folder)
-        if position.inode is None and not meta.ring and size >= position.byte_offset:
-            return _read_appended(f, folder, position, inode, size)
-        return _read_rewritten(f, folder, position, inode)
+            result = _read_appended(f, folder, position, inode, size)
+        else:
+            meta = LogMeta.read(folder)
+            if position.inode is None and not meta.ring and size >= position.byte_offset:
+                result = _read_appended(f, folder, position, inode, size)
+            else:
+                result = _read_rewritten(f, folder, position, inode)
+    if result is not None and watch:
+        result.watched = _watched(result.raw, watch)
+    return result
+
+
+def _watched(raw: list[tuple[int, bytes]], watch: tuple[str, ...]) -> list[tuple[int, str, int]]:
+    needles = [w.lower().encode() for w in watch]
+    out = []
+    for number, line in raw:
+        folded = line.lower()
+        for k, needle in enumerate(needles):
+            if needle in folded:
+                out.append((number, line.decode("utf-8", "replace"), k))
+                break
+    return out
 
 
 def _tagged(raw_lines: list[bytes], first_number: int, skip_below: int) -> list[tuple[int, str]]:
@@ -166,7 +186,9 @@ def _read_appended(f, folder: Path, position: ReadPosition, inode: int, size: in
         next_line=position.next_line + len(raw_lines), byte_offset=position.byte_offset + len(complete), inode=inode
     )
     at_end = new.byte_offset >= size
-    return ReadResult(lines, new, at_end=at_end, closed=LogMeta.read(folder).closed)
+    result = ReadResult(lines, new, at_end=at_end, closed=LogMeta.read(folder).closed)
+    result.raw = [(position.next_line + i, raw) for i, raw in enumerate(raw_lines)]
+    return result
 
 
 def _read_rewritten(f, folder: Path, position: ReadPosition, inode: int) -> ReadResult | None:
@@ -181,4 +203,8 @@ def _read_rewritten(f, folder: Path, position: ReadPosition, inode: int) -> Read
     lines = _tagged(raw_lines, meta.first_line, position.next_line)
     next_line = max(position.next_line, meta.first_line + len(raw_lines))
     new = ReadPosition(next_line=next_line, byte_offset=len(complete), inode=inode)
-    return ReadResult(lines, new, at_end=True, closed=meta.closed)
+    result = ReadResult(lines, new, at_end=True, closed=meta.closed)
+    result.raw = [
+        (meta.first_line + i, raw) for i, raw in enumerate(raw_lines) if meta.first_line + i >= position.next_line
+    ]
+    return result

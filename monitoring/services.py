@@ -806,6 +806,7 @@ class ScanReport:
     attempts: int = 0
     metrics: int = 0
     malformed: int = 0
+    watched: int = 0  # log lines holding a text their job watches for
 
 
 def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
@@ -815,6 +816,7 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
     attempts = (
         Attempt.objects.filter(Q(state__in=[AttemptState.STARTING, AttemptState.RUNNING]) | Q(ended_at__gte=recent))
         .exclude(metric_cursor__done=True)
+        .select_related("job")
         .order_by("id")
     )
     report = ScanReport()
@@ -823,7 +825,8 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
         cursor = LogScanCursor.objects.filter(attempt=attempt).first() or LogScanCursor(attempt=attempt)
         position = business.ReadPosition(cursor.next_line, cursor.byte_offset, cursor.inode)
         folder = logstore.attempt_dir(str(attempt.job_id), attempt.number)
-        result = business.read_new_tagged_lines(folder, position)
+        watch = tuple(w["pattern"] for w in attempt.job.watch or ())
+        result = business.read_new_tagged_lines(folder, position, watch)
         if result is None:
             continue
         rows, malformed = [], 0
@@ -865,7 +868,41 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
         report.malformed += malformed
         if rows:
             _metrics_changed(str(attempt.job_id))
+        if result.watched:
+            _log_watch_alerts(attempt, result.watched, now=moment)
+            report.watched += len(result.watched)
     return report
+
+
+def _log_watch_alerts(attempt: Attempt, matches: list[tuple[int, str, int]], *, now: datetime) -> None:
+    """A watched text in the job's log: one alert per (job, text) while it lasts, at the level the job asked for,
+    with the first line that held it; later lines only count (`value`) and move `last_seen_at`."""
+    job = attempt.job
+    counts: dict[int, int] = {}
+    first: dict[int, tuple[int, str]] = {}
+    for number, text, k in matches:
+        counts[k] = counts.get(k, 0) + 1
+        first.setdefault(k, (number, text))
+    for k, count in counts.items():
+        watch = job.watch[k]
+        number, text = first[k]
+        with transaction.atomic():
+            alert = _job_alert(
+                job=job,
+                name=f"log-watch: {watch['pattern']}"[:100],
+                summary=stored(
+                    "%(job)s logged '%(pattern)s' (attempt %(attempt)s, line %(line)s): %(text)s",
+                    job=job.name,
+                    pattern=watch["pattern"],
+                    attempt=attempt.number,
+                    line=number,
+                    text=text.strip()[:300],
+                ),
+                value=None,
+                now=now,
+                level=watch.get("level", "warning"),
+            )
+            Alert.objects.filter(pk=alert.pk).update(value=F("value") + count if alert.value is not None else count)
 
 
 def _metrics_changed(job_id: str) -> None:
@@ -1170,17 +1207,19 @@ def _usage_update(
     profile.save()
 
 
-def _job_alert(*, job: Job, name: str, summary: str, value: float | None, now: datetime) -> Alert:
-    """Open (once) a warning alert about one job, tell its owner and the admins, and note it on the job."""
+def _job_alert(
+    *, job: Job, name: str, summary: str, value: float | None, now: datetime, level: str = AlertRule.Level.WARNING
+) -> Alert:
+    """Open (once) an alert about one job, tell its owner and the admins, and note it on the job."""
     _alerts_lock()
-    fingerprint = f"{name}:{job.id}"
+    fingerprint = f"{name}:{job.id}"[:200]
     alert = Alert.objects.filter(fingerprint=fingerprint).exclude(state=Alert.State.RESOLVED).first()
     if alert is not None:
-        Alert.objects.filter(pk=alert.pk).update(last_seen_at=now, value=value)
+        Alert.objects.filter(pk=alert.pk).update(last_seen_at=now, **({} if value is None else {"value": value}))
         return alert
     alert = Alert.objects.create(
         rule_name=name,
-        level=AlertRule.Level.WARNING,
+        level=level,
         fingerprint=fingerprint,
         subject=f"job {job.name} ({job.id})",
         queue_id=job.queue_id,
