@@ -119,7 +119,9 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
             body["fields"] = fields
         if len(getattr(exc, "errors", None) or []) > 1:
             body["detail"] = f"{len(exc.errors)} problems: " + "; ".join(e.detail for e in exc.errors)
-        return Response(body, status=exc.http_status)
+        # Every 503 says when to come back (a registry, store or cluster that is down), as the outage ones do.
+        headers = {"Retry-After": str(OUTAGE_RETRY_AFTER_S)} if exc.http_status == 503 else None
+        return Response(body, status=exc.http_status, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         return Response({"code": "request_too_large", "detail": str(exc)}, status=413)
     if isinstance(exc, Http404):

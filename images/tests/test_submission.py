@@ -89,6 +89,7 @@ def test_a_registry_that_is_down_at_submission_is_a_503(world, settings):
     settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
     response = world.post("/api/v1/jobs/", body(f"{registry.platform_registry()}/upstream/tiny:1"), format="json")
     assert response.status_code == 503 and response.json()["code"] == "registry_unavailable"
+    assert int(response["Retry-After"]) >= 1  # every 503 says when to come back
     assert not Job.objects.exists()
 
 
