@@ -30,6 +30,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from trainyard.embedded import ServiceError, system_user
 from trainyard.paths import BASE_DIR, VAR_DIR
 
 SUBID_BASE = 300_000  # first subordinate id handed to build users; each gets SUBID_COUNT of them
@@ -73,14 +74,9 @@ def _slot(who: str) -> int:
 
 def _ensure_user(name: str, slot: int) -> pwd.struct_passwd:
     try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        useradd = shutil.which("useradd")
-        if not useradd:
-            raise BuilderUnavailable("builds run as unprivileged users and 'useradd' is missing") from None
-        subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                       capture_output=True)  # fmt: skip
-        entry = pwd.getpwnam(name)
+        entry = system_user(name)
+    except ServiceError as exc:
+        raise BuilderUnavailable(str(exc)) from None
     first = SUBID_BASE + slot * SUBID_COUNT
     for table, flag in (("/etc/subuid", "--add-subuids"), ("/etc/subgid", "--add-subgids")):
         try:

@@ -130,20 +130,27 @@ def _postgres_bin() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
 
+def system_user(name: str):
+    """The passwd entry of a system user the platform runs something as (made once, no home, no login shell);
+    ServiceError when it must be made and `useradd` is missing."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if not useradd:
+            raise ServiceError(f"running as root needs the system user {name}, and 'useradd' is missing") from None
+        subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
+                       capture_output=True)  # fmt: skip
+        return pwd.getpwnam(name)
+
+
 def _drop_privileges_for_postgres(pgdata: Path) -> dict:
     """PostgreSQL refuses to run as root: use a dedicated system user that owns the data folder."""
     if os.geteuid() != 0:
         return {}
-    import pwd
-
-    try:
-        entry = pwd.getpwnam(PG_SYSTEM_USER)
-    except KeyError:
-        useradd = shutil.which("useradd")
-        if not useradd:
-            raise ServiceError("running as root and 'useradd' is missing: run as a normal user") from None
-        subprocess.run([useradd, "--system", "--no-create-home", PG_SYSTEM_USER], check=True, capture_output=True)
-        entry = pwd.getpwnam(PG_SYSTEM_USER)
+    entry = system_user(PG_SYSTEM_USER)
     # The server must be able to traverse to its binaries and its data.
     for path in [_postgres_bin().parent, pgdata.parent]:
         p = path
