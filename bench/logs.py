@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,6 +109,9 @@ def _start_runner(job_id: str, argv: list[str], root: Path) -> subprocess.Popen:
     from jobs import logstore
 
     folder = root / job_id / "attempt-1"
+    # A fresh supervisor folder per run: the supervisor treats a folder that already holds a finished run as done
+    # (a repeated start is a no-op), so a job reused by the next level or phase printed nothing at all.
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     log_dir = logstore.attempt_dir(job_id, 1)
     if log_dir.exists():
@@ -314,9 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'jobs':>5} {'printed':>9} {'received':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for row in delivery:
+        printed = row["lines_printed_expected"]
         print(
-            f"{row['jobs']:>5} {row['lines_printed_expected']:>9,} {row['lines_received']:>9,} "
-            f"{row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}"
+            f"{row['jobs']:>5} {printed if printed is not None else '-':>9} {row['lines_received']:>9,} "
+            f"{row['p50_ms'] if row['p50_ms'] is not None else '-':>8} "
+            f"{row['p99_ms'] if row['p99_ms'] is not None else '-':>8} "
+            f"{row['max_ms'] if row['max_ms'] is not None else '-':>8}"
         )
     ingest_ok = bool(ingestion) and all(
         r["lines_per_s"] >= TARGET_LINES_PER_S and r["lines"] == r["expected"] for r in ingestion
