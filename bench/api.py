@@ -528,7 +528,10 @@ def fill_jobs(total: int, *, demo, seed_value: int = 7) -> dict[str, Any]:
 
 
 def enqueue_check(redis_url: str, queue_name: str) -> dict[str, Any]:
-    """Every submitted job (through the API or the floor) must have left exactly one dispatch message."""
+    """Submissions ask for a dispatch pass through `trainyard.wake.dispatch_soon`, which coalesces: while a
+    requested pass has not started (no worker takes them here) further requests send nothing, until the mark
+    expires. So the run must have left at least one request and never more than one per job; the old check (one
+    message per job) predates the coalescing and reported MISMATCH on a correct run."""
     import redis
 
     from jobs.models import Job
@@ -539,7 +542,7 @@ def enqueue_check(redis_url: str, queue_name: str) -> dict[str, Any]:
     finally:
         client.close()
     jobs = Job.objects.count()
-    return {"jobs": jobs, "messages": messages, "ok": jobs == messages}
+    return {"jobs": jobs, "messages": messages, "ok": 1 <= messages <= jobs}
 
 
 def redis_cleanup(redis_url: str, queue_name: str) -> dict[str, int]:
@@ -1041,7 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
     check = results["enqueue_check"]
     print(
         f"\nenqueue check: {check['jobs']} jobs submitted (API, warm-ups included, and floor), {check['messages']} "
-        f"dispatch messages in Redis: {'OK' if check['ok'] else 'MISMATCH'}. Cleanup: {cleanup}."
+        f"coalesced dispatch requests in Redis (1 to one per job expected): {'OK' if check['ok'] else 'MISMATCH'}. "
+        f"Cleanup: {cleanup}."
     )
     from trainyard.processes import web_processes
 
