@@ -26,6 +26,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/live/", views.job_live, name="job-live"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<uuid:job_id>/reproduce/", views.job_reproduce, name="job-reproduce"),
+    path("jobs/<uuid:job_id>/retry/", views.job_retry, name="job-retry"),
     path("jobs/<uuid:job_id>/logs/download/", views.job_log_download, name="job-log-download"),
     path("templates/", views.template_list, name="template-list"),
     path("templates/<int:template_id>/edit/", views.template_edit, name="template-edit"),

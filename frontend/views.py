@@ -843,6 +843,21 @@ def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
     return redirect("frontend:job-detail", job_id=new.id)
 
 
+@login_required
+@require_POST
+def job_retry(request: HttpRequest, job_id) -> HttpResponse:
+    """The API's retry: a new job with the same request, resuming from the latest checkpoint when there is one."""
+    job = _visible_job(request, job_id)
+    try:
+        with transaction.atomic(durable=True):
+            new = services.job_resubmit(job_id=job.id, user=request.user, resume=True)
+    except DomainError as exc:
+        messages.error(request, _("Cannot retry: %(detail)s") % {"detail": said(exc.detail)})
+        return redirect("frontend:job-detail", job_id=job.id)
+    messages.success(request, _("Submitted a retry of job %(name)s.") % {"name": job.name})
+    return redirect("frontend:job-detail", job_id=new.id)
+
+
 def _log_pages(folder, first_line: int) -> Iterator[bytes]:
     # Read page by page from a byte offset: a multi-GB log streams in bounded memory and linear time.
     follower = logstore.Follower.after(folder, first_line - 1)
@@ -899,6 +914,12 @@ def _parameter_label(name: str) -> str:
 def job_compare(request: HttpRequest) -> HttpResponse:
     """Compare runs: the jobs ticked on the job list (`?job=`), or every job with a label (`?label=key=value`):
     their TRAINYARD_METRIC series on one chart per metric, parameters side by side, final metrics sortable."""
+    if "csrfmiddlewaretoken" in request.GET:
+        # The job list's "Compare selected" shares the bulk-cancel form (and its CSRF field): drop the token from
+        # the address at once, so it is neither bookmarked, shared nor kept in the history.
+        query = request.GET.copy()
+        del query["csrfmiddlewaretoken"]
+        return redirect(f"{request.path}?{query.urlencode()}" if query else request.path)
     ids = request.GET.getlist("job")
     label = request.GET.get("label", "").strip()
     only_diff = request.GET.get("diff") == "1"

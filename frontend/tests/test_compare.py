@@ -118,3 +118,28 @@ def test_the_id_box_takes_several_short_ids(portal, runs):
     a, b, c = runs
     body = login(portal.demo).get("/jobs/compare/", {"job": f"{str(a.id)[:8]} {str(c.id)[:8]},"}).content.decode()
     assert 'id="compare-error"' not in body and "lr-0.1" in body and "other" in body
+
+
+def test_compare_selected_never_keeps_the_csrf_token_in_the_address(portal, runs):
+    a, b, _ = runs
+    client = login(portal.demo)
+    answer = client.get("/jobs/compare/", {"csrfmiddlewaretoken": "secret-token", "job": [str(a.id), str(b.id)]})
+    assert answer.status_code == 302
+    assert "csrfmiddlewaretoken" not in answer["Location"] and str(a.id) in answer["Location"]
+    assert client.get(answer["Location"]).status_code == 200
+
+
+def test_a_failed_job_has_a_retry_button_that_submits_a_new_job(portal):
+    from django.utils import timezone
+
+    from jobs.models import Job
+
+    job = submit(portal.demo, name="flaky")
+    Job.objects.filter(pk=job.pk).update(state="failed", finished_at=timezone.now())
+    client = login(portal.demo)
+    page = client.get(f"/jobs/{job.id}/").content.decode()
+    assert 'id="retry"' in page
+    answer = client.post(f"/jobs/{job.id}/retry/")
+    assert answer.status_code == 302
+    new = Job.objects.exclude(pk=job.pk).get()
+    assert answer["Location"].endswith(f"/jobs/{new.id}/") and new.name == "flaky"
