@@ -848,7 +848,13 @@ def job_transition(
         if to == JobState.RUNNING and job.started_at is None:
             job.started_at = now
         if to in TERMINAL:
-            job.finished_at = now
+            # The attempt's own times where it has them: a job noticed late ended when its process did, and one
+            # that ended before anyone saw it run still started when its attempt did.
+            ended = getattr(attempt, "ended_at", None)
+            job.finished_at = ended if ended is not None and ended <= now else now
+            began = getattr(attempt, "started_at", None)
+            if job.started_at is None and began is not None and began <= job.finished_at:
+                job.started_at = began
             job.queue_position = None
             _release(job, why=to)
             if job.tensorboard:
