@@ -735,6 +735,14 @@ def alert_rule_validate(data: dict[str, Any]) -> None:
         )
     if data.get("webhook_url") and not str(data["webhook_url"]).startswith(("http://", "https://")):
         raise ValidationFailed("the webhook URL must be http(s)", code="invalid_webhook_url", field="webhook_url")
+    # A queue-wide failure rate has no card and no attempt of a card: neither action could ever act on it.
+    if metric == AlertRule.Metric.JOB_FAILURE_RATE and (data.get("restart_job") or data.get("quarantine_gpu")):
+        raise ValidationFailed(
+            "a job_failure_rate breach concerns a queue, not a GPU: it cannot restart a job or quarantine a card "
+            "(notify, or a webhook, can act on it)",
+            code="action_not_applicable",
+            field="restart_job" if data.get("restart_job") else "quarantine_gpu",
+        )
 
 
 def alert_rule_save(*, data: dict[str, Any], rule: AlertRule | None = None) -> AlertRule:

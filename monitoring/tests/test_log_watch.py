@@ -40,3 +40,13 @@ def test_a_watch_that_cannot_work_is_a_400(platform, watch):  # noqa: F811
     body = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
     answer = client.post("/api/v1/jobs/", {**body, "watch": watch}, format="json")
     assert answer.status_code == 400 and answer.json()["code"] in {"invalid_watch", "not_a_list"}, answer.json()
+
+
+def test_a_failure_rate_rule_that_would_restart_or_quarantine_is_refused(platform):  # noqa: F811
+    from trainyard.errors import ValidationFailed
+
+    for action in ("restart_job", "quarantine_gpu"):
+        with pytest.raises(ValidationFailed) as err:
+            services.alert_rule_validate({"metric": "job_failure_rate", "threshold": 5, action: True})
+        assert err.value.code == "action_not_applicable" and err.value.field == action
+    services.alert_rule_validate({"metric": "job_failure_rate", "threshold": 5, "notify": True})
