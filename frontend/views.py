@@ -1247,7 +1247,10 @@ def image_list(request: HttpRequest) -> HttpResponse:
                 "can_build": project or (request.user.is_staff and bool(image.containerfile)),
             }
         )
-    return render(request, "frontend/image_list.html", {"nav": "images", "rows": rows, "nodes": nodes})
+    from images.services import feed_state
+
+    feed = feed_state()
+    return render(request, "frontend/image_list.html", {"nav": "images", "rows": rows, "nodes": nodes, "feed": feed})
 
 
 @login_required

@@ -63,3 +63,15 @@ def test_the_submit_form_names_a_tag_the_registry_lacks_or_a_registry_that_is_do
     expected = "registry_unavailable" if down else "image_not_found"
     assert f'<code class="error-code">{expected}</code>' in response.content.decode()
     assert not Job.objects.exists()
+
+
+def test_the_catalog_says_what_its_scans_stand_on_and_which_digests_are_unresolved(portal, feed):  # noqa: F811
+    import html
+
+    client = login(portal.demo)
+    body = html.unescape(client.get("/images/").content.decode())
+    assert "No vulnerability feed is loaded: no image is shown as passed until one is." in body
+    assert body.count('data-role="unresolved"') == 4  # the four seeded external bases: no made-up digest
+    services.feed_load(document=feed, source="planted")
+    body = html.unescape(client.get("/images/").content.decode())
+    assert "Scans match the vulnerability feed:" in body and "from planted, loaded" in body
