@@ -829,33 +829,43 @@ def job_bulk_cancel(request: HttpRequest) -> HttpResponse:
     return redirect("frontend:job-list")
 
 
-@require_POST
-@login_required
-def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
+def _again(request: HttpRequest, job_id, make, *, refused: str, done: str) -> HttpResponse:
+    """Submit a new job made from a visible one (`make(job)`); the new job's page, or this one's with the error."""
     job = _visible_job(request, job_id)
     try:
         with transaction.atomic(durable=True):
-            new = services.job_reproduce(job_id=job.id, user=request.user, resume=request.POST.get("resume") == "1")
+            new = make(job)
     except DomainError as exc:
-        messages.error(request, _("Cannot reproduce: %(detail)s") % {"detail": said(exc.detail)})
+        messages.error(request, refused % {"detail": said(exc.detail)})
         return redirect("frontend:job-detail", job_id=job.id)
-    messages.success(request, _("Submitted a reproduction of job %(name)s.") % {"name": job.name})
+    messages.success(request, done % {"name": job.name})
     return redirect("frontend:job-detail", job_id=new.id)
+
+
+@require_POST
+@login_required
+def job_reproduce(request: HttpRequest, job_id) -> HttpResponse:
+    resume = request.POST.get("resume") == "1"
+    return _again(
+        request,
+        job_id,
+        lambda job: services.job_reproduce(job_id=job.id, user=request.user, resume=resume),
+        refused=_("Cannot reproduce: %(detail)s"),
+        done=_("Submitted a reproduction of job %(name)s."),
+    )
 
 
 @login_required
 @require_POST
 def job_retry(request: HttpRequest, job_id) -> HttpResponse:
     """The API's retry: a new job with the same request, resuming from the latest checkpoint when there is one."""
-    job = _visible_job(request, job_id)
-    try:
-        with transaction.atomic(durable=True):
-            new = services.job_resubmit(job_id=job.id, user=request.user, resume=True)
-    except DomainError as exc:
-        messages.error(request, _("Cannot retry: %(detail)s") % {"detail": said(exc.detail)})
-        return redirect("frontend:job-detail", job_id=job.id)
-    messages.success(request, _("Submitted a retry of job %(name)s.") % {"name": job.name})
-    return redirect("frontend:job-detail", job_id=new.id)
+    return _again(
+        request,
+        job_id,
+        lambda job: services.job_resubmit(job_id=job.id, user=request.user, resume=True),
+        refused=_("Cannot retry: %(detail)s"),
+        done=_("Submitted a retry of job %(name)s."),
+    )
 
 
 def _log_pages(folder, first_line: int) -> Iterator[bytes]:
