@@ -693,12 +693,6 @@ def _run_with_outbound(jail: list[str]) -> subprocess.CompletedProcess:
         slirp.wait(timeout=10)
 
 
-def _build_dir() -> Path:
-    path = Path(settings.TRAINYARD_BUILD_ROOT) / "contexts"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(

@@ -38,8 +38,8 @@ def _root() -> Path:
     return Path(settings.TRAINYARD_CODE_ROOT)
 
 
-def snapshot_path(team: Team, digest: str) -> Path:
-    return _root() / team.slug / f"{digest.removeprefix('sha256:')}.tar.gz"
+def snapshot_path(team_slug: str, digest: str) -> Path:
+    return _root() / team_slug / f"{digest.removeprefix('sha256:')}.tar.gz"
 
 
 def _check_digest(digest: str, field: str = "code") -> str:
@@ -93,7 +93,7 @@ def snapshot_store(*, team: Team, digest: str, body: IO[bytes], user) -> tuple[C
     """Keep an uploaded archive as the team's snapshot `digest`; (snapshot, created). Idempotent per digest."""
     digest = _check_digest(digest, "digest")
     existing = CodeSnapshot.objects.filter(team=team, digest=digest).first()
-    if existing is not None and snapshot_path(team, digest).exists():
+    if existing is not None and snapshot_path(team.slug, digest).exists():
         return existing, False
     folder = _root() / team.slug
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -120,7 +120,7 @@ def snapshot_store(*, team: Team, digest: str, body: IO[bytes], user) -> tuple[C
             )
         files, unpacked = _check_members(tmp)
         tmp.chmod(0o600)
-        os.replace(tmp, snapshot_path(team, digest))
+        os.replace(tmp, snapshot_path(team.slug, digest))
     finally:
         tmp.unlink(missing_ok=True)
     try:
@@ -174,7 +174,7 @@ def unpack(*, team_slug: str, digest: str, into: Path, owner: int | None = None)
     marker = into / MARKER
     if marker.exists() and marker.read_text().strip() == digest:
         return
-    archive = _root() / team_slug / f"{digest.removeprefix('sha256:')}.tar.gz"
+    archive = snapshot_path(team_slug, digest)
     if not archive.exists():
         raise NotFound(f"code snapshot {digest} is no longer kept", code="code_missing")
     into.mkdir(parents=True, exist_ok=True)
