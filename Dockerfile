@@ -3,10 +3,11 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TRAINYARD_VAR_DIR=/var/lib/trainyard
 RUN groupadd --system --gid 10001 trainyard && useradd --system --uid 10001 --gid trainyard --home /app trainyard
 WORKDIR /app
-COPY requirements.txt pyproject.toml ./
+# The runtime's pinned tree only (requirements.txt): no test or development tools in the image.
+COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e . \
+RUN pip install --no-cache-dir --no-deps . \
     && mkdir -p /var/lib/trainyard && chown -R trainyard:trainyard /var/lib/trainyard \
     && TRAINYARD_SECRET_KEY=build python manage.py collectstatic --noinput -v 0 \
     && chown -R trainyard:trainyard /var/lib/trainyard

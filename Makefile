@@ -2,37 +2,43 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
+.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
 
 venv: .venv/.installed
-.venv/.installed: requirements.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
+.venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
 	@scripts/bootstrap.sh
 
 run: venv
 	@scripts/system-packages.sh
-	@$(BIN)/python -m trainyard.standalone
+	@$(BIN)/python -m ops.standalone
 
 # The bulk of the suite in two parallel workers, then the fault suite and the browser tests alone (scripts/test.sh).
 test: venv
 	@scripts/system-packages.sh
-	@$(BIN)/python -m trainyard.embedded exec -- scripts/test.sh $(PYTEST_ARGS)
+	@$(BIN)/python -m ops.embedded exec -- scripts/test.sh $(PYTEST_ARGS)
 
 # The fault suite alone (also part of `make test`): real processes, PostgreSQL and Redis stopped and started.
 test-faults: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -m faults $(PYTEST_ARGS) tests/faults
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -m faults $(PYTEST_ARGS) tests/faults
 
 # Real-GPU checks (NVML inventory and collector, CUDA jobs on the cards they were placed on); skipped without a GPU.
 test-gpu: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -m gpu -s jobs/tests/test_real_gpu.py
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -m gpu -s jobs/tests/test_real_gpu.py
 
 # The embedded path on its own: no DATABASE_URL/REDIS_URL/TRAINYARD_S3_URL/TRAINYARD_REGISTRY_URL, servers started from the
 # wheels (the image registry from Debian's docker-registry) in a scratch var/.
 smoke-embedded: venv
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && env -u DATABASE_URL -u REDIS_URL -u TRAINYARD_S3_URL -u TRAINYARD_REGISTRY_URL TRAINYARD_VAR_DIR=$$d \
-	  $(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_smoke_embedded.py
+	  $(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_smoke_embedded.py
+
+# Style, then the layering contracts of pyproject.toml ([tool.importlinter]; README "Where things live").
+# The platform installed the way the Dockerfile installs it (a plain, non-editable `pip install .`), run from outside
+# the checkout: the installed copy must hold everything the embedded smoke needs (templates, translations, the CLI).
+smoke-installed: venv
+	@scripts/smoke-installed.sh
 
 lint: venv
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
 fmt: venv
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
@@ -41,7 +47,7 @@ migrations: venv
 	$(BIN)/python manage.py makemigrations
 
 web worker beat: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m trainyard.processes $@
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m ops.processes $@
 
 bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage
 
@@ -50,21 +56,21 @@ bench-allocator: venv
 
 # The live dispatch path on the trace's whole cluster (real PostgreSQL, job_submit, the dispatcher, a worker).
 bench-scheduler: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.scheduler
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.scheduler
 
 # Estimated starts against real starts: trace windows replayed through the real dispatcher on simulated time.
 bench-eta: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.eta
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.eta
 
 # Preemptible borrowing against quota-holding work: trace windows through the real dispatcher and preemption.
 bench-pools: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.pools
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.pools
 
 bench-api: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.api
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.api
 
 bench-logs: venv
-	@$(BIN)/python -m trainyard.embedded exec -- $(BIN)/python -m bench.logs
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.logs
 
 # Right-sizing: recommendations replayed on profiles recorded from real local jobs (docs/rightsizing.md).
 bench-rightsizing: venv
@@ -73,7 +79,6 @@ bench-rightsizing: venv
 bench-storage: venv
 	@$(BIN)/python -m bench.storage
 
-# Re-pin every dependency after editing requirements.in.
+# Re-pin both locks after editing requirements.in (runtime) or requirements-dev.in (tools).
 lock:
-	@d=$$(mktemp -d) && python3.11 -m venv $$d && $$d/bin/pip install -q -r requirements.in && \
-	  $$d/bin/pip freeze --exclude-editable > requirements.txt && rm -rf $$d
+	@scripts/lock.sh

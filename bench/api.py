@@ -1,7 +1,7 @@
 """API benchmark: job submission and job listing through the real stack, each against its floor.
 
 What runs: a dedicated database (``<name>_bench_api`` on the server of ``$DATABASE_URL``, dropped and created
-afresh, migrated, seeded), the real web server (``trainyard.processes`` "web": uvicorn with its worker processes, as
+afresh, migrated, seeded), the real web server (``ops.processes`` "web": uvicorn with its worker processes, as
 ``make run`` starts it) on a free loopback port, and a load generator in a second process (``bench._load``,
 httpx) that sends requests at a fixed open-loop rate with an API token, at most 32 in flight.
 
@@ -160,7 +160,7 @@ class WebServer:
         self.log_path = log_path
         self.port = _free_port()
         self.proc: subprocess.Popen | None = None
-        from trainyard import processes
+        from ops import processes
 
         self.argv = [sys.executable, "-m", *processes.command("web", host="127.0.0.1", port=self.port)]
 
@@ -170,7 +170,7 @@ class WebServer:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        from trainyard import processes
+        from ops import processes
 
         self.proc = subprocess.Popen(
             self.argv,
@@ -436,8 +436,8 @@ def prepare_platform() -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from ops.seed import seed
     from quotas.tokens import token_create
-    from trainyard.seed import seed
 
     call_command("migrate", verbosity=0, interactive=False)
     seed(admin_password=secrets.token_urlsafe(16), demo_password=secrets.token_urlsafe(16))
@@ -528,7 +528,7 @@ def fill_jobs(total: int, *, demo, seed_value: int = 7) -> dict[str, Any]:
 
 
 def enqueue_check(redis_url: str, queue_name: str) -> dict[str, Any]:
-    """Submissions ask for a dispatch pass through `trainyard.wake.dispatch_soon`, which coalesces: while a
+    """Submissions ask for a dispatch pass through `kernel.wake.dispatch_soon`, which coalesces: while a
     requested pass has not started (no worker takes them here) further requests send nothing, until the mark
     expires. So the run must have left at least one request and never more than one per job; the old check (one
     message per job) predates the coalescing and reported MISMATCH on a correct run."""
@@ -1047,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         f"coalesced dispatch requests in Redis (1 to one per job expected): {'OK' if check['ok'] else 'MISMATCH'}. "
         f"Cleanup: {cleanup}."
     )
-    from trainyard.processes import web_processes
+    from ops.processes import web_processes
 
     report = {
         "benchmark": "api",
@@ -1055,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": round(time.time() - started, 1),
         "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "loadavg_end": _loadavg(), **versions},
         "settings": {
-            "server": "uvicorn trainyard.asgi:application (trainyard.processes 'web', as make run)",
+            "server": "uvicorn trainyard.asgi:application (ops.processes 'web', as make run)",
             "web_processes": web_processes(server_env),
             "server_log": "INFO, console format, to a file",
             "server_env_extra": server_extra,

@@ -3,7 +3,7 @@
 What runs: a dedicated database (``<db>_bench_eta``, created afresh, migrated, seeded); a cluster of the openb
 trace's 8-GPU nodes as Node/GPU rows; a window of the trace's GPU pods in arrival order, each submitted through
 ``job_submit`` (its command names its shape, so jobs of one shape share a history, as runs of one training script
-do) with the pod's real run time; the real dispatcher (``jobs.dispatch``) after every arrival and every end. Time is
+do) with the pod's real run time; the real dispatcher (``jobs.store``) after every arrival and every end. Time is
 simulated: each event's moment is written into the rows (submitted, admitted, started, finished) and handed to the
 estimator as "now", so a month of trace runs in a minute. Arrivals are compressed so the offered GPU load is
 about ``LOAD`` times the cluster, and the demo team's quota is ``TEAM_SHARE`` of the queue's, so jobs wait both
@@ -110,10 +110,10 @@ def run_seed(user, pods: list[dict], base) -> dict:
     import heapq
 
     from jobs import eta, selectors
-    from jobs.dispatch import dispatch
     from jobs.models import Job
     from jobs.services import job_submit, job_transition
     from jobs.states import JobState
+    from jobs.store import dispatch
     from quotas.models import Queue
     from scheduler import dispatch as scheduler
 

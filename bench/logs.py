@@ -60,7 +60,7 @@ PACED_PRINTER = (
 def _setup_django() -> None:
     url = urlparse(os.environ["DATABASE_URL"])
     bench_url = url._replace(path="/trainyard_bench_logs").geturl()
-    from trainyard.embedded import ensure_database
+    from ops.embedded import ensure_database
 
     ensure_database(bench_url)
     os.environ["DATABASE_URL"] = bench_url
@@ -81,7 +81,7 @@ def _make_jobs(count: int):
 
     from jobs.models import Attempt
     from jobs.services import job_submit
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     seed(admin_password="bench-admin-123", demo_password="bench-demo-123")
     user = get_user_model().objects.get(username="demo")
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_django()
     from django.conf import settings
 
-    from trainyard import processes
+    from ops import processes
 
     user, jobs = _make_jobs(max(levels))
     root = Path(settings.TRAINYARD_WORK_ROOT) / "bench"

@@ -2,7 +2,7 @@
 
 What runs: a dedicated database (``<db>_bench_pools``, created afresh, migrated, seeded); a cluster of the openb
 trace's 8-GPU nodes as Node/GPU rows; a window of the trace's GPU pods in arrival order, each submitted through
-``job_submit`` with the pod's real run time, and the real dispatcher (``jobs.dispatch``: the pass, then
+``job_submit`` with the pod's real run time, and the real dispatcher (``jobs.store``: the pass, then
 ``jobs.preemption``) after every arrival and every end. Time is simulated (as in ``bench/eta.py``): a month of
 trace runs in minutes.
 
@@ -185,11 +185,11 @@ def run(user, pods: list[dict], base, capacity: int, *, lend: bool = False, pool
 
     from cluster.inventory import node_pool
     from cluster.models import LogicalDevice, PoolRepair, PoolState
-    from jobs.dispatch import dispatch
     from jobs.lending import pools_lend
     from jobs.models import Job, JobEvent
     from jobs.services import job_submit, job_transition
     from jobs.states import JobState
+    from jobs.store import dispatch
     from scheduler import dispatch as scheduler
 
     Job.objects.all().delete()

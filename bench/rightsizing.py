@@ -268,7 +268,7 @@ def main() -> int:
     import django
 
     django.setup()
-    from trainyard.seed import SPECS
+    from ops.seed import SPECS
 
     specs = [dict(s) for s in SPECS]
     tune_seeds = [int(s) for s in args.tune_seeds.split(",")]

@@ -3,7 +3,7 @@
 What runs: a dedicated database (``<db>_bench_scheduler`` on the server of ``$DATABASE_URL``, dropped and created
 afresh, migrated, seeded); the openb trace's 1,213 GPU nodes and 6,212 GPUs as Node/GPU rows (cluster nodes: host
 CPU and memory reserved per job); jobs submitted through ``job_submit`` (full validation, Job and event rows), and
-the real dispatcher (``jobs.dispatch`` -> ``scheduler.dispatch.run_pass``) deciding and writing.
+the real dispatcher (``jobs.store`` -> ``scheduler.dispatch.run_pass``) deciding and writing.
 
 1. Replay: the trace's GPU pods (CPU-only pods are not jobs on this platform and are left out; the in-memory side
    leaves them out too) inflated by resampling to 105% of the GPU capacity and shuffled (seed 0), submitted in
@@ -91,7 +91,7 @@ def seeded_cluster(url_name: str, trace_dir: Path, *, eight_gpu_nodes: int):
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     call_command("migrate", verbosity=0, interactive=False)
     seed(admin_password="bench-admin-pass", demo_password="bench-demo-pass")
@@ -156,7 +156,7 @@ def open_queue() -> None:
 
 
 def run_passes(*, max_passes: int = 50) -> list:
-    from jobs.dispatch import dispatch
+    from jobs.store import dispatch
 
     reports = []
     for _ in range(max_passes):
@@ -263,9 +263,9 @@ def backlog(user, pods, sizes: list[int]) -> list[dict]:
     """Waiting jobs that do not fit, copied (bulk insert) from jobs submitted through job_submit."""
     from django.db import connection
 
-    from jobs.dispatch import dispatch
     from jobs.models import Job
     from jobs.services import job_submit
+    from jobs.store import dispatch
     from scheduler import dispatch as scheduler
 
     rng = random.Random(1)
@@ -413,8 +413,8 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
     from django.db import connection
 
     from cluster.models import GPU
+    from jobs.lifecycle import job_cancel
     from jobs.models import Attempt, Job
-    from jobs.services import job_cancel
     from scheduler import policy
 
     others = sorted(set(GPU.objects.exclude(model=model).values_list("model", flat=True)))
@@ -514,7 +514,7 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
 
 
 def worker_command() -> list[str]:
-    from trainyard import processes
+    from ops import processes
 
     return processes.command("worker")
 
@@ -544,8 +544,8 @@ def warm_up(worker: subprocess.Popen, timeout: float = 300.0) -> float:
     from django.core.cache import cache
     from django.db import connection
 
+    from kernel import wake
     from scheduler.dispatch import PASS_LOCK_KEY
-    from trainyard import wake
 
     t0 = time.monotonic()
     wake.dispatch_soon()
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     call_command("migrate", verbosity=0, interactive=False)
     seed(admin_password="bench-admin-pass", demo_password="bench-demo-pass")

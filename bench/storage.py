@@ -40,7 +40,8 @@ sys.path.insert(0, str(BASE))
 
 from jobs.backends.checkpoint_sync import CheckpointSync  # noqa: E402
 from jobs.backends.dataset_cache import DatasetCache  # noqa: E402
-from trainyard import embedded, objectstore  # noqa: E402
+from kernel import objectstore  # noqa: E402
+from ops import embedded  # noqa: E402
 
 RESULTS = BASE / "bench" / "results"
 MIB = 1024 * 1024

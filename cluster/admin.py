@@ -15,14 +15,14 @@ from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
+from cluster.selectors import slice_filter_live
 from cluster.services import (
     gpu_mark_unhealthy,
     gpu_return_to_service,
     node_cordon,
     node_uncordon,
-    slice_filter_live,
 )
-from trainyard.errors import DomainError
+from kernel.errors import DomainError
 
 NODE_INVENTORY_FIELDS = (
     "name",
@@ -54,7 +54,7 @@ def _redispatch_on_commit() -> None:
     """Capacity came back: let waiting jobs in now rather than at the next dispatch beat."""
 
     def send() -> None:
-        from trainyard.wake import dispatch_soon
+        from kernel.wake import dispatch_soon
 
         dispatch_soon()
 

@@ -8,8 +8,9 @@ from rest_framework.response import Response
 from cluster import services
 from cluster.inventory import node_pool
 from cluster.models import GPU, LogicalDevice, Node
+from kernel.api import RejectUnknownFieldsMixin
 from quotas.selectors import visible_teams
-from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
+from quotas.tokens import ScopedActionsMixin
 
 
 class SliceSerializer(serializers.ModelSerializer):

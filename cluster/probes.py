@@ -1,10 +1,16 @@
-"""Probe a GPU right before handing it out.
+"""The GPU probe: is this card fit to be handed out and to stay in service? One probe for both uses — right
+before the dispatcher hands a local card out (`scheduler.dispatch`), and in the health loop
+(`monitoring.services.gpu_probe_all`, which turns outcomes into health changes and alerts).
 
-On real hardware the probe asks NVML for the device by UUID and reads its memory and any pending Xid /
-retired-page state. In the emulated inventory there is no device to ask: the probe reads the emulated
-fault list (`var/emulated-faults.json`, a JSON list of GPU UUIDs) that tests and operators use to plant a
-fault, and otherwise passes.
+On a local card the probe asks NVML for the device by UUID and reads its memory. An emulated card (or any local
+card when `TRAINYARD_NVML_PROBE` is off) has no device to ask: the probe reads the planted-fault file
+(`TRAINYARD_EMULATED_FAULTS_FILE`, default `var/emulated-faults.json`), either a JSON list of GPU UUIDs (each fails
+with `probe_failed`) or an object mapping a UUID to the fault to plant: `"gpu_lost"`, `"driver_reset"`,
+`"probe_failed"` or `"xid:<code>"`. Cards of a Kubernetes node are not probed here (their device plugin and the
+DCGM exporter report them): the probe answers None.
 """
+
+from __future__ import annotations
 
 import json
 from dataclasses import dataclass
@@ -12,41 +18,70 @@ from pathlib import Path
 
 from django.conf import settings
 
-from trainyard.paths import VAR_DIR
+from cluster.nvml import fault_of_nvml_error, load_nvml
+from kernel.paths import VAR_DIR
+
+# The fault names a probe reports; `monitoring.models.Fault` stores the same values.
+XID = "xid"
+GPU_LOST = "gpu_lost"
+DRIVER_RESET = "driver_reset"
+PROBE_FAILED = "probe_failed"
 
 
 @dataclass(frozen=True)
-class ProbeResult:
+class ProbeOutcome:
     ok: bool
+    fault: str = ""
     reason: str = ""
+    xid: int | None = None
 
 
-def emulated_faults_path():
+PASSED = ProbeOutcome(True)
+
+
+def emulated_faults_path() -> Path:
     return Path(getattr(settings, "TRAINYARD_EMULATED_FAULTS_FILE", "") or VAR_DIR / "emulated-faults.json")
 
 
-def emulated_faults() -> set[str]:
-    path = emulated_faults_path()
+def planted_faults() -> dict[str, str]:
     try:
-        return set(json.loads(path.read_text()))
+        data = json.loads(emulated_faults_path().read_text())
     except (OSError, ValueError):
-        return set()
+        return {}
+    if isinstance(data, list):
+        return {str(uuid): PROBE_FAILED for uuid in data}
+    if isinstance(data, dict):
+        return {str(uuid): str(kind) for uuid, kind in data.items()}
+    return {}
 
 
-def probe_gpu(*, uuid: str, emulated: bool) -> ProbeResult:
-    if emulated or not settings.TRAINYARD_NVML_PROBE:
-        if uuid in emulated_faults():
-            return ProbeResult(False, "emulated fault planted for this GPU")
-        return ProbeResult(True)
+def xid_fault(xid: int) -> str:
+    """The fault a fatal Xid means: 79 is the card falling off the bus, the others are device errors."""
+    return GPU_LOST if xid == 79 else XID
+
+
+def _planted(kind: str) -> ProbeOutcome:
+    if kind.startswith("xid:") and kind[4:].isdigit():
+        xid = int(kind[4:])
+        return ProbeOutcome(False, xid_fault(xid), f"emulated fault planted: Xid {xid}", xid)
+    fault = kind if kind in {GPU_LOST, DRIVER_RESET} else PROBE_FAILED
+    return ProbeOutcome(False, fault, f"emulated fault planted: {fault.replace('_', ' ')}")
+
+
+def probe_card(*, uuid: str, emulated: bool, backend: str = "local", nvml=None) -> ProbeOutcome | None:
+    """Probe one card; None when this process cannot reach it (a Kubernetes node's)."""
+    if emulated or (backend == "local" and not settings.TRAINYARD_NVML_PROBE):
+        kind = planted_faults().get(uuid)
+        return PASSED if kind is None else _planted(kind)
+    if backend != "local":
+        return None
+    nvml = nvml or load_nvml()
+    if nvml is None:
+        return ProbeOutcome(False, PROBE_FAILED, "NVML is not available on this machine any more")
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
-            pynvml.nvmlDeviceGetMemoryInfo(handle)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001 - any NVML error means the card is not fit to hand out
-        return ProbeResult(False, f"NVML probe failed: {exc}")
-    return ProbeResult(True)
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError as exc:
+        fault, reason = fault_of_nvml_error(nvml, exc)
+        return ProbeOutcome(False, fault or PROBE_FAILED, reason)
+    return PASSED

@@ -9,32 +9,16 @@ from dataclasses import dataclass
 
 import structlog
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from cluster.inventory import LENT_LABEL, POOL_LABEL, NodeInfo, node_pool
 from cluster.models import GPU, LogicalDevice, Node, PoolRepair
-from trainyard.errors import Conflict, ValidationFailed
+from cluster.selectors import slice_filter_live
+from kernel.errors import Conflict, ValidationFailed
 
 log = structlog.get_logger(__name__)
 POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,49}\Z")
 POOL_LOCK_KEY = 0x7472_6169  # advisory lock id for "the pool" (serialises placement across queues)
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.replace("-", ".").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def driver_satisfies(node_driver: str, minimum: str) -> bool:
-    if not minimum:
-        return True
-    if not node_driver:
-        return False
-    return version_tuple(node_driver) >= version_tuple(minimum)
 
 
 def pool_lock() -> None:
@@ -200,7 +184,7 @@ def node_lend(*, node_id: int, to: str | None, why: str) -> bool:
 
 
 def _dispatch_all() -> None:
-    from trainyard.wake import dispatch_soon
+    from kernel.wake import dispatch_soon
 
     dispatch_soon()
 
@@ -215,56 +199,6 @@ def gpu_return_to_service(*, gpu: GPU) -> GPU:
 
 
 # ---------------------------------------------------------------------------------------------- the cards
-
-
-@dataclass
-class CardState:
-    gpu: GPU
-    free_milli: int
-    free_memory: int
-    live: list[LogicalDevice]
-    stale: list[LogicalDevice]
-
-    @property
-    def exclusive_held(self) -> bool:
-        return any(s.exclusive for s in self.live)
-
-    @property
-    def whole_free(self) -> bool:
-        return not self.live
-
-
-def _live_attempt(device: LogicalDevice) -> bool:
-    return device.attempt_id is not None and not device.attempt.is_finished
-
-
-def pool_cards(*, min_driver: str = "", exclude_gpus=(), exclude_nodes=()) -> tuple[list[CardState], int]:
-    """Eligible cards with what is free on each; also how many healthy cards the driver check removed."""
-    gpus = list(
-        GPU.objects.select_related("node")
-        .filter(health=GPU.Health.HEALTHY, quarantined=False, node__state=Node.State.READY)
-        .exclude(uuid__in=list(exclude_gpus))
-        .exclude(node__name__in=list(exclude_nodes))
-        .order_by("node__name", "index")
-    )
-    too_old = 0
-    eligible = []
-    for gpu in gpus:
-        if driver_satisfies(gpu.node.driver_version, min_driver):
-            eligible.append(gpu)
-        else:
-            too_old += 1
-    by_gpu: dict[int, list[LogicalDevice]] = defaultdict(list)
-    for device in LogicalDevice.objects.select_related("attempt").filter(released_at__isnull=True, gpu__in=eligible):
-        by_gpu[device.gpu_id].append(device)
-    cards = []
-    for gpu in eligible:
-        live = [d for d in by_gpu[gpu.id] if _live_attempt(d)]
-        stale = [d for d in by_gpu[gpu.id] if not _live_attempt(d)]
-        used_milli = sum(d.compute_milli for d in live)
-        used_mem = sum(d.memory_mib for d in live)
-        cards.append(CardState(gpu, 1000 - used_milli, gpu.memory_mib - used_mem, live, stale))
-    return cards, too_old
 
 
 def slices_release(*, attempt_id: int, reason: str) -> int:
@@ -394,7 +328,3 @@ def slices_follow_assignment(*, attempt_id: int, assigned: Mapping[str, Sequence
     if moved:
         log.warning("slices_moved_to_assignment", attempt=attempt_id, moved=moved)
     return moved
-
-
-def slice_filter_live() -> Q:
-    return Q(released_at__isnull=True)

@@ -2,7 +2,7 @@
 builds (log, SBOM, findings), the vulnerability feed (load an OSV file), scan policies with their exceptions.
 
 The compatibility column answers "which nodes can run this image": a node can when its driver satisfies the
-image's minimum driver (`cluster.services.driver_satisfies`, the same check placement makes).
+image's minimum driver (`cluster.selectors.driver_satisfies`, the same check placement makes).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from cluster.models import Node
-from cluster.services import driver_satisfies
+from cluster.selectors import driver_satisfies
 from images import scan, services
 from images.models import (
     Advisory,
@@ -32,7 +32,7 @@ from images.models import (
     ScanPolicy,
     TeamImageSettings,
 )
-from trainyard.errors import DomainError
+from kernel.errors import DomainError
 
 
 def _nodes() -> list[Node]:

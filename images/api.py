@@ -8,12 +8,13 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from cluster.models import Node
-from cluster.services import driver_satisfies
+from cluster.selectors import driver_satisfies
 from images import selectors, services
 from images.models import BaseImage, Finding, ImageBuild, ProjectImage, ScanException, ScanPolicy
+from kernel.api import RejectUnknownFieldsMixin
+from kernel.errors import Forbidden, ValidationFailed
 from quotas.selectors import is_member
-from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin
-from trainyard.errors import Forbidden, ValidationFailed
+from quotas.tokens import ScopedActionsMixin
 
 
 class FindingSerializer(serializers.ModelSerializer):

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from trainyard.embedded import ServiceError, system_user
-from trainyard.paths import BASE_DIR, VAR_DIR
+from kernel.host import ServiceError, system_user
+from kernel.paths import BASE_DIR, VAR_DIR
 
 SUBID_BASE = 300_000  # first subordinate id handed to build users; each gets SUBID_COUNT of them
 SUBID_COUNT = 65_536

@@ -21,7 +21,7 @@ from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard import kubeclient
+from kernel import kubeclient
 
 BUILDKIT_IMAGE = "moby/buildkit:v0.16.0-rootless"
 BUILDKIT_UID = 1000  # the rootless image's user

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db.models import Count, Prefetch, QuerySet
 
 from images.models import SEVERITY_RANK, BaseImage, Finding, ImageBuild, ProjectImage
+from kernel.errors import NotFound
 from quotas.models import Membership, Team
-from trainyard.errors import NotFound
 
 
 def _team_ids(user) -> list[int]:

@@ -36,7 +36,7 @@ from images.models import (
     ScanPolicy,
     TeamImageSettings,
 )
-from trainyard.errors import DomainError, NotFound, ValidationFailed
+from kernel.errors import DomainError, NotFound, ValidationFailed
 
 log = structlog.get_logger(__name__)
 FROM_LINE = re.compile(r"^\s*FROM\s+(?P<flags>(?:--\S+\s+)*)(?P<image>\S+)(?P<rest>(?:\s+AS\s+\S+)?)\s*$", re.I | re.M)
@@ -654,9 +654,9 @@ def _run_build(who, argv: list[str], context: Path) -> subprocess.CompletedProce
 def _build_resolver(context: Path) -> str | None:
     if settings.TRAINYARD_BUILD_NETWORK != "outbound":
         return None
-    from jobs.backends.sandbox import _resolver_for_slirp
+    from kernel.netns import slirp_resolv_conf
 
-    return _resolver_for_slirp(context)
+    return slirp_resolv_conf(context)
 
 
 def _run_with_outbound(jail: list[str]) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from jobs.lifecycle import job_cancel
 from jobs.models import Attempt, Dataset, FailureRule, Job, JobEvent
 from jobs.states import JobState
-from trainyard.errors import DomainError
+from kernel.errors import DomainError
 
 JOB_FIELDSETS = (
     (

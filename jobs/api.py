@@ -18,14 +18,15 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import lifecycle, logstore, selectors, services
+from jobs import lifecycle, logstore, selectors, services, signals
 from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
 from jobs.states import JobState
+from kernel.api import NewestFirstCursor, RejectUnknownFieldsMixin, int_param
+from kernel.errors import NotFound, ValidationErrors, ValidationFailed
+from kernel.units import parse_duration
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
-from trainyard.api import NewestFirstCursor, RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
-from trainyard.errors import NotFound, ValidationErrors, ValidationFailed
-from trainyard.units import parse_duration
+from quotas.tokens import ScopedActionsMixin
 
 
 @extend_schema_field(
@@ -487,9 +488,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         with transaction.atomic(durable=True):
             job, created = services.job_submit(user=request.user, data=_plain(request.data), idempotency_key=key)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        from monitoring.selectors import recommendation_for
-
-        job.recommendation = recommendation_for(job)
+        job.recommendation = signals.answer(signals.recommendation_wanted, job=job)
         return Response(JobSubmittedSerializer(job).data, status=code)
 
     @extend_schema(
@@ -595,8 +594,8 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         from django.http import StreamingHttpResponse
 
         from jobs import checkpoints
-        from trainyard.errors import NotFound
-        from trainyard.objectstore import StoreError
+        from kernel.errors import NotFound
+        from kernel.objectstore import StoreError
 
         job = self.get_object()
         checkpoint = job.checkpoints.filter(pk=checkpoint_id, deleted_at__isnull=True).first()
@@ -625,9 +624,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def usage(self, request, pk=None):
         """What each attempt used (GPU memory and utilization, CPU, host memory) next to the request, whether it
         is idle, and what earlier runs like it recommend (docs/rightsizing.md)."""
-        from monitoring.selectors import usage_payload
-
-        return Response(usage_payload(self.get_object()))
+        return Response(signals.answer(signals.usage_wanted, job=self.get_object()) or {})
 
     @extend_schema(responses=AttemptSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)
@@ -823,9 +820,7 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
             job, created = services.template_submit(
                 user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
             )
-        from monitoring.selectors import recommendation_for
-
-        job.recommendation = recommendation_for(job)
+        job.recommendation = signals.answer(signals.recommendation_wanted, job=job)
         return Response(
             JobSubmittedSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )

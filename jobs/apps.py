@@ -6,4 +6,12 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from jobs import checks  # noqa: F401 - registers the startup checks
+        from jobs import (
+            checks,  # noqa: F401 - registers the startup checks
+            receivers,
+            usage,
+        )
+        from quotas import usage as quota_usage
+
+        quota_usage.register(usage)
+        receivers.connect()

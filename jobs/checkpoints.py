@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db.models import F
 
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
-from trainyard import objectstore
-from trainyard.sentences import stored
+from kernel import objectstore
+from kernel.sentences import stored
 
 log = structlog.get_logger(__name__)
 STEP = re.compile(r"(\d+)")

@@ -25,9 +25,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from jobs.models import CodeSnapshot
+from kernel.errors import NotFound, ValidationFailed
+from kernel.sentences import stored
 from quotas.models import Team
-from trainyard.errors import NotFound, ValidationFailed
-from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")

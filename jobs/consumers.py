@@ -183,11 +183,11 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _metrics_html(self) -> tuple[int, str]:
+        from jobs import signals
         from jobs.models import Job
-        from monitoring.views import business_charts_html
 
         with translation.override(self.lang):
-            return business_charts_html(Job.objects.get(pk=self.job_id))
+            return signals.answer(signals.charts_html_wanted, job=Job.objects.get(pk=self.job_id)) or (0, "")
 
     async def _follow(self) -> None:
         # The shared tailer wakes this socket when its file changed (or at least every END_CHECK_S, to notice
@@ -248,9 +248,8 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
 def _wake_metric_scan() -> None:
     """Ask a worker for a metric scan now; one request a second for the whole platform is plenty."""
+    from celery import current_app as app  # sent by name: monitoring's task, which jobs does not import
     from django.core.cache import cache
-
-    from trainyard.celery import app
 
     try:
         if cache.add("trainyard:metric-scan-woken", 1, timeout=1):

@@ -17,11 +17,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from jobs.models import Dataset
+from kernel import objectstore
+from kernel.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from kernel.sentences import stored
 from quotas.models import Team
 from quotas.selectors import is_maintainer, visible_teams
-from trainyard import objectstore
-from trainyard.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from trainyard.sentences import stored
 
 log = structlog.get_logger(__name__)
 

@@ -35,10 +35,11 @@ from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
 from jobs.backends.base import UNOBSERVABLE
 from jobs.models import Attempt, Job, JobEvent
-from jobs.services import InvalidTransition, _enqueue_dispatch, _event, job_transition
+from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
-from trainyard.sentences import stored
-from trainyard.units import human_duration
+from kernel.sentences import stored
+from kernel.units import human_duration
+from kernel.wake import dispatch_soon
 
 log = structlog.get_logger(__name__)
 LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
@@ -304,7 +305,9 @@ def _unobservable(attempt: Attempt, obs: Observation, backend) -> int:
     since = attempt.observe_failing_since
     if since is None:
         Attempt.objects.filter(pk=attempt.pk, observe_failing_since__isnull=True).update(observe_failing_since=now)
-        _event(attempt.job, "observe_failing", actor="backend", level="warning", message=obs.message, attempt=attempt)
+        event_record(
+            attempt.job, "observe_failing", actor="backend", level="warning", message=obs.message, attempt=attempt
+        )
         return 0
     waited = (now - since).total_seconds()
     if waited < settings.TRAINYARD_OBSERVE_FAILING_S:
@@ -335,7 +338,7 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
         return _unobservable(attempt, obs, backend)
     if attempt.observe_failing_since is not None:
         Attempt.objects.filter(pk=attempt.pk).update(observe_failing_since=None)
-        _event(attempt.job, "observe_recovered", actor="backend", message=stored("its state can be read again"),
+        event_record(attempt.job, "observe_recovered", actor="backend", message=stored("its state can be read again"),
                attempt=attempt)  # fmt: skip
     if obs.log_lines_lost and not obs.finished:
         _logs_degraded(attempt, obs)
@@ -367,7 +370,7 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
         job = attempt.job
         if job.message != obs.message:
             Job.objects.filter(pk=job.pk).update(message=obs.message[:2000])
-            _event(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
+            event_record(job, "backend_pending", actor="backend", message=obs.message, attempt=attempt)
     return changed
 
 
@@ -386,7 +389,7 @@ def _follow_assignment(attempt: Attempt, assigned: dict[str, tuple[str, ...]]) -
     }
     Attempt.objects.filter(pk=attempt.pk).update(placement=placement)
     attempt.placement = placement
-    _event(
+    event_record(
         attempt.job,
         "slices_moved",
         actor="backend",
@@ -419,7 +422,7 @@ def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
     )
     event = JobEvent.objects.filter(attempt=attempt, kind="logs_degraded").first()
     if event is None:
-        _event(
+        event_record(
             attempt.job, "logs_degraded", actor="platform", level="warning", attempt=attempt, message=message, data=data
         )
     elif event.data != data:
@@ -518,7 +521,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.rule = verdict.rule
         attempt.save()
         detail = _describe_exit(obs)
-        _event(
+        event_record(
             job,
             "attempt_failed",
             actor="classifier",
@@ -586,13 +589,12 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             if "excluded_gpus" in updates
             else stored("queued for another attempt"),
         )
-        queue_id = job.queue_id
-        transaction.on_commit(lambda: _enqueue_dispatch(queue_id), robust=True)
+        transaction.on_commit(dispatch_soon, robust=True)
 
 
 def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
     """A preempted attempt's job waits again: no retry used, and the next attempt resumes from its checkpoint."""
-    _event(
+    event_record(
         job,
         "attempt_preempted",
         actor="preemption",
@@ -637,7 +639,7 @@ def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
         Attempt.objects.filter(pk=attempt.pk).update(preempt_requested_at=now)
         grace = math.ceil(settings.TRAINYARD_PREEMPT_GRACE_S)
         who = f"job {for_job['job']} of team {for_job['team']} in queue {for_job['queue']}"
-        _event(
+        event_record(
             job,
             "preemption",
             actor="preemption",

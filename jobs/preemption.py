@@ -21,7 +21,7 @@ import structlog
 from django.db import connection
 
 from jobs import lifecycle
-from jobs.dispatch import CLASS_ORDER, JobStore, _pending_rows, _row_waiting
+from jobs.store import CLASS_ORDER, JobStore, _pending_rows, _row_waiting
 from quotas.models import Queue
 from scheduler import dispatch as scheduler
 from scheduler.pool import Pool

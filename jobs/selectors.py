@@ -7,8 +7,8 @@ from django.db.models.functions import Cast
 
 from jobs.models import Job
 from jobs.states import JobState
+from kernel.sentences import stored
 from quotas.models import Membership
-from trainyard.sentences import stored
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
@@ -116,7 +116,7 @@ def jobs_to_compare(user, *, ids: list[str], label: str = "") -> list[Job]:
     `MAX_COMPARED` with a label `key=value`; only jobs the user may see, oldest first."""
     import re
 
-    from trainyard.errors import ValidationFailed
+    from kernel.errors import ValidationFailed
 
     visible = jobs_visible_to(user)
     chosen: dict = {}

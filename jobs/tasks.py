@@ -7,7 +7,6 @@ from django.db import DatabaseError
 from kombu.exceptions import OperationalError as BrokerError
 
 from jobs import lifecycle
-from trainyard import loops  # noqa: F401 - records each beat loop's last run (task_postrun)
 
 log = structlog.get_logger(__name__)
 
@@ -22,9 +21,9 @@ log = structlog.get_logger(__name__)
     max_retries=5,
 )
 def dispatch_queue(queue_id: int | None = None) -> int:
-    """A requested pass (trainyard.wake): one pass over every queue, whatever queue asked."""
-    from jobs.dispatch import dispatch
-    from trainyard.wake import dispatch_started
+    """A requested pass (kernel.wake): one pass over every queue, whatever queue asked."""
+    from jobs.store import dispatch
+    from kernel.wake import dispatch_started
 
     dispatch_started()
     return dispatch().admitted
@@ -33,7 +32,7 @@ def dispatch_queue(queue_id: int | None = None) -> int:
 @shared_task(name="jobs.dispatch_all", acks_late=True)
 def dispatch_all() -> int:
     """The beat's pass: level-triggered, so a lost wake-up costs one period; it reads every line."""
-    from jobs.dispatch import dispatch
+    from jobs.store import dispatch
 
     return dispatch(full=True).admitted
 
@@ -89,16 +88,10 @@ def prune_checkpoints() -> dict:
 
 @shared_task(name="jobs.lend_idle_nodes", soft_time_limit=60, time_limit=90)
 def lend_idle_nodes() -> dict:
-    """The pool rules of the minute: idle lending, then MIG rebalancing proposals (docs/pools.md)."""
+    """The pool rule of the minute: idle lending (docs/pools.md). MIG proposals are monitoring's own loop."""
     from jobs import lending
-    from monitoring.mig import mig_proposals
 
-    return {**lending.pools_lend(), "mig": mig_proposals()}
-
-
-@shared_task(name="trainyard.heartbeat")
-def heartbeat() -> str:
-    return "beat"  # its run is recorded by trainyard.loops, like every beat loop's
+    return lending.pools_lend()
 
 
 @worker_ready.connect
@@ -110,7 +103,7 @@ def _reconcile_on_worker_start(**_kwargs) -> None:
         log.warning("reconcile_on_start_not_sent")
 
 
-@shared_task(name="cluster.reconcile_pool", soft_time_limit=300, time_limit=360)
+@shared_task(name="jobs.reconcile_pool", soft_time_limit=300, time_limit=360)
 def reconcile_pool() -> dict:
     from django.utils import timezone
 
@@ -122,7 +115,7 @@ def reconcile_pool() -> dict:
     return {"freed": report.freed, "overcommitted": report.overcommitted}
 
 
-@shared_task(name="cluster.sync_inventory")
+@shared_task(name="jobs.sync_inventory")
 def sync_inventory() -> str:
     from django.conf import settings
 

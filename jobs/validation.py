@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kernel.errors import ValidationFailed
+from kernel.sentences import stored
 from quotas.selectors import is_maintainer
-from trainyard.errors import ValidationFailed
-from trainyard.sentences import stored
 
 CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 MOUNT_KEYS = {"name", "kind", "claim", "path", "read_only", "sub_path"}

@@ -3,9 +3,9 @@
 from django import forms
 from django.contrib import admin, messages
 
+from kernel.errors import DomainError
 from monitoring import services
 from monitoring.models import RULE_EDITABLE_FIELDS, Alert, AlertRule, GpuHealthEvent, GpuStatus, WebhookDelivery
-from trainyard.errors import DomainError
 
 
 class AlertRuleForm(forms.ModelForm):

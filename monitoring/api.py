@@ -21,6 +21,8 @@ from rest_framework.views import APIView
 
 from cluster.models import GPU
 from jobs.selectors import job_parameters, jobs_to_compare, jobs_visible_to, parameter_rows
+from kernel.api import RejectUnknownFieldsMixin, int_param
+from kernel.errors import ValidationFailed
 from monitoring import selectors, services
 from monitoring.models import (
     RULE_EDITABLE_FIELDS,
@@ -32,8 +34,7 @@ from monitoring.models import (
     Notification,
 )
 from quotas.selectors import visible_teams
-from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
-from trainyard.errors import ValidationFailed
+from quotas.tokens import ScopedActionsMixin
 
 # --------------------------------------------------------------------------------------------- alerts
 

@@ -6,6 +6,7 @@ class MonitoringConfig(AppConfig):
     verbose_name = "Monitoring"
 
     def ready(self) -> None:
-        from monitoring import celery_metrics
+        from monitoring import celery_metrics, receivers
 
         celery_metrics.connect()
+        receivers.connect()

@@ -17,6 +17,8 @@ from typing import Any
 import structlog
 from django.conf import settings
 
+from cluster.nvml import fault_of_nvml_error, load_nvml
+
 log = structlog.get_logger(__name__)
 MIB = 1024 * 1024
 
@@ -54,26 +56,6 @@ class CollectorUnavailable(Exception):
 # ------------------------------------------------------------------------------------------------ NVML
 
 
-_initialised: Any = None
-
-
-def load_nvml():
-    """The pynvml module, initialised once per process, or None when this machine has no NVIDIA driver."""
-    global _initialised
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    if _initialised is pynvml:
-        return pynvml
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library, no driver, no device: all mean "no NVML here"
-        return None
-    _initialised = pynvml
-    return pynvml
-
-
 def pid_job_from_environ(pid: int) -> tuple[str | None, int | None]:
     """The job a local process belongs to, from the environment the local backend gave it."""
     try:
@@ -89,16 +71,6 @@ def pid_job_from_environ(pid: int) -> tuple[str | None, int | None]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def fault_of_nvml_error(nvml, exc: Exception) -> tuple[str, str]:
-    """(fault, reason) for an NVML error raised by a device call; fault is '' when it says nothing fatal."""
-    value = getattr(exc, "value", None)
-    if value == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15):
-        return "gpu_lost", f"NVML: GPU is lost ({exc})"
-    if value == getattr(nvml, "NVML_ERROR_RESET_REQUIRED", 16):
-        return "driver_reset", f"NVML: GPU requires a reset ({exc})"
-    return "", f"NVML: {exc}"
 
 
 class NvmlCollector:

@@ -25,9 +25,9 @@ from cluster.inventory import mig_profile, node_pool
 from cluster.models import GPU, LogicalDevice, Node
 from jobs.models import Job
 from jobs.states import JobState
+from kernel.sentences import stored
 from monitoring.models import Alert, AlertRule
-from monitoring.services import _alerts_lock, _notify, _resolve
-from trainyard.sentences import stored
+from monitoring.services import alert_close, alerts_lock, notification_send
 
 log = structlog.get_logger(__name__)
 RULE = "mig-rebalance"
@@ -96,7 +96,7 @@ def mig_proposals(*, now: datetime | None = None) -> dict[str, int]:
             }
     report = {"opened": 0, "resolved": 0}
     with transaction.atomic():
-        _alerts_lock()
+        alerts_lock()
         open_alerts = {a.fingerprint: a for a in Alert.objects.filter(rule_name=RULE).exclude(state="resolved")}
         for parent, p in wanted.items():
             fingerprint = f"{RULE}:{parent}"
@@ -112,7 +112,7 @@ def mig_proposals(*, now: datetime | None = None) -> dict[str, int]:
                 Alert.objects.filter(pk=alert.pk).update(last_seen_at=now, job_ids=[str(j.id) for j in p["jobs"]])
                 continue
             if alert is not None:  # the proposal changed: the old one no longer holds
-                _resolve(alert, by="auto", note="a different layout is proposed now", now=now)
+                alert_close(alert, by="auto", note="a different layout is proposed now", now=now)
                 report["resolved"] += 1
             alert = Alert.objects.create(
                 rule_name=RULE,
@@ -126,10 +126,10 @@ def mig_proposals(*, now: datetime | None = None) -> dict[str, int]:
                 started_at=now,
                 last_seen_at=now,
             )
-            Alert.objects.filter(pk=alert.pk).update(actions_taken=[_notify(alert, owners=[])])
+            Alert.objects.filter(pk=alert.pk).update(actions_taken=[notification_send(alert, owners=[])])
             report["opened"] += 1
             log.warning("mig_rebalance_proposed", card=parent, current=p["current"], proposed=p["proposed"])
         for alert in open_alerts.values():
-            _resolve(alert, by="auto", note="no job waits for it any more, or the card is busy", now=now)
+            alert_close(alert, by="auto", note="no job waits for it any more, or the card is busy", now=now)
             report["resolved"] += 1
     return report

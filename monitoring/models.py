@@ -5,14 +5,16 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from cluster import probes
+
 
 class Fault(models.TextChoices):
     """Why a GPU left service. `unhealthy` stands for any other cause (e.g. it vanished from the inventory)."""
 
-    XID = "xid"
-    GPU_LOST = "gpu_lost"
-    DRIVER_RESET = "driver_reset"
-    PROBE_FAILED = "probe_failed"
+    XID = probes.XID
+    GPU_LOST = probes.GPU_LOST
+    DRIVER_RESET = probes.DRIVER_RESET
+    PROBE_FAILED = probes.PROBE_FAILED
     UNHEALTHY = "unhealthy"
 
 

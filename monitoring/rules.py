@@ -18,8 +18,8 @@ from django.db.models import Count
 from cluster.models import GPU
 from jobs.models import Job
 from jobs.states import JobState
+from kernel.sentences import stored
 from monitoring.models import AlertRule, Fault, GpuSample, GpuStatus
-from trainyard.sentences import stored
 
 M = AlertRule.Metric
 SAMPLE_METRICS = {M.GPU_MEMORY_PCT, M.GPU_TEMPERATURE_C, M.GPU_POWER_W, M.GPU_UTILIZATION_PCT}

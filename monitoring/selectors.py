@@ -19,6 +19,8 @@ from django.utils import timezone
 from cluster.models import GPU, LogicalDevice, Node
 from jobs.models import Job
 from jobs.states import ATTEMPT_FINISHED
+from kernel.errors import ValidationFailed
+from kernel.sentences import stored
 from monitoring import rightsizing
 from monitoring.models import (
     Alert,
@@ -31,8 +33,6 @@ from monitoring.models import (
 )
 from monitoring.rules import stale_after
 from quotas.selectors import visible_teams
-from trainyard.errors import ValidationFailed
-from trainyard.sentences import stored
 
 NO_TELEMETRY_EMULATED = stored("emulated: no telemetry")
 # The request shapes the pool serves (shared, performance, whole card) and how common each is.

@@ -58,3 +58,11 @@ def deliver_webhook(self, delivery_id: int) -> bool:
     if services.webhook_deliver(delivery_id=delivery_id):
         return True
     raise self.retry(countdown=min(600, 5 * 2**self.request.retries) * random.uniform(0.8, 1.2))
+
+
+@shared_task(name="monitoring.propose_mig", soft_time_limit=60, time_limit=90)
+def propose_mig() -> dict[str, int]:
+    """MIG rebalancing proposals of the minute (docs/pools.md), as alerts an admin accepts or dismisses."""
+    from monitoring.mig import mig_proposals
+
+    return mig_proposals()

@@ -16,12 +16,12 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from jobs.selectors import jobs_visible_to
+from kernel.errors import DomainError
+from kernel.sentences import said
 from monitoring import selectors, services
 from monitoring.charts import Series, epoch, line_chart
 from monitoring.models import Alert, AlertRule, GpuSample, Notification
 from quotas.models import Queue
-from trainyard.errors import DomainError
-from trainyard.sentences import said
 
 
 def _visible_jobs(user, job_ids) -> set[str] | None:

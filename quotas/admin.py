@@ -18,13 +18,12 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from jobs.states import JobState
+from kernel.errors import DomainError, ValidationFailed
+from kernel.units import human_duration, human_resource, parse_duration
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
-from quotas.selectors import queue_usage, team_usage
 from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
 from quotas.tokens import token_revoke
-from trainyard.errors import DomainError, ValidationFailed
-from trainyard.units import human_duration, human_resource, parse_duration
+from quotas.usage import queue_usage, team_usage
 
 QUOTA_FIELDSET = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
 # Stored in milli and MiB; shown and typed in GPUs, cores and GiB: (label, stored units per shown unit, step).
@@ -386,9 +385,7 @@ class QueueAdmin(admin.ModelAdmin):
         return f"{human_duration(obj.default_timeout_s)} / {human_duration(obj.max_timeout_s)}"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Queue]:
-        return (
-            super().get_queryset(request).annotate(waiting_total=Count("jobs", filter=Q(jobs__state=JobState.PENDING)))
-        )
+        return super().get_queryset(request).annotate(waiting_total=Count("jobs", filter=Q(jobs__state="pending")))
 
     def _usage(self, obj: Queue) -> dict[str, int]:
         if not hasattr(obj, "_usage_cache"):

@@ -6,11 +6,11 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs import selectors as job_selectors
-from quotas import selectors, services, tokens
+from kernel.api import RejectUnknownFieldsMixin, int_param
+from kernel.errors import Forbidden, NotFound, ValidationFailed
+from quotas import selectors, services, tokens, usage
 from quotas.models import TOKEN_SCOPES, ApiToken, Membership, Queue, ResourceSpec, Team
-from trainyard.api import RejectUnknownFieldsMixin, ScopedActionsMixin, int_param
-from trainyard.errors import Forbidden, NotFound, ValidationFailed
+from quotas.tokens import ScopedActionsMixin
 
 VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
 
@@ -61,14 +61,12 @@ class TeamSerializer(serializers.ModelSerializer):
         return team.vector()
 
     def get_usage(self, team) -> dict:
-        return selectors.team_usage(team)
+        return usage.team_usage(team)
 
     def get_storage(self, team) -> dict:
         """Checkpoint bytes in the object store against the team's storage quota, and its retention."""
-        from jobs.checkpoints import team_storage_used
-
         return {
-            "used_bytes": team_storage_used([team.id]).get(team.id, 0),
+            "used_bytes": usage.team_storage_used([team.id]).get(team.id, 0),
             "quota_bytes": team.storage_quota_bytes,
             "keep_last": team.checkpoint_keep_last,
             "retention_days": team.checkpoint_retention_days,
@@ -83,7 +81,7 @@ class TeamDetailSerializer(TeamSerializer):
         fields = [*TeamSerializer.Meta.fields, "members", "usage_by_spec"]
 
     def get_usage_by_spec(self, team) -> list:
-        return selectors.team_usage_by_spec(team)
+        return usage.team_usage_by_spec(team)
 
 
 INT_MAX = 2**31 - 1  # the columns' ranges: a larger number is a 400, never a database error
@@ -217,7 +215,7 @@ class QueueSerializer(serializers.ModelSerializer):
         return queue.vector()
 
     def get_usage(self, queue) -> dict:
-        return selectors.queue_usage(queue)
+        return usage.queue_usage(queue)
 
     def get_waiting(self, queue) -> int:
         return queue.jobs.filter(state="pending").count()
@@ -239,7 +237,7 @@ class QueueDetailSerializer(QueueSerializer):
 
     def _line(self, queue) -> list:
         if getattr(self, "_line_of", None) is None or self._line_of[0] != queue.pk:
-            self._line_of = (queue.pk, job_selectors.waiting_line(queue))
+            self._line_of = (queue.pk, usage.waiting_line(queue))
         return self._line_of[1]
 
     def get_jobs(self, queue) -> list:
@@ -249,7 +247,7 @@ class QueueDetailSerializer(QueueSerializer):
         if limit > LINE_LIMIT_MAX:
             raise ValidationFailed(f"limit must be at most {LINE_LIMIT_MAX}", code="invalid_parameter", field="limit")
         line = self._line(queue)
-        waits, shown = job_selectors.line_rows(queue, line, first=limit)
+        waits, shown = usage.line_rows(queue, line, first=limit)
         position = {entry.id: i for i, entry in enumerate(line, start=1)}
         visible = set(selectors.visible_teams(user).values_list("id", flat=True))
         rows = []

@@ -1,59 +1,11 @@
-"""Reads about quotas: what a team or queue holds now, who may see what."""
+"""Reads about quotas: who may see what, and whether a request fits a quota. What a team or queue holds now is
+asked of `quotas.usage` (jobs hold it)."""
 
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 
-from quotas.models import Membership, Queue, Team
+from quotas.models import Membership, Team
 
 VECTOR_FIELDS = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
-
-
-def _usage(qs) -> dict[str, int]:
-    agg = qs.aggregate(
-        gpu_milli=Coalesce(Sum("total_gpu_milli"), 0),
-        gpu_memory_mib=Coalesce(Sum("total_gpu_memory_mib"), 0),
-        cpu_milli=Coalesce(Sum("total_cpu_milli"), 0),
-        memory_mib=Coalesce(Sum("total_memory_mib"), 0),
-        jobs=Count("id"),
-    )
-    return {k: int(v) for k, v in agg.items()}
-
-
-def queue_usage(queue: Queue) -> dict[str, int]:
-    from jobs.models import Job
-
-    return _usage(Job.objects.filter(queue=queue, reserved=True, preemptible=False))  # preemptible: no quota held
-
-
-def team_usage(team: Team) -> dict[str, int]:
-    from jobs.models import Job
-
-    return _usage(Job.objects.filter(team=team, reserved=True, preemptible=False))
-
-
-def team_usage_by_spec(team: Team) -> list[dict]:
-    from jobs.models import Job
-
-    rows = (
-        Job.objects.filter(team=team, reserved=True)
-        .values("spec__name")
-        .annotate(
-            jobs=Count("id"),
-            gpu_milli=Coalesce(Sum("total_gpu_milli"), 0),
-            gpu_memory_mib=Coalesce(Sum("total_gpu_memory_mib"), 0),
-        )
-        .order_by("spec__name")
-    )
-    return [
-        {"spec": r["spec__name"] or "explicit", **{k: r[k] for k in ("jobs", "gpu_milli", "gpu_memory_mib")}}
-        for r in rows
-    ]
-
-
-def user_running_jobs(team: Team, user_id: int) -> int:
-    from jobs.models import Job
-
-    return Job.objects.filter(team=team, owner_id=user_id, reserved=True).count()
 
 
 def teams_of(user) -> "Q":

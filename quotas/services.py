@@ -3,9 +3,10 @@
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from kernel.errors import NotFound, ValidationFailed
+from quotas import signals
 from quotas.models import Membership, Queue, QuotaChange, Team
 from quotas.selectors import VECTOR_FIELDS
-from trainyard.errors import NotFound, ValidationFailed
 
 TEAM_QUOTA_FIELDS = (
     *VECTOR_FIELDS,
@@ -51,15 +52,13 @@ def queue_update(*, queue: Queue, changes: dict, actor) -> Queue:
                 )
             queue.save()
             _redispatch_all()
-            from quotas.volcano_sync import queue_changed
-
-            queue_changed(queue)
+            signals.queue_changed.send(sender=Queue, queue=queue)
     return queue
 
 
 def _redispatch_all() -> None:
     def send() -> None:
-        from trainyard.wake import dispatch_soon
+        from kernel.wake import dispatch_soon
 
         dispatch_soon()
 

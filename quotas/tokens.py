@@ -27,7 +27,7 @@ def token_create(
     parent: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
     """A new token; `parent` is the token the request came with (None for a browser session)."""
-    from trainyard.errors import ValidationFailed  # late: DRF imports this module while trainyard.errors loads
+    from kernel.errors import ValidationFailed  # late: DRF imports this module while kernel.errors loads
 
     scopes = sorted(set(scopes if scopes is not None else (parent.scopes if parent else default_token_scopes())))
     unknown = set(scopes) - set(TOKEN_SCOPES)
@@ -136,3 +136,26 @@ try:
             return {"type": "http", "scheme": "bearer", "bearerFormat": "ty_<prefix>_<secret>"}
 except ImportError:  # pragma: no cover - drf-spectacular is a pinned dependency
     pass
+
+
+class ScopedActionsMixin:
+    """Read actions use the `read` rate, `create`/`batch` the `submit` rate, the rest `write`. Every view, even
+    one with its own permission classes, also checks the scopes of the token a request came with."""
+
+    submit_actions = frozenset({"create", "batch"})
+
+    def get_permissions(self):
+        found = super().get_permissions()
+        if not any(isinstance(p, TokenScopePermission) for p in found):
+            found.append(TokenScopePermission())
+        return found
+
+    def get_throttles(self):
+        action = getattr(self, "action", None)
+        if action in self.submit_actions:
+            self.throttle_scope = "submit"
+        elif self.request.method in ("GET", "HEAD", "OPTIONS"):
+            self.throttle_scope = "read"
+        else:
+            self.throttle_scope = "write"
+        return super().get_throttles()

@@ -1,12 +1,12 @@
 """The dispatch loop: one pass over every queue's waiting line against the pool in memory.
 
-A pass (`run_pass`) reads what waits and what is used (the store: jobs/dispatch.py, the only place that knows
+A pass (`run_pass`) reads what waits and what is used (the store: jobs/store.py, the only place that knows
 the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
 (`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store: the
 admissions in one transaction with bulk writes, the only thing done under the pool lock; then, in a second
 transaction without it, the reasons and places that changed. One pass runs at a time per
 database (a session advisory lock); a pass asked for while one runs is queued once, never more
-(`trainyard.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
+(`kernel.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
 
 The module imports nothing from `jobs`: the store comes in as an argument.
 """
@@ -22,14 +22,14 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 
-from cluster.probes import probe_gpu
+from cluster.probes import probe_card
 from cluster.services import pool_lock
+from kernel import wake
+from kernel.sentences import stored
+from kernel.units import human_resource
 from quotas.selectors import VECTOR_FIELDS, fits
 from scheduler import policy
 from scheduler.pool import Pool, current, overbooked
-from trainyard import wake
-from trainyard.sentences import stored
-from trainyard.units import human_resource
 
 log = structlog.get_logger(__name__)
 
@@ -213,7 +213,7 @@ class Plan:
 
 
 class Store(Protocol):
-    """Where the waiting jobs come from and where the decisions go (jobs/dispatch.py)."""
+    """Where the waiting jobs come from and where the decisions go (jobs/store.py)."""
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> Backlog: ...
 
@@ -352,8 +352,8 @@ def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> 
         return None  # cluster cards are probed by their node's device plugin and the health monitor
     for index in placement.gpu_indices:
         card = meta.cards[index]
-        result = probe_gpu(uuid=card.uuid, emulated=meta.emulated)
-        if not result.ok:
+        result = probe_card(uuid=card.uuid, emulated=meta.emulated, backend=meta.backend)
+        if result is not None and not result.ok:
             plan.probe_failures.append((card.id, card.uuid, result.reason))
             return index
     return None

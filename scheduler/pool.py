@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from cluster.inventory import LENT_LABEL, SHARING_LABEL, SHARING_TIME_SLICED, SHARING_WHOLE, node_pool
-from cluster.services import version_tuple
+from cluster.selectors import version_tuple
 from scheduler import policy
 
 log = structlog.get_logger(__name__)

@@ -22,8 +22,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || { echo "trainyard: could not create .venv: install the venv module (e.g. 'apt-get install python3.11-venv')" >&2; exit 1; }
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt; then
-  echo "trainyard: installing requirements.txt failed (output above): check network access to the package index" >&2
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt; then
+  echo "trainyard: installing requirements-dev.txt (the runtime and the development tools) failed (output above): check network access to the package index" >&2
   exit 1
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . >/dev/null 2>&1 || { echo "trainyard: installing the project itself failed: run .venv/bin/pip install -e . to see why" >&2; exit 1; }

@@ -66,10 +66,10 @@ def make_world(registry_url: str | None = None) -> World:
     from cluster.models import GPU, Node
     from jobs import services
     from monitoring.models import Alert, AlertRule
+    from ops.seed import seed
     from quotas.models import Membership, Queue, Team
     from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
     from quotas.tokens import token_create
-    from trainyard.seed import seed
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     demo_team = Team.objects.get(slug="demo")

@@ -139,7 +139,7 @@ def test_configmap_sets_only_documented_settings():
 
 
 def test_volcano_queues_match_the_seeded_platform_queues():
-    from trainyard.seed import QUEUES
+    from ops.seed import QUEUES
 
     queues = {q["metadata"]["name"]: q for q in kind("Queue")}
     assert set(queues) == {f"trainyard-{q['name']}" for q in QUEUES}

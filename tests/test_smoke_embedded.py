@@ -13,8 +13,8 @@ def test_embedded_postgres_and_redis_serve_the_platform():
         pytest.skip("run through `make smoke-embedded` (embedded servers in a scratch var/)")
     from django.conf import settings
 
+    from ops.seed import seed
     from quotas.models import Team
-    from trainyard.seed import seed
 
     assert urlparse(os.environ["DATABASE_URL"]).port != 5432, "expected the embedded PostgreSQL"
     seed(admin_password="smoke-admin-1", demo_password="smoke-demo-1")
@@ -53,7 +53,7 @@ def test_embedded_object_store_wants_its_generated_keys():
     import stat
     from pathlib import Path
 
-    from trainyard import objectstore
+    from kernel import objectstore
 
     var = Path(os.environ["TRAINYARD_VAR_DIR"])
     for name in ["s3.password", "s3.json"]:
@@ -79,7 +79,7 @@ def test_embedded_registry_serves_the_distribution_api():
 
     import httpx
 
-    from trainyard import embedded
+    from ops import embedded
 
     if embedded.registry_binary() is None and os.environ.get("CI") != "true":
         pytest.skip("docker-registry is not installed: no embedded image registry")

@@ -1,7 +1,7 @@
 """Trainyard: a self-service GPU training platform (Django project package).
 
 The Celery app is loaded when Django is set up (`trainyard.apps`), not on import of this package, so the CLI
-(`trainyard.cli`) starts without importing Celery. `celery -A trainyard` finds it in `trainyard.celery`.
+(`trainyard_cli.main`) starts without importing Celery. `celery -A trainyard` finds it in `trainyard.celery`.
 """
 
 __all__ = ("celery_app",)

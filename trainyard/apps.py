@@ -8,7 +8,5 @@ class TrainyardConfig(AppConfig):
     def ready(self) -> None:
         # Every process that sets Django up (web, worker, beat, tests) gets the Celery app, so `.delay()` reaches
         # Redis; the CLI, which never sets Django up, does not pay for importing Celery.
-        from trainyard import (
-            celery,  # noqa: F401
-            login_guard,  # noqa: F401 - counts failed logins from the first request on
-        )
+        from kernel import login_guard  # noqa: F401 - counts failed logins from the first request on
+        from trainyard import celery  # noqa: F401

@@ -41,7 +41,7 @@ if settings.TRAINYARD_SERVE_STATIC:
     django_wsgi = SafeStaticFilesHandler(django_wsgi)
 
 if settings.TRAINYARD_GC_FREEZE:
-    from trainyard import gctune  # noqa: E402
+    from kernel import gctune  # noqa: E402
 
     gctune.freeze_after_startup()
     django_wsgi = gctune.RefreezeAfterWarmup(django_wsgi)

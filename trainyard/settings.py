@@ -6,9 +6,9 @@ from pathlib import Path
 
 import environ
 
-from trainyard import logsetup
-from trainyard.embedded import private_file
-from trainyard.paths import BASE_DIR, VAR_DIR
+from kernel import logsetup
+from kernel.host import private_file
+from kernel.paths import BASE_DIR, VAR_DIR
 
 env = environ.Env()
 if (BASE_DIR / ".env").exists():
@@ -54,14 +54,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "trainyard.guards.RequestGuardMiddleware",
-    "trainyard.guards.ContentSecurityPolicyMiddleware",
+    "kernel.guards.RequestGuardMiddleware",
+    "kernel.guards.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "trainyard.login_guard.LoginLockoutMiddleware",
+    "kernel.login_guard.LoginLockoutMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -104,7 +104,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CACHES = {
     "default": {
-        "BACKEND": "trainyard.cache.SharedRedisCache",
+        "BACKEND": "kernel.cache.SharedRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env.str("TRAINYARD_CACHE_PREFIX", default="trainyard"),
     }
@@ -144,7 +144,7 @@ LOGIN_REDIRECT_URL = "/"
 
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
-LOCALE_PATHS = [BASE_DIR / "locale"]
+LOCALE_PATHS = [BASE_DIR / "trainyard" / "locale"]  # inside the package, so an installed platform has it too
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -159,7 +159,7 @@ REST_FRAMEWORK = {
         "quotas.tokens.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["trainyard.throttles.PerTokenThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["kernel.throttles.PerTokenThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         # A CI pipeline may burst 200 submissions (or one batch of 200) within a minute.
         "submit": env.str("TRAINYARD_RATE_SUBMIT", default="300/min"),
@@ -170,9 +170,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "quotas.tokens.TokenScopePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "EXCEPTION_HANDLER": "trainyard.errors.exception_handler",
+    "EXCEPTION_HANDLER": "kernel.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "trainyard.guards.StrictJSONParser",
+        "kernel.guards.StrictJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -212,7 +212,7 @@ if TRAINYARD_TLS:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes and scrapers inside the cluster
     if env.bool("TRAINYARD_BEHIND_TLS_PROXY", default=False):
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# Failed logins (trainyard/login_guard.py): per user and address, per address, per user, within the window.
+# Failed logins (kernel/login_guard.py): per user and address, per address, per user, within the window.
 TRAINYARD_LOGIN_WINDOW_S = env.int("TRAINYARD_LOGIN_WINDOW_S", default=900)
 TRAINYARD_LOGIN_MAX_FAILURES = env.int("TRAINYARD_LOGIN_MAX_FAILURES", default=5)
 TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT", default=20)
@@ -292,7 +292,7 @@ TRAINYARD_HEARTBEAT_S = env.float("TRAINYARD_HEARTBEAT_S", default=5.0)
 TRAINYARD_BEAT_STALE_S = env.float("TRAINYARD_BEAT_STALE_S", default=45.0)
 TRAINYARD_NVML_PROBE = env.bool("TRAINYARD_NVML_PROBE", default=True)
 # A job on a shared slice of a card NVML can read (local backend) is stopped when its processes hold more GPU memory
-# than the slice's share plus this tolerance (monitoring/services.py); the classifier fails it as the user's.
+# than the slice's share plus this tolerance (monitoring/services/telemetry.py); the classifier fails it as the user's.
 TRAINYARD_SHARE_MEMORY_ENFORCE = env.bool("TRAINYARD_SHARE_MEMORY_ENFORCE", default=True)
 TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB = env.int("TRAINYARD_SHARE_MEMORY_TOLERANCE_MIB", default=512)
 TRAINYARD_LOG_DAILY_BYTES = env.int("TRAINYARD_LOG_DAILY_BYTES", default=512 * 1024 * 1024)
@@ -302,8 +302,8 @@ CELERY_BEAT_SCHEDULE = {
     "observe-attempts": {"task": "jobs.observe_attempts", "schedule": env.float("TRAINYARD_OBSERVE_EVERY_S", 2.0)},
     "enforce-timeouts": {"task": "jobs.enforce_timeouts", "schedule": 15.0},
     "dispatch-all": {"task": "jobs.dispatch_all", "schedule": 30.0},
-    "reconcile-pool": {"task": "cluster.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
-    "sync-inventory": {"task": "cluster.sync_inventory", "schedule": 300.0},
+    "reconcile-pool": {"task": "jobs.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
+    "sync-inventory": {"task": "jobs.sync_inventory", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
     "task": "jobs.reconcile_lifecycle",
@@ -311,6 +311,7 @@ CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
 }
 CELERY_BEAT_SCHEDULE["prune-checkpoints"] = {"task": "jobs.prune_checkpoints", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["lend-idle-nodes"] = {"task": "jobs.lend_idle_nodes", "schedule": 60.0}
+CELERY_BEAT_SCHEDULE["propose-mig"] = {"task": "monitoring.propose_mig", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
 TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)
@@ -391,7 +392,7 @@ CELERY_BEAT_SCHEDULE.update(
 # Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
 TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
 # Move what the web process loaded at start (and again after its first requests) out of the garbage collector's
-# reach: a full collection otherwise walks every module object and paused requests for 50-120 ms (trainyard/gctune.py).
+# reach: a full collection otherwise walks every module object and paused requests for 50-120 ms (kernel/gctune.py).
 TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)
 
 # Images (docs/images.md): the registry builds are pushed to and tags are resolved against. `make run` / `make test`

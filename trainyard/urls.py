@@ -6,9 +6,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs.tb_proxy import tensorboard_proxy
 from monitoring.metrics import metrics_view
-from trainyard import health
+from ops import health
 
-handler500 = "trainyard.errors.server_error"
+handler500 = "kernel.errors.server_error"
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -23,4 +23,4 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("frontend.urls")),
 ]
-handler404 = "trainyard.errors.page_not_found"
+handler404 = "kernel.errors.page_not_found"

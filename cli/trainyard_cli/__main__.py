@@ -1,5 +1,5 @@
 import sys
 
-from trainyard_cli.cli import main
+from trainyard_cli.main import main
 
 sys.exit(main())

@@ -10,9 +10,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from frontend import wording
+from kernel import sentences
+from kernel.units import human_duration
 from quotas.models import Team
-from trainyard import sentences
-from trainyard.units import human_duration
 
 register = template.Library()
 
@@ -39,7 +39,7 @@ def duration(seconds: float | int | None) -> str:
 def said(text: str | None) -> str:
     """A sentence the platform stored in English (a wait reason, a timeline entry, a seeded description, a failure
     rule's suggestion) in the reader's language where the catalogue has it; an admin's own text is shown as written
-    (trainyard.sentences)."""
+    (kernel.sentences)."""
     return sentences.said(text)
 
 

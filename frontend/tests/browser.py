@@ -22,13 +22,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from jobs import services
+from jobs import lifecycle
 from jobs.models import TensorBoardRoute
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture, shared with the jobs tests
+from kernel.paths import BASE_DIR
+from ops.processes import command
 from quotas.models import Queue
 from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
-from trainyard.paths import BASE_DIR
-from trainyard.processes import command
 
 CHROMIUM = os.environ.get("TRAINYARD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -81,7 +81,7 @@ def observer():
         try:
             while not stop.is_set():
                 try:
-                    services.attempts_observe()
+                    lifecycle.attempts_observe()
                 except Exception:  # noqa: BLE001 - keep observing; a failed pass is retried like the beat's
                     pass
                 stop.wait(0.2)

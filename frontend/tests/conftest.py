@@ -8,9 +8,9 @@ from django.test import Client
 from frontend.tests.browser import live_portal, observer, page, platform  # noqa: F401 - the browser tests' fixtures
 from jobs import services
 from jobs.backends import reset_backends
+from ops.seed import seed
 from quotas.models import Queue
 from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
-from trainyard.seed import seed
 
 
 @pytest.fixture

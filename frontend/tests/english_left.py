@@ -6,9 +6,9 @@ import ast
 import html
 import re
 
-from trainyard.paths import BASE_DIR
+from kernel.paths import BASE_DIR
 
-PO = BASE_DIR / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
+PO = BASE_DIR / "trainyard" / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
 PLACEHOLDER = re.compile(r"%\(\w+\)[sd]|\{\{ ?\w+ ?\}\}|%%|\{% plural %\}")
 # Words that stay as they are in Chinese text: names of things, units, protocols.
 KEPT = re.compile(r"\b(GPU|GPUs|GiB|MiB|NVIDIA|CUDA|NVML|Xid|TensorBoard|Webhook|CSV|API|CLI|UTC|ID|FIFO)\b")

@@ -14,7 +14,7 @@ import time
 
 from cluster.models import GPU
 from frontend.tests.browser import BROWSER_MARKS, TIMEOUT_MS, log_in, shot
-from jobs import services
+from jobs import services, store
 from jobs.models import Job
 from jobs.states import JobState
 from quotas.models import Queue
@@ -200,7 +200,7 @@ def test_portal_in_a_real_browser(live_portal, page):
     row = tab.locator(f"tr[data-job='{mine.id}'] [data-role=state]")
     assert row.inner_text() == "pending"
     Queue.objects.filter(name="train").update(state="open")
-    services.queue_dispatch(queue_id=mine.queue_id)
+    store.dispatch(queue_ids=[mine.queue_id])
     tab.wait_for_function(
         f"!['pending'].includes(document.querySelector(\"tr[data-job='{mine.id}'] [data-role=state]\").textContent)",
         timeout=20_000,

@@ -14,7 +14,7 @@ from frontend import wording
 from frontend.forms import CUSTOM_IMAGE
 from frontend.tests.conftest import login, submit
 from frontend.tests.english_left import KEPT, english_runs, known_english, visible_text
-from jobs import services
+from jobs import lifecycle, services, store
 from jobs.backends import Observation
 from jobs.models import Job, JobEvent
 from jobs.states import JobState, PendingReason
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 
 def _finish(job, obs: Observation):
     services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
-    services.attempt_finish(attempt_id=job.attempts.filter(ended_at__isnull=True).get().id, obs=obs)
+    lifecycle.attempt_finish(attempt_id=job.attempts.filter(ended_at__isnull=True).get().id, obs=obs)
     return Job.objects.get(pk=job.pk)
 
 
@@ -37,23 +37,23 @@ def scenario(portal):
     """A waiting job (the demo team's quota is smaller than the queue), a user failure, a platform failure that
     is retried, a cancelled job, an alert on a card, and the English they left in the database."""
     failed = submit(portal.demo, name="user-exit", queue="debug")
-    services.queue_dispatch(queue_id=failed.queue_id)
+    store.dispatch(queue_ids=[failed.queue_id])
     failed = _finish(failed, Observation(phase="failed", exit_code=3, reason="Error"))
     assert failed.state == JobState.FAILED
 
     retried = submit(portal.demo, name="killed", queue="debug")
-    services.queue_dispatch(queue_id=retried.queue_id)
+    store.dispatch(queue_ids=[retried.queue_id])
     retried = _finish(retried, Observation(phase="failed", signal=9, reason="Killed"))
     assert retried.retries_used == 1
 
     cancelled = submit(portal.demo, name="stopped", queue="debug")
-    services.job_cancel(job_id=cancelled.id, actor="demo")
+    lifecycle.job_cancel(job_id=cancelled.id, actor="demo")
 
     Team.objects.filter(slug="demo").update(gpu_milli=2000)  # as `manage.py seed` makes it: smaller than the queue
     for i in range(2):
         submit(portal.demo, name=f"whole-{i}", spec="guaranteed")
     waiting = submit(portal.demo, name="whole-waiting", spec="guaranteed")
-    services.queue_dispatch(queue_id=waiting.queue_id)
+    store.dispatch(queue_ids=[waiting.queue_id])
     waiting = Job.objects.get(pk=waiting.pk)
     assert waiting.state == JobState.PENDING and waiting.reason == PendingReason.TEAM_QUOTA_EXHAUSTED, waiting.reason
     gpu = GPU.objects.order_by("-id").first()

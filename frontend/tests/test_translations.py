@@ -4,9 +4,9 @@ import ast
 import gettext
 import re
 
-from trainyard.paths import BASE_DIR
+from kernel.paths import BASE_DIR
 
-CATALOGUE = BASE_DIR / "locale" / "zh_Hans" / "LC_MESSAGES"
+CATALOGUE = BASE_DIR / "trainyard" / "locale" / "zh_Hans" / "LC_MESSAGES"
 
 
 def _entries() -> list[dict]:
@@ -56,7 +56,7 @@ def test_compiled_catalogue_matches_the_source():
 
 
 def _stored_templates() -> dict[str, str]:
-    """Every template the code passes to trainyard.sentences.stored(), with the file that makes it."""
+    """Every template the code passes to kernel.sentences.stored(), with the file that makes it."""
     found: dict[str, str] = {}
     for path in BASE_DIR.rglob("*.py"):
         parts = path.relative_to(BASE_DIR).parts

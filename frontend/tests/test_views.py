@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from frontend import wording
 from frontend.tests.conftest import login, submit
-from jobs import logstore, services
+from jobs import lifecycle, logstore, services, store
 from jobs.backends import Observation
 from jobs.models import Job
 from jobs.states import JobState, PendingReason
@@ -288,14 +288,14 @@ def test_cancel_and_reproduce_need_csrf_and_membership(portal):
 
 def test_cancelling_a_finished_job_says_why(portal):
     job = submit(portal.demo)
-    services.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
     response = login(portal.demo).post(f"/jobs/{job.id}/cancel/", {"confirmed": "1"}, follow=True)
     assert response.status_code == 200 and b"Cancelled." in response.content
     done = submit(portal.demo)
-    services.queue_dispatch(queue_id=done.queue_id)
+    store.dispatch(queue_ids=[done.queue_id])
     attempt = done.attempts.get()
     services.job_transition(job_id=done.id, to=JobState.STARTING, actor="test")
-    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="succeeded", exit_code=0))
+    lifecycle.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="succeeded", exit_code=0))
     response = login(portal.demo).post(f"/jobs/{done.id}/cancel/", {"confirmed": "1"}, follow=True)
     assert "Cannot cancel: the job already succeeded" in response.content.decode()
     asked = login(portal.demo).get(f"/jobs/{done.id}/cancel/", follow=True)  # nothing to ask about
@@ -304,14 +304,14 @@ def test_cancelling_a_finished_job_says_why(portal):
 
 def test_job_page_shows_attempts_with_failure_class_rule_and_suggestion(portal):
     job = submit(portal.demo, name="oom-job")
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     gpus = login(portal.demo).get("/gpus/").content.decode()
     assert "oom-job" in gpus and "Emulated GPUs." in gpus
     assert "oom-job" not in login(portal.outsider).get("/gpus/").content.decode()
     assert "another team's job" in login(portal.outsider).get("/gpus/").content.decode()
 
     attempt = job.attempts.get()
-    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=137, reason="OOMKilled"))
+    lifecycle.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=137, reason="OOMKilled"))
     body = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
     assert "<code>oom-killed</code>" in body and "user: the job's code, input or request" in body
     assert "choose a spec with more memory per GPU" in body and "no retry" in body
@@ -324,7 +324,7 @@ def test_queue_page_explains_the_line_and_hides_other_teams_jobs(portal):
     Queue.objects.filter(name="train").update(state="closed")
     theirs = submit(portal.outsider, team="vision", name="their-secret-job")
     mine = submit(portal.demo, name="my-waiting-job")
-    services.queue_dispatch(queue_id=mine.queue_id)
+    store.dispatch(queue_ids=[mine.queue_id])
     assert Job.objects.get(pk=mine.pk).queue_position == 2 and Job.objects.get(pk=theirs.pk).queue_position == 1
     body = login(portal.demo).get("/queues/train/").content.decode()
     assert "their-secret-job" not in body and "olga" not in body and "another team's job" in body
@@ -339,7 +339,7 @@ def test_a_long_line_lists_its_head_and_your_own_jobs_wherever_they_wait(
 ):
     """A queue page reads the whole line for its estimates but lists only its first jobs (and the reader's own,
     further back), so a line of thousands does not make a page of thousands."""
-    from frontend import views
+    from frontend.views import queues as views
 
     monkeypatch.setattr(views, "LINE_SHOWN", 3)
     monkeypatch.setattr(views, "MINE_SHOWN", 2)
@@ -347,7 +347,7 @@ def test_a_long_line_lists_its_head_and_your_own_jobs_wherever_they_wait(
     for i in range(5):
         submit(portal.outsider, team="vision", name=f"theirs-{i}")
     mine = [submit(portal.demo, name=f"mine-{i}") for i in range(3)]
-    services.queue_dispatch(queue_id=mine[0].queue_id)
+    store.dispatch(queue_ids=[mine[0].queue_id])
     client = login(portal.demo)
     with django_assert_max_num_queries(40):
         body = client.get("/queues/train/").content.decode()
@@ -365,7 +365,7 @@ def test_every_pending_reason_has_a_plain_sentence():
 
 def test_team_page_shows_quota_usage_by_spec_and_members(portal):
     job = submit(portal.demo, spec="performance")
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     body = login(portal.demo).get("/teams/demo/").content.decode()
     assert "0.75 of 4 used (19%)" in body  # GPU: one performance slice of a 4-GPU quota
     assert "performance" in body and "demo" in body and "maintainer" in body
@@ -382,7 +382,7 @@ def test_image_catalog_has_the_compatibility_matrix(portal):
 
 def test_log_download_streams_every_kept_line(portal):
     job = submit(portal.demo, name='my "quoted" run')
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     writer = logstore.LogWriter(logstore.attempt_dir(str(job.id), 1))
     for i in range(1, 12346):
         writer.write_line(f"step {i}")
@@ -471,7 +471,7 @@ def test_submit_form_and_job_page_say_what_the_local_backend_really_runs(portal)
     assert "not used: runs on the host's Python" in page and "What runs: the host, not the image." in page
 
     # Once started, the page shows the reproduce record's own words: what ran.
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     Job.objects.filter(pk=job.pk).update(
         reproduce={
             "image_used": False,
@@ -563,10 +563,10 @@ def test_cancel_asks_first_and_the_job_page_says_each_fact_once(portal):
     job = submit(portal.demo, name="once")
     page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
     assert 'data-confirm="Cancel job once? Its processes are stopped' in page
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     attempt = job.attempts.get()
     services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
-    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    lifecycle.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
     page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
     header = page[: page.index('id="logs-title"')]
     suggestion = Job.objects.get(pk=job.pk).suggestion
@@ -577,10 +577,10 @@ def test_cancel_asks_first_and_the_job_page_says_each_fact_once(portal):
 
 def test_stored_sentences_and_seeded_descriptions_read_in_chinese(portal):
     job = submit(portal.demo, name="zh-job")
-    services.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     services.job_transition(job_id=job.id, to=JobState.STARTING, actor="test")
     attempt = job.attempts.get()
-    services.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
+    lifecycle.attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", exit_code=3, reason="Error"))
     client = login(portal.demo)
     client.cookies["django_language"] = "zh-hans"
     page = html.unescape(client.get(f"/jobs/{job.id}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from images import registry, services
 from images.models import BaseImage, ImageBuild, ProjectImage, TeamImageSettings
+from kernel.errors import ValidationFailed
 from quotas.tests.factories import TeamFactory
-from trainyard.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db
 
@@ -84,7 +84,7 @@ def test_a_failing_build_keeps_its_log_and_pushes_nothing(images_env):
 
 
 def test_a_build_waits_for_a_registry_that_is_down_and_says_so(images_env, settings):
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     base = define_base(images_env)
     good = settings.TRAINYARD_REGISTRY_URL

@@ -187,7 +187,7 @@ def test_a_job_created_before_is_adopted_and_another_builds_is_refused(cluster, 
 
 @pytest.mark.django_db
 def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, build_root, settings):
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     base = define_base(images_env)
     build = services.build_request(image=base)

@@ -50,7 +50,7 @@ def test_the_submit_form_names_a_tag_the_registry_lacks_or_a_registry_that_is_do
 ):
     from images import registry
     from jobs.models import Job
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     if down:
         settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from images import registry
-from trainyard import embedded
+from ops import embedded
 
 
 def test_the_embedded_registry_starts_on_a_free_loopback_port_and_stops_within_its_bound(tmp_path):

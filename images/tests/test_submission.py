@@ -14,8 +14,8 @@ from images.models import ImageBuild, ScanException, ScanPolicy
 from images.tests.conftest import podman
 from jobs.lifecycle import describe_attempt
 from jobs.models import Job
+from ops.seed import seed
 from quotas.models import Queue, Team
-from trainyard.seed import seed
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +52,7 @@ def push_tag(build_root, tmp_path, reference: str, marker: str) -> str:
 
 
 def test_a_tag_is_pinned_at_submission_and_a_moved_tag_does_not_change_what_runs(world, build_root, tmp_path):
-    from jobs.dispatch import dispatch
+    from jobs.store import dispatch
 
     reference = f"{registry.platform_registry()}/team/trainer:stable"
     first = push_tag(build_root, tmp_path, reference, "first")
@@ -84,7 +84,7 @@ def test_a_missing_tag_or_repository_is_a_400_with_a_code(world):
 
 
 def test_a_registry_that_is_down_at_submission_is_a_503(world, settings):
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
     response = world.post("/api/v1/jobs/", body(f"{registry.platform_registry()}/upstream/tiny:1"), format="json")

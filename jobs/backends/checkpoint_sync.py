@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
 
-from trainyard import objectstore
+from kernel import objectstore
 
 PART_BYTES = 8 * 1024 * 1024  # multipart threshold and part size: the ETag check recomputes with the same size
 READ_BYTES = 1024 * 1024

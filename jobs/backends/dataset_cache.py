@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard import objectstore
+from kernel import objectstore
 
 READ_BYTES = 1024 * 1024
 MIB = 1024 * 1024

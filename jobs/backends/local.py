@@ -23,10 +23,11 @@ import structlog
 from django.conf import settings
 
 from jobs import logstore
-from jobs.backends import proctree, sandbox
+from jobs.backends import sandbox
 from jobs.backends.base import UNOBSERVABLE, AttemptDescription, Observation
-from trainyard.paths import BASE_DIR
-from trainyard.sentences import stored
+from kernel import proctree
+from kernel.paths import BASE_DIR
+from kernel.sentences import stored
 
 log = structlog.get_logger(__name__)
 SUPERVISOR_START_S = 20.0  # how long submit waits for a new supervisor to take its lock

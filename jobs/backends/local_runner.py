@@ -27,10 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.backends import proctree, sandbox
+from jobs.backends import sandbox
 from jobs.backends.checkpoint_sync import RESTORE_EXIT_CODE, CheckpointSync, restore_failure
 from jobs.backends.usage_sampler import UsageSampler
 from jobs.logstore import RING_LINES, LogWriter
+from kernel import proctree
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
 LEFTOVER_GRACE_S = 1.0  # after the main process exits, how long its leftovers get between SIGTERM and SIGKILL
@@ -210,7 +211,7 @@ def _datasets(spec: dict, box: dict | None, logs: _Log, folder: Path) -> list | 
     if not items:
         return []
     from jobs.backends.dataset_cache import DatasetCache, DatasetError
-    from trainyard import objectstore
+    from kernel import objectstore
 
     held = []
     try:

@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from kernel.netns import slirp_resolv_conf
+
 NOBODY = 65534
 SYSTEM_RO_PATHS = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/run", "/dev/shm")
@@ -102,7 +104,7 @@ def gpu_device_nodes(devices: list[dict]) -> list[str]:
 
 def _platform_paths() -> list[str]:
     """Everything of the platform a job must never see, hidden even under a read-only path that holds it."""
-    from trainyard.paths import BASE_DIR, VAR_DIR
+    from kernel.paths import BASE_DIR, VAR_DIR
 
     paths = [
         BASE_DIR,
@@ -122,22 +124,6 @@ def _interpreter_paths() -> list[str]:
         if not real.startswith(("/usr/", "/opt/")) and real != "/usr":
             paths.append(real)
     return sorted(paths)
-
-
-def _resolver_for_slirp(folder: Path) -> str | None:
-    """A resolv.conf for a job with outbound network when the host's points at a loopback resolver (which the
-    job cannot reach): slirp4netns's own forwarder at 10.0.2.3 instead. None when the host's will do."""
-    try:
-        lines = Path("/etc/resolv.conf").read_text().splitlines()
-    except OSError:
-        lines = []
-    servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver") and len(ln.split()) > 1]
-    if servers and not all(s.startswith("127.") or s == "::1" for s in servers):
-        return None
-    path = folder / "resolv.conf"
-    path.write_text("nameserver 10.0.2.3\n")
-    path.chmod(0o644)
-    return str(path)
 
 
 def network_tool() -> str:
@@ -165,7 +151,7 @@ def plan(
         return None
     network = None
     if outbound:
-        network = {"slirp4netns": network_tool(), "resolv_conf": _resolver_for_slirp(Path(folder or workdir))}
+        network = {"slirp4netns": network_tool(), "resolv_conf": slirp_resolv_conf(Path(folder or workdir))}
     uid = job_uid(job_id)
     for folder in job_dirs:
         folder.mkdir(parents=True, exist_ok=True)

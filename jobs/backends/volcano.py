@@ -58,7 +58,7 @@ from jobs import logstore
 from jobs.backends import checkpoint_sync, pod_metrics
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
-from trainyard import kubeclient, objectstore
+from kernel import kubeclient, objectstore
 
 log = structlog.get_logger(__name__)
 JSON = dict[str, Any]

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from jobs import lifecycle
 from jobs.backends import reset_backends
 
 
@@ -20,7 +21,7 @@ def platform(settings, tmp_path, transactional_db):
     reset_backends()
     from django.contrib.auth import get_user_model
 
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     yield get_user_model().objects.get(username="demo")
@@ -42,12 +43,11 @@ def _kill_leftovers(root):
 
 def wait_for(predicate, *, timeout=30.0, every=0.1, observe=True):
     """Poll (running the observe pass the beat would run) until predicate() is truthy."""
-    from jobs import services
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if observe:
-            services.attempts_observe()
+            lifecycle.attempts_observe()
         value = predicate()
         if value:
             return value

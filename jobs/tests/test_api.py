@@ -6,9 +6,9 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from jobs.models import Job
+from ops.seed import seed
 from quotas.models import Queue
 from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
-from trainyard.seed import seed
 
 pytestmark = pytest.mark.django_db
 

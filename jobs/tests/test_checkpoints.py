@@ -14,7 +14,7 @@ from jobs.models import Attempt, Checkpoint, JobEvent
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
 from jobs.tests.test_lifecycle_e2e import finished, reload, submit
-from trainyard import objectstore
+from kernel import objectstore
 
 
 def _sync(tmp_path, store, prefix="t/"):

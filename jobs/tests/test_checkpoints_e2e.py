@@ -6,12 +6,12 @@ import signal
 
 import pytest
 
-from jobs import services
+from jobs import lifecycle, services
 from jobs.models import Checkpoint, JobEvent
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
 from jobs.tests.test_lifecycle_e2e import finished, log_text, reload, submit
-from trainyard import objectstore
+from kernel import objectstore
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def test_checkpoint_is_uploaded_while_running_and_restored_into_the_retry(
 def test_store_down_never_blocks_the_job_and_the_page_says_what_was_not_saved(
     platform, celery_worker_thread, checkpoint_store, settings
 ):
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     settings.TRAINYARD_S3_URL = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S = 3.0
@@ -121,7 +121,7 @@ def test_a_cancelled_job_still_saves_its_checkpoints_at_the_end(
     import time
 
     time.sleep(1.0)  # the file is written
-    services.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
     job = wait_for(lambda: finished(job), timeout=60)
     assert job.state == JobState.CANCELLED
     saved = Checkpoint.objects.get(job=job)

@@ -14,7 +14,7 @@ from jobs.models import Dataset, Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
 from jobs.tests.test_lifecycle_e2e import finished, log_text, submit
-from trainyard import objectstore
+from kernel import objectstore
 from trainyard.tests.test_cli import cli  # noqa: F401 - fixture
 
 
@@ -233,8 +233,8 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
 def test_shared_with_never_tells_a_maintainer_which_teams_exist(settings):
     from django.contrib.auth import get_user_model
 
+    from ops.seed import seed
     from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
-    from trainyard.seed import seed
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     TeamFactory(slug="other")  # exists; demo is not a member

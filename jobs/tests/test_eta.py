@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from frontend.templatetags.portal import eta as eta_words
 from jobs import eta, selectors, services
-from jobs.dispatch import dispatch
 from jobs.models import Job
 from jobs.states import JobState
+from jobs.store import dispatch
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from quotas.models import Queue, Team
 

@@ -27,8 +27,8 @@ from jobs.tests.test_volcano_render import (  # noqa: F401 - fixture
     validate_pod_template,
     volcano_crds,
 )
-from trainyard import objectstore
-from trainyard.paths import BASE_DIR
+from kernel import objectstore
+from kernel.paths import BASE_DIR
 
 PREFIX = "vision/0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0/attempt-2/"
 RESTORE = {
@@ -237,7 +237,7 @@ def _sidecar_process(env_store, tmp_path, restore, *, url=None):
 
 @pytest.mark.slow
 def test_the_sidecar_process_reports_a_failed_restore_with_its_reason(object_store, tmp_path):
-    from trainyard.embedded import free_port
+    from ops.embedded import free_port
 
     s3 = objectstore.client(object_store)
     source = tmp_path / "ckpt-100.pt"

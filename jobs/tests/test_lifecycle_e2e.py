@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
-from jobs import logstore, services
+from jobs import lifecycle, logstore, services, store
 from jobs.models import Attempt, Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
@@ -129,7 +129,7 @@ def test_timeout_stops_the_job_and_frees_the_gpu(platform, celery_worker_thread)
     import time
 
     time.sleep(1.2)
-    assert services.timeouts_enforce() == 1
+    assert lifecycle.timeouts_enforce() == 1
     job = wait_for(lambda: finished(job))
     assert job.state == JobState.TIMED_OUT
     assert job.attempts.get().state == "timed_out"
@@ -142,11 +142,11 @@ def test_cancel_while_pending_and_while_running(platform, celery_worker_thread):
     Queue.objects.filter(name="debug").update(state="closed")
     waiting = submit(platform, queue="debug")
     wait_for(lambda: reload(waiting).reason == "queue_closed", observe=False)
-    assert services.job_cancel(job_id=waiting.id, actor="demo").state == JobState.CANCELLED
+    assert lifecycle.job_cancel(job_id=waiting.id, actor="demo").state == JobState.CANCELLED
 
     running = submit(platform, command=["sh", "-c", "trap '' TERM; sleep 60"])
     wait_for(lambda: reload(running).state == JobState.RUNNING)
-    assert services.job_cancel(job_id=running.id, actor="demo").state == JobState.CANCELLING
+    assert lifecycle.job_cancel(job_id=running.id, actor="demo").state == JobState.CANCELLING
     job = wait_for(lambda: finished(running), timeout=20)
     assert job.state == JobState.CANCELLED  # SIGTERM ignored: SIGKILL after the grace period
     assert not active_slices().exists()
@@ -181,7 +181,7 @@ def test_concurrent_submissions_never_over_admit(platform):
 
     def dispatch():
         try:
-            services.queue_dispatch(queue_id=queue_id)
+            store.dispatch(queue_ids=[queue_id])
         finally:
             connection.close()
 
@@ -225,7 +225,7 @@ def test_exclusive_handout_reclaims_a_stale_slice(platform, settings):
     inventory_sync(info=emulated_node("1x24GiB"))
     gpu = GPU.objects.get()
     debug = submit(platform, queue="debug", spec="shared", command=["true"])
-    services.job_cancel(job_id=debug.id, actor="test")
+    lifecycle.job_cancel(job_id=debug.id, actor="test")
     stale_attempt = Attempt.objects.create(
         job=debug, number=1, backend="local", state="succeeded", ended_at=debug.submitted_at
     )
@@ -233,7 +233,7 @@ def test_exclusive_handout_reclaims_a_stale_slice(platform, settings):
     exclusive = submit(platform, spec="guaranteed", command=["true"])
     from quotas.models import Queue
 
-    services.queue_dispatch(queue_id=Queue.objects.get(name="train").id)
+    store.dispatch(queue_ids=[Queue.objects.get(name="train").id])
     exclusive = reload(exclusive)
     assert exclusive.state == JobState.ADMITTED
     device = exclusive.attempts.get().slices.get()
@@ -248,7 +248,7 @@ def test_failed_probe_falls_through_to_the_next_gpu(platform, settings, tmp_path
     job = submit(platform, spec="guaranteed", command=["true"])
     from quotas.models import Queue
 
-    services.queue_dispatch(queue_id=Queue.objects.get(name="train").id)
+    store.dispatch(queue_ids=[Queue.objects.get(name="train").id])
     device = reload(job).attempts.get().slices.get()
     assert device.gpu_id != first.id
     first.refresh_from_db()
@@ -261,11 +261,11 @@ def test_shares_pack_onto_the_card_that_fragments_least(platform):
 
     train = Queue.objects.get(name="train").id
     small = submit(platform, spec="shared", command=["true"])
-    services.queue_dispatch(queue_id=train)
+    store.dispatch(queue_ids=[train])
     first_gpu = reload(small).attempts.get().slices.get().gpu_id
     big = submit(platform, spec="performance", command=["true"])
-    services.queue_dispatch(queue_id=train)
+    store.dispatch(queue_ids=[train])
     assert reload(big).attempts.get().slices.get().gpu_id == first_gpu
     whole = submit(platform, spec="guaranteed", command=["true"])
-    services.queue_dispatch(queue_id=train)
+    store.dispatch(queue_ids=[train])
     assert reload(whole).attempts.get().slices.get().gpu_id != first_gpu

@@ -77,7 +77,7 @@ def test_follower_survives_ring_rewrites(tmp_path):
 @pytest.fixture
 def job_with_log(settings, tmp_path, db):
     from jobs.services import job_submit
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")

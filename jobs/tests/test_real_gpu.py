@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 
 from cluster import inventory
-from jobs import logstore, services
+from jobs import lifecycle, logstore, services
 from jobs.models import Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
@@ -338,7 +338,7 @@ def test_a_job_allocating_a_known_amount_is_profiled_within_5_percent_and_advise
         assert rec is not None and rec["runs"] == 1 and rec["evidence"].startswith("1 run, peak")
         assert again.spec.name == "guaranteed" and again.gpu_memory_mib == job.gpu_memory_mib
     finally:
-        services.job_cancel(job_id=str(again.id), actor="demo")
+        lifecycle.job_cancel(job_id=str(again.id), actor="demo")
 
 
 IDLE_CUDA_JOB = (

@@ -9,9 +9,9 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from jobs import reference, services
+from kernel.errors import NotFound, ValidationFailed
+from ops.seed import seed
 from quotas.models import Queue, ResourceSpec, Team
-from trainyard.errors import NotFound, ValidationFailed
-from trainyard.seed import seed
 
 SUBMISSION = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
 

@@ -14,12 +14,12 @@ from urllib.parse import urlparse
 import pytest
 from django.conf import settings
 
-from jobs import logstore, services
+from jobs import lifecycle, logstore, services
 from jobs.backends import sandbox
 from jobs.models import Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
-from trainyard.paths import BASE_DIR, VAR_DIR
+from kernel.paths import BASE_DIR, VAR_DIR
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -225,7 +225,7 @@ def test_cancel_gives_a_sandboxed_job_its_grace_period(platform, celery_worker_t
     script = "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.1; done"
     job = _submit(platform, ["sh", "-c", script])
     wait_for(lambda: "ready" in _log(job) if Job.objects.get(pk=job.pk).attempts.exists() else False)
-    services.job_cancel(job_id=job.id, actor="test")
+    lifecycle.job_cancel(job_id=job.id, actor="test")
     done = wait_for(lambda: _finished(job))
     assert done.state == JobState.CANCELLED
     assert "got TERM" in _log(job)

@@ -16,7 +16,7 @@ PAIRS = [(a, b) for a in JobState.values for b in JobState.values]
 def job(settings):
     from django.contrib.auth import get_user_model
 
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     settings.TRAINYARD_LOCAL_GPUS = "2x24GiB"
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs import services, tensorboard
+from jobs import lifecycle, services, tensorboard
 from jobs.models import TensorBoardRoute
 from quotas.tests.factories import UserFactory
 
@@ -95,7 +95,7 @@ def test_several_routes_at_once_are_isolated_authenticated_and_freed(platform):
     assert anonymous.get(f"/tb/{jobs[1].id}/?tb_sig=forged:sig").status_code == 403
 
     for job in jobs:
-        services.job_cancel(job_id=job.id, actor="demo")  # terminal: the route expires after the grace period
+        lifecycle.job_cancel(job_id=job.id, actor="demo")  # terminal: the route expires after the grace period
     assert TensorBoardRoute.objects.filter(expires_at__isnull=False).count() == 3
     TensorBoardRoute.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     assert tensorboard.routes_reap() == 3

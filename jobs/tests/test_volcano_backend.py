@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes.utils import parse_quantity
 
-from jobs import classifier, logstore
+from jobs import classifier, lifecycle, logstore
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Device
 from jobs.backends.volcano import VolcanoBackend, VolcanoConfig, node_info, parse_ref
@@ -642,8 +642,8 @@ def platform(kube, settings, tmp_path, transactional_db):
     """A seeded platform on the volcano backend, its queues and inventory synced from the fake cluster."""
     from cluster.services import inventory_sync
     from jobs.backends import get_backend, reset_backends
+    from ops.seed import seed
     from quotas.models import Queue
-    from trainyard.seed import seed
 
     settings.TRAINYARD_BACKEND = "volcano"
     settings.TRAINYARD_K8S_API_URL = kube.url
@@ -699,12 +699,11 @@ def vgpu_platform(request, kube, settings):
 
 def drive(kube, predicate, *, timeout=30.0):
     """Let the cluster run (controller ticks) and the platform observe it, until predicate() holds."""
-    from jobs import services
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         kube.controller.tick()
-        services.attempts_observe(backend_name="volcano")
+        lifecycle.attempts_observe(backend_name="volcano")
         value = predicate()
         if value:
             return value
@@ -820,13 +819,12 @@ def test_e2e_full_volcano_queue_keeps_the_job_pending_with_the_reason_shown(kube
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_e2e_timeout_deletes_the_job_and_times_out(kube, platform, celery_worker_thread):
-    from jobs import services
 
     kube.controller.script("ty-", run_ticks=None)
     job = submit(platform, timeout_s=1)
     drive(kube, lambda: reload(job).state == "running")
     time.sleep(1.1)
-    assert services.timeouts_enforce() == 1
+    assert lifecycle.timeouts_enforce() == 1
     job = drive(kube, lambda: finished(job))
     assert job.state == "timed_out" and job.attempts.get().state == "timed_out"
     assert vcjobs(kube) == [] and kube.controller.job_pods(TEAM_NS, parse_ref(attempt_ref(job))[1]) == []
@@ -835,12 +833,11 @@ def test_e2e_timeout_deletes_the_job_and_times_out(kube, platform, celery_worker
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_e2e_cancel_while_running(kube, platform, celery_worker_thread):
-    from jobs import services
 
     kube.controller.script("ty-", run_ticks=None)
     job = submit(platform)
     drive(kube, lambda: reload(job).state == "running")
-    assert services.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
+    assert lifecycle.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
     job = drive(kube, lambda: finished(job))
     assert job.state == "cancelled" and vcjobs(kube) == []
     from cluster.models import LogicalDevice
@@ -921,9 +918,7 @@ def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_
         "volumes"
     ]
 
-    from jobs import services
-
-    services.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
     drive(kube, lambda: finished(job))
     assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
     assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None

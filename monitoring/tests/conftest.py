@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from cluster import nvml as cluster_nvml
 from cluster.models import GPU, Node
 from jobs.backends import reset_backends
 from jobs.tests.conftest import wait_for  # noqa: F401 - shared with the lifecycle tests
@@ -47,7 +48,7 @@ def platform_settings(settings, tmp_path):
 @pytest.fixture
 def seeded(platform_settings):
     """Queues, specs, the demo team and users, the emulated 4-card node, and the default alert rules."""
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     seed_rules(AlertRule)
@@ -109,7 +110,7 @@ def fake_nvml(monkeypatch):
     nvml = FakeNvml([FakeCard(uuid=u) for u in REAL_UUIDS])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setattr(collectors, "_nvml_collector", None)
-    monkeypatch.setattr(collectors, "_initialised", None)
+    monkeypatch.setattr(cluster_nvml, "_initialised", None)
     return nvml
 
 
@@ -136,7 +137,7 @@ def api_as(username: str) -> APIClient:
 @pytest.fixture
 def live_platform(transactional_db, platform_settings, celery_worker_thread, tmp_path):
     """A seeded platform whose jobs run as real processes, with a real Celery worker."""
-    from trainyard.seed import seed
+    from ops.seed import seed
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     seed_rules(AlertRule)

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from cluster.models import GPU
-from cluster.services import pool_cards
+from cluster.selectors import pool_cards
 from jobs import services as jobs
 from jobs.models import Job, JobEvent
 from monitoring import services

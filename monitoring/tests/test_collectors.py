@@ -10,6 +10,7 @@ import pytest
 
 from cluster.models import GPU, Node
 from jobs import services as jobs
+from jobs import store
 from monitoring import services
 from monitoring.models import Alert, GpuSample, GpuStatus, JobGpuSample
 from monitoring.tests.conftest import REAL_UUIDS, api_as, emulated_gpus
@@ -28,7 +29,7 @@ def admitted_job(user, spec="shared"):
             "command": ["python", "train.py"],
         },
     )
-    jobs.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     job.refresh_from_db()
     assert job.state == "admitted"
     return job

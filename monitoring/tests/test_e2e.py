@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from cluster.models import GPU
-from jobs import logstore
+from jobs import lifecycle, logstore
 from jobs import services as jobs
 from jobs.models import Job
 from monitoring import services
@@ -55,7 +55,7 @@ def test_a_card_lost_under_a_running_job_is_quarantined_and_the_job_retried_else
     assert lost in Job.objects.get(pk=job.pk).excluded_gpus
     kinds = list(job.events.values_list("kind", flat=True))
     assert "alert" in kinds and "restart_requested" in kinds
-    jobs.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
 
 
 def test_printed_metrics_reach_the_api_and_the_charts(live_platform):

@@ -3,13 +3,14 @@
 import pytest
 
 from cluster.models import GPU
-from cluster.services import pool_cards
+from cluster.selectors import pool_cards
 from jobs import services as jobs
+from jobs import store
 from jobs.states import JobState
+from kernel.errors import Conflict
 from monitoring import services
 from monitoring.models import Alert, GpuHealthEvent, GpuStatus, Notification
 from monitoring.tests.conftest import REAL_UUIDS, T0, api_as, emulated_gpus, plant_faults
-from trainyard.errors import Conflict
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +39,7 @@ def test_a_failing_probe_takes_the_gpu_out_of_placement_at_once(db_platform, set
         user=db_platform,
         data={"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]},
     )
-    jobs.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     job.refresh_from_db()
     assert job.state == JobState.ADMITTED
     assert bad.uuid not in [d["gpu_uuid"] for d in job.attempts.get().placement["devices"]]

@@ -43,7 +43,7 @@ def test_a_watch_that_cannot_work_is_a_400(platform, watch):  # noqa: F811
 
 
 def test_a_failure_rate_rule_that_would_restart_or_quarantine_is_refused(platform):  # noqa: F811
-    from trainyard.errors import ValidationFailed
+    from kernel.errors import ValidationFailed
 
     for action in ("restart_job", "quarantine_gpu"):
         with pytest.raises(ValidationFailed) as err:

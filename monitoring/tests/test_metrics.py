@@ -8,6 +8,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import services as jobs
+from jobs import store
 from jobs.models import JobEvent
 from monitoring import services
 from monitoring.models import QueueWaitStats, SchedulingSample
@@ -40,7 +41,7 @@ def busy(db_platform):
     """On the four emulated cards: a whole card and a quarter card held, one job pending in debug."""
     submit(db_platform, "train", "guaranteed")
     job = submit(db_platform, "train", "shared")
-    jobs.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     submit(db_platform, "debug", "shared")
     return db_platform
 
@@ -88,7 +89,7 @@ def test_the_wait_histogram_only_grows_and_counts_each_admission_once(busy):
 
 def test_a_retried_job_waits_from_its_requeueing(db_platform):
     job = submit(db_platform, "train", "shared")
-    jobs.queue_dispatch(queue_id=job.queue_id)
+    store.dispatch(queue_ids=[job.queue_id])
     # Crafted history: it waited 30 s the first time and 300 s after a retry re-queued it.
     submitted, admitted = JobEvent.objects.filter(job=job).order_by("id")
     t0 = timezone.now() - timedelta(hours=1)

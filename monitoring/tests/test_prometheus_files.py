@@ -7,8 +7,8 @@ import yaml
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernel.paths import BASE_DIR
 from monitoring.collectors import DCGM_FIELDS
-from trainyard.paths import BASE_DIR
 
 FOLDER = BASE_DIR / "k8s" / "prometheus"
 

@@ -7,6 +7,7 @@ import uuid
 import pytest
 from django.test import Client
 
+from jobs import lifecycle
 from jobs import services as jobs
 from jobs.models import Job
 from monitoring import rightsizing, services
@@ -85,7 +86,7 @@ def test_a_job_is_profiled_and_the_next_submission_gets_a_recommendation(live_pl
     assert rec["runs"] == 1 and rec["scope"] == "user"
     assert "1 run, peak 4.0 GiB of 24.0 GiB" in rec["evidence"]
     assert rec["batch_size"] is not None and rec["batch_size"] > 32
-    jobs.job_cancel(job_id=data["id"], actor="demo")
+    lifecycle.job_cancel(job_id=data["id"], actor="demo")
 
 
 def test_recommendation_picks_the_smallest_spec_covering_p95_with_margin():
@@ -210,7 +211,7 @@ def test_an_idle_job_under_the_notify_action_is_only_flagged(live_platform, fast
     page.force_login(live_platform)
     html = page.get(f"/jobs/{job.id}/").content.decode()
     assert "GPU idle" in html
-    jobs.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
 
 
 LEAK = (
@@ -233,7 +234,7 @@ def test_memory_growing_across_steps_raises_a_warning_alert(live_platform, fast_
     alert = Alert.objects.get(rule_name="job-memory-leak")
     assert alert.level == "warning" and alert.job_ids == [str(job.id)] and "GPU memory grew" in alert.summary
     assert job.events.filter(kind="memory_leak").exists()
-    jobs.job_cancel(job_id=job.id, actor="demo")
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
 
 
 def finished_run(user, *, peak, p95, util, spec="guaranteed", command=("python3", "train.py"), batch=None):
@@ -283,7 +284,7 @@ def test_the_form_the_page_the_cli_line_and_the_team_report_show_the_advice(db_p
     assert 'id="recommendation"' in html and "freeing 750 GPU milli" in html
     assert 'id="recommendation-waits"' in html
 
-    from trainyard.cli import recommendation_line
+    from trainyard_cli.main import recommendation_line
 
     body = api_as("demo").post("/api/v1/jobs/", {**form, "command": ["python3", "train.py"]}, format="json").json()
     line = recommendation_line(body["recommendation"])

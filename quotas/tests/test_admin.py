@@ -16,12 +16,13 @@ from cluster.models import GPU, Node, PoolRepair
 from cluster.services import gpu_mark_suspect
 from images.models import BaseImage, ProjectImage
 from jobs import services as job_services
+from jobs import store
 from jobs.models import FailureRule, Job
 from jobs.states import JobState, PendingReason
+from ops.seed import seed
 from quotas.models import ApiToken, Queue, QuotaChange, ResourceSpec, Team
 from quotas.services import team_quota_update
 from quotas.tokens import token_create
-from trainyard.seed import seed
 
 ADMIN_PASSWORD = "admin-pass-123"
 
@@ -107,7 +108,7 @@ def test_non_staff_user_is_sent_to_the_admin_login(world):
 def test_every_registered_model_has_a_working_changelist_and_change_page(world, staff, transactional_db):
     team, admin_user = world["team"], world["admin"]
     job = submit(world["demo"])
-    assert job_services.queue_dispatch(queue_id=job.queue_id) == 1
+    assert store.dispatch(queue_ids=[job.queue_id]).admitted == 1
     failed = submit(world["demo"], command=["false"])
     job_services.job_transition(job_id=failed.pk, to=JobState.FAILED, actor="test", reason="test")
     team_quota_update(team=team, changes={"max_running_jobs": 30}, actor=admin_user)
@@ -165,9 +166,9 @@ def test_team_quota_change_in_the_admin_is_audited_and_admits_a_waiting_job(worl
     team, admin_user = world["team"], world["admin"]
     team_quota_update(team=team, changes={"gpu_milli": 250}, actor=None)
     first = submit(world["demo"])
-    assert job_services.queue_dispatch(queue_id=first.queue_id) == 1
+    assert store.dispatch(queue_ids=[first.queue_id]).admitted == 1
     job = submit(world["demo"])
-    assert job_services.queue_dispatch(queue_id=job.queue_id) == 0
+    assert store.dispatch(queue_ids=[job.queue_id]).admitted == 0
     job.refresh_from_db()
     assert (job.state, job.reason) == (JobState.PENDING, PendingReason.TEAM_QUOTA_EXHAUSTED)
 
@@ -189,7 +190,7 @@ def test_team_quota_change_in_the_admin_is_audited_and_admits_a_waiting_job(worl
     team.refresh_from_db()
     assert (team.gpu_milli, team.max_jobs_per_user, team.memberships.count()) == (1000, 12, 1)
 
-    assert job_services.queue_dispatch(queue_id=job.queue_id) == 1
+    assert store.dispatch(queue_ids=[job.queue_id]).admitted == 1
     job.refresh_from_db()
     assert job.state == JobState.ADMITTED
 

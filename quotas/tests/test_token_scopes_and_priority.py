@@ -8,10 +8,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import Job
+from ops.seed import seed
 from quotas.models import ApiToken, Membership, Queue, Team
 from quotas.tests.factories import MembershipFactory, UserFactory
 from quotas.tokens import token_create
-from trainyard.seed import seed
 
 pytestmark = pytest.mark.django_db
 

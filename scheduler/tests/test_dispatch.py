@@ -12,15 +12,15 @@ from django.test.utils import CaptureQueriesContext
 from cluster.inventory import GpuInfo, NodeInfo
 from cluster.models import GPU, LogicalDevice, Node
 from cluster.services import inventory_sync, node_cordon
-from jobs import services
-from jobs.dispatch import JobStore
+from jobs import lifecycle, services, store
 from jobs.models import Job
+from jobs.store import JobStore
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from kernel.errors import ValidationFailed
 from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
 from scheduler import policy
 from scheduler.pool import current, model_matches
-from trainyard.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GIB = 1024
@@ -86,7 +86,7 @@ def test_a_model_pinned_job_lands_on_that_model_and_waits_with_a_reason(platform
     train = open_up()
     jobs = [submit(platform, gpu_models=["H100"]) for _ in range(3)]
     anywhere = submit(platform)
-    assert services.queue_dispatch(queue_id=train.id) == 3
+    assert store.dispatch(queue_ids=[train.id]).admitted == 3
     assert {n for j in jobs[:2] for n, _ in placed_on(j)} == {"h100-0"}
     assert placed_on(anywhere)[0][0] == "a100-0"
     third = Job.objects.get(pk=jobs[2].pk)
@@ -94,7 +94,7 @@ def test_a_model_pinned_job_lands_on_that_model_and_waits_with_a_reason(platform
     assert "NVIDIA H100 80GB HBM3" in third.message
 
     node_cordon(node_id=Node.objects.get(name="h100-0").id, actor="test")
-    services.queue_dispatch(queue_id=train.id)
+    store.dispatch(queue_ids=[train.id])
     third.refresh_from_db()
     assert third.reason == "gpu_model_unavailable" and "H100" in third.message
 
@@ -118,7 +118,7 @@ def test_time_sliced_nodes_take_shares_and_plain_nodes_whole_cards(platform):  #
     train = open_up()
     whole = [submit(platform) for _ in range(3)]
     shares = [submit(platform, spec="shared") for _ in range(2)]
-    assert services.queue_dispatch(queue_id=train.id) == 4
+    assert store.dispatch(queue_ids=[train.id]).admitted == 4
     assert {placed_on(j)[0][0] for j in whole[:2]} == {"plain-0"}
     assert {placed_on(j)[0][0] for j in shares} == {"sliced-0"}
     waiting = Job.objects.get(pk=whole[2].pk)
@@ -133,7 +133,7 @@ def test_whole_cards_wait_with_the_reason_when_every_node_is_time_sliced(platfor
     fresh_pool(replace(node("sliced-0", 2, "NVIDIA A100-SXM4-80GB"), labels={SHARING_LABEL: SHARING_TIME_SLICED}))
     train = open_up()
     whole, share = submit(platform), submit(platform, spec="shared")
-    assert services.queue_dispatch(queue_id=train.id) == 1
+    assert store.dispatch(queue_ids=[train.id]).admitted == 1
     assert placed_on(share)[0][0] == "sliced-0"
     waiting = Job.objects.get(pk=whole.pk)
     assert waiting.state == "pending" and waiting.reason == "no_capacity"
@@ -145,25 +145,25 @@ def test_host_cpu_and_memory_are_accounted_on_cluster_nodes(platform):  # noqa: 
     fresh_pool(node("small-cpu", 8, "NVIDIA A100-SXM4-80GB", cpu=20000))
     train = open_up()
     jobs = [submit(platform) for _ in range(3)]
-    assert services.queue_dispatch(queue_id=train.id) == 2
+    assert store.dispatch(queue_ids=[train.id]).admitted == 2
     waiting = Job.objects.get(pk=jobs[2].pk)
     assert waiting.state == "pending" and waiting.reason == "no_capacity"
     devices = LogicalDevice.objects.filter(released_at__isnull=True)
     assert sum(devices.values_list("cpu_milli", flat=True)) == 16000
     # One finishes: its CPU comes back, and the waiting job fits.
-    services.job_cancel(job_id=jobs[0].id, actor="test")
-    assert services.queue_dispatch(queue_id=train.id) == 1
+    lifecycle.job_cancel(job_id=jobs[0].id, actor="test")
+    assert store.dispatch(queue_ids=[train.id]).admitted == 1
 
 
 def test_local_nodes_share_host_cpu_unless_asked(platform, settings):  # noqa: F811
     fresh_pool(node("laptop", 4, "NVIDIA RTX 4090", mib=24 * GIB, cpu=2000), backend="local")
     train = open_up()
     jobs = [submit(platform) for _ in range(3)]
-    assert services.queue_dispatch(queue_id=train.id) == 3  # 8 cores per card asked, 2 cores present: shared
+    assert store.dispatch(queue_ids=[train.id]).admitted == 3  # 8 cores per card asked, 2 cores present: shared
     settings.TRAINYARD_LOCAL_ACCOUNT_HOST = True
     scheduler.reset()
     more = submit(platform)
-    assert services.queue_dispatch(queue_id=train.id) == 0
+    assert store.dispatch(queue_ids=[train.id]).admitted == 0
     assert Job.objects.get(pk=more.pk).reason == "no_capacity"
     assert len(jobs) == 3
 
@@ -173,12 +173,12 @@ def test_a_pass_over_jobs_that_do_not_fit_reads_no_pool_rows_and_writes_nothing(
     train = open_up()
     for _ in range(2):
         submit(platform)
-    assert services.queue_dispatch(queue_id=train.id) == 2
+    assert store.dispatch(queue_ids=[train.id]).admitted == 2
     for _ in range(40):
         submit(platform, gpus=2)
-    services.queue_dispatch(queue_id=train.id)  # records their reasons and positions once
+    store.dispatch(queue_ids=[train.id])  # records their reasons and positions once
     with CaptureQueriesContext(connection) as queries:
-        assert services.queue_dispatch(queue_id=train.id) == 0
+        assert store.dispatch(queue_ids=[train.id]).admitted == 0
     sql = [q["sql"] for q in queries.captured_queries]
     assert not any("cluster_gpu" in s or "cluster_logicaldevice" in s or 'FROM "cluster_node"' in s for s in sql)
     assert not any(s.lstrip().upper().startswith(("UPDATE", "INSERT")) for s in sql)
@@ -193,7 +193,7 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
     from django.conf import settings as dj_settings
     from django.core.cache import cache
 
-    from trainyard import wake
+    from kernel import wake
 
     client = redis.Redis.from_url(dj_settings.CELERY_BROKER_URL)
     client.delete(_isolated_broker_queue)
@@ -238,9 +238,9 @@ def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(pla
         jobs.append(submit(platform, name=f"trace-{i}", **data))
 
     pool = current()
-    store = JobStore()
-    backlog = store.backlog(queue_ids=None)
-    pool.sync(lambda p: scheduler.workload(store, p))
+    job_store = JobStore()
+    backlog = job_store.backlog(queue_ids=None)
+    pool.sync(lambda p: scheduler.workload(job_store, p))
     weights = dict(pool.workload.weights)
     waiting = [w for line in backlog.waiting.values() for w in line]
 
@@ -256,7 +256,7 @@ def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(pla
         expected[w.id] = None if placement is None else [(placement.node, i) for i in placement.gpu_indices]
 
     scheduler.reset()
-    services.queue_dispatch()
+    store.dispatch()
     live = {}
     for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
         live[job.id] = placed_on(job) if job.state == "admitted" else None
@@ -267,7 +267,7 @@ def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(pla
 
 
 def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_anything_else_changed(platform):  # noqa: F811
-    from jobs.dispatch import dispatch
+    from jobs.store import dispatch
 
     fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
     open_up()
@@ -291,9 +291,9 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     slow = submit(platform, gpus=2)
     after = dispatch()
     assert after.fast and after.waiting == 1 and Job.objects.get(pk=slow.pk).queue_position == 5
-    services.job_cancel(job_id=slow.id, actor="test")
+    lifecycle.job_cancel(job_id=slow.id, actor="test")
 
-    services.job_cancel(job_id=waiting[0].id, actor="test")  # a waiting job leaves: every place behind it moves
+    lifecycle.job_cancel(job_id=waiting[0].id, actor="test")  # a waiting job leaves: every place behind it moves
     moved = dispatch()
     assert not moved.fast
     assert [Job.objects.get(pk=j.pk).queue_position for j in [*waiting[1:], late]] == [1, 2, 3]
@@ -302,7 +302,7 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     assert not dispatch().fast
     assert Job.objects.get(pk=urgent.pk).queue_position == 1
 
-    services.job_cancel(job_id=first.id, actor="test")  # a release: capacity comes back
+    lifecycle.job_cancel(job_id=first.id, actor="test")  # a release: capacity comes back
     released = dispatch()
     assert not released.fast and released.admitted == 1
     assert Job.objects.get(pk=urgent.pk).state == "admitted"

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from cluster.inventory import LENT_LABEL
 from cluster.models import Node, PoolRepair, PoolState
-from jobs import lending, services
+from jobs import lending, lifecycle, store
 from jobs.models import Job, JobEvent
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from quotas.models import Queue
@@ -44,18 +44,18 @@ def test_an_idle_pool_lends_its_nodes_to_borrowers_and_takes_them_back_for_its_o
 
     borrower = submit(platform, queue="debug", gpus=2, preemptible=True)  # too big for small-0: only big-0 fits
     guaranteed = submit(platform, queue="debug", gpus=2)  # not preemptible: never on a lent node
-    assert services.queue_dispatch() == 1
+    assert store.dispatch().admitted == 1
     assert placed_on(borrower)[0][0] == "big-0"
     assert Job.objects.get(pk=guaranteed.pk).reason == "no_capacity"
-    services.job_cancel(job_id=guaranteed.id, actor="demo")
+    lifecycle.job_cancel(job_id=guaranteed.id, actor="demo")
 
     owner = submit(platform, queue="train", gpus=1)
-    services.queue_dispatch()  # the owner waits for big-0's cards: the borrower there yields
+    store.dispatch()  # the owner waits for big-0's cards: the borrower there yields
     event = JobEvent.objects.get(job=borrower, kind="preemption")
     assert event.data["for_job"] == str(owner.id)
     assert lending.pools_lend(now=now + timedelta(minutes=32)) == {"lent": 0, "reclaimed": 1}  # the owner waits
     assert lent_to("big-0") is None
-    assert services.queue_dispatch() == 1
+    assert store.dispatch().admitted == 1
     assert Job.objects.get(pk=owner.pk).state == "admitted" and placed_on(owner)[0][0] == "big-0"
     # Busy again (50% own use): nothing is lent, and the borrower waits rather than take big-0's other card.
     assert lending.pools_lend(now=now + timedelta(hours=2)) == {"lent": 0, "reclaimed": 0}

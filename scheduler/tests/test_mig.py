@@ -8,7 +8,7 @@ import pytest
 
 from cluster.inventory import InventoryError, emulated_node, parse_emulated
 from cluster.models import GPU
-from jobs import services
+from jobs import lifecycle, store
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from quotas.models import Queue, ResourceSpec
@@ -44,7 +44,7 @@ def test_mig_instances_are_placed_only_for_their_profile_and_released(platform):
     Queue.objects.get(pk=train.pk).specs.add(spec)
     small = [submit(platform, spec="mig-1g") for _ in range(3)]
     whole = [submit(platform, spec="guaranteed") for _ in range(2)]
-    assert services.queue_dispatch() == 3
+    assert store.dispatch().admitted == 3
     jobs = {j.pk: Job.objects.get(pk=j.pk) for j in small + whole}
 
     def device(job):
@@ -58,8 +58,8 @@ def test_mig_instances_are_placed_only_for_their_profile_and_released(platform):
     # A job that asks for no profile never gets an instance: the one whole card, and the next one waits.
     assert device(whole[0])["model"] == "L4" and jobs[whole[1].pk].state == "pending"
 
-    services.job_cancel(job_id=small[0].id, actor="demo")  # released: its instance is handed out again
-    assert services.queue_dispatch() == 1
+    lifecycle.job_cancel(job_id=small[0].id, actor="demo")  # released: its instance is handed out again
+    assert store.dispatch().admitted == 1
     freed = device(small[0])["gpu_uuid"]
     assert Job.objects.get(pk=small[2].pk).attempts.get().placement["devices"][0]["gpu_uuid"] == freed
     assert GPU.objects.get(uuid=freed).mig_profile == "1g.10gb"
@@ -69,7 +69,7 @@ def test_mig_instances_are_placed_only_for_their_profile_and_released(platform):
     )
     Queue.objects.get(pk=train.pk).specs.add(other)
     lonely = submit(platform, spec="mig-7g")
-    services.queue_dispatch()
+    store.dispatch()
     lonely.refresh_from_db()
     assert lonely.reason == "no_capacity" and "7g.80gb" in lonely.message
 

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from cluster.inventory import emulated_node
-from jobs import services
+from jobs import lifecycle, store
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from monitoring.mig import mig_proposals
@@ -29,7 +29,7 @@ def test_a_waiting_profile_and_an_idle_card_of_other_profiles_yield_one_proposal
     )  # fmt: skip
     Queue.objects.get(pk=train.pk).specs.add(spec)
     job = submit(platform, spec="mig-3g")
-    services.queue_dispatch()
+    store.dispatch()
     job.refresh_from_db()
     assert job.state == "pending" and job.reason == "no_capacity"
 
@@ -55,7 +55,7 @@ def test_a_waiting_profile_and_an_idle_card_of_other_profiles_yield_one_proposal
     assert mig_proposals() == {"opened": 0, "resolved": 0}  # the next run: the same proposal, not a second one
     assert Alert.objects.filter(rule_name="mig-rebalance").count() == 1
 
-    services.job_cancel(job_id=job.id, actor="demo")  # the wait ends
+    lifecycle.job_cancel(job_id=job.id, actor="demo")  # the wait ends
     assert mig_proposals() == {"opened": 0, "resolved": 1}
     alert.refresh_from_db()
     assert alert.state == "resolved" and alert.resolved_by == "auto"
@@ -73,7 +73,7 @@ def test_no_proposal_while_the_card_is_busy_or_already_offers_the_profile(platfo
             )
         )  # fmt: skip
     small = [submit(platform, spec="mig-1g") for _ in range(3)]  # two run, the third waits
-    services.queue_dispatch()
+    store.dispatch()
     assert Job.objects.get(pk=small[2].pk).reason == "no_capacity"
     # The card already offers 1g.10gb (and is busy): nothing to propose.
     assert mig_proposals() == {"opened": 0, "resolved": 0}

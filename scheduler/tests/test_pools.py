@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 from cluster.inventory import POOL_LABEL
 from cluster.models import Node, PoolRepair
 from cluster.services import inventory_sync
-from jobs import services
+from jobs import store
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from quotas.models import Queue
@@ -38,7 +38,7 @@ def test_a_queue_bound_to_a_pool_places_there_and_a_node_moves_only_when_its_wor
     train = open_up("train")
     Queue.objects.filter(pk=train.pk).update(pools=["whole-card"])
     jobs = [submit(platform) for _ in range(3)]
-    assert services.queue_dispatch() == 2
+    assert store.dispatch().admitted == 2
     assert {placed_on(j)[0][0] for j in jobs[:2]} == {"big-0"}
     third = Job.objects.get(pk=jobs[2].pk)
     assert third.state == "pending" and third.reason == "no_capacity" and "pool whole-card" in third.message
@@ -54,7 +54,7 @@ def test_a_queue_bound_to_a_pool_places_there_and_a_node_moves_only_when_its_wor
     inventory_sync(info=in_pool(node("small-0", 2, A100), "inference"), backend="volcano")
     assert Node.objects.get(name="small-0").labels[POOL_LABEL] == "whole-card"
     assert PoolRepair.objects.filter(kind="node_moved", detail__contains="small-0: pool inference -> whole-card")
-    assert services.queue_dispatch() == 1
+    assert store.dispatch().admitted == 1
     assert placed_on(jobs[2])[0][0] == "small-0"
     # An unbound queue may run anywhere, so its work never blocks a move.
     Queue.objects.filter(pk=train.pk).update(pools=[])
@@ -69,7 +69,7 @@ def test_the_portal_shows_each_pool_with_its_use_and_queues(platform):  # noqa: 
     train = open_up("train")
     Queue.objects.filter(pk=train.pk).update(pools=["whole-card"])
     submit(platform)
-    assert services.queue_dispatch() == 1
+    assert store.dispatch().admitted == 1
     client = Client()
     client.force_login(platform)
     page = client.get("/gpus/").content.decode()

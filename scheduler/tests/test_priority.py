@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from jobs import services
+from jobs import lifecycle, store
 from jobs.models import Job, JobEvent
 from jobs.preemption import preemptions_plan
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from kernel.errors import ValidationFailed
 from quotas.models import Queue, ResourceSpec
 from scheduler.tests.test_dispatch import GIB, fresh_pool, node, open_up, submit
-from trainyard.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -25,7 +25,7 @@ def state(job: Job) -> tuple[str, str]:
 
 
 def dispatch() -> int:
-    return services.queue_dispatch()
+    return store.dispatch().admitted
 
 
 def test_inference_jumps_training_in_the_same_pool(platform):  # noqa: F811
@@ -41,7 +41,7 @@ def test_inference_jumps_training_in_the_same_pool(platform):  # noqa: F811
     inference = submit(platform, queue="serve")  # later, and its queue's own priority is lower
     dispatch()
     assert state(training)[0] == state(inference)[0] == "pending"
-    services.job_cancel(job_id=running[0].id, actor="demo")  # never started: its card is free at once
+    lifecycle.job_cancel(job_id=running[0].id, actor="demo")  # never started: its card is free at once
     assert dispatch() == 1
     assert state(inference)[0] == "admitted"
     assert state(training) == ("pending", "no_capacity")
@@ -62,7 +62,7 @@ def test_preemptible_jobs_borrow_beyond_the_quota_and_the_owner_takes_the_cards_
     dispatch()
     assert state(over) == ("pending", "queue_quota_exhausted")
     assert preemptions_plan() == []  # ... and preempts nobody: it has no quota to take back
-    services.job_cancel(job_id=over.id, actor="demo")
+    lifecycle.job_cancel(job_id=over.id, actor="demo")
 
     # The distributed queue's job holds quota and waits for two cards: the two youngest borrowers yield them.
     owner = submit(platform, queue="distributed", gpus=2)

@@ -14,9 +14,9 @@ from django.conf import settings as django_settings
 from django.db import connection, transaction
 
 from cluster.models import LogicalDevice, Node
-from jobs import services
-from jobs.dispatch import JobStore
+from jobs import lifecycle
 from jobs.models import Job
+from jobs.store import JobStore
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from quotas.models import Team
 from scheduler import dispatch as scheduler
@@ -86,7 +86,7 @@ def test_the_database_refuses_a_pass_decided_on_a_stale_pool_and_the_pass_retrie
     assert Job.objects.get(pk=late.pk).state == "pending"
     assert ledger_problems() == []
     # A card coming free is then used normally by the same pool.
-    services.job_cancel(job_id=Job.objects.filter(state="admitted").first().id, actor="test")
+    lifecycle.job_cancel(job_id=Job.objects.filter(state="admitted").first().id, actor="test")
     assert scheduler.run_pass(store=JobStore(), pool=b, full=True).admitted == 1
     assert ledger_problems() == []
 
@@ -169,11 +169,11 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
             time.sleep(0.6)
             admitted = list(Job.objects.filter(state="admitted").values_list("id", flat=True))
             for job_id in rng.sample(admitted, k=len(admitted) // 3):
-                services.job_cancel(job_id=job_id, actor="test")
+                lifecycle.job_cancel(job_id=job_id, actor="test")
             seen_problems += ledger_problems() + [f"{u}: {m} milli" for u, m in card_milli().items() if m > 1000]
         # Everything admitted goes: every child must see the cards come free (a stale pool sees them full).
         for job_id in Job.objects.filter(state="admitted").values_list("id", flat=True):
-            services.job_cancel(job_id=job_id, actor="test")
+            lifecycle.job_cancel(job_id=job_id, actor="test")
         for _ in range(16):
             submit(platform, spec=rng.choice(["guaranteed", "shared"]))
         refilled = drain(lambda: Job.objects.filter(state="admitted").count() >= 8)
@@ -194,7 +194,6 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
 
 def test_the_reconcile_frees_leaks_and_flags_overcommit_in_a_few_statements_whatever_the_fleet(platform):  # noqa: F811
     from django.test.utils import CaptureQueriesContext
-
     from django.utils import timezone
 
     from cluster.models import GPU, PoolRepair

@@ -88,8 +88,8 @@ def runs(marks: Path) -> list[str]:
 def assert_settled(job, marks: Path | None = None, *, state: str | None = None):
     """The end state every fault must reach."""
     from cluster.models import LogicalDevice
-    from jobs.backends import proctree
     from jobs.models import Job
+    from kernel import proctree
 
     job = Job.objects.get(pk=job.pk)
     assert job.state in TERMINAL_STATES, job.state

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psycopg
 
-from trainyard import embedded
-from trainyard.paths import BASE_DIR
+from kernel.paths import BASE_DIR
+from ops import embedded
 
 
 def _wait(check, *, seconds: float, what: str) -> None:
@@ -104,12 +104,12 @@ class PrivatePostgres:
 
 
 class Launcher:
-    """`python -m trainyard.standalone` (what `make run` runs) with its output collected line by line."""
+    """`python -m ops.standalone` (what `make run` runs) with its output collected line by line."""
 
     def __init__(self, env: dict[str, str]):
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainyard.standalone"],
+            [sys.executable, "-m", "ops.standalone"],
             env=env,
             cwd=BASE_DIR,
             stdout=subprocess.PIPE,
@@ -138,7 +138,7 @@ class Launcher:
 
     def child(self, name: str) -> int:
         """The pid of the launcher's child running `name` (web, worker, beat)."""
-        from jobs.backends.proctree import _stat
+        from kernel.proctree import _stat
 
         marker = {"web": b"uvicorn", "worker": b"worker", "beat": b"beat"}[name]
         for pid in os.listdir("/proc"):

@@ -14,8 +14,9 @@ import pytest
 from django.db import connection
 
 from jobs import lifecycle, logstore
-from jobs.backends import get_backend, proctree
+from jobs.backends import get_backend
 from jobs.models import Attempt, Job
+from kernel import proctree
 from tests.faults.conftest import assert_settled, drive_once, drive_until, runs, settled, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from jobs.backends import proctree
+from kernel import proctree
+from kernel.paths import BASE_DIR
+from ops import embedded
 from tests.faults.harness import Launcher, PrivatePostgres, PrivateRedis, http
-from trainyard import embedded
-from trainyard.paths import BASE_DIR
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(600)]
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from trainyard_cli.errors import EXIT_BY_FINAL_STATE
+from trainyard_cli.main import main
 
-from jobs import services
+from jobs import lifecycle, services
 from jobs.models import Job
 from jobs.states import TERMINAL
 from jobs.tests.conftest import platform, wait_for  # noqa: F401 - `platform` is a fixture used below
 from quotas.tokens import token_create, token_revoke
-from trainyard.cli import main
-from trainyard.cli_errors import EXIT_BY_FINAL_STATE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,8 +96,8 @@ def beat(platform):  # noqa: F811 - the imported fixture
     def loop() -> None:
         while not stop.is_set():
             try:
-                services.attempts_observe()
-                services.timeouts_enforce()
+                lifecycle.attempts_observe()
+                lifecycle.timeouts_enforce()
             except Exception as exc:  # noqa: BLE001 - surfaced by the assertion after the test
                 errors.append(exc)
             finally:
@@ -312,7 +312,7 @@ def test_status_of_an_unknown_or_malformed_job(cli):
 
 def test_list_filters_and_limits(cli, tmp_path):
     ids = [cli("submit", write(tmp_path, JOB_YAML)).out.strip() for _ in range(3)]
-    services.job_cancel(job_id=ids[0], actor="test")
+    lifecycle.job_cancel(job_id=ids[0], actor="test")
     pending = json.loads(cli("list", "--state", "pending", "--json").out)
     assert sorted(j["id"] for j in pending) == sorted(ids[1:])
     both = json.loads(cli("list", "--state", "pending,cancelled", "--queue", "train", "--limit", "2", "--json").out)
@@ -369,7 +369,7 @@ def test_an_unreachable_server_is_a_clear_error(offline):
 
 
 def test_rate_limits_are_retried_after_retry_after_then_given_up(cli, settings, monkeypatch):
-    from trainyard.throttles import PerTokenThrottle
+    from kernel.throttles import PerTokenThrottle
 
     cache = dict(settings.CACHES["default"], KEY_PREFIX=f"cli-test-{uuid.uuid4().hex}")
     settings.CACHES = {"default": cache}
@@ -445,7 +445,7 @@ def test_console_script_runs_as_a_separate_program(cli, tmp_path):
 
 def test_the_cli_loads_no_django_app_code():
     probe = (
-        "import sys, trainyard.cli; "
+        "import sys, trainyard_cli.main; "
         "bad = [m for m in sys.modules if m.split('.')[0] in {'jobs', 'quotas', 'cluster', 'images', "
         "'rest_framework', 'httpx_django'} or m.startswith(('django.db', 'django.apps'))]; "
         "print(','.join(bad))"

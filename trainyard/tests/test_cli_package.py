@@ -10,8 +10,8 @@ import pytest
 
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from kernel.paths import BASE_DIR
 from quotas.tokens import token_create
-from trainyard.paths import BASE_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 PYTHON = shutil.which("python3.11") or sys.executable

@@ -12,10 +12,10 @@ import tarfile
 
 import pytest
 from rest_framework.test import APIClient
+from trainyard_cli.code import files_of, pack
 
 from jobs.models import CodeSnapshot, Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
-from trainyard.cli_code import files_of, pack
 from trainyard.tests.test_cli import beat, cli  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from trainyard import embedded, objectstore
+from kernel import objectstore
+from ops import embedded
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def test_a_restart_keeps_every_embedded_servers_port(tmp_path):
     """A job started before a restart was handed the object store's URL: the servers come back on the same ports."""
     import json
 
-    from trainyard import embedded
+    from ops import embedded
 
     first = embedded.Embedded()
     try:

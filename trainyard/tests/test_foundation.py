@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainyard import embedded, processes
-from trainyard.paths import BASE_DIR
+from kernel.paths import BASE_DIR
+from ops import embedded, processes
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +23,7 @@ def test_healthz(client):
 
 
 def test_readyz_reports_missing_worker(client, settings):
-    from trainyard import loops
+    from ops import loops
 
     settings.TRAINYARD_READY_TIMEOUT = 0.5
     loops.loop_ran(loops.HEARTBEAT)
@@ -40,7 +40,7 @@ def test_readyz_is_not_ready_while_beat_is_silent(client, settings, celery_worke
 
     from django.core.cache import cache
 
-    from trainyard import loops
+    from ops import loops
 
     cache.delete(loops.KEY.format(loops.HEARTBEAT))
     body = client.get("/readyz").json()
@@ -68,8 +68,8 @@ def test_readyz_ready_with_a_live_worker(client, settings, celery_worker_thread)
 
     from django.core.cache import cache
 
-    from jobs.tasks import heartbeat
-    from trainyard import loops
+    from ops import loops
+    from trainyard.celery import heartbeat
 
     settings.TRAINYARD_READY_TIMEOUT = 2.0
     cache.delete(loops.KEY.format(loops.HEARTBEAT))
@@ -86,8 +86,8 @@ def test_readyz_ready_with_a_live_worker(client, settings, celery_worker_thread)
 def test_seed_is_idempotent():
     from django.contrib.auth import get_user_model
 
+    from ops.seed import seed
     from quotas.models import Queue, ResourceSpec
-    from trainyard.seed import seed
 
     first = seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     assert {q.name for q in Queue.objects.all()} == {"debug", "train", "distributed"}
@@ -106,8 +106,8 @@ def test_seed_is_idempotent():
 def test_seed_sizes_queues_and_the_demo_team_to_big_local_cards(settings):
     """On an 8x H200 node the default 96 GiB queues could not hold one whole card; the first seed sizes them."""
     from jobs import services
+    from ops.seed import seed
     from quotas.models import Queue, Team
-    from trainyard.seed import seed
 
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "8x141GiB:H200"
@@ -146,7 +146,7 @@ def test_launcher_refuses_a_port_in_use():
         s.listen()
         port = s.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "trainyard.standalone"],
+            [sys.executable, "-m", "ops.standalone"],
             env={**os.environ, "TRAINYARD_PORT": str(port)},
             capture_output=True,
             text=True,
@@ -183,14 +183,14 @@ def test_compose_matches_the_process_table():
     user_lines = [line for line in dockerfile.splitlines() if line.startswith("USER ")]
     assert user_lines and user_lines[-1].split()[1].split(":")[0] not in {"0", "root"}
     makefile = (BASE_DIR / "Makefile").read_text()
-    assert "trainyard.processes $@" in makefile and "web worker beat:" in makefile
+    assert "ops.processes $@" in makefile and "web worker beat:" in makefile
 
 
 def test_env_example_lists_every_variable_the_settings_read():
     import re
 
     sources = "\n".join(
-        p.read_text() for p in [BASE_DIR / "trainyard" / "settings.py", BASE_DIR / "trainyard" / "processes.py"]
+        p.read_text() for p in [BASE_DIR / "trainyard" / "settings.py", BASE_DIR / "ops" / "processes.py"]
     )
     read = set(re.findall(r'env\.\w+\("([A-Z_]+)"', sources)) | set(re.findall(r'environ\.get\("([A-Z_]+)"', sources))
     listed = set(re.findall(r"^#?\s*([A-Z_]+)=", (BASE_DIR / ".env.example").read_text(), re.M))
@@ -218,7 +218,7 @@ def test_errors_outside_a_view_are_never_an_html_error_page(rf, path, raised, st
     import redis
     from django.db import OperationalError
 
-    from trainyard.errors import server_error
+    from kernel.errors import server_error
 
     exc = {"database": OperationalError("connection refused"), "redis": redis.ConnectionError("refused")}.get(
         raised, RuntimeError("bug")
@@ -236,7 +236,7 @@ def test_errors_outside_a_view_are_never_an_html_error_page(rf, path, raised, st
 
 
 def test_readyz_names_a_missing_program_and_the_package_that_brings_it(client, settings):
-    from trainyard import loops
+    from ops import loops
 
     settings.TRAINYARD_READY_TIMEOUT = 0.5
     settings.TRAINYARD_BACKEND = "local"
@@ -255,7 +255,7 @@ def test_make_run_stops_before_ready_when_a_program_is_missing(tmp_path):
     import sys
 
     env = {**os.environ, "TRAINYARD_SANDBOX_BWRAP": "bwrap-that-is-not-installed", "TRAINYARD_VAR_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "trainyard.standalone"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "ops.standalone"], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 1
     assert "bwrap-that-is-not-installed missing" in done.stderr and "apt-get install -y bubblewrap" in done.stderr

@@ -6,7 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from jobs.tests.conftest import pin_catalog
-from trainyard.seed import seed
+from ops.seed import seed
 
 pytestmark = pytest.mark.django_db
 

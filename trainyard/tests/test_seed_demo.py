@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from jobs import services
+from jobs import services, store
 from jobs.backends import reset_backends
 from jobs.states import JobState, PendingReason
 from quotas.models import Queue, Team
@@ -34,7 +34,7 @@ def test_the_seeded_demo_team_is_smaller_than_the_queue_so_its_third_job_waits_o
         )[0]
         for _ in range(3)
     ]
-    services.queue_dispatch(queue_id=train.id)
+    store.dispatch(queue_ids=[train.id])
     states = [(j.state, j.reason) for j in (type(j).objects.get(pk=j.pk) for j in jobs)]
     assert states[:2] == [(JobState.ADMITTED, states[0][1])] * 2
     assert states[2] == (JobState.PENDING, PendingReason.TEAM_QUOTA_EXHAUSTED)

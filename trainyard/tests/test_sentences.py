@@ -2,7 +2,7 @@
 
 from django.utils import translation
 
-from trainyard.sentences import said, stored
+from kernel.sentences import said, stored
 
 
 def test_a_stored_sentence_and_the_sentences_inside_it_are_said_in_chinese():

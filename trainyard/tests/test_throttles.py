@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from django.db import connections
 
-from trainyard.throttles import PerTokenThrottle
+from kernel.throttles import PerTokenThrottle
 
 
 def test_concurrent_requests_never_take_more_than_the_limit(settings, monkeypatch):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainyard.errors import ValidationFailed
-from trainyard.units import human_duration, human_resource, parse_duration
+from kernel.errors import ValidationFailed
+from kernel.units import human_duration, human_resource, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from trainyard.login_guard import _keys
-from trainyard.seed import seed
+from kernel.login_guard import _keys
+from ops.seed import seed
 
 pytestmark = pytest.mark.django_db
 
@@ -78,7 +78,7 @@ def test_static_paths_that_leave_the_folder_are_404_not_500(path, settings):
 
 
 def test_the_web_process_believes_x_forwarded_for_only_from_configured_proxies(monkeypatch):
-    from trainyard import processes
+    from ops import processes
 
     monkeypatch.delenv("TRAINYARD_TRUSTED_PROXIES", raising=False)
     argv = processes.command("web")

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from images import services
 from images.models import ImageBuild
-from trainyard.errors import DomainError
+from kernel.errors import DomainError
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ import os
 
 from django.core.management.base import BaseCommand
 
-from trainyard.seed import seed
+from ops.seed import seed
 
 # Half the train queue: the demo team's third whole-GPU job waits on the team's quota, not on the queue's.
 DEMO_TEAM_SHARE = 0.5

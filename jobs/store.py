@@ -1,0 +1,525 @@
+"""The job side of a dispatch pass: what the scheduler reads of the job tables, and how its decisions are written.
+
+`JobStore.backlog` reads every waiting line and the quota in use with a handful of aggregate queries (no model
+objects). `JobStore.write` records a pass's decisions in the caller's transaction with bulk statements: the
+admitted jobs (pending -> admitted, the same fields and event a single transition writes), their attempts and
+slices, and the reason and position of every waiting job whose reason or place changed. Nothing is written for a
+job that does not fit and whose reason stays the same.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import timedelta
+
+import structlog
+from asgiref.sync import async_to_sync
+from celery import current_app
+from django.conf import settings
+from django.db import connection
+from django.db.models import Case, Count, Max, Sum, Value, When
+from django.utils import timezone
+
+from cluster.models import GPU, LogicalDevice, PoolRepair
+from cluster.services import gpu_mark_suspect
+from jobs.models import Attempt, Job, JobEvent
+from jobs.states import JobState
+from kernel.sentences import stored
+from quotas.models import Queue, Team
+from scheduler import dispatch as scheduler
+from scheduler import policy
+
+log = structlog.get_logger(__name__)
+START_BATCH = 20  # attempts per start message
+SHAPE_FIELDS = (
+    "replicas",
+    "gpu_count",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "gpu_memory_eighths",
+    "exclusive",
+    "cpu_milli",
+    "memory_mib",
+)
+SUMS = {
+    "gpu_milli": Sum("total_gpu_milli"),
+    "gpu_memory_mib": Sum("total_gpu_memory_mib"),
+    "cpu_milli": Sum("total_cpu_milli"),
+    "memory_mib": Sum("total_memory_mib"),
+}
+
+
+# Queues in admission order: inference before training (docs/pools.md), then the queue's own priority.
+CLASS_ORDER = Case(When(priority_class=Queue.PriorityClass.INFERENCE, then=Value(0)), default=Value(1))
+
+
+def _vector(row: dict) -> dict[str, int]:
+    return {k: int(row[k] or 0) for k in scheduler.VECTOR}
+
+
+# The waiting lines as plain rows (no model objects, no per-row converters): a pass over 5,000 waiting jobs
+# reads them in tens of milliseconds. The three JSON lists come as one text column, NULL when all are empty;
+# the submission time as epoch seconds (decoding 5,000 timestamps cost more than everything else read). The
+# rows come unsorted: sorting wide rows cost the server more than sorting the lines' order keys costs here.
+PENDING_SQL = """
+SELECT id, queue_id, team_id, owner_id, replicas, gpu_count, gpu_milli, gpu_memory_mib, gpu_memory_eighths,
+       exclusive, cpu_milli, memory_mib, total_gpu_milli, total_gpu_memory_mib, total_cpu_milli, total_memory_mib,
+       min_driver_version,
+       CASE WHEN excluded_gpus = '[]'::jsonb AND excluded_nodes = '[]'::jsonb AND gpu_models = '[]'::jsonb
+            THEN NULL ELSE jsonb_build_array(excluded_gpus, excluded_nodes, gpu_models)::text END,
+       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile
+FROM jobs_job WHERE state = 'pending' {where}
+"""
+
+
+# Over-limit quotas touched by a set of newly admitted jobs, from the committed rows plus this transaction's. A
+# preemptible job holds no quota (docs/pools.md), so neither side counts it.
+OVER_QUOTA_SQL = """
+WITH new AS (SELECT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible),
+held AS (SELECT queue_id, team_id, owner_id, total_gpu_milli g, total_gpu_memory_mib gm, total_cpu_milli c,
+                total_memory_mib m FROM jobs_job WHERE reserved AND NOT preemptible)
+SELECT 'queue', q.name, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB',
+       sum(h.g), q.gpu_milli, sum(h.gm), q.gpu_memory_mib, sum(h.c), q.cpu_milli, sum(h.m), q.memory_mib)
+FROM held h JOIN quotas_queue q ON q.id = h.queue_id
+WHERE h.queue_id IN (SELECT queue_id FROM new)
+GROUP BY q.id, q.name
+HAVING sum(h.g) > q.gpu_milli OR sum(h.gm) > q.gpu_memory_mib OR sum(h.c) > q.cpu_milli OR sum(h.m) > q.memory_mib
+UNION ALL
+SELECT 'team', t.slug, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB, %%s/%%s jobs',
+       sum(h.g), t.gpu_milli, sum(h.gm), t.gpu_memory_mib, sum(h.c), t.cpu_milli, sum(h.m), t.memory_mib,
+       count(*), t.max_running_jobs)
+FROM held h JOIN quotas_team t ON t.id = h.team_id
+WHERE h.team_id IN (SELECT team_id FROM new)
+GROUP BY t.id, t.slug
+HAVING sum(h.g) > t.gpu_milli OR sum(h.gm) > t.gpu_memory_mib OR sum(h.c) > t.cpu_milli OR sum(h.m) > t.memory_mib
+    OR count(*) > t.max_running_jobs
+UNION ALL
+SELECT 'user', h.owner_id::text || ' in ' || t.slug, format('%%s/%%s jobs', count(*), t.max_jobs_per_user)
+FROM held h JOIN quotas_team t ON t.id = h.team_id
+WHERE (h.team_id, h.owner_id) IN (SELECT team_id, owner_id FROM new)
+GROUP BY t.id, t.slug, h.owner_id, t.max_jobs_per_user
+HAVING count(*) > t.max_jobs_per_user
+"""
+
+
+def _pending_rows(where: str = "", params: Sequence = ()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(PENDING_SQL.format(where=where), list(params))
+        return cursor.fetchall()
+
+
+def _order(job: scheduler.Waiting) -> tuple:
+    return job.order
+
+
+def _row_waiting(row: tuple) -> scheduler.Waiting:
+    (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
+    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at, preemptible, mig = row[12:]
+    ex_gpus, ex_nodes, models = json.loads(lists) if lists else ((), (), ())
+    return scheduler.Waiting(
+        id=jid,
+        queue_id=queue_id,
+        team_id=team_id,
+        owner_id=owner_id,
+        replicas=replicas,
+        gpu_count=count,
+        gpu_milli=milli,
+        gpu_memory_mib=mem,
+        gpu_memory_eighths=eighths or 0,
+        exclusive=exclusive,
+        cpu_milli=cpu,
+        memory_mib=host_mem,
+        total={"gpu_milli": tg, "gpu_memory_mib": tgm, "cpu_milli": tc, "memory_mib": tm},
+        min_driver=driver or "",
+        excluded_gpus=tuple(sorted(ex_gpus)),
+        excluded_nodes=tuple(sorted(ex_nodes)),
+        gpu_models=tuple(models),
+        reason=reason,
+        position=position,
+        order=(preemptible, -priority, submitted_at, jid),
+        preemptible=preemptible,
+        mig_profile=mig,
+    )
+
+
+class JobStore:
+    """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
+
+    def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
+        queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
+        if queue_ids is not None:
+            queues = queues.filter(id__in=list(queue_ids))
+        rules = [
+            scheduler.QueueRules(
+                id=q["id"],
+                name=q["name"],
+                open=q["state"] == Queue.State.OPEN,
+                fifo=q["ordering"] == Queue.Ordering.FIFO,
+                limit=_vector(q),
+                pools=tuple(sorted(q["pools"] or ())),
+            )
+            for q in queues.values("id", "name", "state", "ordering", "pools", *scheduler.VECTOR)
+        ]
+        if queue_ids is not None:
+            rows = _pending_rows("AND queue_id = ANY(%s)", [[q.id for q in rules]])
+        else:
+            rows = _pending_rows()
+        waiting: dict[int, list[scheduler.Waiting]] = defaultdict(list)
+        for row in rows:
+            waiting[row[1]].append(_row_waiting(row))
+        for line in waiting.values():
+            line.sort(key=_order)
+        team_ids = {w.team_id for line in waiting.values() for w in line}
+        teams = {
+            t["id"]: scheduler.TeamRules(
+                id=t["id"],
+                slug=t["slug"],
+                limit=_vector(t),
+                max_running_jobs=t["max_running_jobs"],
+                max_jobs_per_user=t["max_jobs_per_user"],
+            )
+            for t in Team.objects.filter(id__in=team_ids).values(
+                "id", "slug", "max_running_jobs", "max_jobs_per_user", *scheduler.VECTOR
+            )
+        }
+        # What holds quota, in one aggregate: per (queue, team, owner), folded here three ways.
+        queue_used: dict[int, dict[str, int]] = {}
+        team_used: dict[int, dict[str, int]] = {}
+        user_jobs: dict[tuple[int, int], int] = {}
+        for r in (
+            Job.objects.filter(reserved=True, preemptible=False)  # a preemptible job holds no quota
+            .values("queue_id", "team_id", "owner_id")
+            .annotate(**SUMS, jobs=Count("id"))
+            .order_by()
+        ):
+            used = _vector(r)
+            q = queue_used.setdefault(r["queue_id"], dict.fromkeys(scheduler.VECTOR, 0))
+            for k, v in used.items():
+                q[k] += v
+            if r["team_id"] in team_ids:
+                t = team_used.setdefault(r["team_id"], {**dict.fromkeys(scheduler.VECTOR, 0), "jobs": 0})
+                for k, v in used.items():
+                    t[k] += v
+                t["jobs"] += r["jobs"]
+                key = (r["team_id"], r["owner_id"])
+                user_jobs[key] = user_jobs.get(key, 0) + r["jobs"]
+        return scheduler.Backlog(
+            queues=rules,
+            teams=teams,
+            waiting=dict(waiting),
+            queue_used=queue_used,
+            team_used=team_used,
+            user_jobs=user_jobs,
+        )
+
+    def backlog_version(self) -> int:
+        """Moves when a job leaves or re-enters a waiting line or changes its place (migration jobs/0008)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT n FROM trainyard_backlog_version WHERE id = 1")
+            row = cursor.fetchone()
+        return row[0] if row else 0
+
+    def joined(self, *, known: set[str]) -> list[scheduler.Waiting] | None:
+        """The waiting jobs whose ids (as text) are not `known`, or None when a known one no longer waits. It reads
+        the ids of every waiting job (an index-only scan of `job_waiting`) and the rows of the new ones alone. There
+        is no time window: a submission that commits late is found like any other. The ids travel as text: 5,000
+        UUID objects built and compared in Python cost a fast pass more than everything else it read."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id::text FROM jobs_job WHERE state = 'pending'")
+            ids = {r[0] for r in cursor.fetchall()}
+        if not known <= ids:
+            return None
+        fresh = ids - known
+        if not fresh:
+            return []
+        return [_row_waiting(row) for row in _pending_rows("AND id = ANY(%s::uuid[])", [list(fresh)])]
+
+    def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
+        """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""
+        since = timezone.now() - timedelta(hours=settings.TRAINYARD_WORKLOAD_WINDOW_H)
+        rows = (
+            Job.objects.filter(submitted_at__gte=since)
+            .values(*SHAPE_FIELDS, "gpu_models")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        out = []
+        for r in rows:
+            shape = scheduler.Waiting(
+                id=None,
+                queue_id=0,
+                team_id=0,
+                owner_id=0,
+                replicas=r["replicas"],
+                gpu_count=r["gpu_count"],
+                gpu_milli=r["gpu_milli"],
+                gpu_memory_mib=r["gpu_memory_mib"],
+                gpu_memory_eighths=r["gpu_memory_eighths"] or 0,
+                exclusive=r["exclusive"],
+                cpu_milli=r["cpu_milli"],
+                memory_mib=r["memory_mib"],
+                total={},
+                gpu_models=tuple(r["gpu_models"] or ()),
+            )
+            out.append((shape, float(r["n"] * r["replicas"])))
+        return out
+
+    def write(self, plan: scheduler.Plan) -> set:
+        now = timezone.now()
+        for gpu_id, _uuid, why in plan.probe_failures:
+            gpu_mark_suspect(gpu=GPU(pk=gpu_id, uuid=_uuid), reason=why)
+        return self._admit(plan.admissions, now)
+
+    def _admit(self, admissions: list[scheduler.Admission], now) -> set:
+        if not admissions:
+            return set()
+        ids = [a.job.id for a in admissions]
+        still = set(
+            Job.objects.select_for_update()
+            .filter(id__in=ids, state=JobState.PENDING)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        admissions = [a for a in admissions if a.job.id in still]
+        if not admissions:
+            return set()
+        numbers = dict(
+            Attempt.objects.filter(job_id__in=still)
+            .values("job_id")
+            .annotate(n=Max("number"))
+            .values_list("job_id", "n")
+        )
+        attempt_ids = _next_ids("jobs_attempt", len(admissions))
+        device_ids = iter(_next_ids("cluster_logicaldevice", sum(len(a.slices) for a in admissions)))
+        placements = [
+            {"devices": [{**s.as_dict(), "slice_id": next(device_ids)} for s in a.slices]} for a in admissions
+        ]
+        reclaim = defaultdict(list)
+        for a in admissions:
+            for s in a.slices:
+                if s.reclaim:
+                    reclaim[s.gpu_id].extend(s.reclaim)
+        if reclaim:
+            # Free what finished jobs left on a card before handing it out whole.
+            LogicalDevice.objects.filter(
+                pk__in=[d for ds in reclaim.values() for d in ds], released_at__isnull=True
+            ).update(released_at=now, release_reason="reclaimed_for_exclusive")
+            PoolRepair.objects.bulk_create(
+                [
+                    PoolRepair(
+                        kind="reclaimed_stale_slices",
+                        gpu_id=gpu_id,
+                        detail=f"{len(ds)} stale slice(s) freed before an exclusive hand-out",
+                    )
+                    for gpu_id, ds in reclaim.items()
+                ]
+            )
+        # COPY rather than INSERT: thousands of rows per pass cost milliseconds, not a second of SQL building.
+        _copy(
+            Attempt,
+            [
+                {
+                    "id": attempt_id,
+                    "job_id": a.job.id,
+                    "number": numbers.get(a.job.id, 0) + 1,
+                    "backend": settings.TRAINYARD_BACKEND,
+                    "node_id": a.node_id,
+                    "placement": json.dumps(placement),
+                    "created_at": now,
+                }
+                for a, attempt_id, placement in zip(admissions, attempt_ids, placements, strict=True)
+            ],
+        )
+        _copy(
+            LogicalDevice,
+            [
+                {
+                    "id": entry["slice_id"],
+                    "gpu_id": s.gpu_id,
+                    "attempt_id": attempt_id,
+                    "compute_milli": s.compute_milli,
+                    "memory_mib": s.memory_mib,
+                    "exclusive": s.exclusive,
+                    "cpu_milli": s.cpu_milli,
+                    "host_memory_mib": s.host_memory_mib,
+                    "created_at": now,
+                }
+                for a, attempt_id, placement in zip(admissions, attempt_ids, placements, strict=True)
+                for s, entry in zip(a.slices, placement["devices"], strict=True)
+            ],
+        )
+        messages = [
+            (a.job.id, stored("admitted; placed on %(where)s", where=", ".join(a.node_names))) for a in admissions
+        ]
+        _update_rows(
+            "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
+            "message = v.message FROM {rows} AS v(id, message) WHERE j.id = v.id",
+            [JobState.ADMITTED, now],
+            messages,
+            ("uuid", "text"),
+        )
+        _copy(
+            JobEvent,
+            [
+                {
+                    "job_id": a.job.id,
+                    "attempt_id": attempt_id,
+                    "kind": "state",
+                    "actor": "dispatcher",
+                    "from_state": JobState.PENDING,
+                    "to_state": JobState.ADMITTED,
+                    "message": message,
+                    "data": json.dumps(placement),
+                    "at": now,
+                }
+                for a, attempt_id, placement, (_id, message) in zip(
+                    admissions, attempt_ids, placements, messages, strict=True
+                )
+            ],
+        )
+        self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
+        return still
+
+    def over_quota(self, admitted: set) -> list[str]:
+        """The queues, teams and users that the admissions `admitted` (just written, not yet committed) take past a
+        limit, read from the rows in this transaction: what the pass decided from its own view is checked again
+        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold."""
+        if not admitted:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(OVER_QUOTA_SQL, {"jobs": [str(j) for j in admitted]})
+            return [f"{kind} {name}: {detail}" for kind, name, detail in cursor.fetchall()]
+
+    def record_waits(self, changed: list[scheduler.Wait]) -> None:
+        if not changed:
+            return
+        updated = set(
+            _update_rows(
+                "UPDATE jobs_job AS j SET reason = v.reason, message = v.message, queue_position = v.position "
+                "FROM {rows} AS v(id, reason, message, position) "
+                "WHERE j.id = v.id AND j.state = %s RETURNING j.id",
+                [],
+                [(w.job.id, w.code, w.message, w.position) for w in changed],
+                ("uuid", "text", "text", "integer"),
+                tail=[JobState.PENDING],
+            )
+        )
+        now = timezone.now()
+        _copy(
+            JobEvent,
+            [
+                {
+                    "job_id": w.job.id,
+                    "kind": "waiting",
+                    "actor": "dispatcher",
+                    "message": w.message,
+                    "data": json.dumps({"reason": w.code}),
+                    "at": now,
+                }
+                for w in changed
+                if w.job.reason != w.code and w.job.id in updated
+            ],
+        )
+
+    def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
+        """After commit: start the admitted attempts and tell the browsers."""
+        attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        self._attempts = {}
+        if attempts:
+            from jobs.tasks import start_attempts
+
+            # A message per batch: publishing costs about a millisecond each, and a pass may admit thousands.
+            # A broker outage loses nothing: the lifecycle reconciler starts admitted attempts that nobody started.
+            try:
+                with current_app.producer_or_acquire() as producer:
+                    queue = settings.TRAINYARD_START_QUEUE or None
+                    for k in range(0, len(attempts), START_BATCH):
+                        start_attempts.apply_async((attempts[k : k + START_BATCH],), producer=producer, queue=queue)
+            except Exception:  # noqa: BLE001
+                log.warning("start_messages_unsent", attempts=len(attempts))
+        if admitted:
+            # Browsers learn of admissions a moment later, never at the cost of the next pass.
+            threading.Thread(
+                target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
+            ).start()
+
+
+def _next_ids(table: str, count: int) -> list[int]:
+    """`count` fresh ids from a table's own sequence."""
+    if not count:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
+        return [r[0] for r in cursor.fetchall()]
+
+
+def _copy(model, rows: list[dict]) -> None:
+    """Insert rows with COPY. Columns a row leaves out get the field's default, prepared once per column; JSON
+    values come as text. Every concrete column is written, so a field added later cannot be silently skipped."""
+    if not rows:
+        return
+    fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.attname not in rows[0])]
+    defaults = {}
+    for f in fields:
+        if f.attname not in rows[0]:
+            value = f.get_db_prep_save(f.get_default(), connection)
+            defaults[f.attname] = value.obj if hasattr(value, "obj") and f.get_internal_type() == "JSONField" else value
+            if f.get_internal_type() == "JSONField":
+                defaults[f.attname] = json.dumps(defaults[f.attname])
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    names = [f.attname for f in fields]
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        with raw.copy(f"COPY {model._meta.db_table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([row[n] if n in row else defaults[n] for n in names])
+
+
+def _update_rows(sql: str, head: list, rows: list[tuple], types: Sequence[str], tail: list | None = None) -> list:
+    """Run an UPDATE ... FROM {rows} with the rows passed as one array per column (`unnest`): one statement and a
+    handful of parameters whatever the number of rows, so neither side spends time on a query of thousands of
+    placeholders. Returns what RETURNING gave (if anything)."""
+    if not rows:
+        return []
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    unnest = "unnest(" + ", ".join(f"%s::{t}[]" for t in types) + ")"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(rows=unnest), [*head, *columns, *(tail or [])])
+        return [r[0] for r in cursor.fetchall()] if cursor.description else []
+
+
+def _broadcast_admitted(job_ids: list[str]) -> None:
+    from channels.layers import get_channel_layer
+
+    from jobs.realtime import job_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    async def send_all() -> None:
+        for job_id in job_ids:
+            await layer.group_send(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": "admitted"})
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # noqa: BLE001 - a missing listener must never fail an admission
+        pass
+
+
+def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> scheduler.PassReport:
+    """One dispatch pass over the given queues (all when None); `full` reads every waiting line even when only
+    new jobs arrived since the last pass. A pass that leaves jobs waiting then asks preemptible attempts to yield
+    the cards quota-holding jobs wait for (jobs/preemption.py); their release wakes the next pass."""
+    report = scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
+    if report.waiting and not report.skipped:
+        from jobs.preemption import preemptions_request
+
+        preemptions_request()
+    return report
+
+
+__all__ = ["JobStore", "dispatch", "policy"]

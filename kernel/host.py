@@ -1,0 +1,37 @@
+"""The host machine: system users the platform runs things as, files only their owner may read."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class ServiceError(RuntimeError):
+    """A problem with a one-line explanation and what to do about it."""
+
+
+def private_file(path: Path, text: str) -> None:
+    """Write a file only its owner may read, with no moment where it is readable by others."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def system_user(name: str):
+    """The passwd entry of a system user the platform runs something as (made once, no home, no login shell);
+    ServiceError when it must be made and `useradd` is missing."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if not useradd:
+            raise ServiceError(f"running as root needs the system user {name}, and 'useradd' is missing") from None
+        subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
+                       capture_output=True)  # fmt: skip
+        return pwd.getpwnam(name)

@@ -1,0 +1,94 @@
+"""The platform's long-running processes, named once: used by `make run`, the Makefile targets and
+docker-compose (a test checks they agree).
+
+`python -m ops.processes NAME` runs one of them in the foreground.
+"""
+
+import os
+import sys
+
+HOST = os.environ.get("TRAINYARD_HOST", "127.0.0.1")
+PORT = int(os.environ.get("TRAINYARD_PORT", "8000"))
+
+
+def _proxy_args() -> list[str]:
+    trusted = os.environ.get("TRAINYARD_TRUSTED_PROXIES", "").strip()
+    if not trusted:
+        return ["--no-proxy-headers"]
+    return ["--proxy-headers", "--forwarded-allow-ips", trusted]
+
+
+def command(name: str, *, host: str | None = None, port: int | None = None) -> list[str]:
+    """argv (after the interpreter's `-m`) for one process."""
+    commands = {
+        "web": [
+            "uvicorn",
+            "trainyard.asgi:application",
+            "--host",
+            host or HOST,
+            "--port",
+            str(port or PORT),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--ws",
+            "websockets",
+            # Open log streams would otherwise hold a stop (SIGTERM) forever.
+            "--timeout-graceful-shutdown",
+            "10",
+            # The client's address (login lockout, rate limits) comes from X-Forwarded-For only when the connection
+            # is from a proxy named in TRAINYARD_TRUSTED_PROXIES; none by default, not even loopback, where any
+            # local user could otherwise claim any address.
+            *_proxy_args(),
+        ],
+        "worker": [
+            "celery",
+            "-A",
+            "trainyard",
+            "worker",
+            "-l",
+            "INFO",
+            "-n",
+            "worker@%h",
+            "--concurrency",
+            os.environ.get("TRAINYARD_WORKER_CONCURRENCY", "4"),
+        ],
+        "beat": ["celery", "-A", "trainyard", "beat", "-l", "INFO"],
+    }
+    return commands[name]
+
+
+def web_processes(environ=os.environ) -> int:
+    """How many web processes share the port: `TRAINYARD_WEB_PROCESSES`, else one per CPU core, at most 4.
+
+    One Python process runs one request's Python code at a time, so a second process is what lets the web
+    tier use a second core (bench/api.py measures the difference).
+    """
+    raw = environ.get("TRAINYARD_WEB_PROCESSES", "").strip()
+    if not raw:
+        return max(1, min(4, os.cpu_count() or 1))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"TRAINYARD_WEB_PROCESSES must be a whole number, not {raw!r}")
+    if value < 1:
+        raise SystemExit("TRAINYARD_WEB_PROCESSES must be 1 or more")
+    return value
+
+
+def environment(name: str, environ=os.environ) -> dict[str, str]:
+    """Variables one process needs on top of the platform's own (uvicorn reads its worker count from
+    WEB_CONCURRENCY, so the command line stays the same everywhere)."""
+    if name == "web":
+        return {"WEB_CONCURRENCY": str(web_processes(environ))}
+    return {}
+
+
+NAMES = ("web", "worker", "beat")
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in NAMES:
+        print(f"usage: python -m ops.processes {{{'|'.join(NAMES)}}}", file=sys.stderr)
+        sys.exit(2)
+    os.environ.update(environment(sys.argv[1]))
+    os.execv(sys.executable, [sys.executable, "-m", *command(sys.argv[1])])
