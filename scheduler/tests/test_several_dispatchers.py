@@ -194,7 +194,6 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
 
 def test_the_reconcile_frees_leaks_and_flags_overcommit_in_a_few_statements_whatever_the_fleet(platform):  # noqa: F811
     from django.test.utils import CaptureQueriesContext
-
     from django.utils import timezone
 
     from cluster.models import GPU, PoolRepair
