@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from cluster.topology import nvlink_labels
+
 _SPEC = re.compile(
     r"^\s*(\d+)\s*x\s*(\d+)\s*(GiB|MiB|G|M)?\s*(?::\s*([\w .-]+?))?\s*(?:\[\s*mig\s*=\s*([\w.+ ]+)\])?\s*$", re.I
 )
@@ -134,12 +136,14 @@ def read_nvml() -> NodeInfo | None:
         driver = pynvml.nvmlSystemGetDriverVersion()
         cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         gpus = []
+        whole = []  # (device index, handle) of the cards not in MIG mode, for their NVLink domains
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             instances = _mig_instances(pynvml, handle, first_index=len(gpus))
             if instances is not None:
                 gpus.extend(instances)  # a card in MIG mode: its instances are the devices
                 continue
+            whole.append((len(gpus), handle))
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(
                 GpuInfo(
@@ -149,6 +153,7 @@ def read_nvml() -> NodeInfo | None:
                     memory_mib=int(mem.total // (1024 * 1024)),
                 )
             )
+        nvlink = nvlink_labels(pynvml, whole)
     finally:
         pynvml.nvmlShutdown()
     cpu, memory = _host_resources()
@@ -160,7 +165,7 @@ def read_nvml() -> NodeInfo | None:
         cpu_milli=cpu,
         memory_mib=memory,
         gpus=tuple(gpus),
-        labels={POOL_LABEL: settings.TRAINYARD_LOCAL_POOL},
+        labels={POOL_LABEL: settings.TRAINYARD_LOCAL_POOL, **nvlink},
     )
 
 

@@ -64,6 +64,8 @@ _MAX_WORKLOAD_CACHE = 500_000
 _MAX_REQUEST_SHAPES = 10_000
 # Random draws the ``random`` policy tries before it falls back to scanning every feasible node.
 _RANDOM_DRAWS = 64
+# Demand sets whose unions are tried as the most loaded group of models (2**N unions at most).
+_MAX_UNION_SETS = 10
 
 # A GPU's free state as the caches see it: (free milli, free memory or _UNTRACKED, fully free, total memory
 # or _UNTRACKED). The total only matters to requests that ask for a share of the card's memory in eighths.
@@ -289,6 +291,58 @@ class Workload:
         self._host_cache: dict[tuple[int, int, str], tuple[float, tuple[float, ...]]] = {}
         self._gpu_cache: dict[tuple[GpuState, ...], tuple[int, tuple[int, ...]]] = {}
         self._frag_cache: dict[NodeState, float] = {}
+        # Per GPU model, each type's weight among the requests that model's nodes will see (None: every node
+        # sees the whole mix, and a type that cannot run on a node counts all of its free GPU as fragmented).
+        self._per_model: dict[str, tuple[float, ...]] | None = None
+        self._routed: dict[tuple[tuple[str, int], ...], Workload] = {}
+        # GPU demand per set of models a type accepts (None: any model), as shares of the mix's GPU demand.
+        demand: dict[frozenset[str] | None, float] = {}
+        for _c, _m, model, k, w in self._types:
+            num, milli = self._classes[k][:2]
+            if num:
+                demand[model] = demand.get(model, 0.0) + w * num * milli
+        total_demand = math.fsum(demand.values())
+        self.demand_by_models: dict[frozenset[str] | None, float] = (
+            {k: v / total_demand for k, v in demand.items()} if total_demand > 0 else {}
+        )
+        self.pinned = any(k is not None for k in self.demand_by_models)
+
+    def routed(self, capacity: Mapping[str, int]) -> Workload:
+        """The same mix as each GPU model's nodes will see it on a pool with ``capacity`` (GPU milli per model).
+
+        Every type's GPU demand goes to the models it accepts, spread as :func:`route` balances it: a model that
+        pinned requests already ask for more than it has gets none of the requests that could run elsewhere. A
+        node's fragmentation then counts only the types that may land on its model, each weighted by how often
+        it is expected there (its share of the demand routed to the model, per request), so a type that can
+        never run on a node does not make that node's free GPUs look stranded. Equal to this workload when no
+        type names a model. Cached per capacity, so that allocators rebuilt on the same pool share caches."""
+        key = tuple(sorted((m, int(c)) for m, c in capacity.items() if c > 0))
+        hit = self._routed.get(key)
+        if hit is not None:
+            return hit
+        view = Workload.__new__(Workload)
+        view.__dict__.update(self.__dict__)
+        view._host_cache, view._gpu_cache, view._frag_cache, view._routed = {}, {}, {}, {}
+        cap = dict(key)
+        shares = route(self.demand_by_models, cap)
+        total_cap = float(sum(cap.values())) or 1.0
+        per_model: dict[str, list[float]] = {m: [0.0] * len(self._types) for m in cap}
+        for i, (_c, _m, model, k, w) in enumerate(self._types):
+            num = self._classes[k][0]
+            for m, c in cap.items():
+                # CPU-only types go anywhere, in proportion to the GPUs (their nodes).
+                share = shares.get(model, {}).get(m, 0.0) if num else c / total_cap
+                per_model[m][i] = w * share
+        normalised: dict[str, tuple[float, ...]] = {}
+        for m, ws in per_model.items():
+            tot = math.fsum(ws)
+            if tot > 0:
+                normalised[m] = tuple(x / tot for x in ws)
+        view._per_model = normalised if self.pinned else None
+        if len(self._routed) > 64:
+            self._routed.clear()
+        self._routed[key] = view
+        return view
 
     @classmethod
     def from_requests(cls, requests: Iterable[Request]) -> Workload:
@@ -326,12 +380,22 @@ class Workload:
         if hit is not None:
             return hit
         acc = [0.0] * len(self._classes)
-        for t_cpu, t_mem, t_model, cls_idx, w in self._types:
-            num, milli = self._classes[cls_idx][:2]
-            if not _sharing_allows(sharing, num, milli):
-                continue
-            if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or model in t_model):
-                acc[cls_idx] += w
+        per_model = self._per_model.get(model) if self._per_model is not None else None
+        if per_model is None:
+            for t_cpu, t_mem, t_model, cls_idx, w in self._types:
+                num, milli = self._classes[cls_idx][:2]
+                if not _sharing_allows(sharing, num, milli):
+                    continue
+                if t_cpu < n_cpu and t_mem < n_mem and (t_model is None or model in t_model):
+                    acc[cls_idx] += w
+        else:
+            # Only the types routed to this model count; those that cannot be hosted here strand every free GPU.
+            for (t_cpu, t_mem, _t_model, cls_idx, _w), w in zip(self._types, per_model, strict=True):
+                if not w:
+                    continue
+                num, milli = self._classes[cls_idx][:2]
+                if t_cpu < n_cpu and t_mem < n_mem and _sharing_allows(sharing, num, milli):
+                    acc[cls_idx] += w
         res = (math.fsum(acc), tuple(acc))
         if len(self._host_cache) > _MAX_WORKLOAD_CACHE:
             self._host_cache.clear()
@@ -387,6 +451,110 @@ class Workload:
             self._frag_cache.clear()
         self._frag_cache[state] = val
         return val
+
+
+# ---- GPU demand against each model's capacity ----------------------------------------------------------------
+
+
+def _peel(
+    demand: Mapping[frozenset[str] | None, float], capacity: Mapping[str, float]
+) -> tuple[dict[str, float], list[tuple[float, list[str], dict[frozenset[str] | None, list[str]]]]]:
+    """Split the models into groups by load: the group whose capacity the demand that can only go to it loads
+    most takes that level (demand / capacity), leaves with that demand, and the rest is split again. The
+    result is the balanced spread in which no demand sits on a more loaded model than it has to. Returns each
+    model's level and, per group (most loaded first), its level, models and the demand sets it serves with
+    the models of the group each may use. Models without capacity and demand that reaches none are left out."""
+    models = sorted(m for m, c in capacity.items() if c > 0)
+    bit = {m: 1 << i for i, m in enumerate(models)}
+    full = (1 << len(models)) - 1
+    sets: dict[int, float] = {}
+    members: dict[int, list[frozenset[str] | None]] = {}
+    for key, d in demand.items():
+        if d <= 0:
+            continue
+        mask = full if key is None else sum(bit.get(m, 0) for m in key)
+        if mask:
+            sets[mask] = sets.get(mask, 0.0) + d
+            members.setdefault(mask, []).append(key)
+    cap = [float(capacity[m]) for m in models]
+    levels: dict[str, float] = {}
+    groups: list[tuple[float, list[str], dict[frozenset[str] | None, list[str]]]] = []
+    remaining = full
+    while remaining and sets:
+        # Candidate groups: unions of the demand sets (the most demanded ones, to stay bounded).
+        unions = {0}
+        for mask in sorted(sets, key=sets.__getitem__, reverse=True)[:_MAX_UNION_SETS]:
+            unions |= {u | mask for u in unions}
+        unions.add(remaining)
+        best, best_u = -1.0, 0
+        for u in unions:
+            if not u:
+                continue
+            c = math.fsum(cap[i] for i in range(len(models)) if u >> i & 1)
+            d = math.fsum(v for mask, v in sets.items() if not mask & ~u)
+            level = d / c
+            if level > best * (1 + 1e-12) or (level >= best * (1 - 1e-12) and u.bit_count() > best_u.bit_count()):
+                best, best_u = level, u
+        names = [m for i, m in enumerate(models) if best_u >> i & 1]
+        served = {}
+        for mask in [m for m in sets if not m & ~best_u]:
+            del sets[mask]
+            for key in members.pop(mask):
+                served[key] = [m for i, m in enumerate(models) if mask >> i & 1]
+        for m in names:
+            levels[m] = best
+        groups.append((best, names, served))
+        remaining &= ~best_u
+        rest_sets: dict[int, float] = {}
+        rest_members: dict[int, list[frozenset[str] | None]] = {}
+        for mask, v in sets.items():
+            r = mask & remaining
+            rest_sets[r] = rest_sets.get(r, 0.0) + v
+            rest_members.setdefault(r, []).extend(members[mask])
+        sets, members = rest_sets, rest_members
+    for m in models:
+        levels.setdefault(m, 0.0)
+    return levels, groups
+
+
+def model_levels(demand: Mapping[frozenset[str] | None, float], capacity: Mapping[str, float]) -> dict[str, float]:
+    """Each model's load when ``demand`` (per set of models a request accepts; None: any) is spread over
+    ``capacity`` as evenly as the sets allow: above the others where pinned demand alone asks for more."""
+    return _peel(demand, capacity)[0]
+
+
+def route(
+    demand: Mapping[frozenset[str] | None, float], capacity: Mapping[str, float]
+) -> dict[frozenset[str] | None, dict[str, float]]:
+    """Per demand set, the share of its demand each model takes in that balanced spread: within a group of
+    equally loaded models, by iterative proportional fitting (each model gets the group's level times its
+    capacity; each set spreads over its models of the group as evenly as that allows)."""
+    out: dict[frozenset[str] | None, dict[str, float]] = {}
+    for level, names, served in _peel(demand, capacity)[1]:
+        keys = [k for k in served if demand.get(k, 0.0) > 0]
+        flow = {k: {m: float(capacity[m]) for m in served[k]} for k in keys}
+        for _ in range(200):
+            for k in keys:
+                row = math.fsum(flow[k].values())
+                for m in flow[k]:
+                    flow[k][m] *= demand[k] / row
+            col = dict.fromkeys(names, 0.0)
+            for k in keys:
+                for m, v in flow[k].items():
+                    col[m] += v
+            worst = 0.0
+            for k in keys:
+                for m in flow[k]:
+                    want = level * capacity[m]
+                    if col[m] > 0:
+                        flow[k][m] *= want / col[m]
+                        worst = max(worst, abs(col[m] - want) / want)
+            if worst < 1e-9:
+                break
+        for k in keys:
+            row = math.fsum(flow[k].values())
+            out[k] = {m: v / row for m, v in flow[k].items()} if row > 0 else {}
+    return out
 
 
 def fragmentation(nodes: Node | Iterable[Node], workload: Workload) -> float:
@@ -588,6 +756,20 @@ class Allocator:
             cpu_cap = n.cpu_total_milli if n.cpu_total_milli else n.cpu_free_milli
             gpu_cap = FULL_MILLI * sum(1 for g in n.gpus if g.eligible)
             self._capacity.append((max(cpu_cap, 1), gpu_cap))
+        # ``fgd`` scores each node against the requests its model will see, and keeps a model's cards for the
+        # requests that can only run there while pinned demand loads it more than their other choices.
+        self._scoring = workload
+        self._pressure = False
+        self._demand: dict[frozenset[str] | None, float] = {}
+        if policy == "fgd" and workload is not None:
+            capacity: dict[str, int] = {}
+            for n in self.nodes:
+                if n.eligible:
+                    cards = sum(1 for g in n.gpus if g.eligible)
+                    capacity[n.gpu_model] = capacity.get(n.gpu_model, 0) + FULL_MILLI * cards
+            self._scoring = workload.routed(capacity)
+            self._demand = self._fit_demand(workload)
+            self._pressure = any(k is not None for k in self._demand)
         self._rebuild()
 
     # -- bookkeeping --------------------------------------------------------------------------------------
@@ -605,6 +787,9 @@ class Allocator:
         self._tops: list[int] = []
         self._node_group: list[int | None] = [None] * len(self.nodes)
         self._scores: dict[Request, dict[int, float | None]] = {}
+        # Free GPU compute per model (eligible nodes), and the models' levels against it (None: stale).
+        self._model_free: dict[str, int] = {}
+        self._levels: dict[str, float] | None = None
         for i in range(len(self.nodes)):
             self._enter(i)
 
@@ -634,6 +819,9 @@ class Allocator:
             bucket[gid] = None
         members.add(i)
         self._node_group[i] = gid
+        model = key[1][2]
+        self._model_free[model] = self._model_free.get(model, 0) + self._group_gpu[gid][0]
+        self._levels = None
 
     def _leave(self, i: int) -> None:
         gid = self._node_group[i]
@@ -645,6 +833,9 @@ class Allocator:
             del self._members[gid]
             del self._by_top[self._group_gpu[gid][2]][gid]
         self._node_group[i] = None
+        model = self._group_keys[gid][1][2]
+        self._model_free[model] -= self._group_gpu[gid][0]
+        self._levels = None
 
     def _maybe_shrink(self) -> None:
         if len(self._group_keys) > _MAX_STATES or len(self._scores) > _MAX_REQUEST_SHAPES:
@@ -674,7 +865,7 @@ class Allocator:
 
     def _fgd(self, gid: int, req: Request) -> tuple[float, GpuState | None]:
         """Growth of expected fragmentation (plus the packing term) and the card to use for a share."""
-        wl = self.workload
+        wl = self._scoring
         assert wl is not None
         state = self._group_keys[gid][1]
         before = wl._state_frag(state)
@@ -735,8 +926,57 @@ class Allocator:
         gid = rng.choices(feasible, [len(self._members[g]) for g in feasible])[0]
         return rng.choice(tuple(self._members[gid]))
 
+    def _fit_demand(self, wl: Workload) -> dict[frozenset[str] | None, float]:
+        """The mix's GPU demand per set of models whose nodes could hold it (when empty): the models a request
+        names, less those without a node with enough cards, CPU and memory for it. None: every model."""
+        shapes: dict[str, set[tuple[int, int, int, str]]] = {}
+        for i, n in enumerate(self.nodes):
+            if n.eligible:
+                mem = n.memory_total_mib or n.memory_free_mib
+                shapes.setdefault(n.gpu_model, set()).add(
+                    (
+                        self._capacity[i][0],
+                        _UNTRACKED if mem is None else mem,
+                        self._capacity[i][1] // FULL_MILLI,
+                        n.sharing,
+                    )
+                )
+        every = frozenset(shapes)
+        out: dict[frozenset[str] | None, float] = {}
+        for cpu_rank, mem_rank, model, cls_idx, w in wl._types:
+            num, milli = wl._classes[cls_idx][:2]
+            if not num:
+                continue
+            cpu, mem = wl._cpu_levels[cpu_rank], wl._mem_levels[mem_rank]
+            fit = frozenset(
+                m
+                for m, profiles in shapes.items()
+                if (model is None or m in model)
+                and any(
+                    c >= cpu and me >= mem and k >= num and _sharing_allows(sh, num, milli) for c, me, k, sh in profiles
+                )
+            )
+            if fit:
+                key = None if fit == every else fit
+                out[key] = out.get(key, 0.0) + w * num * milli
+        total = math.fsum(out.values())
+        return {k: v / total for k, v in out.items()} if total > 0 else {}
+
+    def _model_levels(self) -> dict[str, float]:
+        """How much the requests still to come load each model's free GPUs (:func:`model_levels`): the mix's
+        GPU demand, as many GPUs of it as are free now (the workload is what fills the pool)."""
+        if self._levels is None:
+            wl = self.workload
+            assert wl is not None
+            free = {m: float(v) for m, v in self._model_free.items() if v > 0}
+            total = math.fsum(free.values())
+            self._levels = model_levels({k: v * total for k, v in self._demand.items()}, free)
+        return self._levels
+
     def _best_groups(self, request: Request) -> tuple[float, list[int]]:
         """The lowest score and every group that reaches it (within rounding)."""
+        if self._pressure and request.num_gpus:
+            return self._best_groups_by_model(request)
         cache = self._cache(request)
         get = cache.get
         score_of = self._score
@@ -760,6 +1000,53 @@ class Allocator:
                     tied = [gid]
                 else:
                     tied.append(gid)
+        return best, tied
+
+    def _best_groups_by_model(self, request: Request) -> tuple[float, list[int]]:
+        """``fgd`` when requests name models: the best groups of each model, then, on every model more loaded
+        (:meth:`_model_levels`) than the least loaded model the request can go to, the part of its GPU demand
+        that the load above that floor claims: ``demand x (1 - floor / level)``. That is the share of the
+        model's remaining demand that has nowhere else to go (the requests pinned to it beyond what the other
+        models are asked for), so the share of the cards taken there that one of those will be missing, while
+        the cards the request could have taken elsewhere stay free: GPUs left unallocated, counted in the same
+        milli as fragmentation. Zero while the requests that could go elsewhere keep every model equally loaded."""
+        cache = self._cache(request)
+        get = cache.get
+        score_of = self._score
+        keys = self._group_keys
+        per_model: dict[str, tuple[float, list[int]]] = {}
+        tops = self._tops
+        for top in tops[bisect_left(tops, request.gpu_milli) :]:
+            for gid in self._by_top[top]:
+                s = get(gid, _MISS)
+                if s is _MISS:
+                    s = cache[gid] = score_of(gid, request)
+                if s is None:
+                    continue
+                model = keys[gid][1][2]
+                hit = per_model.get(model)
+                if hit is None or s < hit[0] - _EPS:
+                    per_model[model] = (s, [gid])
+                elif s <= hit[0] + _EPS:
+                    hit[1].append(gid)
+        if not per_model:
+            return math.inf, []
+        levels = self._model_levels()
+        floor = min(levels.get(m, 0.0) for m in per_model)
+        extra = float(request.gpu_demand_milli)
+        best = lo = hi = math.inf
+        tied: list[int] = []
+        for model, (s, gids) in per_model.items():
+            level = levels.get(model, 0.0)
+            if level > floor * (1 + 1e-9):
+                s += extra * (1.0 - floor / level)
+            if s > hi:
+                continue
+            if s < lo:
+                best, lo, hi = s, s - _EPS, s + _EPS
+                tied = list(gids)
+            else:
+                tied.extend(gids)
         return best, tied
 
     def choose(self, request: Request) -> Placement | None:
