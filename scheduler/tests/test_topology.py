@@ -10,7 +10,7 @@ import pytest
 
 from cluster.tests.test_nvlink import FakeNvml
 from cluster.topology import nvlink_labels
-from jobs import services
+from jobs import store
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from scheduler import dispatch as scheduler
@@ -23,7 +23,7 @@ RACK = "trainyard.io/rack"
 
 def dispatch(queue) -> int:
     """One dispatch pass over ``queue``; the number of jobs admitted."""
-    return services.queue_dispatch(queue_id=queue.id)
+    return store.dispatch(queue_ids=[queue.id]).admitted
 
 
 @pytest.fixture(autouse=True)
