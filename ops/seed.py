@@ -167,16 +167,38 @@ def _user(username: str, *, staff: bool, password: str | None, report: SeedRepor
 
 
 def _sized_to(info, data: dict, *, share: float = 1.0) -> dict:
-    """A queue's or team's first capability: the defaults, or this node's cards where they hold more (an 8-GPU or
-    an H200 node would otherwise start with queues too small for one whole card)."""
+    """A queue's or team's first capability: the defaults, or the largest node's cards where they hold more (an
+    8-GPU or an H200 node would otherwise start with queues too small for one whole card), and never less than
+    one whole card of the largest kind, whatever the share."""
     if info is None or not info.gpus:
         return data
     cards = len(info.gpus)
+    largest = max(g.memory_mib for g in info.gpus)
     return {
         **data,
-        "gpu_milli": max(data["gpu_milli"], int(1000 * cards * share)),
-        "gpu_memory_mib": max(data["gpu_memory_mib"], int(sum(g.memory_mib for g in info.gpus) * share)),
+        "gpu_milli": max(data["gpu_milli"], int(1000 * cards * share), 1000),
+        "gpu_memory_mib": max(data["gpu_memory_mib"], int(sum(g.memory_mib for g in info.gpus) * share), largest),
     }
+
+
+def _largest_node(report: SeedReport):
+    """The node quotas are first sized to: this machine's (local backend), or the cluster's node with the most GPU
+    memory (Volcano backend, read through the backend; the defaults when the cluster cannot be read now)."""
+    if settings.TRAINYARD_BACKEND == "local":
+        from cluster.inventory import local_inventory
+
+        return local_inventory()
+    try:
+        from jobs.backends import get_backend
+
+        nodes = [n for n in get_backend().inventory() if n.gpus]
+    except Exception as exc:  # noqa: BLE001 - seeding must not need the cluster; the defaults then stand
+        report.inventory = f"quotas left at their defaults: the cluster's inventory could not be read ({exc})"
+        return None
+    node = max(nodes, key=lambda n: sum(g.memory_mib for g in n.gpus), default=None)
+    if node is not None:
+        report.inventory = f"quotas sized to the cluster's largest node {node.name}: {len(node.gpus)} GPU(s)"
+    return node
 
 
 def seed(
@@ -186,11 +208,7 @@ def seed(
     `make run`, docker-compose and k8s run) gives it half, so a new user sees a wait on the team's quota while
     the queue still has room; the test suite's worlds keep the team as large as the queue."""
     report = SeedReport()
-    info = None
-    if settings.TRAINYARD_BACKEND == "local":
-        from cluster.inventory import local_inventory
-
-        info = local_inventory()
+    info = _largest_node(report)
     with transaction.atomic():
         specs = {}
         for data in SPECS:
@@ -238,7 +256,7 @@ def seed(
         from jobs.classifier import seed_default_rules
 
         seed_default_rules()
-    if info is not None:
+    if info is not None and settings.TRAINYARD_BACKEND == "local":
         from cluster.services import inventory_sync
 
         node = inventory_sync(info=info)

@@ -317,6 +317,9 @@ TRAINYARD_TB_GRACE_S = env.int("TRAINYARD_TB_GRACE_S", default=600)
 TRAINYARD_TB_LINK_TTL_S = env.int("TRAINYARD_TB_LINK_TTL_S", default=3600)
 
 # Kubernetes with Volcano (TRAINYARD_BACKEND=volcano; jobs/backends/volcano.py)
+# Startup checks a deployment knows do not apply to it (Django's SILENCED_SYSTEM_CHECKS), e.g. jobs.E002 on a
+# cluster whose nodes are this machine.
+SILENCED_SYSTEM_CHECKS = env.list("TRAINYARD_SILENCED_CHECKS", default=[])
 TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain URL, e.g. `kubectl proxy`
 TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
 TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")

@@ -287,6 +287,9 @@ def test_a_setting_that_cannot_work_is_a_startup_error(settings):
     from jobs.checks import volcano_backend_settings
 
     settings.TRAINYARD_BACKEND = "volcano"
+    settings.TRAINYARD_S3_URL = "http://s3.storage.svc:8333"
+    settings.TRAINYARD_REGISTRY_URL = "https://registry.example.com"
+    settings.TRAINYARD_K8S_PLATFORM_IMAGE = "registry.example.com/trainyard:0.1.0"
     assert volcano_backend_settings() == []
     for name, value, named in (
         ("TRAINYARD_K8S_SHARING", "hami", "TRAINYARD_K8S_SHARING=volcano-vgpu"),
@@ -302,6 +305,33 @@ def test_a_setting_that_cannot_work_is_a_startup_error(settings):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_K8S_SHARING = "hami"
     assert volcano_backend_settings() == []  # only the Volcano backend reads it
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "code", "said"),
+    [
+        ("TRAINYARD_S3_URL", "http://127.0.0.1:8333", "jobs.E002", "loopback"),
+        ("TRAINYARD_S3_URL", "http://localhost:9000", "jobs.E002", "loopback"),
+        ("TRAINYARD_S3_URL", "", "jobs.E002", "is unset"),
+        ("TRAINYARD_REGISTRY_URL", "http://[::1]:5000", "jobs.E002", "loopback"),
+        ("TRAINYARD_K8S_PLATFORM_IMAGE", "trainyard:0.1.0", "jobs.E003", "names no registry"),
+        ("TRAINYARD_K8S_PLATFORM_IMAGE", "localhost:5000/trainyard:0.1.0", "jobs.E003", "loopback registry"),
+        ("TRAINYARD_K8S_PLATFORM_IMAGE", "127.0.0.1:5000/trainyard:0.1.0", "jobs.E003", "loopback registry"),
+    ],
+)
+def test_an_address_pods_cannot_reach_is_a_startup_error(settings, name, value, code, said):
+    """`make run` hands pods its embedded servers' loopback addresses; on the Volcano backend that is refused at
+    startup, naming the setting, instead of pods that silently cannot reach the object store or the registry."""
+    from jobs.checks import volcano_backend_settings
+
+    settings.TRAINYARD_BACKEND = "volcano"
+    settings.TRAINYARD_S3_URL = "http://s3.storage.svc:8333"
+    settings.TRAINYARD_REGISTRY_URL = "registry.example.com"
+    settings.TRAINYARD_K8S_PLATFORM_IMAGE = "registry.example.com/trainyard:0.1.0"
+    assert volcano_backend_settings() == []
+    setattr(settings, name, value)
+    errors = volcano_backend_settings()
+    assert [e.id for e in errors] == [code] and said in errors[0].msg and name in errors[0].msg
 
 
 def test_events_are_read_per_object_and_in_pages(kube, backend, monkeypatch):
@@ -946,3 +976,28 @@ def test_e2e_the_ledger_follows_the_cards_volcanos_vgpu_scheduler_chose(kube, vg
     assert attempt.placement["devices"][0]["gpu_uuid"] == chosen
     drive(kube, lambda: True)  # observing again moves nothing more
     assert PoolRepair.objects.filter(kind="slice_moved").count() == 1
+
+
+def test_seeded_quotas_hold_a_whole_card_of_the_clusters_largest_node(settings, transactional_db):
+    """Seeding on the Volcano backend reads the cluster's inventory: with 80 GB cards, the half-size demo team
+    of `manage.py seed` still holds one whole card, so a guaranteed job on one is not refused by the seed."""
+    from jobs.backends import reset_backends
+    from ops.seed import seed
+    from quotas.models import Queue, Team
+
+    crds.require()
+    with FakeKubernetes(nodes=0) as fake:
+        fake.add_node("h100-0", driver_version=DRIVER, labels=gfd_labels("r1"), gpu_product="NVIDIA-H100-80GB-HBM3",
+                      gpu_memory_mib=81559)  # fmt: skip
+        settings.TRAINYARD_BACKEND = "volcano"
+        settings.TRAINYARD_K8S_API_URL = fake.url
+        settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S = 0.5
+        reset_backends()
+        try:
+            report = seed(admin_password="admin-pass-123", demo_password="demo-pass-123", demo_team_share=0.5)
+        finally:
+            reset_backends()
+    assert "h100-0" in report.inventory
+    team = Team.objects.get(slug="demo")
+    assert team.gpu_memory_mib >= 81559 and team.gpu_milli >= 1000
+    assert all(q.gpu_memory_mib >= 81559 for q in Queue.objects.all())
