@@ -27,8 +27,14 @@ def pool_lock() -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [POOL_LOCK_KEY])
 
 
+VANISHED = "GPU no longer reported by the node"
+K8S_READY_LABEL = "trainyard.io/k8s-ready"
+
+
 def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
-    """Create or update a node and its GPUs from what the backend reports; GPUs that vanished turn unhealthy."""
+    """Create or update a node and its GPUs from what the backend reports; GPUs that vanished turn unhealthy,
+    and come back into service when the node reports them again. A Kubernetes node that is not Ready keeps its
+    cards (nothing is known to be wrong with them) but takes no placements until it is Ready again."""
     now = timezone.now()
     labels = dict(info.labels)
     known = Node.objects.filter(name=info.name).values_list("labels", flat=True).first()
@@ -67,8 +73,38 @@ def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
         )
     vanished = node.gpus.exclude(uuid__in=seen).exclude(health=GPU.Health.UNHEALTHY)
     for gpu in vanished:
-        gpu_mark_unhealthy(gpu=gpu, reason="GPU no longer reported by the node")
+        gpu_mark_unhealthy(gpu=gpu, reason=VANISHED)
+    for gpu in node.gpus.filter(uuid__in=seen, health=GPU.Health.UNHEALTHY, quarantine_reason=VANISHED):
+        gpu_return_to_service(gpu=gpu)
+        log.info("gpu_reported_again", gpu=gpu.uuid, node=node.name)
+    if backend != "local" and K8S_READY_LABEL in labels:
+        nodes_reachability_apply(backend=backend, ready={node.name: labels[K8S_READY_LABEL] == "true"})
+        node.refresh_from_db(fields=["state"])
     return node
+
+
+def nodes_reachability_apply(*, backend: str, ready: Mapping[str, bool], complete: bool = False) -> int:
+    """Take the backend's nodes that are not Ready (or, with `complete`, not in `ready` at all: deleted) out of
+    placement, and give back those Ready again: `ready` → `unhealthy` → `ready`. A node an admin cordoned stays
+    cordoned. No card is marked and no alert raised: an unreachable node says nothing about its cards, and jobs
+    on it are judged by the backend (NodeLost after TRAINYARD_K8S_NODE_LOST_S). Returns how many nodes changed."""
+    down = [name for name, ok in ready.items() if not ok]
+    up = [name for name, ok in ready.items() if ok]
+    gone = Node.objects.filter(backend=backend, state=Node.State.READY)
+    gone = gone.filter(name__in=down) | (gone.exclude(name__in=list(ready)) if complete else gone.none())
+    left = list(gone.values_list("name", flat=True))
+    changed = Node.objects.filter(name__in=left).update(state=Node.State.UNHEALTHY)
+    back = list(
+        Node.objects.filter(backend=backend, state=Node.State.UNHEALTHY, name__in=up).values_list("name", flat=True)
+    )
+    changed += Node.objects.filter(name__in=back).update(state=Node.State.READY)
+    for name in left:
+        log.warning("node_unreachable", node=name, backend=backend, deleted=name not in ready)
+    for name in back:
+        log.info("node_ready_again", node=name, backend=backend)
+    if back:
+        transaction.on_commit(_dispatch_all)
+    return changed
 
 
 def gpu_mark_unhealthy(*, gpu: GPU, reason: str, quarantine: bool = True) -> GPU:

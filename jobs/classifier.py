@@ -71,6 +71,18 @@ DEFAULT_RULES = [
         suggestion="The job ran past its time limit (the pod's active deadline): raise the job's timeout.",
     ),
     dict(
+        name="pods-refused",
+        order=52,
+        # The API server refused the pods Volcano creates (ResourceQuota, PodSecurity, a missing service account, an
+        # invalid spec): the same pods would be refused again, and no card is at fault.
+        reason_pattern=r"^PodsRefused$",
+        failure_class="platform",
+        reaction="no_retry",
+        suggestion="The cluster refused to create the job's pods (the message says why: a quota, a security policy, a "
+        "missing service account or an invalid field). A retry would be refused the same way: an admin fixes the "
+        "namespace or the platform's settings, then the job is resubmitted.",
+    ),
+    dict(
         name="evicted-or-lost",
         order=60,
         # Volcano records a preemption or reclaim as `Evict`; a graceful node shutdown ends pods as `Terminated`.

@@ -297,6 +297,22 @@ def attempts_observe(*, backend_name: str | None = None, attempt_ids: list[int] 
     return changed
 
 
+def nodes_reachability_check(*, backend_name: str | None = None) -> int:
+    """Between inventory syncs, follow which cluster nodes are Ready (at most every TRAINYARD_K8S_NODE_CHECK_S, on
+    the observe loop): a node NotReady or deleted leaves placement within seconds and comes back when Ready, so a
+    retry is never placed on a node that is gone. Returns how many nodes changed."""
+    from django.core.cache import cache
+
+    backend_name = backend_name or settings.TRAINYARD_BACKEND
+    backend = get_backend(backend_name)
+    nodes_ready = getattr(backend, "nodes_ready", None)
+    if nodes_ready is None or not cache.add("trainyard:node-check", 1, timeout=settings.TRAINYARD_K8S_NODE_CHECK_S):
+        return 0
+    from cluster.services import nodes_reachability_apply
+
+    return nodes_reachability_apply(backend=backend_name, ready=nodes_ready(), complete=True)
+
+
 def _unobservable(attempt: Attempt, obs: Observation, backend) -> int:
     """The backend cannot tell this attempt's state (its state files cannot be read or written): say so on the
     job once, and when it lasts past TRAINYARD_OBSERVE_FAILING_S stop every process of the attempt (fencing) and

@@ -66,7 +66,12 @@ def start_attempts(attempt_ids: list[int]) -> None:
 
 @shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
 def observe_attempts() -> int:
-    return lifecycle.attempts_observe()
+    changed = lifecycle.attempts_observe()
+    try:
+        lifecycle.nodes_reachability_check()
+    except Exception:  # noqa: BLE001 - the next pass checks again; the inventory sync is the backstop
+        log.warning("node_check_failed", exc_info=True)
+    return changed
 
 
 @shared_task(name="jobs.enforce_timeouts", soft_time_limit=60, time_limit=90)

@@ -343,6 +343,8 @@ TRAINYARD_K8S_CALL_BUDGET_S = env.float("TRAINYARD_K8S_CALL_BUDGET_S", default=2
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
 # A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
 TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
+# How often the observe loop checks which nodes are Ready (a NotReady or deleted node leaves placement).
+TRAINYARD_K8S_NODE_CHECK_S = env.float("TRAINYARD_K8S_NODE_CHECK_S", default=10.0)
 TRAINYARD_TB_BASE_DOMAIN = env.str("TRAINYARD_TB_BASE_DOMAIN", default="")
 # The platform's own image, which runs the checkpoint sidecar and the dataset fetchers in a job's pod, and the
 # Secret (in each team's namespace) holding the object store's keys for them.

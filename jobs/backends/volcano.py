@@ -85,6 +85,10 @@ LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
+# The reason of the warning event Volcano's job controller records on the Volcano job when the API server refuses
+# a pod it creates (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
+REFUSAL_REASONS = frozenset({"FailedCreate"})
+PODS_REFUSED = "PodsRefused"
 VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
@@ -517,6 +521,9 @@ class VolcanoBackend:
                 message=message[:1000],
                 node=(pod.get("spec") or {}).get("nodeName", ""),
             )
+        refused = context.refusal(job)
+        if refused:
+            return Observation(phase="failed", reason=PODS_REFUSED, message=refused[:1000], node=_main_node(pods))
         state = (job.get("status") or {}).get("state") or {}
         reason = "Preempted" if context.pods_preempted(job) else "Evicted"
         message = state.get("message") or (
@@ -604,6 +611,11 @@ class VolcanoBackend:
                 if _age_s(pod, now) >= self.config.start_timeout_s:
                     return Observation(phase="failed", reason="Unschedulable", message=detail[:1000])
                 return Observation(phase="pending", message=detail[:1000])
+        if len(pods) < _replicas(job):
+            # Volcano creates the pods; a pod the API server refused shows only as an event on the Volcano job.
+            refused = context.refusal(job)
+            if refused:
+                return Observation(phase="failed", reason=PODS_REFUSED, message=refused[:1000])
         if any((p.get("status") or {}).get("phase") == "Running" for p in pods) or (
             pods and all((p.get("spec") or {}).get("nodeName") for p in pods)
         ):
@@ -919,6 +931,10 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- inventory
 
+    def nodes_ready(self) -> dict[str, bool]:
+        """Whether each node of the cluster is Ready, by name (one list of the nodes)."""
+        return {n["metadata"]["name"]: node_ready(n) for n in self._raw("list_nodes", self.core.list_node)["items"]}
+
     def inventory(self) -> list[NodeInfo]:
         nodes = self._raw("list_nodes", self.core.list_node)["items"]
         options = self.config.render
@@ -1084,6 +1100,16 @@ class _NamespaceContext:
         if pending:
             return f"waiting in Volcano queue {queue}: {pending[-1]}"
         return ""
+
+    def refusal(self, job: JSON) -> str:
+        """Why the API server refused a pod Volcano tried to create for the job ('' when it refused none): the
+        job controller records each refusal as a warning event on the Volcano job."""
+        said = [
+            str(e.get("message") or "")
+            for e in self.events(job["metadata"]["name"])
+            if e.get("reason") in REFUSAL_REASONS and (e.get("type") or "Warning") == "Warning"
+        ]
+        return f"the cluster refused to create the job's pods: {said[-1]}" if said else ""
 
     def pods_preempted(self, job: JSON) -> bool:
         """Whether Volcano's scheduler took a pod of the job away (it records that as an `Evict` event, for
@@ -1373,6 +1399,11 @@ def _quantity_int(value: Any, scale: int = 1) -> int:
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
+def node_ready(node: JSON) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def node_info(
     node: JSON, rack_labels: tuple[str, ...] | list[str], *, shared_resource: str | None = None
 ) -> NodeInfo | None:
@@ -1403,24 +1434,22 @@ def node_info(
     if count <= 0 and not any(mig.values()) and labels.get("nvidia.com/gpu.present") != "true":
         return None
     name = str(meta.get("name"))
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    ready = node_ready(node)
     model = labels.get("nvidia.com/gpu.product", "NVIDIA GPU").replace("-", " ")
     memory = _quantity_int(labels.get("nvidia.com/gpu.memory", 0))
     uuids = _published_uuids(meta.get("annotations") or {})
-    gpus = (
-        tuple(
-            GpuInfo(
-                uuid=uuids[i] if i < len(uuids) else f"{render.SYNTHETIC_UUID_PREFIX}{name}-{i}",
-                index=i,
-                model=model,
-                memory_mib=memory,
-            )
-            for i in range(count)
+    # A node that is not Ready (its kubelet stopped reporting) still has its cards: it is taken out of placement
+    # by its `trainyard.io/k8s-ready` label (cluster.services.nodes_reachability_apply), the cards stay in service.
+    gpus = tuple(
+        GpuInfo(
+            uuid=uuids[i] if i < len(uuids) else f"{render.SYNTHETIC_UUID_PREFIX}{name}-{i}",
+            index=i,
+            model=model,
+            memory_mib=memory,
         )
-        if ready
-        else ()
-    )  # a node that stopped reporting gives no GPUs: the pool marks them unhealthy
-    if ready:
+        for i in range(count)
+    )
+    if mig:
         gpus += tuple(
             GpuInfo(
                 uuid=f"{render.SYNTHETIC_UUID_PREFIX}MIG-{name}-{profile}-{k}",

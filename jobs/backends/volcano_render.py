@@ -294,6 +294,8 @@ def render_job(
         "schedulerName": VOLCANO_SCHEDULER,
         "queue": desc.volcano_queue,
         "minAvailable": desc.replicas,
+        # Volcano's admission webhook rewrites a maxRetry of 0 to 3 (0 reads as "unset"). It only bounds Restart*
+        # actions, which no policy here names: whatever maxRetry ends up as, Volcano never restarts the job.
         "maxRetry": 0,
         "ttlSecondsAfterFinished": int(options.ttl_s),
         # A pod that fails or is evicted ends the Volcano job: retrying is the platform's decision, and

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from cluster import services as pool
+from cluster import selectors as cluster_selectors
 from images import registry as image_registry
 from images import services as image_services
 from jobs import reference, validation
@@ -460,12 +460,12 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 policy=policy, queue=queue, reference=image["image_reference"], digest=image["image_digest"]
             )
         needs = image["min_driver_version"]
-        if needs and drivers and not any(pool.driver_satisfies(d, needs) for d in drivers):
+        if needs and drivers and not any(cluster_selectors.driver_satisfies(d, needs) for d in drivers):
             raise ValidationFailed(
                 stored(
                     "the image needs NVIDIA driver >= %(needs)s; the newest node has %(newest)s",
                     needs=image["min_driver_version"],
-                    newest=max(drivers, key=pool.version_tuple),
+                    newest=max(drivers, key=cluster_selectors.version_tuple),
                 ),
                 code="image_incompatible_with_all_nodes",
                 field="image",

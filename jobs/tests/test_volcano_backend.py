@@ -587,7 +587,8 @@ def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backen
     node0 = nodes["gpu-node-0"]
     assert (node0.driver_version, node0.cuda_version, len(node0.gpus)) == (DRIVER, "12.4", 8)
     assert node0.cpu_milli == 96000 and node0.memory_mib == 1024 * 1024 and node0.labels["trainyard.io/rack"] == "r1"
-    assert nodes["gpu-node-1"].gpus == ()  # not ready: its cards are not offered
+    lost = nodes["gpu-node-1"]  # not ready: its cards are still its own; the label takes it out of placement
+    assert len(lost.gpus) == 8 and lost.labels["trainyard.io/k8s-ready"] == "false"
 
 
 def test_node_info_divides_time_sliced_cards():
@@ -829,8 +830,11 @@ def test_e2e_eviction_is_retried_elsewhere_and_then_succeeds(kube, platform, cel
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_e2e_full_volcano_queue_keeps_the_job_pending_with_the_reason_shown(kube, platform, celery_worker_thread):
-    # Something outside the platform fills the Volcano queue (4 GPUs of capability).
-    foreign = render.render_job(describe(gpus=4, job_id=str(uuid.uuid4())), render.RenderOptions())
+    # Something outside the platform fills the Volcano queue (seeded to the largest node's 8 cards).
+    from quotas.models import Queue
+
+    cards = Queue.objects.get(name="train").gpu_milli // 1000
+    foreign = render.render_job(describe(gpus=cards, job_id=str(uuid.uuid4())), render.RenderOptions())
     foreign["metadata"]["name"], foreign["metadata"]["labels"] = "someone-elses-job", {}
     kube.controller.script("someone-elses-job", run_ticks=None)
     kube.create(JOBS, foreign, TEAM_NS)
@@ -1001,3 +1005,70 @@ def test_seeded_quotas_hold_a_whole_card_of_the_clusters_largest_node(settings, 
     team = Team.objects.get(slug="demo")
     assert team.gpu_memory_mib >= 81559 and team.gpu_milli >= 1000
     assert all(q.gpu_memory_mib >= 81559 for q in Queue.objects.all())
+
+
+class _RefusePods:
+    """An admission plugin refusing every pod, as a namespace's ResourceQuota does when it is used up."""
+
+    def admit(self, op, rt, obj, old):
+        pass
+
+    def validate(self, op, rt, obj, old):
+        from tests.fake_k8s.server import ApiError
+
+        if rt.key == ("", "pods") and op == "CREATE":
+            name = obj["metadata"].get("name", "")
+            raise ApiError(403, f'pods "{name}" is forbidden: exceeded quota: team-gpus, requested: '
+                           "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: "
+                           "requests.nvidia.com/gpu=8", reason="Forbidden")  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_pods_the_api_server_refuses_end_the_attempt_with_the_reason_and_no_retry(kube, backend):
+    """Volcano creates the pods, so a refusal shows only as a `FailedCreate` event on the Volcano job: it is read,
+    named as the cause, and ends the attempt as a refusal (no retry, no card blamed), not as a pending job that
+    Volcano later gives up on and the platform retries as "Evicted"."""
+    kube.add_admission(_RefusePods())
+    ref = backend.submit(describe())
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    assert (obs.phase, obs.reason) == ("failed", "PodsRefused")
+    assert "exceeded quota: team-gpus" in obs.message and "refused to create the job's pods" in obs.message
+    FailureRule.objects.all().delete()
+    classifier.seed_default_rules()
+    verdict = classifier.classify(classifier.Observation(reason=obs.reason, exit_code=obs.exit_code))
+    assert (verdict.rule, verdict.reaction) == ("pods-refused", "no_retry")
+
+
+def test_a_node_that_blinks_leaves_placement_and_comes_back_with_its_cards(kube, platform, settings):
+    """NotReady for a while: the node takes no placements (within one node check, not at the next inventory
+    sync), its cards stay healthy and unquarantined with no alert; Ready again, it is placeable again. A deleted
+    node leaves placement the same way."""
+    from django.core.cache import cache
+
+    from cluster.models import GPU, Node
+    from jobs.tasks import sync_inventory
+    from monitoring.models import Alert
+
+    settings.TRAINYARD_K8S_NODE_CHECK_S = 0.01
+
+    def check():
+        cache.delete("trainyard:node-check")
+        return lifecycle.nodes_reachability_check()
+
+    assert Node.objects.get(name="gpu-node-1").state == Node.State.READY
+    kube.controller.lose_node("gpu-node-1", evict=False)
+    assert check() == 1
+    assert Node.objects.get(name="gpu-node-1").state == Node.State.UNHEALTHY
+    sync_inventory()  # the 5-minute sync agrees, and takes no card away
+    cards = GPU.objects.filter(node__name="gpu-node-1")
+    assert cards.count() == 8 and not cards.filter(quarantined=True).exists()
+    assert not cards.exclude(health=GPU.Health.HEALTHY).exists()
+    assert not Alert.objects.exists()
+    kube.controller.restore_node("gpu-node-1")
+    assert check() == 1
+    assert Node.objects.get(name="gpu-node-1").state == Node.State.READY
+    assert check() == 0  # nothing moved
+
+    kube.controller.delete_node("gpu-node-0")
+    assert check() == 1
+    assert Node.objects.get(name="gpu-node-0").state == Node.State.UNHEALTHY

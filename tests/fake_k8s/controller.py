@@ -1040,7 +1040,7 @@ class VolcanoController:
         try:
             created = self.kube.create("pods", pod)
         except ApiError as error:
-            self._event(job, "FailedCreatePod", f"Error creating pods: {error.message}", "Warning")
+            self._event(job, "FailedCreate", f"Error creating pods: {error.message}", "Warning")
             return
         self._seen_pods.setdefault(meta["uid"], {})[name] = (created["metadata"]["uid"], "Pending", False)
 
