@@ -864,6 +864,7 @@ class VolcanoBackend:
             sharing=self.config.render.sharing,
             platform_queue=queue.name,
             volcano_version=self.volcano_version(),
+            shared_resource=self.config.render.shared_resource,
         )
         group, version, plural = render.QUEUE_API
         current: JSON | None = None

@@ -934,16 +934,28 @@ def _node_affinity(
 # ------------------------------------------------------------------------------------------------ queues
 
 
-def queue_capability(vector: Mapping[str, int], sharing: str) -> dict[str, str]:
-    """The platform quota vector as the resources Volcano can cap for this provider."""
+# The smallest share of a card a spec hands out (Shared: 1/4 compute): a quota of N milli holds at most N // 250 shares.
+SMALLEST_SHARE_MILLI = 250
+
+
+def queue_capability(
+    vector: Mapping[str, int], sharing: str, shared_resource: str = "nvidia.com/gpu.shared"
+) -> dict[str, str]:
+    """The platform quota vector as the resources Volcano can cap for this provider. Every GPU resource a pod of
+    the platform may ask for is capped: since Volcano 1.9 a resource a queue's capability leaves out is unlimited,
+    so an uncapped share resource would let the queue run any number of shares."""
+    milli = int(vector.get("gpu_milli", 0))
     capability = {
         "cpu": _quantity_milli(vector.get("cpu_milli", 0)),
         "memory": _quantity_mib(vector.get("memory_mib", 0)),
     }
     if sharing == "whole":
-        capability["nvidia.com/gpu"] = str(int(vector.get("gpu_milli", 0)) // 1000)
+        capability["nvidia.com/gpu"] = str(milli // 1000)
+        capability[shared_resource] = str(milli // SMALLEST_SHARE_MILLI)  # a time-sliced share is one unit
     elif sharing == "volcano-vgpu":
         capability["volcano.sh/vgpu-memory"] = str(int(vector.get("gpu_memory_mib", 0)))
+        capability["volcano.sh/vgpu-number"] = str(milli // SMALLEST_SHARE_MILLI)  # a device per share or card
+        capability["volcano.sh/vgpu-cores"] = str(milli // 10)  # percent of a card: 1000 milli is 100
     return capability
 
 
@@ -957,6 +969,7 @@ def render_queue(
     sharing: str,
     platform_queue: str = "",
     volcano_version: Sequence[int] = MIN_VOLCANO_VERSION,
+    shared_resource: str = "nvidia.com/gpu.shared",
 ) -> JSON:
     """A cluster-scoped Volcano Queue whose capability is the platform queue's hard quota, with only the fields
     the given Volcano release knows (older releases have no queue priority and no FIFO dequeue)."""
@@ -967,7 +980,7 @@ def render_queue(
         "weight": max(1, min(65535, int(weight))),
         # Quotas are hard: a queue never lends its share, and never takes another's.
         "reclaimable": False,
-        "capability": queue_capability(vector, sharing),
+        "capability": queue_capability(vector, sharing, shared_resource),
     }
     version = tuple(volcano_version)
     if version >= QUEUE_FIELD_SINCE["priority"]:

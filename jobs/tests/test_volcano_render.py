@@ -455,7 +455,18 @@ def test_queues_validate_against_each_release_and_carry_the_platform_quota(provi
             assert spec["priority"] == 0 and spec["dequeueStrategy"] == "fifo"
         assert spec["capability"]["cpu"] == "64000m" and spec["capability"]["memory"] == "262144Mi"
         gpu = {k: v for k, v in spec["capability"].items() if k not in ("cpu", "memory")}
-        assert gpu == {"whole": {"nvidia.com/gpu": "4"}, "volcano-vgpu": {"volcano.sh/vgpu-memory": "98304"}}[provider]
+        # Every GPU resource a platform pod may ask for is capped (a resource left out is unlimited from 1.9).
+        assert (
+            gpu
+            == {
+                "whole": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
+                "volcano-vgpu": {
+                    "volcano.sh/vgpu-memory": "98304",
+                    "volcano.sh/vgpu-number": "16",
+                    "volcano.sh/vgpu-cores": "400",
+                },
+            }[provider]
+        )
         # Reading the release off the installed CRD renders the same queue.
         properties = catalog.crd_schema(*render.QUEUE_API)["properties"]["spec"]["properties"]
         detected = render.queue_version_from_schema(properties)
