@@ -83,6 +83,15 @@ DEFAULT_RULES = [
         "namespace or the platform's settings, then the job is resubmitted.",
     ),
     dict(
+        name="cluster-unsupported",
+        order=51,
+        reason_pattern=r"^ClusterUnsupported$",
+        failure_class="platform",
+        reaction="no_retry",
+        suggestion="The cluster cannot run the platform's jobs as it is (the message says what is missing: a newer "
+        "Kubernetes, or Volcano). An admin upgrades or installs it; then the job is resubmitted.",
+    ),
+    dict(
         name="evicted-or-lost",
         order=60,
         # Volcano records a preemption or reclaim as `Evict`; a graceful node shutdown ends pods as `Terminated`.

@@ -136,9 +136,10 @@ def attempt_start(*, attempt_id: int) -> None:
         ref = get_backend(attempt.backend).submit(desc)
     except Exception as exc:  # noqa: BLE001 - a backend failure is a platform failure of this attempt
         log.exception("attempt_submit_failed", job_id=str(attempt.job_id), attempt=attempt.number)
-        attempt_finish(
-            attempt_id=attempt.id, obs=Observation(phase="failed", reason="SubmitError", message=str(exc)[:500])
-        )
+        # A backend may name the cause (`reason`, e.g. ClusterUnsupported) so the classifier can tell a refusal
+        # that no retry will change from a passing failure.
+        reason = str(getattr(exc, "reason", "") or "SubmitError")
+        attempt_finish(attempt_id=attempt.id, obs=Observation(phase="failed", reason=reason, message=str(exc)[:500]))
         return
     _attempt_handed_over(attempt_id=attempt.id, ref=ref)
 

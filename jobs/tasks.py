@@ -106,6 +106,21 @@ def _reconcile_on_worker_start(**_kwargs) -> None:
         reconcile_lifecycle.delay()
     except Exception:  # noqa: BLE001 - the broker may be down; beat's pass will do it
         log.warning("reconcile_on_start_not_sent")
+    _check_cluster()
+
+
+def _check_cluster() -> None:
+    """A worker of the Volcano backend says at start whether the cluster can run jobs (version, Volcano)."""
+    from django.conf import settings
+
+    if settings.TRAINYARD_BACKEND != "volcano":
+        return
+    from jobs.backends import get_backend
+
+    try:
+        log.info("cluster_checked", found=get_backend().cluster_check())
+    except Exception as exc:  # noqa: BLE001 - said loudly; each submission refuses with the same message
+        log.error("cluster_unsupported", error=str(exc))
 
 
 @shared_task(name="jobs.reconcile_pool", soft_time_limit=300, time_limit=360)

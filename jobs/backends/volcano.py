@@ -84,6 +84,10 @@ SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
+JOB_CRD = "jobs.batch.volcano.sh"
+# Native sidecar containers (the checkpoint sync) are on by default from 1.29; `batch.kubernetes.io/job-name`
+# (how an image build finds its pod) exists from 1.27.
+MIN_KUBERNETES = (1, 29)
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
 # The reason of the warning event Volcano's job controller records on the Volcano job when the API server refuses
 # a pod it creates (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
@@ -126,6 +130,21 @@ class VolcanoConfig:
     tb_tls_secret: str = ""
     # The Volcano release whose Queue fields to render: "auto" reads the installed Queue CRD.
     volcano_version: str = "auto"
+
+
+class ClusterUnsupported(RuntimeError):
+    """The cluster cannot run the platform's jobs as it is (too old, Volcano missing): no retry will help."""
+
+    reason = "ClusterUnsupported"
+
+
+def _leading_int(text: str) -> int:
+    digits = ""
+    for ch in str(text or ""):
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits or 0)
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -201,6 +220,7 @@ class VolcanoBackend:
         self.extensions = k8s.ApiextensionsV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
         self._volcano_version: tuple[int, int] | None = None
+        self._cluster_checked = False
         self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
 
     @classmethod
@@ -249,7 +269,34 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- submit
 
+    def cluster_check(self) -> str:
+        """Refuse a cluster the platform cannot drive (ClusterUnsupported, saying what is missing): Kubernetes
+        older than MIN_KUBERNETES, or no Volcano Job CRD. Checked once per process; returns what was found."""
+        info = self._raw("server_version", k8s.VersionApi(self.api_client).get_code)
+        found = (_leading_int(info.get("major")), _leading_int(info.get("minor")))
+        git_version = info.get("gitVersion") or ".".join(map(str, found))
+        if found < MIN_KUBERNETES:
+            raise ClusterUnsupported(
+                f"the cluster runs Kubernetes {git_version}; Trainyard needs "
+                f"{'.'.join(map(str, MIN_KUBERNETES))} or newer (its checkpoint sync is a native sidecar container, "
+                "and image builds find their pod by the batch.kubernetes.io/job-name label)"
+            )
+        try:
+            self._raw("read_job_crd", self.extensions.read_custom_resource_definition, JOB_CRD)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ClusterUnsupported(
+                    f"Volcano is not installed on the cluster (no {JOB_CRD} CRD): install Volcano "
+                    f"{render.format_version(render.MIN_VOLCANO_VERSION)} or newer"
+                ) from None
+            if exc.status not in (401, 403):
+                raise
+        self._cluster_checked = True
+        return f"Kubernetes {git_version}, Volcano {render.format_version(self.volcano_version())}"
+
     def submit(self, desc: AttemptDescription) -> str:
+        if not self._cluster_checked:
+            self.cluster_check()
         nodes = sorted({d.node for d in desc.devices if d.node})
         node_labels = self._node_labels(nodes) if desc.replicas > 1 else {}
         manifest = render.render_job(desc, self.config.render, node_labels=node_labels)

@@ -536,7 +536,7 @@ def test_queue_sync_creates_updates_closes_and_reopens(kube, backend):
     backend.queue_sync(queue)
     volcano = kube.get(QUEUES, "trainyard-train")
     capability = {k: parse_quantity(v) for k, v in volcano["spec"]["capability"].items()}
-    assert capability == {"cpu": 64, "memory": 256 * 1024**3, "nvidia.com/gpu": 4}
+    assert capability == {"cpu": 64, "memory": 256 * 1024**3, "nvidia.com/gpu": 4, "nvidia.com/gpu.shared": 16}
     assert (volcano["spec"]["weight"], volcano["spec"]["priority"], volcano["spec"]["reclaimable"]) == (3, 7, False)
 
     queue.quota["gpu_milli"] = 8000
@@ -1072,3 +1072,18 @@ def test_a_node_that_blinks_leaves_placement_and_comes_back_with_its_cards(kube,
     kube.controller.delete_node("gpu-node-0")
     assert check() == 1
     assert Node.objects.get(name="gpu-node-0").state == Node.State.UNHEALTHY
+
+
+def test_a_cluster_too_old_for_the_platform_is_refused_with_what_it_needs(kube, backend, monkeypatch):
+    """Kubernetes before 1.29 refuses every pod with the checkpoint sidecar (a native sidecar), and before 1.27
+    image builds never find their pod: the backend says so at once instead of failing silently."""
+    from jobs.backends import volcano
+    from tests.fake_k8s import server
+
+    assert backend.cluster_check().startswith("Kubernetes v1.34")
+    monkeypatch.setitem(server.KUBERNETES_VERSION, "minor", "27+")
+    monkeypatch.setitem(server.KUBERNETES_VERSION, "gitVersion", "v1.27.16-gke.100")
+    old = make_backend(kube)
+    with pytest.raises(volcano.ClusterUnsupported, match=r"Kubernetes v1\.27\.16-gke\.100; Trainyard needs 1\.29"):
+        old.submit(describe())
+    assert kube.list(JOBS, TEAM_NS) == []

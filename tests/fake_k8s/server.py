@@ -2340,7 +2340,7 @@ class FakeKubernetes:
     ) -> _Response:
         if path in ("/healthz", "/readyz", "/livez"):
             return _Response(200, "ok", content_type="text/plain")
-        if path == "/version":
+        if path in ("/version", "/version/"):
             return _Response(200, dict(KUBERNETES_VERSION))
         if path in ("/api", "/api/"):
             return _Response(
