@@ -77,3 +77,18 @@ bench-storage: venv
 lock:
 	@d=$$(mktemp -d) && python3.11 -m venv $$d && $$d/bin/pip install -q -r requirements.in && \
 	  $$d/bin/pip freeze --exclude-editable > requirements.txt && rm -rf $$d
+
+# A real Kubernetes control plane on loopback for the Volcano backend (docs/cluster.md): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, Volcano and kwok GPU nodes, built from their Go modules on first use.
+.PHONY: cluster cluster-stop cluster-status cluster-smoke
+cluster: venv
+	@$(BIN)/python scripts/cluster/cluster.py up
+
+cluster-stop:
+	@$(BIN)/python scripts/cluster/cluster.py down
+
+cluster-status:
+	@$(BIN)/python scripts/cluster/cluster.py status
+
+cluster-smoke: venv
+	@$(BIN)/python scripts/cluster/smoke.py
