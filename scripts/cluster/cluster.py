@@ -145,7 +145,7 @@ def build(require_volcano: bool) -> dict:
     paths.update(kube)
     etcd = binary("etcd", ETCD)
     if not etcd.exists():
-        timings["etcd"] = _go_build(GO_DIR / f"etcd-{ETCD}", ["."], {f"etcd-{ETCD}": etcd}, "-s -w")
+        timings["etcd"] = _go_build(GO_DIR / f"etcd-{ETCD}", ["."], {"etcd": etcd}, "-s -w")
     paths["etcd"] = etcd
     kwok = binary("kwok", KWOK)
     if not kwok.exists():
@@ -266,6 +266,7 @@ def ensure_pki(pki: Path) -> None:
     issue("admin", "trainyard-cluster-admin", orgs=("system:masters",))
     issue("kube-controller-manager", "system:kube-controller-manager")
     issue("kube-scheduler", "system:kube-scheduler")
+    issue("front-proxy-client", "front-proxy-client")
     issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",))
     # kwok plays every kubelet (node and pod status, leases, events) and Volcano's three components run with the
     # rights the Volcano chart grants them; both as cluster admins here (docs/cluster.md says so).
@@ -443,7 +444,12 @@ def _pid_alive(pid: int, exe: str | None) -> bool:
         return False
     if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
-    return exe is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == exe)
+    if not cmdline or not cmdline[0]:
+        return True  # still in exec (a 100 MB binary takes a moment): it is the one we started
+    return exe is None or cmdline[0].decode(errors="replace") == exe
+
+
+STARTED: dict[str, subprocess.Popen] = {}  # what this run started, to see one exit while waiting for it
 
 
 def start(name: str, exe: Path, args: list[str]) -> int:
@@ -461,6 +467,7 @@ def start(name: str, exe: Path, args: list[str]) -> int:
             cwd=VAR,
             start_new_session=True,
         )
+    STARTED[name] = proc
     (pids / f"{name}.pid").write_text(f"{proc.pid} {exe}\n")
     return proc.pid
 
@@ -515,7 +522,7 @@ def wait_for(what: str, check, timeout: float, name: str | None = None) -> None:
                 return
         except Exception as err:  # noqa: BLE001 - any failure means "not yet"
             last = err
-        if name and name not in running():
+        if name and name in STARTED and STARTED[name].poll() is not None:
             tail = (VAR / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
             raise ClusterError(f"{name} exited while waiting for {what}; its log ends:\n{tail}")
         time.sleep(0.25)
@@ -562,6 +569,7 @@ def gpu_nodes() -> list[dict]:
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                     "labels": {
                         "kubernetes.io/hostname": name,
+                        "kwok.x-k8s.io/node": "fake",  # what kwok manages (a label: see the lost-node knob)
                         "kubernetes.io/os": "linux",
                         "kubernetes.io/arch": "amd64",
                         "type": "kwok",
@@ -804,6 +812,13 @@ def up() -> int:
                 f"--client-ca-file={pki / 'ca.crt'}",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
                 # On top of the default plugins (PodSecurity, ResourceQuota, ServiceAccount, Priority, the webhooks …
                 # are among them): named so that a change of defaults cannot drop them silently.
@@ -865,7 +880,10 @@ def up() -> int:
         apply_file(api, HERE / "manifests" / "volcano-extra-crds.yaml")
         wait_for("the Volcano CRDs", lambda: _crds_established(api), 60)
 
-        # kwok and its GPU nodes.
+        # kwok and its GPU nodes. The node leases of a previous run are held by the previous kwok: a new one would wait
+        # for them to expire (40 s) before it touches those nodes or their pods, so they go first.
+        for i in range(NODE_COUNT):
+            api.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/kwok-gpu-{i}")
         start(
             "kwok",
             binaries["kwok"],
@@ -873,7 +891,9 @@ def up() -> int:
                 f"--kubeconfig={kc['kwok']}",
                 f"--config={HERE / 'kwok-stages.yaml'}",
                 "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                # A label, not an annotation: a node whose label changes leaves the watch (kwok drops it, its lease
+                # and heartbeats stop), while kwok ignores a node that merely stops matching an annotation selector.
+                "--manage-nodes-with-label-selector=kwok.x-k8s.io/node=fake",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
                 "--node-ip=127.0.0.1",
                 "--cidr=10.244.0.1/16",
@@ -881,7 +901,15 @@ def up() -> int:
             ],
         )
         for node in gpu_nodes():
-            api.create(node)
+            if not api.create(node):  # it exists (a restart): give it back the labels kwok and the platform read
+                meta = node["metadata"]
+                api.apply(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {k: meta[k] for k in ("name", "labels", "annotations")},
+                    }
+                )
         wait_for(f"{NODE_COUNT} Ready kwok nodes", lambda: _ready_nodes(api) >= NODE_COUNT, 60, "kwok")
 
         # The repo's k8s/ manifests that a control plane without the platform's own deployment takes.
