@@ -85,10 +85,10 @@ cluster: venv
 	@$(BIN)/python scripts/cluster/cluster.py up
 
 cluster-stop:
-	@$(BIN)/python scripts/cluster/cluster.py down
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/cluster/cluster.py down
 
 cluster-status:
-	@$(BIN)/python scripts/cluster/cluster.py status
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/cluster/cluster.py status
 
 cluster-smoke: venv
 	@$(BIN)/python scripts/cluster/smoke.py

@@ -35,7 +35,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import yaml
+try:  # PyYAML (requirements.txt): needed to start a cluster; `down` and `status` run on any Python 3.11
+    import yaml
+except ImportError:  # pragma: no cover - only outside the virtualenv
+    yaml = None
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -696,6 +699,8 @@ def webhook_configurations(port: int, ca_bundle: str) -> list[dict]:
 
 def up() -> int:
     t0 = time.monotonic()
+    if yaml is None:
+        raise ClusterError("PyYAML is missing: run this with the virtualenv's Python (make cluster)")
     require_volcano = os.environ.get("CI") == "true" or os.environ.get("TRAINYARD_CLUSTER_REQUIRE_VOLCANO") == "1"
     state = _read_json(VAR / "state.json")
     alive = running()
@@ -713,6 +718,11 @@ def up() -> int:
         down(quiet=True)
 
     binaries = build(require_volcano)
+    previous = (state.get("versions") or {}).get("kubernetes")
+    if previous and previous != KUBERNETES and (VAR / "etcd").exists():
+        # An API server must not read what a newer one stored (and an older etcd dir is no use to a test).
+        log(f"Kubernetes {previous} ran here before, now {KUBERNETES}: starting from an empty etcd")
+        shutil.rmtree(VAR / "etcd")
     t_built = time.monotonic()
     VAR.mkdir(parents=True, exist_ok=True)
     pki = VAR / "pki"
@@ -898,6 +908,7 @@ def up() -> int:
                 "--node-ip=127.0.0.1",
                 "--cidr=10.244.0.1/16",
                 "--node-lease-duration-seconds=40",
+                f"--v={os.environ.get('TRAINYARD_CLUSTER_KWOK_LOG', 'WARN')}",  # INFO logs each patch and lease
             ],
         )
         for node in gpu_nodes():
