@@ -717,6 +717,7 @@ def up() -> int:
         log("a partial cluster is running: stopping it first")
         down(quiet=True)
 
+    crds = find_volcano_crds()  # before anything starts: a missing input fails at once
     binaries = build(require_volcano)
     previous = (state.get("versions") or {}).get("kubernetes")
     if previous and previous != KUBERNETES and (VAR / "etcd").exists():
@@ -884,7 +885,6 @@ def up() -> int:
         )
 
         # CRDs first: the platform's objects and Volcano both need them.
-        crds = find_volcano_crds()
         for f in sorted(crds.glob("*.yaml")):
             apply_file(api, f)
         apply_file(api, HERE / "manifests" / "volcano-extra-crds.yaml")
