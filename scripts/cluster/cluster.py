@@ -702,6 +702,7 @@ def up() -> int:
     if yaml is None:
         raise ClusterError("PyYAML is missing: run this with the virtualenv's Python (make cluster)")
     require_volcano = os.environ.get("CI") == "true" or os.environ.get("TRAINYARD_CLUSTER_REQUIRE_VOLCANO") == "1"
+    crds = find_volcano_crds()  # before anything starts or stops: a missing input fails at once
     state = _read_json(VAR / "state.json")
     alive = running()
     if state and alive and set(alive) == set(state.get("components", [])):
@@ -717,7 +718,6 @@ def up() -> int:
         log("a partial cluster is running: stopping it first")
         down(quiet=True)
 
-    crds = find_volcano_crds()  # before anything starts: a missing input fails at once
     binaries = build(require_volcano)
     previous = (state.get("versions") or {}).get("kubernetes")
     if previous and previous != KUBERNETES and (VAR / "etcd").exists():
