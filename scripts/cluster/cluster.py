@@ -266,6 +266,7 @@ def ensure_pki(pki: Path) -> None:
         server=True,
     )
     issue("webhook", "volcano-admission", dns=("localhost",), ips=("127.0.0.1",), server=True)
+    issue("kwok-serving", "kwok-kubelet", dns=("localhost",), ips=("127.0.0.1",), server=True)
     issue("admin", "trainyard-cluster-admin", orgs=("system:masters",))
     issue("kube-controller-manager", "system:kube-controller-manager")
     issue("kube-scheduler", "system:kube-scheduler")
@@ -830,6 +831,10 @@ def up() -> int:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # Pod logs, exec and port-forward go to the "kubelet": kwok's server on loopback, by the node's
+                # InternalIP (127.0.0.1), never by resolving the node's name.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
                 "--authorization-mode=Node,RBAC",
                 # On top of the default plugins (PodSecurity, ResourceQuota, ServiceAccount, Priority, the webhooks …
                 # are among them): named so that a change of defaults cannot drop them silently.
@@ -900,11 +905,15 @@ def up() -> int:
             [
                 f"--kubeconfig={kc['kwok']}",
                 f"--config={HERE / 'kwok-stages.yaml'}",
+                f"--config={kwok_logs_config()}",
                 "--manage-all-nodes=false",
                 # A label, not an annotation: a node whose label changes leaves the watch (kwok drops it, its lease
                 # and heartbeats stop), while kwok ignores a node that merely stops matching an annotation selector.
                 "--manage-nodes-with-label-selector=kwok.x-k8s.io/node=fake",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
+                f"--node-port={ports['kwok']}",
+                f"--tls-cert-file={pki / 'kwok-serving.crt'}",
+                f"--tls-private-key-file={pki / 'kwok-serving.key'}",
                 "--node-ip=127.0.0.1",
                 "--cidr=10.244.0.1/16",
                 "--node-lease-duration-seconds=40",
@@ -921,6 +930,15 @@ def up() -> int:
                         "metadata": {k: meta[k] for k in ("name", "labels", "annotations")},
                     }
                 )
+        for i in range(NODE_COUNT):  # where the API server finds the "kubelet" (a restart may have moved kwok's port)
+            status, body = api.request(
+                "PATCH",
+                f"/api/v1/nodes/kwok-gpu-{i}/status",
+                {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": ports["kwok"]}}}},
+                "application/merge-patch+json",
+            )
+            if status >= 300:
+                raise ClusterError(f"setting kwok-gpu-{i}'s kubelet port: {status} {_message(body)}")
         wait_for(f"{NODE_COUNT} Ready kwok nodes", lambda: _ready_nodes(api) >= NODE_COUNT, 60, "kwok")
 
         # The repo's k8s/ manifests that a control plane without the platform's own deployment takes.
@@ -1000,6 +1018,26 @@ def up() -> int:
     log(f"cluster up in {state['started_s']}s ({state['start_after_build_s']}s after the build step)")
     print_summary(state)
     return 0
+
+
+def kwok_logs_config() -> Path:
+    """kwok answers `kubectl logs` (pods/log) of every container with one stand-in file: no container runs here."""
+    log_file = VAR / "kwok-container.log"
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # The CRI log format a kubelet reads: time, stream, P(artial)/F(ull), text.
+    log_file.write_text(f"{stamp} stdout F kwok: no container runs on this fake node; this log is a stand-in\n")
+    config = VAR / "kwok-logs.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "ClusterLogs",
+                "metadata": {"name": "trainyard-stand-in"},
+                "spec": {"logs": [{"logsFile": str(log_file), "follow": False}]},
+            }
+        )
+    )
+    return config
 
 
 def _crds_established(api: Api) -> bool:
