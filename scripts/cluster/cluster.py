@@ -615,6 +615,17 @@ def gpu_nodes() -> list[dict]:
     return nodes
 
 
+def _volcano_minor() -> tuple[int, int]:
+    major, minor = VOLCANO.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+def volcano_admissions() -> list[str]:
+    """The webhook paths served: /podgroups/validate exists from Volcano 1.12."""
+    paths = ["/jobs/mutate", "/jobs/validate", "/queues/mutate", "/queues/validate"]
+    return paths + (["/podgroups/validate"] if _volcano_minor() >= (1, 12) else [])
+
+
 def webhook_configurations(port: int, ca_bundle: str) -> list[dict]:
     """Volcano's admission webhooks, pointed at the webhook-manager on loopback. vc-webhook-manager only fills in the
     caBundle of configurations that exist (named volcano-admission-service-<path>), so they are made here."""
@@ -659,6 +670,8 @@ def webhook_configurations(port: int, ca_bundle: str) -> list[dict]:
     ]
     out = []
     for path, kind, name, group, version, resource, ops in hooks:
+        if path not in volcano_admissions():
+            continue
         hook = {
             "name": name,
             "admissionReviewVersions": ["v1"],
@@ -961,7 +974,7 @@ def up() -> int:
                     f"--tls-private-key-file={pki / 'webhook.key'}",
                     f"--ca-cert-file={pki / 'ca.crt'}",
                     f"--webhook-url=https://127.0.0.1:{ports['vc-webhook-manager']}",
-                    "--enabled-admission=/jobs/mutate,/jobs/validate,/queues/mutate,/queues/validate,/podgroups/validate",
+                    f"--enabled-admission={','.join(volcano_admissions())}",
                     f"--healthz-address=127.0.0.1:{ports['vc-webhook-healthz']}",
                     "--logtostderr",
                     "-v=2",
@@ -974,8 +987,17 @@ def up() -> int:
                 binaries["vc-controller-manager"],
                 [
                     f"--kubeconfig={vkc}",
-                    "--controllers=job-controller,pg-controller,queue-controller,gc-controller",
-                    f"--listen-address=127.0.0.1:{ports['vc-controller-manager-metrics']}",
+                    # --controllers exists from Volcano 1.10, its --listen-address (metrics) from 1.11.
+                    *(
+                        ["--controllers=job-controller,pg-controller,queue-controller,gc-controller"]
+                        if _volcano_minor() >= (1, 10)
+                        else []
+                    ),
+                    *(
+                        [f"--listen-address=127.0.0.1:{ports['vc-controller-manager-metrics']}"]
+                        if _volcano_minor() >= (1, 11)
+                        else []
+                    ),
                     f"--healthz-address=127.0.0.1:{ports['vc-controller-manager-healthz']}",
                     "--leader-elect=false",
                     "--logtostderr",
