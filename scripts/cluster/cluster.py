@@ -719,7 +719,12 @@ def up() -> int:
     crds = find_volcano_crds()  # before anything starts or stops: a missing input fails at once
     state = _read_json(VAR / "state.json")
     alive = running()
-    if state and alive and set(alive) == set(state.get("components", [])):
+    versions = state.get("versions") or {}
+    same = versions.get("kubernetes") == KUBERNETES and versions.get("volcano") in (VOLCANO, None)
+    if state and alive and not same:
+        running_now = f"Kubernetes {versions.get('kubernetes')} / Volcano {versions.get('volcano')}"
+        log(f"{running_now} runs: restarting with Kubernetes {KUBERNETES} / Volcano {VOLCANO}")
+    elif state and alive and set(alive) == set(state.get("components", [])):
         try:
             ready = Api(state["server"], VAR / "pki").request("GET", "/readyz", timeout=3)[0] == 200
         except OSError:
@@ -729,7 +734,8 @@ def up() -> int:
             print_summary(state)
             return 0
     if alive:
-        log("a partial cluster is running: stopping it first")
+        if same:
+            log("a partial cluster is running: stopping it first")
         down(quiet=True)
 
     binaries = build(require_volcano)
