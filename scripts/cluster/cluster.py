@@ -457,6 +457,12 @@ STARTED: dict[str, subprocess.Popen] = {}  # what this run started, to see one e
 
 
 def start(name: str, exe: Path, args: list[str]) -> int:
+    """Start one component in its own session, output to logs/<name>.log. KUBECONFIG is its own kubeconfig (parts of
+    Volcano read the default one, never ~/.kube/config of whoever runs this)."""
+    kubeconfig = next(
+        (a.split("=", 1)[1] for a in args if a.startswith("--kubeconfig=")), str(VAR / "admin.kubeconfig")
+    )
+    env = dict(os.environ, KUBECONFIG=kubeconfig)
     logs, pids = VAR / "logs", VAR / "pids"
     logs.mkdir(parents=True, exist_ok=True)
     pids.mkdir(parents=True, exist_ok=True)
@@ -469,6 +475,7 @@ def start(name: str, exe: Path, args: list[str]) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=VAR,
+            env=env,
             start_new_session=True,
         )
     STARTED[name] = proc
