@@ -50,9 +50,9 @@ CACHE = Path(os.environ.get("TRAINYARD_CLUSTER_CACHE") or Path.home() / ".cache"
 KUBERNETES = os.environ.get("TRAINYARD_CLUSTER_KUBERNETES", "v1.37.2")
 ETCD = "v3.6.16"
 KWOK = "v0.8.0"
-VOLCANO = os.environ.get("TRAINYARD_CLUSTER_VOLCANO", "v1.14.4")
+VOLCANO = os.environ.get("TRAINYARD_CLUSTER_VOLCANO", "v1.14.1")
 # The Volcano CRDs of that release: shared/volcano-crds/<folder> (the CRDs did not change from v1.14.0 to v1.14.4).
-VOLCANO_CRD_FOLDERS = {"v1.14.4": "v1.14.0", "v1.12.0": "v1.12.0", "v1.9.0": "v1.9.0"}
+VOLCANO_CRD_FOLDERS = {"v1.14.1": "v1.14.0", "v1.14.4": "v1.14.0", "v1.12.0": "v1.12.0", "v1.9.0": "v1.9.0"}
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 VOLCANO_BINARIES = ("vc-scheduler", "vc-controller-manager", "vc-webhook-manager")
@@ -157,11 +157,20 @@ def build(require_volcano: bool) -> dict:
         )
     paths["kwok"] = kwok
     volcano = {name: binary("volcano", VOLCANO, name) for name in VOLCANO_BINARIES}
+    wrapper = GO_DIR / f"volcano-{VOLCANO}"
+    if not all(p.exists() for p in volcano.values()) and wrapper.is_dir():
+        timings["volcano"] = _go_build(
+            wrapper,
+            [f"volcano.sh/volcano/cmd/{n.removeprefix('vc-')}" for n in VOLCANO_BINARIES],
+            {n.removeprefix("vc-"): p for n, p in volcano.items()},
+            f"-s -w -X volcano.sh/volcano/pkg/version.Version={VOLCANO}",
+        )
     missing = [str(p) for p in volcano.values() if not p.exists()]
     if missing:
         message = (
-            f"Volcano {VOLCANO} binaries not found ({', '.join(missing)}): the Go module proxy does not serve "
-            "volcano.sh/volcano, so `make cluster` cannot build them (docs/cluster.md, 'Volcano')"
+            f"Volcano {VOLCANO} binaries not found ({', '.join(missing)}) and no wrapper module "
+            f"scripts/cluster/go/volcano-{VOLCANO}/ to build them: the Go module proxy serves only some releases of "
+            "volcano.sh/volcano (docs/cluster.md, 'Volcano')"
         )
         if require_volcano:
             raise ClusterError(message)
