@@ -54,6 +54,14 @@ VOLCANO = os.environ.get("TRAINYARD_CLUSTER_VOLCANO", "v1.14.1")
 # The Volcano CRDs of that release: shared/volcano-crds/<folder> (the CRDs did not change from v1.14.0 to v1.14.4).
 VOLCANO_CRD_FOLDERS = {"v1.14.1": "v1.14.0", "v1.14.4": "v1.14.0", "v1.12.0": "v1.12.0", "v1.9.0": "v1.9.0"}
 
+# The CRDs the platform and Volcano's job, podgroup and queue controllers use (the stand-ins of the others are in
+# scripts/cluster/manifests/volcano-extra-crds.yaml).
+VOLCANO_CRD_FILES = (
+    "batch.volcano.sh_jobs.yaml",
+    "bus.volcano.sh_commands.yaml",
+    "scheduling.volcano.sh_podgroups.yaml",
+    "scheduling.volcano.sh_queues.yaml",
+)
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 VOLCANO_BINARIES = ("vc-scheduler", "vc-controller-manager", "vc-webhook-manager")
 
@@ -567,6 +575,12 @@ def find_volcano_crds() -> Path:
         if override
         else [REPO / "shared" / "volcano-crds" / folder, REPO.parent / "shared" / "volcano-crds" / folder]
     )
+    if not override and (GO_DIR / f"volcano-{VOLCANO}").is_dir():
+        # A release built from its published module: the CRDs of that very module, in Go's module cache.
+        modcache = os.environ.get("GOMODCACHE") or str(
+            Path(os.environ.get("GOPATH") or Path.home() / "go") / "pkg" / "mod"
+        )
+        candidates.append(Path(modcache) / f"volcano.sh/volcano@{VOLCANO}" / "config" / "crd" / "volcano" / "bases")
     for c in candidates:
         if (c / "batch.volcano.sh_jobs.yaml").exists():
             return c
@@ -925,8 +939,8 @@ def up() -> int:
         )
 
         # CRDs first: the platform's objects and Volcano both need them.
-        for f in sorted(crds.glob("*.yaml")):
-            apply_file(api, f)
+        for name in VOLCANO_CRD_FILES:
+            apply_file(api, crds / name)
         apply_file(api, HERE / "manifests" / "volcano-extra-crds.yaml")
         wait_for("the Volcano CRDs", lambda: _crds_established(api), 60)
 
