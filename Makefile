@@ -82,3 +82,18 @@ bench-storage: venv
 # Re-pin both locks after editing requirements.in (runtime) or requirements-dev.in (tools).
 lock:
 	@scripts/lock.sh
+
+# A real Kubernetes control plane on loopback for the Volcano backend (docs/cluster.md): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, Volcano and kwok GPU nodes, built from their Go modules on first use.
+.PHONY: cluster cluster-stop cluster-status cluster-smoke
+cluster: venv
+	@$(BIN)/python scripts/cluster/cluster.py up
+
+cluster-stop:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/cluster/cluster.py down
+
+cluster-status:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/cluster/cluster.py status
+
+cluster-smoke: venv
+	@$(BIN)/python scripts/cluster/smoke.py
