@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-gpu venv lint fmt migrations web worker beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -20,6 +20,10 @@ test: venv
 # The fault suite alone (also part of `make test`): real processes, PostgreSQL and Redis stopped and started.
 test-faults: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -m faults $(PYTEST_ARGS) tests/faults
+
+# The Volcano backend against the real control plane of `make cluster` (also part of `make test`).
+test-k8s: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -m k8s $(PYTEST_ARGS) tests/k8s
 
 # Real-GPU checks (NVML inventory and collector, CUDA jobs on the cards they were placed on); skipped without a GPU.
 test-gpu: venv

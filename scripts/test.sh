@@ -7,9 +7,9 @@ set -uo pipefail
 cd "${0%/*}/.."
 py=.venv/bin/python
 workers="${TRAINYARD_TEST_WORKERS:-2}"
-"$py" -m pytest -rs -n "$workers" --dist loadfile -m "not faults and not browser" "$@"
+"$py" -m pytest -rs -n "$workers" --dist loadfile -m "not faults and not browser and not k8s" "$@"
 bulk=$?
-"$py" -m pytest -rs -m "faults or browser" "$@"
+"$py" -m pytest -rs -m "faults or browser or k8s" "$@"
 alone=$?
 [ "$bulk" -eq 5 ] && bulk=0
 [ "$alone" -eq 5 ] && alone=0

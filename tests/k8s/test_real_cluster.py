@@ -1,0 +1,295 @@
+"""The Volcano backend on a real control plane (`make cluster`, docs/cluster.md): a real kube-apiserver with RBAC,
+PodSecurity and ResourceQuota, real Volcano scheduler, controllers and admission webhooks, kwok nodes. The
+platform drives it through its own services, with Celery, as its own service account (never cluster-admin);
+the admin kubeconfig only sets the scene (a quota, a node that blinks, a pod's outcome) and inspects.
+
+Run by `make test` (marker `k8s`, in the step that runs alone) and `make test-k8s`. Under CI=true a cluster that
+cannot be built or started fails the run; elsewhere the tests are skipped saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+
+from jobs import lifecycle
+from kernel.paths import BASE_DIR
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+TEAM_NS = "trainyard-demo"
+JOBS = ("batch.volcano.sh", "v1alpha1", "jobs")
+
+
+@pytest.fixture(scope="session")
+def real_cluster():
+    """The control plane of `make cluster`, started when it is not running (and stopped again after the session
+    when this fixture started it)."""
+    script = BASE_DIR / "scripts" / "cluster" / "cluster.py"
+    running = subprocess.run([sys.executable, str(script), "status"], cwd=BASE_DIR, capture_output=True, text=True)
+    started = running.returncode != 0
+    if started:
+        up = subprocess.run(
+            [sys.executable, str(script), "up"], cwd=BASE_DIR, capture_output=True, text=True, timeout=3600
+        )
+        if up.returncode != 0:
+            said = f"the real control plane (make cluster) did not start:\n{(up.stdout + up.stderr)[-3000:]}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(said)
+            pytest.skip(said)
+    state = json.loads((BASE_DIR / "var" / "cluster" / "state.json").read_text())
+    yield state
+    if started:
+        subprocess.run([sys.executable, str(script), "down"], cwd=BASE_DIR, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def admin(real_cluster):
+    api = k8s_config.new_client_from_config(config_file=real_cluster["admin_kubeconfig"])
+    return {"core": k8s.CoreV1Api(api), "custom": k8s.CustomObjectsApi(api), "api": api}
+
+
+def _gpu_nodes(admin) -> list[str]:
+    return sorted(
+        n.metadata.name
+        for n in admin["core"].list_node().items
+        if (n.metadata.labels or {}).get("nvidia.com/gpu.present") == "true"
+    )
+
+
+def _clean(admin) -> None:
+    """Nothing of an earlier test left: no Volcano job or pod in the team namespace, no quota, every node Ready."""
+    custom, core = admin["custom"], admin["core"]
+    for job in custom.list_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2])["items"]:
+        try:
+            custom.delete_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], job["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    for quota in core.list_namespaced_resource_quota(TEAM_NS).items:
+        core.delete_namespaced_resource_quota(quota.metadata.name, TEAM_NS)
+    for name in _gpu_nodes(admin):
+        core.patch_node(name, {"metadata": {"annotations": {"kwok.trainyard.io/ready": None}}})
+    deadline = time.monotonic() + 60
+    while core.list_namespaced_pod(TEAM_NS).items and time.monotonic() < deadline:
+        for pod in core.list_namespaced_pod(TEAM_NS).items:
+            if pod.metadata.deletion_timestamp:
+                core.delete_namespaced_pod(pod.metadata.name, TEAM_NS, grace_period_seconds=0)
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def platform(real_cluster, admin, settings, tmp_path):
+    """The seeded platform on the Volcano backend of the real cluster, as its own service account."""
+    from cluster.services import inventory_sync
+    from jobs.backends import get_backend, reset_backends
+    from jobs.tests.conftest import pin_catalog
+    from ops.seed import seed
+    from quotas.models import Queue
+
+    _clean(admin)
+    settings.TRAINYARD_BACKEND = "volcano"
+    settings.TRAINYARD_K8S_KUBECONFIG = real_cluster["kubeconfig"]
+    settings.TRAINYARD_K8S_API_URL = ""
+    settings.TRAINYARD_K8S_NAMESPACE = "trainyard"
+    settings.TRAINYARD_NVML_PROBE = False
+    settings.TRAINYARD_CANCEL_GRACE_S = 1.0
+    settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
+    settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_K8S_NODE_CHECK_S = 0.01
+    reset_backends()
+    report = seed(admin_password="admin-pass-123", demo_password="demo-pass-123", demo_team_share=0.5)
+    pin_catalog()
+    backend = get_backend()
+    for queue in Queue.objects.all():
+        backend.queue_sync(queue)
+    for info in backend.inventory():
+        inventory_sync(info=info, backend="volcano")
+    from django.contrib.auth import get_user_model
+
+    yield {"user": get_user_model().objects.get(username="demo"), "seed": report, "backend": backend}
+    _clean(admin)
+    reset_backends()
+
+
+def _submit(user, **overrides):
+    from jobs import services
+
+    data = {
+        "team": "demo",
+        "queue": "train",
+        "spec": "guaranteed",
+        "image": "pytorch-2.5-cuda12.4",
+        "command": ["python", "train.py"],
+    }
+    data.update(overrides)
+    job, created = services.job_submit(user=user, data=data)
+    assert created
+    return job
+
+
+def _reload(job):
+    from jobs.models import Job
+
+    return Job.objects.get(pk=job.pk)
+
+
+def _drive(predicate, *, timeout=90.0):
+    """Let the platform observe the cluster (the observe loop's work) until predicate() holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lifecycle.attempts_observe(backend_name="volcano")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError("condition not met in time")
+
+
+def _pods(admin, job) -> list:
+    name = _reload(job).attempts.order_by("-number").first().backend_ref.rsplit("/", 1)[-1]
+    return [p for p in admin["core"].list_namespaced_pod(TEAM_NS).items if p.metadata.name.startswith(name)]
+
+
+def _outcome(admin, job, outcome: str, **extra: str) -> None:
+    """End the job's pods the way a test asks (kwok Stages read these annotations, docs/cluster.md)."""
+    annotations = {"kwok.trainyard.io/outcome": outcome, "kwok.trainyard.io/outcome-after": "0s", **extra}
+    for pod in _pods(admin, job):
+        admin["core"].patch_namespaced_pod(pod.metadata.name, TEAM_NS, {"metadata": {"annotations": annotations}})
+
+
+def _state(job, *states):
+    fresh = _reload(job)
+    return fresh if fresh.state in states else None
+
+
+def test_the_cluster_is_the_real_thing_and_the_platform_is_not_its_admin(platform, real_cluster):
+    backend = platform["backend"]
+    found = backend.cluster_check()
+    assert found.startswith(f"Kubernetes {real_cluster['versions']['kubernetes']}"), found
+    auth = k8s.AuthorizationV1Api(backend.api_client)
+    review = auth.create_self_subject_access_review(
+        {"spec": {"resourceAttributes": {"verb": "delete", "resource": "nodes"}}}
+    )
+    assert review.status.allowed is False  # the platform's own service account, held to k8s/rbac.yaml
+
+
+def test_a_job_runs_on_the_node_the_platform_chose_and_succeeds(platform, admin, celery_worker_thread):
+    job = _submit(platform["user"])
+    job = _drive(lambda: _state(job, "running"))
+    attempt = job.attempts.get()
+    pods = _pods(admin, job)
+    assert [p.spec.node_name for p in pods] == [attempt.node.name]
+    # Volcano's webhook rewrote maxRetry 0 to 3; the policies still end the job on a failed or evicted pod.
+    stored = admin["custom"].get_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], pods[0].metadata.labels[
+        "volcano.sh/job-name"])  # fmt: skip
+    assert stored["spec"]["maxRetry"] == 3
+    assert {(p["event"], p["action"]) for p in stored["spec"]["policies"]} == {
+        ("PodFailed", "TerminateJob"),
+        ("PodEvicted", "TerminateJob"),
+    }
+    _outcome(admin, job, "succeed")
+    job = _drive(lambda: _state(job, "succeeded", "failed"))
+    assert job.state == "succeeded"
+
+
+def test_a_failed_pod_is_the_users_failure_and_volcano_does_not_restart_it(platform, admin, celery_worker_thread):
+    job = _submit(platform["user"])
+    _drive(lambda: _state(job, "running"))
+    name = _pods(admin, job)[0].metadata.labels["volcano.sh/job-name"]
+    _outcome(admin, job, "fail", **{"kwok.trainyard.io/exit-code": "2"})
+    job = _drive(lambda: _state(job, "failed", "succeeded", "pending"))
+    assert job.state == "failed" and job.attempts.count() == 1
+    assert job.attempts.get().failure_class == "user"
+    stored = admin["custom"].get_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], name)
+    assert (stored.get("status") or {}).get("retryCount", 0) == 0  # Volcano never restarted it
+
+
+def test_an_oom_kill_is_named_and_not_retried(platform, admin, celery_worker_thread):
+    job = _submit(platform["user"])
+    _drive(lambda: _state(job, "running"))
+    _outcome(admin, job, "oom")
+    job = _drive(lambda: _state(job, "failed", "succeeded", "pending"))
+    attempt = job.attempts.get()
+    assert (job.state, attempt.reason, attempt.reaction) == ("failed", "OOMKilled", "no_retry")
+
+
+def test_a_resource_quota_refusal_is_the_reason_and_no_card_is_blamed(platform, admin, celery_worker_thread):
+    """The namespace's ResourceQuota refuses the pods Volcano creates: the job ends with the API server's own
+    words as its reason, once, with no retry and no card excluded or quarantined."""
+    from cluster.models import GPU
+
+    admin["core"].create_namespaced_resource_quota(
+        TEAM_NS, {"metadata": {"name": "no-gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
+    )
+    time.sleep(1.5)  # the quota controller fills in the quota's usage before the API server enforces it
+    job = _submit(platform["user"])
+    job = _drive(lambda: _state(job, "failed", "succeeded", "running"), timeout=120)
+    attempt = job.attempts.get()
+    assert (job.state, attempt.reason, attempt.reaction) == ("failed", "PodsRefused", "no_retry")
+    assert "exceeded quota: no-gpus" in job.message, job.message
+    assert not GPU.objects.filter(quarantined=True).exists()
+    assert job.attempts.count() == 1
+
+
+def test_a_pod_security_refusal_is_the_reason(platform, admin, settings, celery_worker_thread):
+    """The team namespace enforces the restricted Pod Security Standard: pods that would run as root are refused
+    by the API server, and that is what the job says."""
+    from jobs.backends import reset_backends
+
+    settings.TRAINYARD_K8S_RUN_AS_UID = 0
+    reset_backends()
+    job = _submit(platform["user"])
+    job = _drive(lambda: _state(job, "failed", "succeeded", "running"), timeout=120)
+    attempt = job.attempts.get()
+    assert (job.state, attempt.reason) == ("failed", "PodsRefused")
+    assert "violates PodSecurity" in job.message, job.message
+
+
+def test_a_node_that_blinks_leaves_placement_and_returns_with_its_cards(platform, admin):
+    from django.core.cache import cache
+
+    from cluster.models import GPU, Node
+    from jobs.tasks import sync_inventory
+    from monitoring.models import Alert
+
+    def check():
+        cache.delete("trainyard:node-check")
+        return lifecycle.nodes_reachability_check()
+
+    name = _gpu_nodes(admin)[-1]
+    admin["core"].patch_node(name, {"metadata": {"annotations": {"kwok.trainyard.io/ready": "false"}}})
+    _drive(lambda: check() or Node.objects.get(name=name).state == Node.State.UNHEALTHY, timeout=30)
+    sync_inventory()
+    cards = GPU.objects.filter(node__name=name)
+    assert cards.count() == 8 and not cards.filter(quarantined=True).exists()
+    assert not cards.exclude(health=GPU.Health.HEALTHY).exists() and not Alert.objects.exists()
+    admin["core"].patch_node(name, {"metadata": {"annotations": {"kwok.trainyard.io/ready": None}}})
+    _drive(lambda: check() or Node.objects.get(name=name).state == Node.State.READY, timeout=30)
+
+
+def test_queue_sync_is_accepted_by_volcanos_own_validation_with_every_gpu_resource_capped(platform, admin):
+    from quotas.models import Queue
+
+    queue = Queue.objects.get(name="train")
+    stored = admin["custom"].get_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues", queue.volcano_name)
+    capability = stored["spec"]["capability"]
+    assert capability["nvidia.com/gpu"] == str(queue.gpu_milli // 1000)
+    assert capability["nvidia.com/gpu.shared"] == str(queue.gpu_milli // 250)
+
+
+def test_seeded_quotas_are_sized_from_the_real_inventory(platform):
+    from cluster.models import GPU
+    from quotas.models import Team
+
+    largest = max(GPU.objects.values_list("memory_mib", flat=True))
+    assert "kwok-gpu" in platform["seed"].inventory
+    assert Team.objects.get(slug="demo").gpu_memory_mib >= largest  # a guaranteed job fits on one whole card
