@@ -492,11 +492,17 @@ def test_bench_main_end_to_end(
 def test_bench_without_a_trace_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Without the trace the benchmark writes nothing and says where to point it; it skips (exit 0) on a
+    developer's machine and fails (exit 1) under CI=true, where a missing data file must not pass."""
     monkeypatch.setenv("TRAINYARD_TRACE_DIR", str(tmp_path / "missing"))
     out = tmp_path / "allocator.json"
+    monkeypatch.delenv("CI", raising=False)
     assert bench.main(["--quick", "--output", str(out)]) == 0
     assert not out.exists()
     assert "TRAINYARD_TRACE_DIR" in capsys.readouterr().out
+    monkeypatch.setenv("CI", "true")
+    assert bench.main(["--quick", "--output", str(out)]) == 1
+    assert not out.exists()
 
 
 # ---- model sets and memory in eighths -------------------------------------------------------------------
