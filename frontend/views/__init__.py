@@ -4,8 +4,9 @@ Reads go through `jobs.selectors` / `quotas.selectors` (so a user sees exactly w
 writes through `jobs.services` inside one durable transaction, like the API's actions.
 """
 
-from frontend.views.catalog import dataset_list, gpu_list, image_build, image_build_detail, image_list  # noqa: F401
-from frontend.views.common import (  # noqa: F401
+# ruff: noqa: F401 - the package re-exports its modules' names
+from frontend.views.catalog import dataset_list, gpu_list, image_build, image_build_detail, image_list
+from frontend.views.common import (
     JOBS_PER_PAGE,
     LOG_DOWNLOAD_PAGE,
     LOG_TAIL,
@@ -15,20 +16,10 @@ from frontend.views.common import (  # noqa: F401
     recommendation_message,
     visible_job,
 )
-from frontend.views.compare import _parameter_label, job_compare  # noqa: F401
-from frontend.views.job_list import _cursor, _keyset_page, _parse_cursor, job_list, job_states  # noqa: F401
-from frontend.views.job_page import (  # noqa: F401
+from frontend.views.compare import job_compare
+from frontend.views.job_list import job_list, job_states
+from frontend.views.job_page import (
     CHECKPOINT_WARNINGS,
-    _again,
-    _checkpoint_context,
-    _gib,
-    _in_threads,
-    _live_context,
-    _log_pages,
-    _log_strings,
-    _reproduce_rows,
-    _usage_context,
-    _without,
     job_bulk_cancel,
     job_cancel,
     job_detail,
@@ -37,22 +28,7 @@ from frontend.views.job_page import (  # noqa: F401
     job_reproduce,
     job_retry,
 )
-from frontend.views.queues import LINE_SHOWN, MINE_SHOWN, queue_detail, queue_list  # noqa: F401
-from frontend.views.submit import (  # noqa: F401
-    _card_mib,
-    _prefill,
-    _render_form,
-    _save_template,
-    _serializer_errors,
-    _submit,
-    _submit_choices,
-    _submit_defaults,
-    _template_error,
-    _visible_template,
-    job_submit,
-    template_delete,
-    template_edit,
-    template_list,
-)
-from frontend.views.teams import _team_rightsizing, team_detail, team_list  # noqa: F401
-from frontend.views.tokens import _token_rows, token_list, token_revoke  # noqa: F401
+from frontend.views.queues import LINE_SHOWN, MINE_SHOWN, queue_detail, queue_list
+from frontend.views.submit import job_submit, template_delete, template_edit, template_list
+from frontend.views.teams import team_detail, team_list
+from frontend.views.tokens import token_list, token_revoke

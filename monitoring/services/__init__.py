@@ -7,14 +7,10 @@ reports, telemetry and the periodic evaluation serialise without deadlocking and
 one incident.
 """
 
-from monitoring.services.alerts import (  # noqa: F401
+# ruff: noqa: F401 - the package re-exports its modules' names
+from monitoring.services.alerts import (
     EvaluateReport,
-    _alert_for_update,
-    _enqueue_webhook,
-    _live_attempts_on,
     _open,
-    _quarantine,
-    _queue_webhook,
     _restart,
     alert_acknowledge,
     alert_close,
@@ -28,14 +24,8 @@ from monitoring.services.alerts import (  # noqa: F401
     webhook_deliver,
     webhook_payload,
 )
-from monitoring.services.business import (  # noqa: F401
-    ScanReport,
-    _log_watch_alerts,
-    _metrics_changed,
-    business_metrics_report,
-    business_metrics_scan,
-)
-from monitoring.services.common import (  # noqa: F401
+from monitoring.services.business import ScanReport, business_metrics_report, business_metrics_scan
+from monitoring.services.common import (
     ALERTS_LOCK_KEY,
     FAULT_SEVERITY,
     WAIT_BUCKETS,
@@ -44,32 +34,7 @@ from monitoring.services.common import (  # noqa: F401
     health_event,
     log,
 )
-from monitoring.services.health import (  # noqa: F401
-    ProbeReport,
-    _enqueue_dispatch_all,
-    gpu_probe_all,
-    gpu_probe_one,
-    gpu_return_to_service,
-    health_apply,
-)
-from monitoring.services.scheduling import _mean, _wait_bucket_counts, monitoring_prune, scheduling_sample  # noqa: F401
-from monitoring.services.telemetry import (  # noqa: F401
-    CollectReport,
-    _enforce_memory_shares,
-    _match_gpus,
-    _uuids,
-    telemetry_collect,
-    telemetry_record,
-)
-from monitoring.services.usage import (  # noqa: F401
-    UsageReport,
-    _at,
-    _idle_alert_resolve,
-    _idle_judge,
-    _leak_judge,
-    _telemetry_points,
-    _usage_sample,
-    _usage_update,
-    job_alert,
-    usage_collect,
-)
+from monitoring.services.health import ProbeReport, gpu_probe_all, gpu_probe_one, gpu_return_to_service, health_apply
+from monitoring.services.scheduling import monitoring_prune, scheduling_sample
+from monitoring.services.telemetry import CollectReport, telemetry_collect, telemetry_record
+from monitoring.services.usage import UsageReport, job_alert, usage_collect

@@ -11,20 +11,9 @@ Human output goes to stdout, progress and errors to stderr (one line, never a tr
 machine-readable output. Exit codes are in `cli_errors` and docs/cli.md. It imports nothing from Django.
 """
 
-from trainyard_cli.main.commands import (  # noqa: F401
+# ruff: noqa: F401 - the package re-exports its modules' names
+from trainyard_cli.main.commands import (
     TERMINAL_BUILD,
-    _attach_code,
-    _bytes,
-    _estimate,
-    _findings,
-    _image_row,
-    _located,
-    _print_team,
-    _queue_wait,
-    _read_text,
-    _short,
-    _template,
-    _wait_build,
     cmd_cancel,
     cmd_checkpoints,
     cmd_datasets,
@@ -42,7 +31,7 @@ from trainyard_cli.main.commands import (  # noqa: F401
     cmd_tokens,
     recommendation_line,
 )
-from trainyard_cli.main.common import (  # noqa: F401
+from trainyard_cli.main.common import (
     ATTEMPT_ENDED,
     DRAIN_S,
     LOG_PAGE,
@@ -60,5 +49,5 @@ from trainyard_cli.main.common import (  # noqa: F401
     table_text,
     when_text,
 )
-from trainyard_cli.main.following import LogFollower, _final_line, finish, interruptible, state_line, wait_for_job  # noqa: F401
-from trainyard_cli.main.parser import EPILOG, _Parser, _positive_int, _run, _seconds, build_parser, main  # noqa: F401
+from trainyard_cli.main.following import LogFollower, finish, interruptible, state_line, wait_for_job
+from trainyard_cli.main.parser import EPILOG, _run, build_parser, main
