@@ -293,3 +293,98 @@ def test_seeded_quotas_are_sized_from_the_real_inventory(platform):
     largest = max(GPU.objects.values_list("memory_mib", flat=True))
     assert "kwok-gpu" in platform["seed"].inventory
     assert Team.objects.get(slug="demo").gpu_memory_mib >= largest  # a guaranteed job fits on one whole card
+
+
+def _vcjobs(admin) -> list[dict]:
+    return admin["custom"].list_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2])["items"]
+
+
+def test_a_cancel_stops_the_pods_and_frees_the_cards(platform, admin, celery_worker_thread):
+    from cluster.models import LogicalDevice
+
+    job = _submit(platform["user"])
+    _drive(lambda: _state(job, "running"))
+    assert lifecycle.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
+    job = _drive(lambda: _state(job, "cancelled"))
+    assert not LogicalDevice.objects.filter(released_at__isnull=True).exists()
+    _drive(lambda: not [j for j in _vcjobs(admin) if not j["metadata"].get("deletionTimestamp")])
+
+
+def test_a_timeout_deletes_the_volcano_job_and_times_out(platform, admin, celery_worker_thread):
+    job = _submit(platform["user"], timeout_s=1)
+    _drive(lambda: _state(job, "running"))
+    time.sleep(1.1)
+    assert lifecycle.timeouts_enforce() == 1
+    job = _drive(lambda: _state(job, "timed_out"))
+    assert job.attempts.get().state == "timed_out"
+
+
+def test_a_distributed_job_is_one_gang_bound_where_the_platform_placed_each_replica(
+    platform, admin, celery_worker_thread
+):
+    job = _submit(platform["user"], queue="distributed", replicas=2, gpus=1)
+    job = _drive(lambda: _state(job, "running"), timeout=120)
+    pods = _pods(admin, job)
+    placed = {s.gpu.node.name for s in job.attempts.get().slices.select_related("gpu__node")}
+    assert len(pods) == 2 and {p.spec.node_name for p in pods} == placed
+    stored = admin["custom"].get_namespaced_custom_object(
+        *JOBS[:2], TEAM_NS, JOBS[2], pods[0].metadata.labels["volcano.sh/job-name"]
+    )
+    assert stored["spec"]["minAvailable"] == 2 and stored["spec"]["queue"] == "trainyard-distributed"
+    _outcome(admin, job, "succeed")
+    assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
+def test_a_full_volcano_queue_keeps_the_job_waiting_with_volcanos_reason(platform, admin, celery_worker_thread):
+    """Something outside the platform fills the Volcano queue: the platform's job waits, saying so."""
+    from quotas.models import Queue
+
+    queue = Queue.objects.get(name="train")
+    cards = str(queue.gpu_milli // 1000)
+    restricted = {
+        "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    container = {
+        "name": "main", "image": "busybox:1", "command": ["sleep", "infinity"], "securityContext": restricted,
+        "resources": {"limits": {"nvidia.com/gpu": cards}, "requests": {"nvidia.com/gpu": cards, "cpu": "1"}},
+    }  # fmt: skip
+    foreign = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "someone-elses-job"},
+        "spec": {
+            "schedulerName": "volcano", "queue": queue.volcano_name, "minAvailable": 1,
+            "tasks": [{"name": "main", "replicas": 1,
+                       "template": {"spec": {"containers": [container], "restartPolicy": "Never"}}}],
+        },
+    }  # fmt: skip
+    admin["custom"].create_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], foreign)
+    _drive(lambda: any(p.status.phase == "Running" for p in admin["core"].list_namespaced_pod(TEAM_NS).items))
+    job = _submit(platform["user"])
+    job = _drive(lambda: (j := _reload(job)).message.startswith("waiting in Volcano queue") and j, timeout=60)
+    assert job.state == "starting", job.message
+    admin["custom"].delete_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], "someone-elses-job")
+    assert _drive(lambda: _state(job, "running"), timeout=120)
+
+
+def test_a_deleted_node_leaves_placement_within_one_node_check(platform, admin):
+    from django.core.cache import cache
+
+    from cluster.models import Node
+
+    name = _gpu_nodes(admin)[0]
+    body = admin["api"].sanitize_for_serialization(admin["core"].read_node(name))
+    admin["core"].delete_node(name)
+    try:
+        cache.delete("trainyard:node-check")
+        assert lifecycle.nodes_reachability_check() == 1
+        assert Node.objects.get(name=name).state == Node.State.UNHEALTHY
+    finally:
+        meta = body["metadata"]
+        body["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+        body.pop("status", None)
+        admin["core"].create_node(body)
+        _drive(lambda: any(
+            c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
+        ), timeout=60)  # fmt: skip
