@@ -192,6 +192,7 @@ _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
+PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
@@ -199,6 +200,8 @@ def needed(records) -> set[tuple[str, str, str, str]]:
     """What an authorizer checks for each request the backend made."""
     wanted = set()
     for record in records:
+        if record.method == "GET" and record.path.rstrip("/") in PUBLIC_PATHS:
+            continue  # every authenticated client may read these (the default system:public-info-viewer role)
         match = _PATH.match(record.path)
         assert match, record.path
         group = "" if match["core"] else match["group"]
