@@ -4,6 +4,7 @@ no quota), summed over the request vector. Registered as the source of `quotas.u
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 
+from jobs.checkpoints import team_storage_used  # noqa: F401 - part of the source quotas.usage reads
 from jobs.models import Job
 from jobs.selectors import line_rows, waiting_line  # noqa: F401 - part of the source quotas.usage reads
 from quotas.models import Queue, Team
@@ -43,9 +44,3 @@ def team_usage_by_spec(team: Team) -> list[dict]:
         {"spec": r["spec__name"] or "explicit", **{k: r[k] for k in ("jobs", "gpu_milli", "gpu_memory_mib")}}
         for r in rows
     ]
-
-
-def team_storage_used(team_ids=None) -> dict[int, int]:
-    from jobs.checkpoints import team_storage_used as used
-
-    return used(team_ids)

@@ -4,22 +4,12 @@ Reads go through `jobs.selectors` / `quotas.selectors` (so a user sees exactly w
 writes through `jobs.services` inside one durable transaction, like the API's actions.
 """
 
-# ruff: noqa: F401 - the package re-exports its modules' names
+# ruff: noqa: F401 - what the rest of the platform reads of this package (each module is importable too)
 from frontend.views.catalog import dataset_list, gpu_list, image_build, image_build_detail, image_list
-from frontend.views.common import (
-    JOBS_PER_PAGE,
-    LOG_DOWNLOAD_PAGE,
-    LOG_TAIL,
-    MAX_POLLED_JOBS,
-    home,
-    portal_runtime,
-    recommendation_message,
-    visible_job,
-)
+from frontend.views.common import home
 from frontend.views.compare import job_compare
 from frontend.views.job_list import job_list, job_states
 from frontend.views.job_page import (
-    CHECKPOINT_WARNINGS,
     job_bulk_cancel,
     job_cancel,
     job_detail,
@@ -28,7 +18,7 @@ from frontend.views.job_page import (
     job_reproduce,
     job_retry,
 )
-from frontend.views.queues import LINE_SHOWN, MINE_SHOWN, queue_detail, queue_list
+from frontend.views.queues import queue_detail, queue_list
 from frontend.views.submit import job_submit, template_delete, template_edit, template_list
 from frontend.views.teams import team_detail, team_list
 from frontend.views.tokens import token_list, token_revoke

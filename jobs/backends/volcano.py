@@ -1356,10 +1356,7 @@ def _lost_detail(pod: JSON, nodes: _NodeView, deadline_s: int, now: datetime) ->
     node = nodes.get(node_name)
     if node is None:
         return f"node {node_name} no longer exists", True
-    ready = next(
-        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        None,
-    )
+    ready = _condition(node, "Ready")
     if ready is not None and ready.get("status") != "True":
         since = _parse_time(str(ready.get("lastTransitionTime") or ""))
         if since is None or (now - since).total_seconds() >= deadline_s:
@@ -1371,8 +1368,9 @@ def _lost_detail(pod: JSON, nodes: _NodeView, deadline_s: int, now: datetime) ->
     return None
 
 
-def _condition(pod: JSON, kind: str) -> JSON | None:
-    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+def _condition(obj: JSON, kind: str) -> JSON | None:
+    """The status condition of that type of a pod or a node, or None."""
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
 
 
 def _task_order(pod: JSON) -> tuple[int, int]:
@@ -1448,8 +1446,8 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def node_ready(node: JSON) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    ready = _condition(node, "Ready")
+    return ready is not None and ready.get("status") == "True"
 
 
 def node_info(

@@ -5,13 +5,10 @@ The attempt lifecycle (start, observe, finish, cancel, time out, reconcile) live
 team rows locked, so concurrent submissions can never over-admit a hard quota.
 """
 
-# ruff: noqa: F401 - the package re-exports its modules' names
-from jobs.services.common import ENV_NAME, RESERVED_ENV_PREFIXES, InvalidTransition, log
+# ruff: noqa: F401 - what the rest of the platform reads of this package (each module is importable too)
+from jobs.services.common import InvalidTransition
 from jobs.services.rerun import job_reproduce, job_resubmit, job_submission_data
 from jobs.services.submission import (
-    FIELD_ORDER,
-    MAX_WATCHES,
-    Resolved,
     _reference_card_mib,
     field_rank,
     job_batch_submit,
@@ -21,7 +18,6 @@ from jobs.services.submission import (
 )
 from jobs.services.templates import (
     TEMPLATE_LABEL,
-    TEMPLATE_NAME,
     may_edit_template,
     template_create,
     template_delete,

@@ -21,6 +21,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from jobs import lifecycle
+from jobs.tests.test_volcano_backend import reload, submit  # the same submission as the fake cluster's tests
 from kernel.paths import BASE_DIR
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -120,28 +121,6 @@ def platform(real_cluster, admin, settings, tmp_path):
     reset_backends()
 
 
-def _submit(user, **overrides):
-    from jobs import services
-
-    data = {
-        "team": "demo",
-        "queue": "train",
-        "spec": "guaranteed",
-        "image": "pytorch-2.5-cuda12.4",
-        "command": ["python", "train.py"],
-    }
-    data.update(overrides)
-    job, created = services.job_submit(user=user, data=data)
-    assert created
-    return job
-
-
-def _reload(job):
-    from jobs.models import Job
-
-    return Job.objects.get(pk=job.pk)
-
-
 def _drive(predicate, *, timeout=90.0):
     """Let the platform observe the cluster (the observe loop's work) until predicate() holds."""
     deadline = time.monotonic() + timeout
@@ -155,7 +134,7 @@ def _drive(predicate, *, timeout=90.0):
 
 
 def _pods(admin, job) -> list:
-    name = _reload(job).attempts.order_by("-number").first().backend_ref.rsplit("/", 1)[-1]
+    name = reload(job).attempts.order_by("-number").first().backend_ref.rsplit("/", 1)[-1]
     return [p for p in admin["core"].list_namespaced_pod(TEAM_NS).items if p.metadata.name.startswith(name)]
 
 
@@ -167,7 +146,7 @@ def _outcome(admin, job, outcome: str, **extra: str) -> None:
 
 
 def _state(job, *states):
-    fresh = _reload(job)
+    fresh = reload(job)
     return fresh if fresh.state in states else None
 
 
@@ -183,7 +162,7 @@ def test_the_cluster_is_the_real_thing_and_the_platform_is_not_its_admin(platfor
 
 
 def test_a_job_runs_on_the_node_the_platform_chose_and_succeeds(platform, admin, celery_worker_thread):
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     job = _drive(lambda: _state(job, "running"))
     attempt = job.attempts.get()
     pods = _pods(admin, job)
@@ -202,7 +181,7 @@ def test_a_job_runs_on_the_node_the_platform_chose_and_succeeds(platform, admin,
 
 
 def test_a_failed_pod_is_the_users_failure_and_volcano_does_not_restart_it(platform, admin, celery_worker_thread):
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     _drive(lambda: _state(job, "running"))
     name = _pods(admin, job)[0].metadata.labels["volcano.sh/job-name"]
     _outcome(admin, job, "fail", **{"kwok.trainyard.io/exit-code": "2"})
@@ -214,7 +193,7 @@ def test_a_failed_pod_is_the_users_failure_and_volcano_does_not_restart_it(platf
 
 
 def test_an_oom_kill_is_named_and_not_retried(platform, admin, celery_worker_thread):
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     _drive(lambda: _state(job, "running"))
     _outcome(admin, job, "oom")
     job = _drive(lambda: _state(job, "failed", "succeeded", "pending"))
@@ -231,7 +210,7 @@ def test_a_resource_quota_refusal_is_the_reason_and_no_card_is_blamed(platform, 
         TEAM_NS, {"metadata": {"name": "no-gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
     )
     time.sleep(1.5)  # the quota controller fills in the quota's usage before the API server enforces it
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     job = _drive(lambda: _state(job, "failed", "succeeded", "running"), timeout=120)
     attempt = job.attempts.get()
     assert (job.state, attempt.reason, attempt.reaction) == ("failed", "PodsRefused", "no_retry")
@@ -247,7 +226,7 @@ def test_a_pod_security_refusal_is_the_reason(platform, admin, settings, celery_
 
     settings.TRAINYARD_K8S_RUN_AS_UID = 0
     reset_backends()
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     job = _drive(lambda: _state(job, "failed", "succeeded", "running"), timeout=120)
     attempt = job.attempts.get()
     assert (job.state, attempt.reason) == ("failed", "PodsRefused")
@@ -302,7 +281,7 @@ def _vcjobs(admin) -> list[dict]:
 def test_a_cancel_stops_the_pods_and_frees_the_cards(platform, admin, celery_worker_thread):
     from cluster.models import LogicalDevice
 
-    job = _submit(platform["user"])
+    job = submit(platform["user"])
     _drive(lambda: _state(job, "running"))
     assert lifecycle.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
     job = _drive(lambda: _state(job, "cancelled"))
@@ -311,7 +290,7 @@ def test_a_cancel_stops_the_pods_and_frees_the_cards(platform, admin, celery_wor
 
 
 def test_a_timeout_deletes_the_volcano_job_and_times_out(platform, admin, celery_worker_thread):
-    job = _submit(platform["user"], timeout_s=1)
+    job = submit(platform["user"], timeout_s=1)
     _drive(lambda: _state(job, "running"))
     time.sleep(1.1)
     assert lifecycle.timeouts_enforce() == 1
@@ -322,7 +301,7 @@ def test_a_timeout_deletes_the_volcano_job_and_times_out(platform, admin, celery
 def test_a_distributed_job_is_one_gang_bound_where_the_platform_placed_each_replica(
     platform, admin, celery_worker_thread
 ):
-    job = _submit(platform["user"], queue="distributed", replicas=2, gpus=1)
+    job = submit(platform["user"], queue="distributed", replicas=2, gpus=1)
     job = _drive(lambda: _state(job, "running"), timeout=120)
     pods = _pods(admin, job)
     placed = {s.gpu.node.name for s in job.attempts.get().slices.select_related("gpu__node")}
@@ -361,8 +340,8 @@ def test_a_full_volcano_queue_keeps_the_job_waiting_with_volcanos_reason(platfor
     }  # fmt: skip
     admin["custom"].create_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], foreign)
     _drive(lambda: any(p.status.phase == "Running" for p in admin["core"].list_namespaced_pod(TEAM_NS).items))
-    job = _submit(platform["user"])
-    job = _drive(lambda: (j := _reload(job)).message.startswith("waiting in Volcano queue") and j, timeout=60)
+    job = submit(platform["user"])
+    job = _drive(lambda: (j := reload(job)).message.startswith("waiting in Volcano queue") and j, timeout=60)
     assert job.state == "starting", job.message
     admin["custom"].delete_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], "someone-elses-job")
     assert _drive(lambda: _state(job, "running"), timeout=120)

@@ -11,43 +11,6 @@ Human output goes to stdout, progress and errors to stderr (one line, never a tr
 machine-readable output. Exit codes are in `cli_errors` and docs/cli.md. It imports nothing from Django.
 """
 
-# ruff: noqa: F401 - the package re-exports its modules' names
-from trainyard_cli.main.commands import (
-    TERMINAL_BUILD,
-    cmd_cancel,
-    cmd_checkpoints,
-    cmd_datasets,
-    cmd_image,
-    cmd_images,
-    cmd_list,
-    cmd_login,
-    cmd_logs,
-    cmd_queues,
-    cmd_quota,
-    cmd_run,
-    cmd_status,
-    cmd_submit,
-    cmd_templates,
-    cmd_tokens,
-    recommendation_line,
-)
-from trainyard_cli.main.common import (
-    ATTEMPT_ENDED,
-    DRAIN_S,
-    LOG_PAGE,
-    MAX_TRANSIENT_ERRORS,
-    SHORT_ID_RE,
-    UUID_RE,
-    duration,
-    elapsed,
-    err,
-    gib,
-    gpus_text,
-    print_json,
-    resolve_job_id,
-    say,
-    table_text,
-    when_text,
-)
-from trainyard_cli.main.following import LogFollower, finish, interruptible, state_line, wait_for_job
-from trainyard_cli.main.parser import EPILOG, _run, build_parser, main
+# What the rest of the platform reads of this package (each module is importable too).
+from .commands import recommendation_line  # noqa: F401
+from .parser import main  # noqa: F401

@@ -11,20 +11,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainyard_cli.main.common import (
-    duration,
-    elapsed,
-    err,
-    gib,
-    gpus_text,
-    print_json,
-    resolve_job_id,
-    say,
-    table_text,
-    when_text,
-)
-from trainyard_cli.main.following import LogFollower, finish, interruptible, state_line, wait_for_job
-
 from ..client import ApiClient, ApiError
 from ..code import upload as upload_code
 from ..config import check_token, config_path, normalize_url
@@ -38,6 +24,19 @@ from ..errors import (
     CliError,
 )
 from ..jobfile import JobFile, load_jobfile
+from .common import (
+    duration,
+    elapsed,
+    err,
+    gib,
+    gpus_text,
+    print_json,
+    resolve_job_id,
+    say,
+    table_text,
+    when_text,
+)
+from .following import LogFollower, finish, interruptible, state_line, wait_for_job
 
 
 def _template(api: ApiClient, name: str, team: str | None) -> dict:

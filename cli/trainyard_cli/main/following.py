@@ -7,17 +7,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from trainyard_cli.main.common import (
-    ATTEMPT_ENDED,
-    DRAIN_S,
-    LOG_PAGE,
-    MAX_TRANSIENT_ERRORS,
-    duration,
-    elapsed,
-    err,
-    print_json,
-)
-
 from ..client import ApiClient
 from ..errors import (
     EXIT_BY_FINAL_STATE,
@@ -26,6 +15,16 @@ from ..errors import (
     EXIT_UNAVAILABLE,
     TERMINAL_STATES,
     CliError,
+)
+from .common import (
+    ATTEMPT_ENDED,
+    DRAIN_S,
+    LOG_PAGE,
+    MAX_TRANSIENT_ERRORS,
+    duration,
+    elapsed,
+    err,
+    print_json,
 )
 
 

@@ -7,7 +7,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainyard_cli.main.commands import (
+from ..client import ApiClient, cli_version
+from ..config import Config, load_config, require_token
+from ..errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
+from .commands import (
     cmd_cancel,
     cmd_checkpoints,
     cmd_datasets,
@@ -24,16 +32,7 @@ from trainyard_cli.main.commands import (
     cmd_templates,
     cmd_tokens,
 )
-from trainyard_cli.main.common import err
-
-from ..client import ApiClient, cli_version
-from ..config import Config, load_config, require_token
-from ..errors import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-)
+from .common import err
 
 
 class _Parser(argparse.ArgumentParser):
