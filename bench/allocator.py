@@ -474,9 +474,14 @@ def provenance() -> dict[str, object]:
     }
 
 
+# The allocator benchmarks replay placement alone: the live dispatcher's policy code, with no dispatcher, database
+# or worker processes around it (bench.scheduler measures the deployed shape).
+PROCESS_MODEL = "one process: scheduler.policy.Allocator in memory, no dispatcher, database or workers"
+
+
 def write_json(path: Path, payload: dict[str, object]) -> None:
     """Write a result file, stamped with `provenance()` at the end of the run."""
-    payload = {**payload, "provenance": provenance()}
+    payload = {**payload, "process_model": PROCESS_MODEL, "provenance": provenance()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
