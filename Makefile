@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -50,7 +50,7 @@ fmt: venv
 migrations: venv
 	$(BIN)/python manage.py makemigrations
 
-web worker beat: venv
+web worker dispatcher beat: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m ops.processes $@
 
 bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage

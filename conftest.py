@@ -50,9 +50,11 @@ def _default_language():
 
 @pytest.fixture
 def celery_worker_thread(transactional_db, _isolated_broker_queue):
-    """A real Celery worker (solo pool, in a thread) consuming this session's queue."""
+    """A real Celery worker (solo pool, in a thread) consuming this session's queue and its dispatch queue (one
+    process, as the dispatcher of `make run` is)."""
     from celery.contrib.testing.worker import start_worker
 
+    from kernel.wake import dispatch_queue
     from trainyard.celery import app
 
     with start_worker(
@@ -60,7 +62,7 @@ def celery_worker_thread(transactional_db, _isolated_broker_queue):
         pool="solo",
         perform_ping_check=False,
         loglevel="WARNING",
-        queues=[_isolated_broker_queue],
+        queues=[_isolated_broker_queue, dispatch_queue()],
         shutdown_timeout=10,
     ) as worker:
         yield worker

@@ -436,16 +436,18 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
     worker_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - open for the worker's whole life, closed below
         prefix="bench-scheduler-worker-", suffix=".log", delete=False
     )
+    # The worker and the dispatcher exactly as `make run` starts them (ops.processes: a prefork worker with
+    # TRAINYARD_WORKER_CONCURRENCY children, default 4, and one solo-pool dispatcher consuming the dispatch queue),
+    # on this run's queues; both log into one file.
     worker = subprocess.Popen(
-        # The worker exactly as `make run` starts it (prefork, TRAINYARD_WORKER_CONCURRENCY children, default 4,
-        # each with its own pool in memory), on this run's queue.
-        [
-            sys.executable,
-            "-m",
-            *worker_command(),
-            "-Q",
-            settings.CELERY_TASK_DEFAULT_QUEUE,
-        ],
+        [sys.executable, "-m", *worker_command(env), "-Q", settings.CELERY_TASK_DEFAULT_QUEUE],
+        cwd=REPO,
+        env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+    )
+    dispatcher = subprocess.Popen(
+        [sys.executable, "-m", *dispatcher_command(env)],
         cwd=REPO,
         env=env,
         stdout=worker_log,
@@ -453,7 +455,7 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
     )
     small = policy.Request.fraction(100, cpu_milli=1000, memory_mib=1024, gpu_model=model)
     n = int(rate * seconds)
-    warm_s = warm_up(worker)
+    warm_s = warm_up(dispatcher)
     start = time.time() + 2
     # Submitters in processes of their own, as web processes are: one Python process could not offer 100/s
     # while sharing its interpreter lock four ways (the earlier threads-only run fell 61 s behind).
@@ -482,11 +484,13 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
             time.sleep(0.2)
         rows = list(Job.objects.filter(id__in=ids).values_list("submitted_at", "admitted_at", "state"))
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        for process in (dispatcher, worker):
+            process.terminate()
+        for process in (dispatcher, worker):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
         worker_log.close()
     passes = _passes_logged(Path(worker_log.name))
     waits = [(a - s).total_seconds() for s, a, _state in rows if a is not None]
@@ -506,17 +510,24 @@ def latency(user, *, rate: float, seconds: float, waiting: int, model: str = "T4
         "worker_first_pass_s": warm_s,
         "note": "submit-to-admitted from the Job rows' submitted_at and admitted_at; new jobs are 1/10-card "
         f"shares pinned to the emptied {model} cards, the waiting ones to the other models; the dispatch passes "
-        "run in a separate Celery worker process woken by the coalesced requests; that worker's first pass "
-        "(loading the pool, reading every line: worker_first_pass_s) runs before the arrivals start",
+        "run in the dispatcher process of `make run` (a solo-pool Celery worker on the dispatch queue) woken by the "
+        "coalesced requests, beside the 4-child prefork worker; the dispatcher's first pass (loading the pool, "
+        "reading every line: worker_first_pass_s) runs before the arrivals start",
         "emptied_jobs": len(on_model),
         "waiting": waiting,
     }
 
 
-def worker_command() -> list[str]:
+def worker_command(environ=os.environ) -> list[str]:
     from ops import processes
 
-    return processes.command("worker")
+    return processes.command("worker", environ=environ)
+
+
+def dispatcher_command(environ=os.environ) -> list[str]:
+    from ops import processes
+
+    return processes.command("dispatcher", environ=environ)
 
 
 def ledger_overbooked() -> list[str]:
@@ -531,9 +542,10 @@ def ledger_overbooked() -> list[str]:
 PROCESS_MODEL = {
     "replay": "dispatch passes in the benchmark's own process (one pool in memory), called back to back",
     "backlog": "dispatch passes in the benchmark's own process",
-    "latency": "a Celery worker started as `make run` starts it (prefork, TRAINYARD_WORKER_CONCURRENCY children, "
-    "default 4), woken by the coalesced dispatch requests of 2 submitting processes; no beat, so no periodic "
-    "reconcile during the run",
+    "latency": "the worker and the dispatcher started as `make run` starts them (a prefork worker with "
+    "TRAINYARD_WORKER_CONCURRENCY children, default 4, and one solo-pool dispatcher process that runs every pass), "
+    "woken by the coalesced dispatch requests of 2 submitting processes; no beat, so no periodic reconcile during "
+    "the run",
 }
 
 

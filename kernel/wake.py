@@ -12,8 +12,35 @@ import structlog
 log = structlog.get_logger(__name__)
 
 DISPATCH_TASK = "jobs.dispatch_queue"
+BEAT_DISPATCH_TASK = "jobs.dispatch_all"
 WAKE_KEY = "scheduler:pass-queued"
 WAKE_TTL_S = 20
+DISPATCH_QUEUE_SUFFIX = ".dispatch"
+
+
+def dispatch_queue_name(default_queue: str, override: str = "") -> str:
+    """The Celery queue dispatch passes travel on: `TRAINYARD_DISPATCH_QUEUE`, else the platform's queue + ".dispatch".
+
+    One process (`ops.processes` "dispatcher": a solo-pool worker) consumes it, so the pool in memory and the
+    carried lines stay warm from pass to pass, whichever process asked. A second dispatcher (another host) is
+    safe — passes take a database lock and the write re-checks capacity — only slower: each keeps its own view.
+    """
+    return override.strip() or f"{default_queue}{DISPATCH_QUEUE_SUFFIX}"
+
+
+def dispatch_queue() -> str:
+    from celery import current_app
+    from django.conf import settings
+
+    return dispatch_queue_name(current_app.conf.task_default_queue, settings.TRAINYARD_DISPATCH_QUEUE)
+
+
+def route(name, args, kwargs, options, task=None, **kw):
+    """Celery router (`CELERY_TASK_ROUTES`): dispatch passes go to the dispatcher's queue, wherever they are sent
+    from (a wake-up, beat, a test); everything else to the default queue."""
+    if name in (DISPATCH_TASK, BEAT_DISPATCH_TASK):
+        return {"queue": dispatch_queue()}
+    return None
 
 
 def wake_key() -> str:

@@ -7,6 +7,8 @@ docker-compose (a test checks they agree).
 import os
 import sys
 
+from kernel.wake import dispatch_queue_name
+
 HOST = os.environ.get("TRAINYARD_HOST", "127.0.0.1")
 PORT = int(os.environ.get("TRAINYARD_PORT", "8000"))
 
@@ -18,8 +20,8 @@ def _proxy_args() -> list[str]:
     return ["--proxy-headers", "--forwarded-allow-ips", trusted]
 
 
-def command(name: str, *, host: str | None = None, port: int | None = None) -> list[str]:
-    """argv (after the interpreter's `-m`) for one process."""
+def command(name: str, *, host: str | None = None, port: int | None = None, environ=os.environ) -> list[str]:
+    """argv (after the interpreter's `-m`) for one process, with the variables of `environ`."""
     commands = {
         "web": [
             "uvicorn",
@@ -51,11 +53,35 @@ def command(name: str, *, host: str | None = None, port: int | None = None) -> l
             "-n",
             "worker@%h",
             "--concurrency",
-            os.environ.get("TRAINYARD_WORKER_CONCURRENCY", "4"),
+            environ.get("TRAINYARD_WORKER_CONCURRENCY", "4"),
+        ],
+        # Dispatch passes alone, in one process (solo pool: no children), so the pool and the lines it carries stay
+        # in memory from pass to pass; with them on the prefork worker, each child kept a view of its own and most
+        # passes began by re-reading the ledger (docs/scheduler.md, "One dispatcher").
+        "dispatcher": [
+            "celery",
+            "-A",
+            "trainyard",
+            "worker",
+            "-l",
+            "INFO",
+            "-n",
+            "dispatcher@%h",
+            "--pool",
+            "solo",
+            "-Q",
+            dispatch_queue(environ),
         ],
         "beat": ["celery", "-A", "trainyard", "beat", "-l", "INFO"],
     }
     return commands[name]
+
+
+def dispatch_queue(environ=os.environ) -> str:
+    """The dispatcher's queue, from the same variables the settings read (no Django set up here)."""
+    return dispatch_queue_name(
+        environ.get("TRAINYARD_CELERY_QUEUE", "trainyard"), environ.get("TRAINYARD_DISPATCH_QUEUE", "")
+    )
 
 
 def web_processes(environ=os.environ) -> int:
@@ -84,7 +110,7 @@ def environment(name: str, environ=os.environ) -> dict[str, str]:
     return {}
 
 
-NAMES = ("web", "worker", "beat")
+NAMES = ("web", "worker", "dispatcher", "beat")
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in NAMES:

@@ -23,7 +23,7 @@ import urllib.request
 from kernel.paths import BASE_DIR, VAR_DIR
 from ops import embedded, processes
 
-COLORS = {"web": "36", "worker": "33", "beat": "35", "setup": "32"}
+COLORS = {"web": "36", "worker": "33", "dispatcher": "34", "beat": "35", "setup": "32"}
 _print_lock = threading.Lock()
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0

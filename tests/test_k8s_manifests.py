@@ -84,8 +84,9 @@ def test_each_object_validates_against_its_schema(filename, doc):
             kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_the_three_processes_are_deployed_with_probes_and_resources():
+def test_the_four_processes_are_deployed_with_probes_and_resources():
     web, worker, beat = deployment("web"), deployment("worker"), deployment("beat")
+    dispatcher = deployment("dispatcher")
     container = web["spec"]["template"]["spec"]["containers"][0]
     allowed = kind("ConfigMap")[0]["data"]["TRAINYARD_ALLOWED_HOSTS"].split(",")
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -97,6 +98,10 @@ def test_the_three_processes_are_deployed_with_probes_and_resources():
         worker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
     )
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    # One dispatcher, a solo-pool worker on the dispatch queue (ops.processes "dispatcher").
+    assert dispatcher["spec"]["replicas"] == 1 and dispatcher["spec"]["strategy"]["type"] == "Recreate"
+    command = " ".join(dispatcher["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "--pool solo" in command and "-Q ${TRAINYARD_DISPATCH_QUEUE:-${TRAINYARD_CELERY_QUEUE:-trainyard}.dispatch}" in command
     for name, spec in pod_specs():
         for c in spec["containers"]:
             requests, limits = c["resources"]["requests"], c["resources"]["limits"]
@@ -119,6 +124,7 @@ def test_pods_are_locked_down():
     assert automount == {
         "trainyard-web": True,
         "trainyard-worker": True,
+        "trainyard-dispatcher": True,
         "trainyard-beat": False,
         "trainyard-migrate": False,
     }

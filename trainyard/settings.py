@@ -125,6 +125,10 @@ CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard")
+# Dispatch passes travel on a queue of their own, consumed by one solo-pool process (`ops.processes` "dispatcher"),
+# so every pass finds the pool and the lines it carried warm in memory (kernel/wake.py). Empty: "<queue>.dispatch".
+TRAINYARD_DISPATCH_QUEUE = env.str("TRAINYARD_DISPATCH_QUEUE", default="")
+CELERY_TASK_ROUTES = ("kernel.wake.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # An unacknowledged message (acks_late) is handed out again after this long: longer than the longest task's time
@@ -301,7 +305,8 @@ TRAINYARD_LOG_DAILY_LINES = env.int("TRAINYARD_LOG_DAILY_LINES", default=2_000_0
 CELERY_BEAT_SCHEDULE = {
     "observe-attempts": {"task": "jobs.observe_attempts", "schedule": env.float("TRAINYARD_OBSERVE_EVERY_S", 2.0)},
     "enforce-timeouts": {"task": "jobs.enforce_timeouts", "schedule": 15.0},
-    "dispatch-all": {"task": "jobs.dispatch_all", "schedule": 30.0},
+    # A stalled dispatcher must not find a pile of beat passes waiting: each one expires when the next is due.
+    "dispatch-all": {"task": "jobs.dispatch_all", "schedule": 30.0, "options": {"expires": 30.0}},
     "reconcile-pool": {"task": "jobs.reconcile_pool", "schedule": TRAINYARD_RECONCILE_INTERVAL.total_seconds()},
     "sync-inventory": {"task": "jobs.sync_inventory", "schedule": 300.0},
 }

@@ -137,10 +137,10 @@ class Launcher:
         raise AssertionError(f"no line with {text!r} within {seconds:g} s; last lines:\n{tail}")
 
     def child(self, name: str) -> int:
-        """The pid of the launcher's child running `name` (web, worker, beat)."""
+        """The pid of the launcher's child running `name` (web, worker, dispatcher, beat)."""
         from kernel.proctree import _stat
 
-        marker = {"web": b"uvicorn", "worker": b"worker", "beat": b"beat"}[name]
+        marker = {"web": b"uvicorn", "worker": b"worker@", "dispatcher": b"dispatcher@", "beat": b"beat"}[name]
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue

@@ -173,7 +173,7 @@ def test_bootstrap_explains_a_missing_python(tmp_path):
 def test_compose_matches_the_process_table():
     compose = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"postgres", "redis", "web", "worker", "beat"} <= set(services)
+    assert {"postgres", "redis", "web", "worker", "dispatcher", "beat"} <= set(services)
     for name in processes.NAMES:
         expected = processes.command(name, host="0.0.0.0", port=8000)
         assert services[name]["command"] == ["python", "-m", *expected], name
@@ -183,7 +183,7 @@ def test_compose_matches_the_process_table():
     user_lines = [line for line in dockerfile.splitlines() if line.startswith("USER ")]
     assert user_lines and user_lines[-1].split()[1].split(":")[0] not in {"0", "root"}
     makefile = (BASE_DIR / "Makefile").read_text()
-    assert "ops.processes $@" in makefile and "web worker beat:" in makefile
+    assert "ops.processes $@" in makefile and "web worker dispatcher beat:" in makefile
 
 
 def test_env_example_lists_every_variable_the_settings_read():
