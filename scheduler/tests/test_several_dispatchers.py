@@ -225,3 +225,51 @@ def test_the_reconcile_frees_leaks_and_flags_overcommit_in_a_few_statements_what
         assert not LogicalDevice.objects.filter(attempt__job_id=jobs[0].id, released_at__isnull=True).exists()
         assert GPU.objects.count() == size * 4
     assert counts[0] == counts[1] <= 10, counts
+
+
+def test_wake_ups_and_beat_passes_travel_to_the_dispatchers_queue(_isolated_broker_queue):
+    from kernel.wake import BEAT_DISPATCH_TASK, DISPATCH_TASK
+    from trainyard.celery import app
+
+    for name in (DISPATCH_TASK, BEAT_DISPATCH_TASK):
+        assert app.amqp.router.route({}, name)["queue"].name == f"{_isolated_broker_queue}.dispatch"
+    assert app.amqp.router.route({}, "jobs.start_attempts")["queue"].name == _isolated_broker_queue
+
+
+def test_the_dispatcher_as_make_run_starts_it_keeps_the_pool_warm_from_pass_to_pass(platform, settings, _isolated_broker_queue):  # noqa: F811
+    """`ops.processes` "dispatcher" (one solo-pool process) runs every wake-up's pass: after the first, each pass
+    finds the lines it carried (`fast`), which 4 prefork children sharing the passes could not (each kept its own)."""
+    from ops import processes
+
+    settings.TRAINYARD_START_QUEUE = f"{_isolated_broker_queue}-starts"
+    fresh_pool(*(node(f"d{i}", 4, A100) for i in range(2)))
+    open_up()
+    env = {**_worker_env(_isolated_broker_queue), "TRAINYARD_CELERY_QUEUE": _isolated_broker_queue}
+    env.update(TRAINYARD_LOG_LEVEL="INFO", TRAINYARD_WORKLOAD_REFRESH_S="300")
+    dispatcher = subprocess.Popen(
+        [sys.executable, "-m", *processes.command("dispatcher", environ=env)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        for k in range(6):
+            job = submit(platform, spec="shared")  # its commit wakes a pass (kernel.wake.dispatch_soon)
+            deadline = time.monotonic() + 60
+            while Job.objects.get(id=job.id).state != "admitted":
+                assert time.monotonic() < deadline, f"job {k} never admitted"
+                time.sleep(0.1)
+    finally:
+        dispatcher.terminate()
+        try:
+            out, _ = dispatcher.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(dispatcher.pid, 9)
+            out, _ = dispatcher.communicate()
+    log = out.decode("utf-8", "replace")
+    passes = [line for line in log.splitlines() if "'event': 'dispatch_pass'" in line]
+    assert len(passes) == 6, log[-3000:]
+    # The first pass reads everything; every later one is the carried, fast path.
+    assert all("'fast': True" in line for line in passes[1:]), passes
+    assert "Traceback" not in log, log[-3000:]
