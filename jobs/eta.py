@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -179,33 +180,65 @@ def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo
         heapq.heappush(ends, (left, n, _Runner(job.total_gpu_milli, job.queue_id, job.team_id)))
         n += 1
     queue_limit, team_limits = limits
-    waiting = [j for j in line if j.reason != "queue_closed"]
     out = {j.id: (None, False) for j in line}
+    # The line in groups whose jobs fit or not together: the same need, queue, team, and whether the dispatcher
+    # already found no room for them (those wait for a release). Each group keeps line order, so the next job to
+    # start is the earliest head among the groups that fit (FIFO: the earliest head of all, if it fits) — the
+    # same choice as walking the whole line, for a cost in groups (a few dozen shapes) instead of jobs (5,000
+    # walked at each of ~12,000 ends took seconds on a fleet).
+    groups: dict[tuple, deque] = {}
+    for index, job in enumerate(line):
+        if job.reason == "queue_closed":
+            continue
+        key = (job.total_gpu_milli, job.queue_id, job.team_id, bool(job.reason))
+        groups.setdefault(key, deque()).append((index, job))
+
+    def fits(key) -> bool:
+        need, queue_id, team_id, waited = key
+        team_limit = team_limits.get(team_id)
+        return (
+            (released or not waited)
+            and need <= free
+            and queue_used.get(queue_id, 0) + need <= queue_limit
+            and (team_limit is None or team_used.get(team_id, 0) + need <= team_limit)
+        )
+
+    def by_need() -> list[tuple]:  # the groups that may start now, smallest need first
+        return sorted((key for key in groups if released or not key[3]), key=lambda key: key[0])
+
     t = 0.0
     released = False
-    while waiting:
+    order = by_need()
+    while groups:
         while ends and ends[0][0] <= t:
             _, _, r = heapq.heappop(ends)
-            released = True
+            if not released:
+                released = True
+                order = by_need()
             free += r.need
             queue_used[r.queue_id] = queue_used.get(r.queue_id, 0) - r.need
             team_used[r.team_id] = team_used.get(r.team_id, 0) - r.need
-        left_waiting = []
-        blocked_line = False
-        for job in waiting:
+        while order and order[0][0] <= free:
+            if fifo:
+                best = min(groups, key=lambda key: groups[key][0][0])
+                if not fits(best):
+                    break
+            else:
+                best, best_index = None, None
+                for key in order:
+                    if key[0] > free:
+                        break  # the rest need more still
+                    index = groups[key][0][0]
+                    if (best_index is None or index < best_index) and fits(key):
+                        best, best_index = key, index
+                if best is None:
+                    break
+            members = groups[best]
+            _, job = members.popleft()
+            if not members:
+                del groups[best]
+                order = by_need()
             need = job.total_gpu_milli
-            team_limit = team_limits.get(job.team_id)
-            fits = (
-                not blocked_line
-                and (released or not job.reason)
-                and need <= free
-                and queue_used.get(job.queue_id, 0) + need <= queue_limit
-                and (team_limit is None or team_used.get(job.team_id, 0) + need <= team_limit)
-            )
-            if not fits:
-                left_waiting.append(job)
-                blocked_line = blocked_line or fifo
-                continue
             out[job.id] = (t, known)
             free -= need
             queue_used[job.queue_id] = queue_used.get(job.queue_id, 0) + need
@@ -218,7 +251,6 @@ def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo
                 run = float(job.timeout_s) if q >= 0.5 else 0.0
             heapq.heappush(ends, (t + run, n, _Runner(need, job.queue_id, job.team_id)))
             n += 1
-        waiting = left_waiting
         if not ends:
             break  # nothing will ever free enough for the rest: they wait on something no replay sees end
         t = max(t, ends[0][0])

@@ -115,3 +115,111 @@ def test_the_api_and_the_job_page_show_the_range(platform, client):  # noqa: F81
     page = client.get(f"/jobs/{waiting.id}/").content.decode()
     header = page[page.index('class="job-state-line"') :][:800]
     assert "estimated start: in about 4" in header or "estimated start: in about 50 min" in header, header
+
+
+def _walk_the_line(line, running, free, queue_used, team_used, limits, history, q, fifo) -> dict:
+    """The replay as first written: at every end, the whole line walked in order (cost: ends × line). The grouped
+    replay must start every job at the same moment."""
+    import heapq
+
+    known = True
+    ends, n = [], 0
+    for job, elapsed, limit_left in running:
+        left, ok = eta._remaining(history.durations(job), elapsed, limit_left, q)
+        known = known and ok
+        if left is not None:
+            heapq.heappush(ends, (left, n, (job.total_gpu_milli, job.queue_id, job.team_id)))
+            n += 1
+    queue_limit, team_limits = limits
+    waiting = [j for j in line if j.reason != "queue_closed"]
+    out = {j.id: (None, False) for j in line}
+    t, released = 0.0, False
+    while waiting:
+        while ends and ends[0][0] <= t:
+            _, _, (need, queue_id, team_id) = heapq.heappop(ends)
+            released = True
+            free += need
+            queue_used[queue_id] = queue_used.get(queue_id, 0) - need
+            team_used[team_id] = team_used.get(team_id, 0) - need
+        left_waiting, blocked = [], False
+        for job in waiting:
+            need = job.total_gpu_milli
+            team_limit = team_limits.get(job.team_id)
+            if not (
+                not blocked
+                and (released or not job.reason)
+                and need <= free
+                and queue_used.get(job.queue_id, 0) + need <= queue_limit
+                and (team_limit is None or team_used.get(job.team_id, 0) + need <= team_limit)
+            ):
+                left_waiting.append(job)
+                blocked = blocked or fifo
+                continue
+            out[job.id] = (t, known)
+            free -= need
+            queue_used[job.queue_id] = queue_used.get(job.queue_id, 0) + need
+            team_used[job.team_id] = team_used.get(job.team_id, 0) + need
+            durations = history.durations(job)
+            if durations:
+                run = min(eta._quantile(durations, q), float(job.timeout_s))
+            else:
+                known = False
+                run = float(job.timeout_s) if q >= 0.5 else 0.0
+            heapq.heappush(ends, (t + run, n, (need, job.queue_id, job.team_id)))
+            n += 1
+        waiting = left_waiting
+        if not ends:
+            break
+        t = max(t, ends[0][0])
+    return out
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("seed", range(12))
+def test_the_grouped_replay_starts_every_job_when_walking_the_whole_line_would(seed):
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(seed)
+    teams = rng.choice([1, 2, 4])
+    needs = [100, 250, 500, 1000, 2000, 8000]
+    commands = [["python", f"t{k}.py"] for k in range(4)] + [["python", "never-seen.py"]]
+    reasons = ["", "", "no_capacity", "team_quota", "queue_closed"]
+    line = [
+        eta.LineJob(
+            i, rng.choice(reasons), rng.choice(needs), rng.randrange(teams), 1, 7, rng.choice(commands), {}, 3600
+        )
+        for i in range(rng.randint(1, 300))
+    ]
+    running = [
+        (
+            SimpleNamespace(
+                id=f"r{i}",
+                total_gpu_milli=rng.choice(needs),
+                queue_id=1,
+                team_id=rng.randrange(teams),
+                owner_id=7,
+                command=rng.choice(commands),
+                labels={},
+            ),
+            rng.uniform(0, 5000),
+            rng.choice([3600.0, 600.0]),
+        )
+        for i in range(rng.randint(0, 200))
+    ]
+    history = eta.History([(7, rng.choice(commands[:4]), {}, 1, rng.uniform(60, 4000)) for _ in range(300)])
+    used = sum(j.total_gpu_milli for j, *_ in running)
+    team_used: dict = {}
+    for j, *_ in running:
+        team_used[j.team_id] = team_used.get(j.team_id, 0) + j.total_gpu_milli
+    capacity = used + rng.choice([0, 500, 4000, 20000])
+    limits = (
+        rng.choice([10**9, used + 3000]),
+        {k: rng.choice([None, 10**9, team_used.get(k, 0) + 2000]) for k in range(teams)},
+    )
+    limits = (limits[0], {k: v for k, v in limits[1].items() if v is not None})
+    for q in (eta.Q_LOW, 0.5, eta.Q_HIGH):
+        for fifo in (False, True):
+            args = (line, running, capacity - used, {1: used}, dict(team_used), limits, history, q, fifo)
+            expected = _walk_the_line(*args[:3], dict(args[3]), dict(args[4]), *args[5:])
+            assert eta._replay(*args[:3], dict(args[3]), dict(args[4]), *args[5:]) == expected, (seed, q, fifo)
