@@ -545,7 +545,7 @@ def _clone_jobs(template, n: int, rng: random.Random, **fields) -> int:
     return written
 
 
-def estimates(user, *, total_jobs: int, holders: int, requests: int) -> dict:
+def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bool = False) -> dict:
     """Every page and API that shows an estimated start, on the fleet as the other phases left it, topped up to
     `total_jobs` jobs (the rest finished work of the last 30 days, in a handful of commands so the history has
     hits) and `holders` jobs holding capacity; each read `requests` times through Django's test client (the
@@ -621,6 +621,15 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int) -> dict:
         "GET /api/v1/jobs/{id}/": f"/api/v1/jobs/{waiting_job.id}/",
     }
     rows = {}
+    if profile:  # where one request of each page spends its time (--profile-estimates), before the timed reads
+        import cProfile
+        import pstats
+
+        for label, url in pages.items():
+            profiler = cProfile.Profile()
+            profiler.runcall(client.get, url)
+            print(f"--- {label}")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     for label, url in pages.items():
         times = []
         for k in range(requests + 2):
@@ -782,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 2,000-job replay and smaller backlogs")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument("--profile-estimates", action="store_true", help="print a profile of each estimate page")
     args = parser.parse_args(argv)
 
     trace_dir = trace_dir_from_env()
@@ -828,7 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         results["latency"] = latency(user, rate=100.0, seconds=10.0 if args.quick else 20.0, waiting=5000)
         results["ledger_overbooked"] = ledger_overbooked()
         lat = results["latency"]
-        results["estimates"] = estimates(user, total_jobs=100_000, holders=6900, requests=10 if args.quick else 30)
+        results["estimates"] = estimates(
+            user, total_jobs=100_000, holders=6900, requests=10 if args.quick else 30, profile=args.profile_estimates
+        )
         print(f"latency at 100/s with {lat['waiting_before']} waiting: p50 {lat['p50_s']} s, p99 {lat['p99_s']} s")
     finally:
         if not args.keep_database:

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 
-from django.db.models import F
+from django.db.models import F, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from jobs.models import Job
@@ -51,24 +54,91 @@ class LineJob:
     team_id: int
     queue_id: int
     owner_id: int
-    command: list
-    labels: dict
+    command: str  # as the database prints the JSON (see `json_text`): a key, never parsed
+    labels: str
     timeout_s: int
 
 
-LINE_COLUMNS = ("id", "reason", "total_gpu_milli", "team_id", "queue_id", "owner_id", "command", "labels", "timeout_s")
+LINE_COLUMNS = (
+    "id",
+    "reason",
+    "total_gpu_milli",
+    "team_id",
+    "queue_id",
+    "owner_id",
+    "command_t",
+    "labels_t",
+    "timeout_s",
+)
+
+
+def _as_text(rows):
+    """`command` and `labels` as the database prints them (`::text`): the estimate only compares them, and parsing
+    the JSON of 20,000 finished and 7,000 running jobs was most of an estimate's cost on a fleet."""
+    return rows.annotate(command_t=Cast("command", TextField()), labels_t=Cast("labels", TextField()))
+
+
+def json_text(value) -> str:
+    """A JSON value as PostgreSQL prints a `jsonb` (object keys by length, then bytes; ", " and ": "), so a value
+    read as text and one held in Python make the same key; text is taken as already printed."""
+    return value if isinstance(value, str) else _jsonb(value)
+
+
+def _jsonb(value) -> str:
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: (len(kv[0].encode()), kv[0].encode()))
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_jsonb(v)}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_jsonb(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _labels_text(labels) -> str:
+    return "{}" if labels is None else json_text(labels)
 
 
 def waiting_line(queue) -> list[LineJob]:
     """The queue's waiting line in the dispatcher's order, with only what the estimate needs: reading 5,000
     whole rows (some 60 columns, JSON among them, and their owners, teams and specs) took about half a second,
     these columns a fraction of it."""
-    rows = (
-        Job.objects.filter(queue=queue, state=JobState.PENDING)
-        .order_by("-priority", "submitted_at", "id")
-        .values_list(*LINE_COLUMNS)
-    )
-    return [LineJob(*row) for row in rows]
+    rows = _as_text(Job.objects.filter(queue=queue, state=JobState.PENDING)).order_by("-priority", "submitted_at", "id")
+    return [LineJob(*row) for row in rows.values_list(*LINE_COLUMNS)]
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A job holding capacity (reserved), as the estimate reads it."""
+
+    id: object
+    owner_id: int
+    command: str
+    labels: str
+    queue_id: int
+    team_id: int
+    total_gpu_milli: int
+    started_at: datetime | None
+    admitted_at: datetime | None
+    deadline: datetime | None
+    timeout_s: int
+
+
+HOLDER_COLUMNS = (
+    "id",
+    "owner_id",
+    "command_t",
+    "labels_t",
+    "queue_id",
+    "team_id",
+    "total_gpu_milli",
+    "started_at",
+    "admitted_at",
+    "deadline",
+    "timeout_s",
+)
+
+
+def holders() -> list[Holder]:
+    return [Holder(*row) for row in _as_text(Job.objects.filter(reserved=True)).values_list(*HOLDER_COLUMNS)]
 
 
 @dataclass(frozen=True)
@@ -102,8 +172,8 @@ class History:
     def __init__(self, rows):
         self.by: dict[tuple, list[float]] = {}
         for owner, command, labels, queue_id, seconds in rows:
-            c = repr(command)
-            for key in ((owner, c, repr(sorted((labels or {}).items()))), (owner, c), ("cmd", c), ("queue", queue_id)):
+            c = json_text(command)
+            for key in ((owner, c, _labels_text(labels)), (owner, c), ("cmd", c), ("queue", queue_id)):
                 self.by.setdefault(key, []).append(seconds)
         # Sorted once here: each lookup is then a bisection and an index, whatever the history's length (a fleet
         # with 20,000 finished runs and 7,000 running jobs cost seconds per estimate when each sorted its own copy).
@@ -122,8 +192,8 @@ class History:
             )
             .annotate(ran=F("finished_at") - F("started_at"))
             .order_by("-finished_at")
-            .values_list("owner_id", "command", "labels", "queue_id", "ran")[:HISTORY_ROWS]
         )
+        rows = _as_text(rows).values_list("owner_id", "command_t", "labels_t", "queue_id", "ran")[:HISTORY_ROWS]
         return cls((o, c, lb, q, max(0.0, ran.total_seconds())) for o, c, lb, q, ran in rows)
 
     def durations(self, job) -> list[float]:
@@ -131,10 +201,10 @@ class History:
         hit = self._for_job.get(job.id)
         if hit is not None:
             return hit
-        c = repr(job.command)
+        c = json_text(job.command)
         hit = []
         for key in (
-            (job.owner_id, c, repr(sorted((job.labels or {}).items()))),
+            (job.owner_id, c, _labels_text(job.labels)),
             (job.owner_id, c),
             ("cmd", c),
             ("queue", job.queue_id),
@@ -257,31 +327,43 @@ def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo
     return out
 
 
-def estimate_starts(queue, waiting: list[Job], *, now: datetime | None = None) -> dict:
-    """Estimate for each job of `waiting` (the queue's line, in order): job id -> Estimate."""
-    from cluster.models import GPU
+class Fleet:
+    """What every queue's estimate reads alike, read once for a page that shows several queues: the healthy
+    capacity, the jobs holding it, and the finished runs (one History per set of queues asked for)."""
+
+    def __init__(self, now: datetime | None = None):
+        self.now = now or timezone.now()
+        self._history: dict[frozenset, History] = {}
+
+    @cached_property
+    def capacity(self) -> int:
+        from cluster.models import GPU
+
+        return 1000 * GPU.objects.filter(health="healthy", quarantined=False, node__state="ready").count()
+
+    @cached_property
+    def holding(self) -> list[Holder]:  # read only when some queue has a line
+        return holders()
+
+    def history(self, queue_id: int) -> History:
+        ids = frozenset({queue_id, *(j.queue_id for j in self.holding)})
+        if ids not in self._history:
+            self._history[ids] = History.load(ids, self.now)
+        return self._history[ids]
+
+
+def estimate_starts(queue, waiting: list, *, now: datetime | None = None, fleet: Fleet | None = None) -> dict:
+    """Estimate for each job of `waiting` (the queue's line, in order): job id -> Estimate. `fleet`: inputs
+    already read for another queue of the same page."""
     from quotas.models import Team
 
     if not waiting:
         return {}
-    now = now or timezone.now()
-    capacity = 1000 * GPU.objects.filter(health="healthy", quarantined=False, node__state="ready").count()
-    holding = list(
-        Job.objects.filter(reserved=True).only(
-            "id",
-            "owner_id",
-            "command",
-            "labels",
-            "queue_id",
-            "team_id",
-            "total_gpu_milli",
-            "started_at",
-            "admitted_at",
-            "deadline",
-            "timeout_s",
-        )
-    )
-    history = History.load({queue.id, *(j.queue_id for j in holding)}, now)
+    fleet = fleet or Fleet(now)
+    now = fleet.now
+    capacity = fleet.capacity
+    holding = fleet.holding
+    history = fleet.history(queue.id)
     running = []
     queue_used: dict[int, int] = {}
     team_used: dict[int, int] = {}

@@ -68,12 +68,20 @@ def waiting_line(queue) -> list:
     return eta.waiting_line(queue)
 
 
-def estimated_waits(queue, waiting: list | None = None) -> dict:
+def estimated_waits(queue, waiting: list | None = None, *, fleet=None) -> dict:
     """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown). `waiting`: the line
-    already read (`queue_waiting`), else only the columns the estimate needs are read (`eta.waiting_line`)."""
+    already read (`queue_waiting`), else only the columns the estimate needs are read (`eta.waiting_line`).
+    `fleet`: a `jobs.eta.Fleet` shared by the queues of one page (`estimate_fleet`)."""
     from jobs import eta
 
-    return eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting)
+    return eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting, fleet=fleet)
+
+
+def estimate_fleet():
+    """The inputs every queue's estimates share, read once (jobs.eta.Fleet), for a page of several queues."""
+    from jobs import eta
+
+    return eta.Fleet()
 
 
 # A waiting job's own estimate is asked for again and again (its page's live refresh, `trainyard submit --wait`

@@ -18,9 +18,10 @@ from quotas.models import Queue
 @login_required
 def queue_list(request: HttpRequest) -> HttpResponse:
     rows = []
+    fleet = selectors.estimate_fleet()
     for queue in Queue.objects.prefetch_related("specs").order_by("-priority", "name"):
         waiting = selectors.waiting_line(queue)
-        waits = selectors.estimated_waits(queue, waiting)
+        waits = selectors.estimated_waits(queue, waiting, fleet=fleet) if waiting else {}
         rows.append(
             {
                 "queue": queue,

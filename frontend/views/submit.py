@@ -40,9 +40,10 @@ def _submit_choices(user) -> dict[str, Any]:
     teams = list(quota.visible_teams(user).order_by("name"))
     queues = list(Queue.objects.prefetch_related("specs", "teams").order_by("-priority", "name"))
     queue_rows = []
+    fleet = selectors.estimate_fleet()
     for queue in queues:
         waiting = selectors.waiting_line(queue)
-        waits = selectors.estimated_waits(queue, waiting)
+        waits = selectors.estimated_waits(queue, waiting, fleet=fleet) if waiting else {}
         queue_rows.append(
             {
                 "queue": queue,

@@ -1,5 +1,6 @@
 """Estimated starts (jobs/eta.py): ranges from evidence, "unknown" without it, team quota, never 0 when blocked."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -223,3 +224,24 @@ def test_the_grouped_replay_starts_every_job_when_walking_the_whole_line_would(s
             args = (line, running, capacity - used, {1: used}, dict(team_used), limits, history, q, fifo)
             expected = _walk_the_line(*args[:3], dict(args[3]), dict(args[4]), *args[5:])
             assert eta._replay(*args[:3], dict(args[3]), dict(args[4]), *args[5:]) == expected, (seed, q, fifo)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["python", "train.py", "--lr=0.1"],
+        {"exp": "a", "b": "x", "longer-key": "y", "é": "ü"},
+        {"zz": "1", "a": "2", "mm": 'quote " and \\\\ back', "nl": "line\\nnext"},
+        [],
+        {},
+        ["tab\\there", "über", 3, None, True],
+    ],
+)
+def test_json_text_prints_a_value_as_the_database_prints_its_jsonb(value):
+    """The estimate keys finished and running jobs by `command`/`labels` as text: a value held in Python (a
+    submission not yet saved) must make the same key as the same value read back from the database."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb::text", [json.dumps(value)])
+        assert eta.json_text(value) == cursor.fetchone()[0]
