@@ -101,7 +101,8 @@ def test_the_four_processes_are_deployed_with_probes_and_resources():
     # One dispatcher, a solo-pool worker on the dispatch queue (ops.processes "dispatcher").
     assert dispatcher["spec"]["replicas"] == 1 and dispatcher["spec"]["strategy"]["type"] == "Recreate"
     command = " ".join(dispatcher["spec"]["template"]["spec"]["containers"][0]["command"])
-    assert "--pool solo" in command and "-Q ${TRAINYARD_DISPATCH_QUEUE:-${TRAINYARD_CELERY_QUEUE:-trainyard}.dispatch}" in command
+    assert "--pool solo" in command
+    assert "-Q ${TRAINYARD_DISPATCH_QUEUE:-${TRAINYARD_CELERY_QUEUE:-trainyard}.dispatch}" in command
     for name, spec in pod_specs():
         for c in spec["containers"]:
             requests, limits = c["resources"]["requests"], c["resources"]["limits"]

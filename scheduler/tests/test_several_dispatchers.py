@@ -236,7 +236,7 @@ def test_wake_ups_and_beat_passes_travel_to_the_dispatchers_queue(_isolated_brok
     assert app.amqp.router.route({}, "jobs.start_attempts")["queue"].name == _isolated_broker_queue
 
 
-def test_the_dispatcher_as_make_run_starts_it_keeps_the_pool_warm_from_pass_to_pass(platform, settings, _isolated_broker_queue):  # noqa: F811
+def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, settings, _isolated_broker_queue):  # noqa: F811
     """`ops.processes` "dispatcher" (one solo-pool process) runs every wake-up's pass: after the first, each pass
     finds the lines it carried (`fast`), which 4 prefork children sharing the passes could not (each kept its own)."""
     from ops import processes
