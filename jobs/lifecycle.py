@@ -33,7 +33,7 @@ from cluster.models import GPU
 from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
-from jobs.backends.base import UNOBSERVABLE
+from jobs.backends.base import DISK_FULL, UNOBSERVABLE, disk_full_message
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
@@ -359,6 +359,8 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
                attempt=attempt)  # fmt: skip
     if obs.log_lines_lost and not obs.finished:
         _logs_degraded(attempt, obs)
+    if obs.disk_full:
+        _disk_full(attempt, obs.disk_full)
     if obs.assigned_gpus and not obs.finished:
         _follow_assignment(attempt, obs.assigned_gpus)
     if obs.checkpoints and not obs.finished:
@@ -446,6 +448,16 @@ def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
         JobEvent.objects.filter(pk=event.pk).update(data=data, message=message)
 
 
+def _disk_full(attempt: Attempt, seen: dict) -> None:
+    """One warning per attempt when its work or checkpoint filesystem runs full (the job may still free space)."""
+    if JobEvent.objects.filter(attempt=attempt, kind="disk_full").exists():
+        return
+    event_record(
+        attempt.job, "disk_full", actor="backend", level="warning", attempt=attempt,
+        message=disk_full_message(seen), data=seen,
+    )  # fmt: skip
+
+
 def _ended_at(obs: Observation):
     """The process's own end time where the backend knows it, else now."""
     now = timezone.now()
@@ -485,6 +497,8 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.ended_at = _ended_at(obs)
         if obs.log_lines_lost:
             _logs_degraded(attempt, obs)
+        if obs.disk_full:
+            _disk_full(attempt, obs.disk_full)
         if obs.checkpoints:
             checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         attempt.exit_code = obs.exit_code
@@ -680,6 +694,8 @@ def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
 
 
 def _describe_exit(obs: Observation) -> str:
+    if obs.reason == DISK_FULL and obs.message:
+        return stored("ended on a full disk (%(message)s)", message=obs.message)
     if obs.signal:
         return stored("was killed by signal %(signal)s", signal=obs.signal)
     if obs.exit_code is not None:

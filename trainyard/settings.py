@@ -232,6 +232,13 @@ TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+# Each local attempt's state files (spec, lock, status, usage) live here, apart from the job's work and checkpoint
+# folders, so a job that fills its own disk cannot take the record of how it ended with it (docs/operations.md).
+TRAINYARD_STATE_ROOT = Path(env.str("TRAINYARD_STATE_ROOT", default=str(VAR_DIR / "attempts")))
+# A local job's work or checkpoint filesystem with less free space than this is full; a job that keeps running on
+# a full disk for TRAINYARD_DISK_FULL_GRACE_S is stopped and ends `DiskFull` (not retried: it would fill it again).
+TRAINYARD_DISK_FULL_FREE_BYTES = env.int("TRAINYARD_DISK_FULL_FREE_BYTES", default=1 << 20)
+TRAINYARD_DISK_FULL_GRACE_S = env.float("TRAINYARD_DISK_FULL_GRACE_S", default=30.0)
 # Object storage for checkpoints (docs/storage.md): any S3 endpoint; `make run` / `make test` start an embedded
 # SeaweedFS and set these when TRAINYARD_S3_URL is unset. Credentials: these two, else boto3's own chain (AWS_*).
 TRAINYARD_S3_URL = env.str("TRAINYARD_S3_URL", default="")
