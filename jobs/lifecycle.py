@@ -504,6 +504,10 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.exit_code = obs.exit_code
         attempt.signal = obs.signal
         attempt.reason = (obs.reason or "")[:200]
+        if job.store_wait_since is not None and obs.reason != checkpoint_sync.RESTORE_STORE_DOWN:
+            # Its checkpoint was restored (or it ended otherwise): an outage it waited out is over.
+            Job.objects.filter(pk=job.pk).update(store_wait_since=None, not_before=None)
+            job.store_wait_since = job.not_before = None
         backend = get_backend(attempt.backend)
         node_unhealthy = _attempt_hit_unhealthy_gpu(attempt)
         if job.state == JobState.CANCELLING:
@@ -579,6 +583,11 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 "reason": obs.reason,
             },
         )
+        if obs.reason == checkpoint_sync.RESTORE_STORE_DOWN and verdict.reaction != "no_retry":
+            waited = (timezone.now() - job.store_wait_since).total_seconds() if job.store_wait_since else 0.0
+            if waited < settings.TRAINYARD_STORE_OUTAGE_WAIT_S:
+                _wait_for_store(job, attempt, detail=detail, waited=waited)
+                return
         retry = verdict.reaction != "no_retry" and job.retries_used < job.max_retries
         Job.objects.filter(pk=job.pk).update(
             exit_code=obs.exit_code, failure_class=verdict.failure_class, suggestion=verdict.suggestion
@@ -621,6 +630,50 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             else stored("queued for another attempt"),
         )
         transaction.on_commit(dispatch_soon, robust=True)
+
+
+def _wait_for_store(job: Job, attempt: Attempt, *, detail: str, waited: float) -> None:
+    """The checkpoint to resume from could not be restored because the store is down: back in the line, held back
+    by a not-before that doubles (capped at TRAINYARD_STORE_RETRY_MAX_S), without using a retry, until the outage
+    has lasted TRAINYARD_STORE_OUTAGE_WAIT_S; after that its retries count as for any platform failure."""
+    now = timezone.now()
+    since = job.store_wait_since or now
+    left = settings.TRAINYARD_STORE_OUTAGE_WAIT_S - waited
+    delay = max(1.0, min(settings.TRAINYARD_STORE_RETRY_MAX_S, max(2.0, waited), left))
+    gives_up = since + timedelta(seconds=settings.TRAINYARD_STORE_OUTAGE_WAIT_S)
+    job_transition(
+        job_id=job.id,
+        to=JobState.RETRYING,
+        actor="classifier",
+        attempt=attempt,
+        reason="checkpoint-store-unavailable",
+        message=stored(
+            "%(detail)s; the object store is unreachable: tried again in %(delay)s, no retry used", detail=detail,
+            delay=human_duration(delay),
+        ),
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(not_before=now + timedelta(seconds=delay), store_wait_since=since)
+    job_transition(
+        job_id=job.id,
+        to=JobState.PENDING,
+        actor="classifier",
+        reason=PendingReason.STORE_UNAVAILABLE,
+        message=stored(
+            "waiting for the object store since %(since)s UTC: next try in %(delay)s; retries count again after "
+            "%(until)s UTC", since=since.strftime("%H:%M:%S"), delay=human_duration(delay),
+            until=gives_up.strftime("%H:%M:%S"),
+        ),
+    )  # fmt: skip
+    transaction.on_commit(lambda: _dispatch_at(delay), robust=True)
+
+
+def _dispatch_at(delay: float) -> None:
+    """A pass when a held-back retry may go (the beat's full pass comes anyway, within its period)."""
+    from celery import current_app
+
+    from kernel.wake import DISPATCH_TASK
+
+    current_app.send_task(DISPATCH_TASK, args=[None], countdown=delay + 0.5)
 
 
 def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:

@@ -250,6 +250,10 @@ TRAINYARD_S3_SECRET_ACCESS_KEY = env.str("TRAINYARD_S3_SECRET_ACCESS_KEY", defau
 # ends, waits at most TRAINYARD_CHECKPOINT_FINAL_WAIT_S for the store.
 TRAINYARD_CHECKPOINT_SYNC_S = env.float("TRAINYARD_CHECKPOINT_SYNC_S", default=30.0)
 TRAINYARD_CHECKPOINT_FINAL_WAIT_S = env.float("TRAINYARD_CHECKPOINT_FINAL_WAIT_S", default=300.0)
+# A retry whose checkpoint restore met an unreachable store (CheckpointStoreUnavailable) waits and tries again with
+# a doubling pause (at most TRAINYARD_STORE_RETRY_MAX_S) without using up max_retries, for this long in all.
+TRAINYARD_STORE_OUTAGE_WAIT_S = env.float("TRAINYARD_STORE_OUTAGE_WAIT_S", default=900.0)
+TRAINYARD_STORE_RETRY_MAX_S = env.float("TRAINYARD_STORE_RETRY_MAX_S", default=60.0)
 # Registered datasets on the local backend: one node-local copy per dataset version, shared read-only by the
 # jobs that name it; least recently used copies no job uses are evicted past the size limit (0 = no limit).
 TRAINYARD_DATASET_CACHE_DIR = Path(env.str("TRAINYARD_DATASET_CACHE_DIR", default=str(VAR_DIR / "datasets")))

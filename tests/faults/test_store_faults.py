@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -84,3 +85,51 @@ def test_a_running_jobs_uploads_follow_the_store_to_its_new_port(platform, own_s
     assert names == {"ckpt-1.pt", "ckpt-2.pt"}, names
     assert not job.events.filter(kind="checkpoint_unsaved").exists()
     assert Job.objects.get(pk=job.pk).state == "succeeded"
+
+
+def test_a_resume_waits_out_a_store_outage_without_using_its_retries(platform, own_store, fast_lifecycle, tmp_path):
+    """SeaweedFS stopped for about 20 s while a job that resumes from a checkpoint starts: each try's restore fails
+    `CheckpointStoreUnavailable`; the job waits in the line with a doubling not-before, uses none of its retries,
+    and says until when on its page and in the API; once the store is back it resumes and succeeds (before: every
+    retry was burnt within seconds and the job ended `failed`)."""
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    var, servers, _ = own_store
+    fast_lifecycle.TRAINYARD_STORE_RETRY_MAX_S = 4.0
+    fast_lifecycle.TRAINYARD_STORE_OUTAGE_WAIT_S = 300.0
+    first = submit(platform, script='printf one > "$TRAINYARD_CHECKPOINT_DIR/epoch-3.ckpt"', marks=tmp_path / "m1")
+    drive_until(lambda: settled(first), timeout=60)
+    assert Checkpoint.objects.filter(job=first, name="epoch-3.ckpt").exists()
+    servers[-1].stop()
+    down_at = time.monotonic()
+    marks = tmp_path / "m2"
+    second = submit(
+        platform, script='echo "restored: $(cat "$TRAINYARD_RESUME_FROM")"', marks=marks, resume_from=str(first.id),
+        max_retries=1,
+    )  # fmt: skip
+    drive_until(lambda: Job.objects.get(pk=second.pk).store_wait_since is not None, timeout=60)
+    api = APIClient()
+    api.force_authenticate(platform)
+    shown = api.get(f"/api/v1/jobs/{second.id}/").json()
+    assert shown["store_wait"] is not None and shown["store_wait"]["total_wait_s"] == 300.0, shown
+    assert shown["store_wait"]["gives_up_at"] > shown["store_wait"]["since"]
+    page = Client()
+    page.force_login(platform)
+    assert 'data-role="store-wait"' in page.get(f"/jobs/{second.id}/").content.decode()
+    drive_until(lambda: time.monotonic() - down_at > 20, timeout=60, every=0.5)
+    waiting = Job.objects.get(pk=second.pk)
+    tries = waiting.attempts.count()
+    assert waiting.retries_used == 0 and waiting.state in {"pending", "admitted", "starting", "running"}
+    assert 2 <= tries <= 12, f"{tries} tries in 20 s: the pauses do not back off"
+    assert all(a.reason == "CheckpointStoreUnavailable" for a in waiting.attempts.filter(ended_at__isnull=False))
+    _start_store(var, servers)  # back on the ports it kept
+    drive_until(lambda: settled(second), timeout=120)
+    job = assert_settled(second, marks, state="succeeded")
+    assert job.retries_used == 0 and job.store_wait_since is None
+    assert runs(marks) == [str(tries + 1)] or len(runs(marks)) == 1
+    from jobs import logstore
+
+    last = job.attempts.order_by("-number").first()
+    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), last.number))
+    assert any(line.text == "restored: one" for line in lines), [line.text for line in lines]
