@@ -56,6 +56,10 @@ PENDING_REASONS: dict[str, Promise] = {
     PendingReason.BEHIND_HIGHER_PRIORITY: _(
         "The queue is strictly first in, first out, and a job ahead of this one cannot start yet."
     ),
+    PendingReason.STORE_UNAVAILABLE: _(
+        "The object store could not be reached to restore its checkpoint; it is tried again after a pause, without "
+        "using up its retries, until the outage has lasted longer than the platform waits."
+    ),
 }
 
 OTHER_REASONS: dict[str, Promise] = {

@@ -185,6 +185,7 @@ def jailed(builder: Builder, argv: list[str], *, context: Path, resolv_conf: str
         VAR_DIR,
         Path(settings.TRAINYARD_BUILD_ROOT),
         Path(settings.TRAINYARD_WORK_ROOT),
+        Path(settings.TRAINYARD_STATE_ROOT),
         Path(settings.TRAINYARD_LOG_ROOT),
         Path(settings.TRAINYARD_DATASET_CACHE_DIR),
         Path("/root"),

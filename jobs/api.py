@@ -237,6 +237,11 @@ def _estimated_start(job):
     return estimate.as_dict() if estimate is not None else None
 
 
+def _store_wait(job):
+    wait = selectors.store_wait(job)
+    return {k: _iso(v) if k != "total_wait_s" else v for k, v in wait.items()} if wait is not None else None
+
+
 def _iso(value):
     if value is None:
         return None
@@ -261,6 +266,7 @@ def _plan(serializer_class) -> tuple:
         "links": _links,
         "recommendation": lambda job: getattr(job, "recommendation", None),
         "estimated_start": _estimated_start,
+        "store_wait": _store_wait,
     }
     plan = []
     for name in serializer_class.Meta.fields:
@@ -299,9 +305,22 @@ class JobShownSerializer(JobDetailSerializer):
 
     estimated_start = serializers.SerializerMethodField()
 
+    store_wait = serializers.SerializerMethodField()
+
     class Meta(JobDetailSerializer.Meta):
-        fields = [*JobDetailSerializer.Meta.fields, "estimated_start"]
+        fields = [*JobDetailSerializer.Meta.fields, "estimated_start", "store_wait"]
         read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "description": "since, next_try_at, gives_up_at (times) and total_wait_s: its retries wait for the object "
+            "store without using max_retries until gives_up_at; null unless it waits",
+        }
+    )
+    def get_store_wait(self, job):
+        return _store_wait(job)
 
     @extend_schema_field(
         {

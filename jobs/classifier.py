@@ -161,6 +161,17 @@ DEFAULT_RULES = [
         suggestion="The object store could not be reached to restore the checkpoint to resume from; retried.",
     ),
     dict(
+        name="disk-full",
+        order=54,
+        # The job's work or checkpoint filesystem ran full (the local supervisor saw it): a rerun would fill it again.
+        reason_pattern=r"^DiskFull$",
+        failure_class="resource",
+        reaction="no_retry",
+        suggestion="The job's work or checkpoint disk ran full, so it could not go on: write less (keep fewer "
+        "checkpoints, delete old ones as new ones are written) or ask an admin for more room. It is not retried, "
+        "since a rerun would fill the disk again.",
+    ),
+    dict(
         name="exit-137-oom",
         order=95,
         exit_codes=[137],

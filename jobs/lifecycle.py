@@ -33,7 +33,7 @@ from cluster.models import GPU
 from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
-from jobs.backends.base import UNOBSERVABLE
+from jobs.backends.base import DISK_FULL, UNOBSERVABLE, disk_full_message
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
@@ -359,6 +359,8 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
                attempt=attempt)  # fmt: skip
     if obs.log_lines_lost and not obs.finished:
         _logs_degraded(attempt, obs)
+    if obs.disk_full:
+        _disk_full(attempt, obs.disk_full)
     if obs.assigned_gpus and not obs.finished:
         _follow_assignment(attempt, obs.assigned_gpus)
     if obs.checkpoints and not obs.finished:
@@ -446,6 +448,16 @@ def _logs_degraded(attempt: Attempt, obs: Observation) -> None:
         JobEvent.objects.filter(pk=event.pk).update(data=data, message=message)
 
 
+def _disk_full(attempt: Attempt, seen: dict) -> None:
+    """One warning per attempt when its work or checkpoint filesystem runs full (the job may still free space)."""
+    if JobEvent.objects.filter(attempt=attempt, kind="disk_full").exists():
+        return
+    event_record(
+        attempt.job, "disk_full", actor="backend", level="warning", attempt=attempt,
+        message=disk_full_message(seen), data=seen,
+    )  # fmt: skip
+
+
 def _ended_at(obs: Observation):
     """The process's own end time where the backend knows it, else now."""
     now = timezone.now()
@@ -485,11 +497,17 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
         attempt.ended_at = _ended_at(obs)
         if obs.log_lines_lost:
             _logs_degraded(attempt, obs)
+        if obs.disk_full:
+            _disk_full(attempt, obs.disk_full)
         if obs.checkpoints:
             checkpoints.checkpoints_record(attempt=attempt, manifest=obs.checkpoints)
         attempt.exit_code = obs.exit_code
         attempt.signal = obs.signal
         attempt.reason = (obs.reason or "")[:200]
+        if job.store_wait_since is not None and obs.reason != checkpoint_sync.RESTORE_STORE_DOWN:
+            # Its checkpoint was restored (or it ended otherwise): an outage it waited out is over.
+            Job.objects.filter(pk=job.pk).update(store_wait_since=None, not_before=None)
+            job.store_wait_since = job.not_before = None
         backend = get_backend(attempt.backend)
         node_unhealthy = _attempt_hit_unhealthy_gpu(attempt)
         if job.state == JobState.CANCELLING:
@@ -565,6 +583,11 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
                 "reason": obs.reason,
             },
         )
+        if obs.reason == checkpoint_sync.RESTORE_STORE_DOWN and verdict.reaction != "no_retry":
+            waited = (timezone.now() - job.store_wait_since).total_seconds() if job.store_wait_since else 0.0
+            if waited < settings.TRAINYARD_STORE_OUTAGE_WAIT_S:
+                _wait_for_store(job, attempt, detail=detail, waited=waited)
+                return
         retry = verdict.reaction != "no_retry" and job.retries_used < job.max_retries
         Job.objects.filter(pk=job.pk).update(
             exit_code=obs.exit_code, failure_class=verdict.failure_class, suggestion=verdict.suggestion
@@ -607,6 +630,50 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             else stored("queued for another attempt"),
         )
         transaction.on_commit(dispatch_soon, robust=True)
+
+
+def _wait_for_store(job: Job, attempt: Attempt, *, detail: str, waited: float) -> None:
+    """The checkpoint to resume from could not be restored because the store is down: back in the line, held back
+    by a not-before that doubles (capped at TRAINYARD_STORE_RETRY_MAX_S), without using a retry, until the outage
+    has lasted TRAINYARD_STORE_OUTAGE_WAIT_S; after that its retries count as for any platform failure."""
+    now = timezone.now()
+    since = job.store_wait_since or now
+    left = settings.TRAINYARD_STORE_OUTAGE_WAIT_S - waited
+    delay = max(1.0, min(settings.TRAINYARD_STORE_RETRY_MAX_S, max(2.0, waited), left))
+    gives_up = since + timedelta(seconds=settings.TRAINYARD_STORE_OUTAGE_WAIT_S)
+    job_transition(
+        job_id=job.id,
+        to=JobState.RETRYING,
+        actor="classifier",
+        attempt=attempt,
+        reason="checkpoint-store-unavailable",
+        message=stored(
+            "%(detail)s; the object store is unreachable: tried again in %(delay)s, no retry used", detail=detail,
+            delay=human_duration(delay),
+        ),
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(not_before=now + timedelta(seconds=delay), store_wait_since=since)
+    job_transition(
+        job_id=job.id,
+        to=JobState.PENDING,
+        actor="classifier",
+        reason=PendingReason.STORE_UNAVAILABLE,
+        message=stored(
+            "waiting for the object store since %(since)s UTC: next try in %(delay)s; retries count again after "
+            "%(until)s UTC", since=since.strftime("%H:%M:%S"), delay=human_duration(delay),
+            until=gives_up.strftime("%H:%M:%S"),
+        ),
+    )  # fmt: skip
+    transaction.on_commit(lambda: _dispatch_at(delay), robust=True)
+
+
+def _dispatch_at(delay: float) -> None:
+    """A pass when a held-back retry may go (the beat's full pass comes anyway, within its period)."""
+    from celery import current_app
+
+    from kernel.wake import DISPATCH_TASK
+
+    current_app.send_task(DISPATCH_TASK, args=[None], countdown=delay + 0.5)
 
 
 def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
@@ -680,6 +747,8 @@ def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
 
 
 def _describe_exit(obs: Observation) -> str:
+    if obs.reason == DISK_FULL and obs.message:
+        return stored("ended on a full disk (%(message)s)", message=obs.message)
     if obs.signal:
         return stored("was killed by signal %(signal)s", signal=obs.signal)
     if obs.exit_code is not None:

@@ -88,6 +88,12 @@ class Job(models.Model):
     message = models.TextField(blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     retries_used = models.PositiveSmallIntegerField(default=0)
+    # A retry that waits out an object-store outage (its checkpoint could not be restored): not admitted before
+    # `not_before`; `store_wait_since` starts the outage's total wait (TRAINYARD_STORE_OUTAGE_WAIT_S).
+    not_before = models.DateTimeField(null=True, blank=True, help_text="not admitted again before this")
+    store_wait_since = models.DateTimeField(
+        null=True, blank=True, help_text="since when its retries wait for the object store (none: they do not)"
+    )
     excluded_gpus = models.JSONField(default=list, blank=True, help_text="GPU UUIDs to avoid on retry")
     excluded_nodes = models.JSONField(default=list, blank=True)
     reserved = models.BooleanField(default=False, help_text="quota is held by this job")

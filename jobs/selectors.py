@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db.models import CharField, QuerySet
 from django.db.models.functions import Cast
 
@@ -200,3 +203,16 @@ def parameter_rows(jobs: list[Job]) -> list[dict]:
         values = [params.get(name) for params in per_job]
         rows.append({"name": name, "values": values, "differs": len(set(values)) > 1})
     return rows
+
+
+def store_wait(job: Job) -> dict | None:
+    """Where a job's wait for the object store stands (the job page and the API show it), or None."""
+    if job.store_wait_since is None:
+        return None
+    total = settings.TRAINYARD_STORE_OUTAGE_WAIT_S
+    return {
+        "since": job.store_wait_since,
+        "next_try_at": job.not_before,
+        "gives_up_at": job.store_wait_since + timedelta(seconds=total),
+        "total_wait_s": total,
+    }

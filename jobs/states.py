@@ -69,3 +69,4 @@ class PendingReason(models.TextChoices):
     QUEUE_CLOSED = "queue_closed"
     WAITING_FOR_GANG = "waiting_for_gang"
     BEHIND_HIGHER_PRIORITY = "behind_earlier_job"
+    STORE_UNAVAILABLE = "waiting_for_object_store"

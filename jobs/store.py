@@ -70,7 +70,8 @@ SELECT id, queue_id, team_id, owner_id, replicas, gpu_count, gpu_milli, gpu_memo
        min_driver_version,
        CASE WHEN excluded_gpus = '[]'::jsonb AND excluded_nodes = '[]'::jsonb AND gpu_models = '[]'::jsonb
             THEN NULL ELSE jsonb_build_array(excluded_gpus, excluded_nodes, gpu_models)::text END,
-       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile
+       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile,
+       extract(epoch FROM not_before)::float8
 FROM jobs_job WHERE state = 'pending' {where}
 """
 
@@ -117,7 +118,7 @@ def _order(job: scheduler.Waiting) -> tuple:
 
 def _row_waiting(row: tuple) -> scheduler.Waiting:
     (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
-    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at, preemptible, mig = row[12:]
+    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at, preemptible, mig, not_before = row[12:]
     ex_gpus, ex_nodes, models = json.loads(lists) if lists else ((), (), ())
     return scheduler.Waiting(
         id=jid,
@@ -142,6 +143,7 @@ def _row_waiting(row: tuple) -> scheduler.Waiting:
         order=(preemptible, -priority, submitted_at, jid),
         preemptible=preemptible,
         mig_profile=mig,
+        not_before=not_before or 0.0,
     )
 
 

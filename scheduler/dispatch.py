@@ -46,6 +46,7 @@ NO_CAPACITY = "no_capacity"
 IMAGE_INCOMPATIBLE = "image_incompatible_with_all_nodes"
 GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
 BEHIND = "behind_earlier_job"
+STORE_UNAVAILABLE = "waiting_for_object_store"
 
 VECTOR = VECTOR_FIELDS
 
@@ -96,6 +97,7 @@ class Waiting:
     order: tuple = ()
     preemptible: bool = False  # holds no quota; decided after every queue's quota-holding jobs (docs/pools.md)
     mig_profile: str = ""  # one MIG instance of this profile per replica (exclusive devices), docs/pools.md
+    not_before: float = 0.0  # epoch seconds: a retry waiting out an outage is not admitted before (0: any time)
 
     def shape(self) -> tuple:
         """What placement depends on: jobs with the same shape fit or fail together within a pass."""
@@ -197,6 +199,7 @@ class Plan:
     probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
     placement_calls: int = 0
     shape_hits: int = 0
+    wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
 
     def changes_pool(self) -> bool:
         """Whether writing this plan takes or marks GPUs: only that is written under the pool lock."""
@@ -499,6 +502,12 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
 def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool: Pool, out: Plan) -> None:
     """Admit one job (placed, charged) or record why it waits and where it stands in its line."""
     failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
+    if job.not_before and job.not_before > time.time():
+        # Held back until its not-before (an outage it waits out): it keeps its place and blocks nobody behind it.
+        line.position += 1
+        out.waits.append(Wait(job, STORE_UNAVAILABLE, stored("waiting for the object store"), line.position))
+        out.wake_at = min(out.wake_at or job.not_before, job.not_before)
+        return
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
     team = backlog.teams[job.team_id]
     why = _quota_check(job, queue, team, backlog, used)
@@ -604,6 +613,7 @@ class Carry:
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
     known: set[str]  # ids (as text) of the jobs left waiting
+    wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
 
 
 _carry: Carry | None = None
@@ -622,6 +632,8 @@ def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
     carry = _carry
     if carry is None or (*Pool.read_versions(), *versions) != carry.key:
         return None
+    if carry.wake_at and time.time() >= carry.wake_at:
+        return None  # a job held back may go now: every line is read again
     joined = store.joined(known=carry.known)
     if joined is None:
         return None
@@ -708,7 +720,8 @@ def run_pass(
                 # Our own admissions moved the lines' number; anyone else's change in between makes it stale.
                 lines_version = lines_after if lines_before == versions[1] else None
             key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
-            _carry = Carry(key, backlog, decided.lines, known) if lines_version is not None else None
+            wake_at = min(filter(None, (decided.wake_at, carry.wake_at if carry is not None else 0.0)), default=0.0)
+            _carry = Carry(key, backlog, decided.lines, known, wake_at) if lines_version is not None else None
         else:
             _carry = None
     finally:

@@ -236,6 +236,13 @@ TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
 TRAINYARD_WORK_ROOT = Path(env.str("TRAINYARD_WORK_ROOT", default=str(VAR_DIR / "work")))
+# Each local attempt's state files (spec, lock, status, usage) live here, apart from the job's work and checkpoint
+# folders, so a job that fills its own disk cannot take the record of how it ended with it (docs/operations.md).
+TRAINYARD_STATE_ROOT = Path(env.str("TRAINYARD_STATE_ROOT", default=str(VAR_DIR / "attempts")))
+# A local job's work or checkpoint filesystem with less free space than this is full; a job that keeps running on
+# a full disk for TRAINYARD_DISK_FULL_GRACE_S is stopped and ends `DiskFull` (not retried: it would fill it again).
+TRAINYARD_DISK_FULL_FREE_BYTES = env.int("TRAINYARD_DISK_FULL_FREE_BYTES", default=1 << 20)
+TRAINYARD_DISK_FULL_GRACE_S = env.float("TRAINYARD_DISK_FULL_GRACE_S", default=30.0)
 # Object storage for checkpoints (docs/storage.md): any S3 endpoint; `make run` / `make test` start an embedded
 # SeaweedFS and set these when TRAINYARD_S3_URL is unset. Credentials: these two, else boto3's own chain (AWS_*).
 TRAINYARD_S3_URL = env.str("TRAINYARD_S3_URL", default="")
@@ -247,6 +254,10 @@ TRAINYARD_S3_SECRET_ACCESS_KEY = env.str("TRAINYARD_S3_SECRET_ACCESS_KEY", defau
 # ends, waits at most TRAINYARD_CHECKPOINT_FINAL_WAIT_S for the store.
 TRAINYARD_CHECKPOINT_SYNC_S = env.float("TRAINYARD_CHECKPOINT_SYNC_S", default=30.0)
 TRAINYARD_CHECKPOINT_FINAL_WAIT_S = env.float("TRAINYARD_CHECKPOINT_FINAL_WAIT_S", default=300.0)
+# A retry whose checkpoint restore met an unreachable store (CheckpointStoreUnavailable) waits and tries again with
+# a doubling pause (at most TRAINYARD_STORE_RETRY_MAX_S) without using up max_retries, for this long in all.
+TRAINYARD_STORE_OUTAGE_WAIT_S = env.float("TRAINYARD_STORE_OUTAGE_WAIT_S", default=900.0)
+TRAINYARD_STORE_RETRY_MAX_S = env.float("TRAINYARD_STORE_RETRY_MAX_S", default=60.0)
 # Registered datasets on the local backend: one node-local copy per dataset version, shared read-only by the
 # jobs that name it; least recently used copies no job uses are evicted past the size limit (0 = no limit).
 TRAINYARD_DATASET_CACHE_DIR = Path(env.str("TRAINYARD_DATASET_CACHE_DIR", default=str(VAR_DIR / "datasets")))

@@ -18,6 +18,7 @@ def portal(db, settings, tmp_path):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
     reset_backends()
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")

@@ -48,6 +48,7 @@ def _live_context(job: Job) -> dict[str, Any]:
         "events": events,
         "suggestions": suggestions,
         "wait": wait,
+        "store_wait": selectors.store_wait(job),
         "terminal": job.is_terminal,
         "reason_text": wording.reason_sentence(job.reason),
         # Each fact once: the suggestion has its own line, so the message does not repeat it.

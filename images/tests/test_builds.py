@@ -221,12 +221,12 @@ def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_fil
     assert "uid_map 0 0 " not in build.log and "net lines 3" in build.log
     # Each team builds as its own user; escaping the chroot leaves that user in the jail: the platform's files,
     # other jobs' folders and every other team's storage are covered, and root-only files stay unreadable.
-    settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
-    other_job = settings.TRAINYARD_WORK_ROOT / "job-of-beta" / "attempt-1"
+    settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
+    other_job = settings.TRAINYARD_STATE_ROOT / "job-of-beta" / "attempt-1"
     other_job.mkdir(parents=True)
     (other_job / "spec.json").write_text('{"env": {"TOKEN": "beta-secret"}}')
     os.chmod(other_job / "spec.json", 0o644)
-    for p in (other_job, other_job.parent, settings.TRAINYARD_WORK_ROOT):
+    for p in (other_job, other_job.parent, settings.TRAINYARD_STATE_ROOT):
         os.chmod(p, 0o755)
     _traversable(other_job)
     me, them = builder_for(str(alpha.pk)), builder_for(str(beta.pk))

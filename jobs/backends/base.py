@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from kernel.sentences import stored
+
 
 @dataclass(frozen=True)
 class Device:
@@ -80,6 +82,8 @@ class AttemptDescription:
 # The backend could not read (or write) what it needs to tell an attempt's state, for this attempt alone: the
 # lifecycle records it and, once it persists past TRAINYARD_OBSERVE_FAILING_S, fences and fails the attempt.
 UNOBSERVABLE = "unobservable"
+# The reason of a local attempt that failed or was stopped with its work or checkpoint filesystem full.
+DISK_FULL = "DiskFull"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class Observation:
     # back and they may differ from the placement; empty when unknown.
     assigned_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
     checkpoints: dict | None = None  # the attempt's checkpoint upload manifest, where the backend syncs them
+    # The job's work or checkpoint filesystem ran full ({"path", "free_bytes", "total_bytes", "since"}), when seen.
+    disk_full: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -128,3 +134,14 @@ class Backend(Protocol):
 
     def log_tail(self, ref: str, *, max_bytes: int = 65536) -> str:
         """The end of the attempt's log, for the failure classifier."""
+
+
+def disk_full_message(seen: dict) -> str:
+    """The job page's words for a full work or checkpoint filesystem, from what the supervisor saw."""
+    mib = 1 << 20
+    return stored(
+        "its disk is full: %(free)s MiB free of %(total)s MiB on the filesystem of %(path)s",
+        free=f"{int(seen.get('free_bytes') or 0) / mib:.1f}",
+        total=f"{int(seen.get('total_bytes') or 0) / mib:.1f}",
+        path=str(seen.get("path", "?")),
+    )

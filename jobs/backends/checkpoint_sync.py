@@ -15,6 +15,10 @@ records the checkpoints (jobs/checkpoints.py). The platform may write `checkpoin
 quota is full): uploads then wait, and the manifest says so. A store that fails is retried with a doubling
 backoff (up to a minute); the job keeps running.
 
+Where the store is: the spec's, until the platform writes `store.json` into the attempt folder (the object store
+came back at another address, say after `make run` restarted its embedded SeaweedFS); each pass reads it again, and a
+changed address makes new clients and ends the backoff, so the next pass uploads at once.
+
 Restore: before the command starts, the files of the checkpoint to resume from are downloaded into the folder
 (SHA-256 checked) and `TRAINYARD_RESUME_FROM` names it.
 """
@@ -42,6 +46,7 @@ UPLOAD_THREADS = 4  # files uploaded at once by one attempt's sync
 PARTS_IN_FLIGHT = 4  # parts of one large file on the wire at once (each PART_BYTES in memory)
 LARGE_AT_ONCE = 1  # multipart files uploaded at once: several at a time only overcommit the CPU and the store
 HOLD_FILE = "checkpoint_hold"
+STORE_FILE = "store.json"  # where the store is now, written by the platform's observer when it moved
 MANIFEST = "checkpoints.json"
 # A failed restore: the attempt ends before its command starts, with one of these reasons. The checkpoint itself is
 # unusable (missing from the store, or its bytes do not match its checksum): restoring it again fails the same way.
@@ -296,11 +301,32 @@ class CheckpointSync:
         self.restored: dict = {}
         self._s3 = None
         self._bulk = None  # the client of the uploads themselves (their bodies are checked by MD5, not signed)
+        self._store_seen: tuple[int, int] | None = None  # store.json's (mtime, size) when last read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    def follow_store(self) -> bool:
+        """Take the store's address from store.json when the platform rewrote it; True when it changed."""
+        try:
+            st = (self.folder / STORE_FILE).stat()
+        except OSError:
+            return False
+        if (st.st_mtime_ns, st.st_size) == self._store_seen:
+            return False
+        self._store_seen = (st.st_mtime_ns, st.st_size)
+        try:
+            store = objectstore.S3Config(**json.loads((self.folder / STORE_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return False  # half written or garbled: the spec's (or last) address stays until it is whole
+        if store == self.store:
+            return False
+        self.store, self._s3, self._bulk = store, None, None
+        self.retry_at = 0.0  # the old address's failures say nothing about the new one
+        return True
+
     def s3(self):
+        self.follow_store()
         if self._s3 is None:
             s3 = objectstore.client(self.store, timeout_s=60.0, attempts=2)
             objectstore.ensure_bucket(self.store, s3)  # a store down raises here: retried with backoff
@@ -381,6 +407,7 @@ class CheckpointSync:
     def sync_once(self, *, final: bool) -> bool:
         """One pass: upload what has settled (everything, when final). True when nothing is left to upload."""
         with self._lock:
+            self.follow_store()
             files = self._files()
             waiting = self.pending(files)
             if self.held() or (not final and time.monotonic() < self.retry_at):

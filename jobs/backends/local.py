@@ -1,5 +1,10 @@
 """The local backend: each attempt runs on this machine under a detached supervisor (`local_runner`).
 
+An attempt's state files (spec, `supervisor.lock`, `status.json`, usage, markers) live in its state folder under
+TRAINYARD_STATE_ROOT, never in the job's work or checkpoint folders under TRAINYARD_WORK_ROOT: a job that fills its
+own disk cannot take the record of how it ended with it, and each state folder keeps a small preallocated reserve
+the supervisor gives up to write its last status should the two ever share a full filesystem.
+
 A supervisor holds `supervisor.lock` while it lives; the observer tests that lock, so a reused pid can never pass
 for a live supervisor. A supervisor that is gone without `status.json` is fenced before it is reported lost:
 every process carrying the attempt's tag is killed, and only when none is left may the attempt be retried.
@@ -24,13 +29,14 @@ from django.conf import settings
 
 from jobs import logstore
 from jobs.backends import sandbox
-from jobs.backends.base import UNOBSERVABLE, AttemptDescription, Observation
+from jobs.backends.base import DISK_FULL, UNOBSERVABLE, AttemptDescription, Observation, disk_full_message
 from kernel import proctree
 from kernel.paths import BASE_DIR
 from kernel.sentences import stored
 
 log = structlog.get_logger(__name__)
 SUPERVISOR_START_S = 20.0  # how long submit waits for a new supervisor to take its lock
+STATE_RESERVE_BYTES = 1 << 20  # preallocated in each state folder, freed by the supervisor to write status.json
 
 
 def placement_env(desc: AttemptDescription) -> dict[str, str]:
@@ -101,14 +107,22 @@ def _runner_path() -> str:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, root: Path | None = None):
-        self.root = Path(root or settings.TRAINYARD_WORK_ROOT)
+    def __init__(self, root: Path | None = None, state_root: Path | None = None):
+        self.root = Path(root or settings.TRAINYARD_WORK_ROOT)  # the jobs' own folders: work, checkpoints
+        self.state_root = Path(state_root or settings.TRAINYARD_STATE_ROOT)  # the supervisors' state folders
         self._spawned: list[subprocess.Popen] = []
+        self._told_store: dict[str, dict] = {}  # the store address each live supervisor was last given
 
     # A ref is "local:<job_id>:<attempt_number>"; the folder holds spec, pids and status.
     def _folder(self, ref: str) -> Path:
         _, job_id, number = ref.split(":")
-        return self.root / job_id / f"attempt-{number}"
+        folder = self.state_root / job_id / f"attempt-{number}"
+        if not folder.exists():
+            # An attempt started before state folders moved out of the work root is still followed where it is.
+            legacy = self.root / job_id / f"attempt-{number}"
+            if (legacy / "spec.json").exists():
+                return legacy
+        return folder
 
     def submit(self, desc: AttemptDescription) -> str:
         ref = f"local:{desc.job_id}:{desc.attempt_number}"
@@ -117,9 +131,11 @@ class LocalBackend:
             return ref  # already submitted: a repeated submit is a no-op
         if sandbox.enabled():
             _check_sandbox()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o700)  # jobs' folders are nobody else's business (the sandbox hides them anyway)
+        for top in (self.root, self.state_root):
+            top.mkdir(parents=True, exist_ok=True)
+            top.chmod(0o700)  # jobs' folders are nobody else's business (the sandbox hides them anyway)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _reserve(folder / "reserve")
         job_root = self.root / desc.job_id
         workdir = job_path(job_root, desc.working_dir, default="work")
         tb_dir = str(job_path(job_root, desc.tensorboard_logdir, default="tensorboard"))
@@ -170,6 +186,7 @@ class LocalBackend:
                 "emulated_gpu": bool(desc.devices) and all(d.gpu_uuid.startswith("EMU-") for d in desc.devices),
             },
             "datasets": self._datasets_spec(desc),
+            "disk": self._disk_spec([job_root / "work", ckpt_dir]),
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -198,6 +215,15 @@ class LocalBackend:
                 raise RuntimeError(f"the local supervisor did not start within {SUPERVISOR_START_S:g} s")
             time.sleep(0.02)
         return ref
+
+    @staticmethod
+    def _disk_spec(paths: list[Path]) -> dict:
+        """What the supervisor watches: the job's own folders, whose filesystems the job may fill."""
+        return {
+            "paths": [str(p) for p in paths],
+            "min_free_bytes": int(settings.TRAINYARD_DISK_FULL_FREE_BYTES),
+            "grace_s": float(settings.TRAINYARD_DISK_FULL_GRACE_S),
+        }
 
     @staticmethod
     def _checkpoint_spec(desc: AttemptDescription, ckpt_dir: Path) -> dict | None:
@@ -263,6 +289,7 @@ class LocalBackend:
 
     def observe(self, refs: list[str]) -> dict[str, Observation]:
         result = {}
+        self._told_store = {ref: self._told_store[ref] for ref in refs if ref in self._told_store}  # live ones only
         for ref in refs:
             # One attempt whose folder cannot be read or written (an immutable folder, a full disk) is reported
             # as such and never stops the others from being observed.
@@ -291,24 +318,31 @@ class LocalBackend:
             reason = status.get("reason") or (
                 signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
             )
+            message = str(status.get("message") or "")
+            disk_full = self._disk_full(folder)
+            if reason == DISK_FULL and disk_full:
+                message = disk_full_message(disk_full)
             return Observation(
                 phase=phase,
                 exit_code=code,
                 signal=sig,
                 reason=reason,
-                message=str(status.get("message") or ""),
+                message=message,
                 cancelled=bool(status.get("cancelled")),
                 ended_at=status.get("ended_at"),
                 log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
                 log_error=status.get("log_error") or faults.get("error") or "",
                 checkpoints=manifest,
+                disk_full=disk_full,
             )
         elif alive:
+            self._tell_store(ref, folder)
             return Observation(
                 phase="running",
                 log_lines_lost=int(faults.get("lines_lost") or 0),
                 log_error=faults.get("error", ""),
                 checkpoints=manifest,
+                disk_full=self._disk_full(folder),
             )
         else:
             left = self.fence(ref)
@@ -335,6 +369,44 @@ class LocalBackend:
                     log_error=faults.get("error", ""),
                     checkpoints=manifest,
                 )
+
+    def _tell_store(self, ref: str, folder: Path) -> None:
+        """A running supervisor uploads to the store it was given at start; when the platform's store is now
+        elsewhere (make run restarted its embedded SeaweedFS on other ports), write the new address to store.json,
+        which the supervisor reads on its next pass (checkpoint_sync.py)."""
+        from jobs.backends.checkpoint_sync import STORE_FILE
+        from jobs.checkpoints import store_config
+
+        store = store_config()
+        if store is None:
+            return
+        current = store.to_dict()
+        if self._told_store.get(ref) == current:
+            return
+        try:
+            try:
+                known = json.loads((folder / STORE_FILE).read_text())
+            except FileNotFoundError:
+                known = (json.loads((folder / "spec.json").read_text()).get("checkpoint") or {}).get("store")
+            if known is not None and known != current:
+                tmp = folder / (STORE_FILE + ".tmp")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the store's secret
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(current))
+                os.replace(tmp, folder / STORE_FILE)
+                log.info("local_attempt_store_moved", ref=ref, url=current["url"])
+        except (OSError, ValueError) as exc:  # told again on the next pass
+            log.warning("local_attempt_store_untold", ref=ref, error=str(exc)[:200])
+            return
+        self._told_store[ref] = current
+
+    @staticmethod
+    def _disk_full(folder: Path) -> dict | None:
+        """What the supervisor saw of a full work or checkpoint filesystem (disk.json), if it ever saw one."""
+        try:
+            return json.loads((folder / "disk.json").read_text()) or None
+        except (OSError, ValueError):
+            return None
 
     @staticmethod
     def _checkpoints(folder: Path) -> dict | None:
@@ -366,7 +438,10 @@ class LocalBackend:
         if (folder / "status.json").exists():
             return
         # Seen by a supervisor that starts after this signal; it reports the reason written here.
-        (folder / "cancel").write_text(reason)
+        try:
+            (folder / "cancel").write_text(reason)
+        except OSError as exc:  # the signal below still stops a running supervisor
+            log.warning("local_cancel_marker_unwritten", ref=ref, error=str(exc)[:200])
         try:
             pid = int((folder / "runner.pid").read_text())
         except (OSError, ValueError):
@@ -403,9 +478,8 @@ class LocalBackend:
 
     def live_refs(self) -> set[str]:
         refs = set()
-        if not self.root.exists():
-            return refs
-        for folder in self.root.glob("*/attempt-*"):
+        folders = [*self.state_root.glob("*/attempt-*"), *self.root.glob("*/attempt-*")]  # the latter: legacy
+        for folder in folders:
             # A supervisor that died is still counted until its processes are fenced: its slices stay held till then.
             if not (folder / "status.json").exists() and not (folder / "fenced").exists():
                 refs.add(f"local:{folder.parent.name}:{folder.name.split('-', 1)[1]}")
@@ -414,3 +488,17 @@ class LocalBackend:
     def log_tail(self, ref: str, *, max_bytes: int = 65536) -> str:
         _, job_id, number = ref.split(":")
         return logstore.tail_text(logstore.attempt_dir(job_id, int(number)), max_bytes)
+
+
+def _reserve(path: Path) -> None:
+    """Preallocate the state folder's reserve (a filesystem without fallocate gets none: a note in the log)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, STATE_RESERVE_BYTES)
+    except OSError as exc:
+        log.warning("local_state_reserve_unavailable", path=str(path), error=str(exc)[:200])
+    finally:
+        os.close(fd)

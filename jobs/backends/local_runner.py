@@ -11,12 +11,17 @@ to it), copies the command's output into the log store, and writes `status.json`
   a second SIGTERM kills at once.
 - The log store failing (unwritable folder, full disk) never stops the job: lines are counted as lost,
   `log_faults.json` says how many, and writing is tried again every few seconds.
+- The job's own filesystems (work, checkpoints) running full never cost the record of how it ended: the state
+  files live apart (TRAINYARD_STATE_ROOT), a reserve in the state folder is given up to write `status.json` should
+  they share a filesystem, and `disk.json` tells the observer. A command still running on a full disk after the
+  grace is stopped, and a command that fails (or is stopped) with its disk full ends `DiskFull`.
 - The supervisor killed with SIGKILL takes its main process with it (parent-death signal); the backend's
   observer finds and kills the rest by their environment tag before the attempt may be retried.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 
 from jobs.backends import sandbox
+from jobs.backends.base import DISK_FULL
 from jobs.backends.checkpoint_sync import RESTORE_EXIT_CODE, CheckpointSync, restore_failure
 from jobs.backends.usage_sampler import UsageSampler
 from jobs.logstore import RING_LINES, LogWriter
@@ -39,10 +45,69 @@ DRAIN_S = 0.5  # after the main process exits, how long output from leftovers is
 LOG_RETRY_S = 5.0
 
 
+DISK_CHECK_S = 1.0  # how often the job's filesystems are checked for free space
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
+    try:
+        tmp.write_text(json.dumps(data))
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        # The state folder's filesystem is full too: give up its reserve (local.py) so this record is kept.
+        (path.parent / "reserve").unlink(missing_ok=True)
+        tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+class _DiskWatch:
+    """The job's own filesystems (work and checkpoint folders): full when less than `min_free_bytes` is left."""
+
+    def __init__(self, folder: Path, conf: dict | None):
+        conf = conf or {}
+        self.folder = folder
+        self.paths = [Path(p) for p in conf.get("paths") or []]
+        self.min_free = int(conf.get("min_free_bytes") or 0)
+        self.grace = float(conf.get("grace_s") or 0)
+        self.full_since: float | None = None  # monotonic: since when it has been full without a break
+        self.seen: dict | None = None  # the first time it was seen full (what disk.json says)
+        self._next = 0.0
+
+    def _full(self) -> dict | None:
+        for path in self.paths:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            free = st.f_bavail * st.f_frsize
+            if free < self.min_free:
+                return {"path": str(path), "free_bytes": free, "total_bytes": st.f_blocks * st.f_frsize}
+        return None
+
+    def check(self) -> bool:
+        """Look again (at most every DISK_CHECK_S); True once the disk has stayed full for the grace period."""
+        now = time.monotonic()
+        if not self.paths or now < self._next:
+            return self.full_since is not None and now - self.full_since >= self.grace
+        self._next = now + DISK_CHECK_S
+        full = self._full()
+        if full is None:
+            self.full_since = None
+            return False
+        if self.full_since is None:
+            self.full_since = now
+        if self.seen is None:
+            self.seen = {**full, "since": time.time()}
+            try:
+                _write_json(self.folder / "disk.json", self.seen)
+            except OSError:
+                pass  # only the observer's early warning; status.json says it again
+        return now - self.full_since >= self.grace
+
+    def message(self) -> str:
+        seen = self.seen or {}
+        return f"{seen.get('path', '?')}: {seen.get('free_bytes', 0)} of {seen.get('total_bytes', 0)} bytes free"
 
 
 def command_argv(spec: dict) -> list[str]:
@@ -147,6 +212,7 @@ class _Supervisor:
         self.main_pid = 0
         self.main_status: int | None = None
         self.main_ended_at: float | None = None
+        self.disk_stop = False  # the supervisor's own stop: the job kept running on a full disk
 
     def on_term(self, _signum, _frame) -> None:
         self.stop_signals += 1
@@ -168,7 +234,7 @@ class _Supervisor:
 
     def enforce_stop(self) -> None:
         """Carry out a requested stop: SIGTERM everything once, SIGKILL after the grace (or a second SIGTERM)."""
-        if not self.stop_signals:
+        if not self.stop_signals and not self.disk_stop:
             return
         now = time.monotonic()
         if self.stop_started is None:
@@ -381,7 +447,11 @@ def main(folder: Path) -> int:
             partial = partial[MAX_PARTIAL:]
         logs.flush()
 
+    disk = _DiskWatch(folder, spec.get("disk"))
     while sup.main_status is None:
+        if not sup.disk_stop and disk.check():
+            sup.disk_stop = True
+            logs.line(f"[trainyard] the job's disk is full ({disk.message()}); stopping the job")
         sup.enforce_stop()
         pump(0.2)
         sup.reap()
@@ -408,12 +478,18 @@ def main(folder: Path) -> int:
                       + (f": {ckpt.error}" if ckpt.error else ""))  # fmt: skip
     logs.close()
     code = child.returncode
-    reason = ""
+    reason = message = ""
     if sup.stop_signals:
         try:  # the platform may say why it stopped the command (e.g. GpuShareExceeded)
             reason = (folder / "cancel").read_text().strip()[:100]
         except OSError:
             pass
+    elif sup.disk_stop or code != 0:
+        if disk.seen is None:
+            disk._next = 0.0  # look once more: the command may have failed the moment its disk filled
+            disk.check()
+        if disk.seen is not None:  # stopped on a full disk, or failed with it full: that is why it ended
+            reason, message = DISK_FULL, disk.message()
     _write_json(
         folder / "status.json",
         {
@@ -421,6 +497,7 @@ def main(folder: Path) -> int:
             "signal": -code if code < 0 else None,
             "cancelled": bool(sup.stop_signals),
             "reason": reason,
+            "message": message,
             "ended_at": sup.main_ended_at,
             "log_lines_lost": logs.lines_lost,
             "log_error": logs.error,

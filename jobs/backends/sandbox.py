@@ -110,6 +110,7 @@ def _platform_paths() -> list[str]:
         BASE_DIR,
         VAR_DIR,
         _setting("TRAINYARD_WORK_ROOT", VAR_DIR / "work"),
+        _setting("TRAINYARD_STATE_ROOT", VAR_DIR / "attempts"),
         _setting("TRAINYARD_LOG_ROOT", VAR_DIR / "logs"),
         Path.home(),
     ]

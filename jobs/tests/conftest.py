@@ -14,6 +14,7 @@ def platform(settings, tmp_path, transactional_db):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
     settings.TRAINYARD_CODE_ROOT = tmp_path / "code"
     settings.TRAINYARD_EMULATED_FAULTS_FILE = str(tmp_path / "faults.json")
@@ -25,7 +26,7 @@ def platform(settings, tmp_path, transactional_db):
 
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     yield get_user_model().objects.get(username="demo")
-    _kill_leftovers(tmp_path / "work")
+    _kill_leftovers(tmp_path / "state")
     reset_backends()
 
 

@@ -38,7 +38,7 @@ def _object(store, key):
 def _kill_attempt(job, number):
     from django.conf import settings
 
-    child = settings.TRAINYARD_WORK_ROOT / str(job.id) / f"attempt-{number}" / "child.json"
+    child = settings.TRAINYARD_STATE_ROOT / str(job.id) / f"attempt-{number}" / "child.json"
     os.killpg(json.loads(child.read_text())["pid"], signal.SIGKILL)
 
 

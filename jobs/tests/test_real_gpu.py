@@ -186,7 +186,7 @@ def test_a_job_runs_cuda_work_on_the_card_it_was_placed_on(platform, celery_work
         print(f"{spec} job: {fresh.state} {fresh.reason} {fresh.message!r}")
         for attempt in fresh.attempts.all():
             print(f"  attempt {attempt.number}: {attempt.state} {attempt.backend_ref} {attempt.reason!r}")
-            runner_out = Path(settings.TRAINYARD_WORK_ROOT) / str(job.pk) / f"attempt-{attempt.number}" / "runner.out"
+            runner_out = Path(settings.TRAINYARD_STATE_ROOT) / str(job.pk) / f"attempt-{attempt.number}" / "runner.out"
             if runner_out.exists():
                 print("  runner.out:", runner_out.read_text()[-2000:])
     text = _log(job)

@@ -116,7 +116,7 @@ def _targets(victim: Job) -> dict:
     redis = urlparse(settings.REDIS_URL)
     return {
         "secret_key": str(VAR_DIR / "secret_key"),
-        "other_spec": str(work_root / str(victim.id) / "attempt-1" / "spec.json"),
+        "other_spec": str(Path(settings.TRAINYARD_STATE_ROOT) / str(victim.id) / "attempt-1" / "spec.json"),
         "other_file": str(work_root / str(victim.id) / "work" / "secret.txt"),
         "log_root": str(settings.TRAINYARD_LOG_ROOT),
         "settings_py": str(BASE_DIR / "trainyard" / "settings.py"),
@@ -206,9 +206,11 @@ def test_spec_and_work_folders_are_closed_to_others(platform, celery_worker_thre
     job = _submit(platform, ["sh", "-c", "id -u; echo pid=$$"], env={"API_TOKEN": "s3cret"})
     assert wait_for(lambda: _finished(job)).state == JobState.SUCCEEDED
     root = Path(settings.TRAINYARD_WORK_ROOT)
-    spec = root / str(job.id) / "attempt-1" / "spec.json"
+    state = Path(settings.TRAINYARD_STATE_ROOT)
+    spec = state / str(job.id) / "attempt-1" / "spec.json"
     assert spec.stat().st_mode & 0o777 == 0o600
-    assert (root / str(job.id) / "attempt-1").stat().st_mode & 0o777 == 0o700
+    assert (state / str(job.id) / "attempt-1").stat().st_mode & 0o777 == 0o700
+    assert state.stat().st_mode & 0o077 == 0
     assert (root / str(job.id) / "work").stat().st_mode & 0o777 == 0o700
     assert root.stat().st_mode & 0o077 == 0
     log = _log(job)

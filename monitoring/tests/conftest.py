@@ -30,6 +30,7 @@ def platform_settings(settings, tmp_path):
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
     settings.TRAINYARD_EMULATED_FAULTS_FILE = str(tmp_path / "faults.json")
     settings.TRAINYARD_ALERT_WEBHOOK_URL = ""
@@ -142,7 +143,7 @@ def live_platform(transactional_db, platform_settings, celery_worker_thread, tmp
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     seed_rules(AlertRule)
     yield get_user_model().objects.get(username="demo")
-    _kill_leftovers(tmp_path / "work")
+    _kill_leftovers(tmp_path / "state")
 
 
 def _kill_leftovers(root) -> None:

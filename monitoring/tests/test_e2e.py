@@ -106,7 +106,7 @@ def test_a_shared_job_holding_more_than_its_gpu_memory_share_is_stopped_as_a_use
     attempt = wait_for(lambda: running_attempt(job, 1))
     device = attempt.placement["devices"][0]
     assert device["gpu_uuid"] in REAL_UUIDS and device["memory_mib"] == 20480 and not device["exclusive"]
-    child = settings.TRAINYARD_WORK_ROOT / str(job.id) / "attempt-1" / "child.json"
+    child = settings.TRAINYARD_STATE_ROOT / str(job.id) / "attempt-1" / "child.json"
     pid = wait_for(lambda: child.exists() and json.loads(child.read_text())["pid"])
     wait_for_environ(pid, str(job.id))
     card = next(c for c in fake_nvml.cards if c.uuid == device["gpu_uuid"])

@@ -204,3 +204,56 @@ def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
         if launcher.proc.poll() is None:
             os.killpg(launcher.proc.pid, signal.SIGKILL)
         proctree.signal_all(alive(descendants), signal.SIGKILL)
+
+
+def test_a_running_job_outlives_a_stop_and_is_adopted_by_the_next_start(servers, tmp_path):
+    """What the README promises: `make run` stopped (SIGTERM) while a job runs leaves the job running; the next start
+    adopts it (observes it to its end, its checkpoints saved through the embedded SeaweedFS that came back), and it
+    runs once."""
+    pg, redis = servers
+    port = embedded.free_port()
+    env = {**platform_env(tmp_path, pg, redis, port), "TRAINYARD_CHECKPOINT_SYNC_S": "1"}
+    base = f"http://127.0.0.1:{port}"
+    go = tmp_path / "go"
+    launchers = [Launcher(env)]
+    job_id = ""
+    try:
+        launchers[0].wait_for("Trainyard is ready", seconds=300)
+        token = make_token(env)
+        body = job_body(tmp_path / "marks")
+        body["command"] = [
+            "sh", "-c",
+            'echo "run $TRAINYARD_ATTEMPT" >> "$MARKS"; printf one > "$TRAINYARD_CHECKPOINT_DIR/ckpt-1.pt"; '
+            f'while [ ! -e "{go}" ]; do sleep 0.2; done; printf two > "$TRAINYARD_CHECKPOINT_DIR/ckpt-2.pt"; sleep 2',
+        ]  # fmt: skip
+        status, _, created = http(f"{base}/api/v1/jobs/", method="POST", token=token, body=body)
+        assert status == 201, created
+        job_id = created["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and pg.query("SELECT name FROM jobs_checkpoint", quiet=True) != [
+            ("ckpt-1.pt",)
+        ]:
+            time.sleep(0.5)
+        assert pg.query("SELECT state FROM jobs_job WHERE id = %s", (job_id,)) == [("running",)]
+        launchers[0].proc.send_signal(signal.SIGTERM)
+        assert launchers[0].proc.wait(timeout=60) == 0
+        assert proctree.tagged(job_id, 1), "the job did not outlive the stop of make run"
+        launchers.append(Launcher(env))
+        launchers[1].wait_for("Trainyard is ready", seconds=300)
+        go.touch()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if pg.query("SELECT state FROM jobs_job WHERE id = %s", (job_id,))[0][0] in TERMINAL:
+                break
+            time.sleep(1)
+        assert pg.query("SELECT state FROM jobs_job WHERE id = %s", (job_id,)) == [("succeeded",)]
+        assert (tmp_path / "marks").read_text() == "run 1\n"
+        names = {n for (n,) in pg.query("SELECT name FROM jobs_checkpoint WHERE job_id = %s", (job_id,))}
+        assert names == {"ckpt-1.pt", "ckpt-2.pt"}, names
+        assert not proctree.tagged(job_id, 1)
+    finally:
+        for launcher in launchers:
+            if launcher.proc.poll() is None:
+                os.killpg(launcher.proc.pid, signal.SIGKILL)
+        if job_id:
+            proctree.signal_all(proctree.tagged(job_id, 1), signal.SIGKILL)

@@ -15,6 +15,7 @@ def test_the_seeded_demo_team_is_smaller_than_the_queue_so_its_third_job_waits_o
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     settings.TRAINYARD_WORK_ROOT = tmp_path / "work"
+    settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
     settings.TRAINYARD_LOG_ROOT = tmp_path / "logs"
     reset_backends()
     call_command("seed", stdout=open("/dev/null", "w"))  # noqa: SIM115 - the command's report is not the test's
