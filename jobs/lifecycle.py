@@ -37,6 +37,7 @@ from jobs.backends.base import UNOBSERVABLE
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
+from jobs.store import reason_at_once
 from kernel.sentences import stored
 from kernel.units import human_duration
 from kernel.wake import dispatch_soon
@@ -606,6 +607,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             if "excluded_gpus" in updates
             else stored("queued for another attempt"),
         )
+        reason_at_once(job, actor="classifier")
         transaction.on_commit(dispatch_soon, robust=True)
 
 
@@ -631,6 +633,7 @@ def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
         reason=PendingReason.QUEUED,
         message="preempted: waits for capacity and resumes from its last checkpoint",
     )
+    reason_at_once(job, actor="preemption")
 
 
 def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
