@@ -27,6 +27,10 @@ CARRIED_FIELDS = (
     "gpu_memory_mib",
     "cpu_milli",
     "memory_mib",
+    "code",
+    "watch",
+    "ci",
+    "resume_from",
 )
 
 # Where a service or serializer error about a submission field is shown on the form.

@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from cluster.models import GPU, Node
 from cluster.selectors import driver_satisfies
@@ -22,7 +23,8 @@ from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
 from frontend.views.common import portal_runtime, recommendation_message, visible_job
 from images.models import BaseImage, ProjectImage
 from jobs import selectors, services
-from jobs.api import submission_check
+from jobs.api import JobSubmitSerializer, submission_check
+from jobs.jobfile import read_job_yaml
 from jobs.models import Job, JobTemplate
 from kernel.errors import Conflict, DomainError, NotFound
 from kernel.sentences import said
@@ -317,3 +319,45 @@ def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str,
         "image": image,
         "max_retries": "2",
     }
+
+
+@login_required
+@require_POST
+def job_import(request: HttpRequest) -> HttpResponse:
+    """A job file (`job.yaml`, e.g. one exported from a job page) uploaded on the submit page: the form comes back
+    filled from it, to check and submit; a file that cannot be read comes back as an error, the form unchanged."""
+    choices = _submit_choices(request.user)
+    models = [r["model"] for r in choices["gpu_models"]]
+    upload = request.FILES.get("jobfile")
+    problem = None
+    body: dict[str, Any] = {}
+    if upload is None:
+        problem = {"message": _("Choose a job file (job.yaml) to import."), "code": "jobfile_missing"}
+    else:
+        try:
+            body = read_job_yaml(upload.read(), known=set(JobSubmitSerializer().fields))
+        except DomainError as exc:
+            problem = {"message": said(exc.detail), "code": exc.code}
+        else:
+            code = body.get("code")
+            if code is not None and not (isinstance(code, str) and code.startswith("sha256:")):
+                problem = {
+                    "message": _(
+                        "code: names a folder (%(value)s) on your machine, which the portal cannot read: submit the "
+                        "file with `trainyard submit`, which uploads the folder, or give the snapshot's sha256 digest."
+                    )
+                    % {"value": code},
+                    "code": "jobfile_code_folder",
+                }
+    if problem is not None:
+        initial = _submit_defaults(request, choices)
+        initial["idempotency_key"] = uuid.uuid4().hex
+        form = SubmitForm(initial=initial, gpu_models=models)
+        response = _render_form(request, form, choices, source={}, mode="submit", import_errors=[problem])
+        response.status_code = 400
+        return response
+    catalog = {row["value"] for row in choices["images"]}
+    initial = initial_from_submission(body, catalog=catalog)
+    initial["idempotency_key"] = uuid.uuid4().hex
+    form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, source={"file": upload.name}, mode="submit")
