@@ -150,7 +150,9 @@ def _ahead_of(job: scheduler.Waiting) -> Q:
     from datetime import UTC, datetime
 
     priority, when = -job.order[1], datetime.fromtimestamp(job.order[2], tz=UTC)
-    same_kind = Q(preemptible=job.preemptible) & (Q(priority__gt=priority) | Q(priority=priority, submitted_at__lt=when))
+    same_kind = Q(preemptible=job.preemptible) & (
+        Q(priority__gt=priority) | Q(priority=priority, submitted_at__lt=when)
+    )
     return same_kind | Q(preemptible=False) if job.preemptible else same_kind
 
 
@@ -189,9 +191,12 @@ def _with_use(rules, teams, waiting, holders) -> scheduler.Backlog:
     queue_used: dict[int, dict[str, int]] = {}
     team_used: dict[int, dict[str, int]] = {}
     user_jobs: dict[tuple[int, int], int] = {}
-    for r in holders.filter(preemptible=False).values("queue_id", "team_id", "owner_id").annotate(
-        **SUMS, jobs=Count("id")
-    ).order_by():
+    for r in (
+        holders.filter(preemptible=False)
+        .values("queue_id", "team_id", "owner_id")
+        .annotate(**SUMS, jobs=Count("id"))
+        .order_by()
+    ):
         used = _vector(r)
         q = queue_used.setdefault(r["queue_id"], dict.fromkeys(scheduler.VECTOR, 0))
         for k, v in used.items():

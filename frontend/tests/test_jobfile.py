@@ -7,12 +7,12 @@ import io
 
 import pytest
 import yaml
+from trainyard_cli.code import pack
+from trainyard_cli.jobfile import load_jobfile
 
 from jobs import services
 from jobs.models import Job
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
-from trainyard_cli.code import pack
-from trainyard_cli.jobfile import load_jobfile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

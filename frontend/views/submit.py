@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import uuid
 from typing import Any
@@ -29,7 +30,7 @@ from jobs.models import Job, JobTemplate
 from kernel.errors import Conflict, DomainError, NotFound
 from kernel.sentences import said
 from quotas import selectors as quota
-from quotas.models import Queue, ResourceSpec
+from quotas.models import Queue, ResourceSpec, Team
 
 
 def _card_mib() -> int:
@@ -157,7 +158,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
     models = [r["model"] for r in choices["gpu_models"]]
     source: dict[str, Any] = {}
     if request.method == "POST":
-        form = SubmitForm(request.POST, gpu_models=models)
+        form = SubmitForm(request.POST, request.FILES, gpu_models=models)
         valid = form.is_valid()
         if "save_template" in request.POST:
             template = _save_template(request, form) if valid else None
@@ -273,6 +274,8 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
     """Validate as the API does (input serializer, then the service), reporting every problem at once; errors
     land on the form's fields. A field the form itself could not read is judged only by the form."""
     data = form.submission()
+    if not _bring_code(request, form, data):
+        return None
     try:
         submission_check(user=request.user, data=data)
         if not form_valid:
@@ -361,3 +364,45 @@ def job_import(request: HttpRequest) -> HttpResponse:
     initial["idempotency_key"] = uuid.uuid4().hex
     form = SubmitForm(initial=initial, gpu_models=models)
     return _render_form(request, form, choices, source={"file": upload.name}, mode="submit")
+
+
+def _bring_code(request: HttpRequest, form: SubmitForm, data: dict[str, Any]) -> bool:
+    """An archive or a git repository + commit given on the form: the platform makes it the team's code snapshot
+    and the submission names its digest. The digest is carried in the form from then on, so a form sent back for
+    another field's error does not ask for the upload again. False (with the error on the form) when it failed."""
+    from jobs import code
+
+    archive = request.FILES.get("code_archive")
+    url = (request.POST.get("code_git_url") or "").strip()
+    commit = (request.POST.get("code_git_commit") or "").strip()
+    if archive is None and not url and not commit:
+        return True
+    if archive is not None and (url or commit):
+        form.add_error(
+            "code_archive", ValidationError(_("Give an archive or a git repository, not both."), code="code_twice")
+        )
+        return False
+    team = Team.objects.filter(slug=data.get("team") or "").first()
+    if team is None or not quota.is_member(request.user, team):
+        form.add_error(
+            "team", ValidationError(_("Choose one of your teams: the code becomes that team's."), code="unknown_team")
+        )
+        return False
+    try:
+        if archive is not None:
+            snapshot = code.snapshot_from_archive(team=team, upload=archive, filename=archive.name, user=request.user)
+        else:
+            snapshot, sha = code.snapshot_from_git(team=team, url=url, commit=commit, user=request.user)
+            if not data.get("ci"):
+                data["ci"] = {"git_url": code._redacted(url), "git_commit": sha}
+    except DomainError as exc:
+        form.add_service_error(exc.field or "code", exc.detail, exc.code)
+        return False
+    data["code"] = snapshot.digest
+    carried = {**(form.cleaned_data.get("carried") or {}), "code": snapshot.digest}
+    if data.get("ci"):
+        carried["ci"] = data["ci"]
+    form.data = form.data.copy()
+    form.data["carried"] = json.dumps(carried)
+    form.data["code_git_url"] = form.data["code_git_commit"] = ""
+    return True
