@@ -6,8 +6,11 @@ where it is a git work tree, so `.gitignore` holds; `.trainyardignore` patterns 
 digest, the sizes and every member (regular files and folders only, relative paths that stay inside), and keeps it
 under `TRAINYARD_CODE_ROOT/<team>/`. A submission names it (`code: sha256:…`); the job records the digest (and so
 do its reproduce record, Run again and Reproduce), and the first attempt starts with a copy of those bytes as its
-working directory (a retry finds it as the earlier attempt left it, like any job's work folder). On Kubernetes a
-snapshot is refused at submission for now (bake the code into a project image).
+working directory (a retry finds it as the earlier attempt left it, like any job's work folder). On Kubernetes the
+submission publishes it to the object store and each pod's init container fetches it (jobs/backends/code_fetch.py).
+The portal makes snapshots too: from an uploaded archive or a git commit the platform fetches (re-packed as the
+CLI packs a folder). Each team's snapshots count against its code quota, and an hourly task applies its retention
+(`snapshots_prune`).
 """
 
 from __future__ import annotations
@@ -221,6 +224,7 @@ def snapshots_prune(*, now: datetime | None = None) -> dict[str, int]:
                 kept.add((team.slug, snapshot.digest))
                 continue
             snapshot_path(team.slug, snapshot.digest).unlink(missing_ok=True)
+            _unpublish(team.slug, snapshot.digest)
             locked.delete()
         report["removed"] += 1
         report["bytes"] += snapshot.size_bytes
@@ -262,15 +266,72 @@ def resolve(value, *, team: Team, backend: str) -> str:
             field="code",
         )
     if backend != "local":
+        _publish(team.slug, digest)
+    return digest
+
+
+def _unpublish(team_slug: str, digest: str) -> None:
+    """Remove the snapshot's copy in the object store, where there is a store (a failure is logged: a stale copy
+    costs bytes, never a wrong run, since pods check the digest)."""
+    from jobs.checkpoints import store_config
+    from kernel import objectstore
+
+    config = store_config()
+    if config is None:
+        return
+    try:
+        objectstore.client(config).delete_object(Bucket=config.bucket, Key=store_key(team_slug, digest))
+    except Exception as exc:  # noqa: BLE001
+        log.warning("code_snapshot_unpublish_failed", team=team_slug, digest=digest, error=str(exc)[:200])
+
+
+def store_key(team_slug: str, digest: str) -> str:
+    """Where a snapshot lies in the object store for the pods of a Kubernetes job (jobs/backends/code_fetch.py)."""
+    return f"code/{team_slug}/{digest.removeprefix('sha256:')}.tar.gz"
+
+
+def code_description(*, team_slug: str, digest: str) -> dict[str, str]:
+    """What an attempt's backend needs of its code snapshot: the team's folder (local) or the store key (pods)."""
+    return {"team": team_slug, "digest": digest, "key": store_key(team_slug, digest)}
+
+
+def _publish(team_slug: str, digest: str) -> None:
+    """Make sure the object store holds the snapshot a Kubernetes job will fetch (uploaded once per digest); a 400
+    `code_not_supported` without a store, `object_store_unavailable` when the store cannot take it now."""
+    from jobs.checkpoints import store_config
+    from kernel import objectstore
+
+    config = store_config()
+    if config is None:
         raise ValidationFailed(
             stored(
-                "code snapshots run on the local backend only for now; on Kubernetes, build the code into a project "
-                "image"
+                "on Kubernetes a job's code reaches its pods through the object store, and this platform has none "
+                "(TRAINYARD_S3_URL): build the code into a project image"
             ),
             code="code_not_supported",
             field="code",
         )
-    return digest
+    key = store_key(team_slug, digest)
+    try:
+        s3 = objectstore.client(config)
+        try:
+            s3.head_object(Bucket=config.bucket, Key=key)
+            return
+        except Exception as exc:  # noqa: BLE001 - a 404 is the usual answer; anything else shows on the put
+            if "404" not in str(exc) and "Not Found" not in str(exc) and "NoSuchKey" not in str(exc):
+                raise
+        objectstore.ensure_bucket(config, s3)
+        s3.upload_file(str(snapshot_path(team_slug, digest)), config.bucket, key)
+    except Exception as exc:  # noqa: BLE001
+        raise ValidationFailed(
+            stored(
+                "the object store cannot take the code snapshot now (%(why)s); try again",
+                why=objectstore.describe_error(exc),
+            ),
+            code="object_store_unavailable",
+            field="code",
+        ) from None
+    log.info("code_snapshot_published", team=team_slug, digest=digest, key=key)
 
 
 def unpack(*, team_slug: str, digest: str, into: Path, owner: int | None = None) -> None:

@@ -34,6 +34,7 @@ from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
 from jobs.backends.base import UNOBSERVABLE
+from jobs.code import code_description
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
@@ -122,7 +123,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         priority_class="preemptible" if job.preemptible else job.queue.priority_class,
         mig_profile=job.mig_profile,
         datasets=list(job.datasets),
-        code={"team": job.team.slug, "digest": job.code_digest} if job.code_digest else {},
+        code=code_description(team_slug=job.team.slug, digest=job.code_digest) if job.code_digest else {},
     )
 
 
