@@ -27,6 +27,10 @@ CARRIED_FIELDS = (
     "gpu_memory_mib",
     "cpu_milli",
     "memory_mib",
+    "code",
+    "watch",
+    "ci",
+    "resume_from",
 )
 
 # Where a service or serializer error about a submission field is shown on the form.
@@ -50,6 +54,9 @@ FIELD_FOR: dict[str, str] = {
     "tensorboard": "tensorboard",
     "preemptible": "preemptible",
     "datasets": "datasets",
+    "code": "code_archive",
+    "code_git_url": "code_git_url",
+    "code_git_commit": "code_git_commit",
 }
 
 
@@ -62,6 +69,9 @@ FORM_ORDER = (
     "gpus",
     "image",
     "command",
+    "code_archive",
+    "code_git_url",
+    "code_git_commit",
     "env",
     "timeout_s",
     "max_retries",
@@ -113,6 +123,10 @@ class SubmitForm(forms.Form):
     datasets = forms.CharField(label=_("Datasets"), required=False, widget=forms.Textarea)
     gpu_models = forms.MultipleChoiceField(label=_("GPU models"), required=False, choices=())
     carried = forms.CharField(required=False, widget=forms.HiddenInput)
+    # The job's code, brought by the platform (jobs/code.py): an archive, or a git repository and commit.
+    code_archive = forms.FileField(label=_("Code archive"), required=False)
+    code_git_url = forms.CharField(label=_("Git repository"), required=False, max_length=500)
+    code_git_commit = forms.CharField(label=_("Commit"), required=False, max_length=200)
     template_name = forms.CharField(label=_("Template name"), required=False, max_length=80)
     template_description = forms.CharField(label=_("Template description"), required=False, max_length=300)
 

@@ -34,7 +34,7 @@ ATTEMPT_STATE_LABELS: dict[str, Promise] = {
 
 # One sentence per reason a job can wait for (jobs.states.PendingReason); a test checks none is missing.
 PENDING_REASONS: dict[str, Promise] = {
-    PendingReason.QUEUED: _("Waiting for the dispatcher's next pass; nothing holds it back yet."),
+    PendingReason.QUEUED: _("Its queue's and its team's quota allow it; the dispatcher is looking for GPUs for it."),
     PendingReason.QUEUE_QUOTA_EXHAUSTED: _(
         "The queue's capacity is taken by running jobs; it starts when enough of them finish."
     ),

@@ -143,6 +143,15 @@ DEFAULT_RULES = [
         "the log says which. Retried.",
     ),
     dict(
+        name="code-fetch-failed",
+        order=60,
+        reason_pattern=r"^CodeFetchError$",
+        failure_class="platform",
+        reaction="retry",
+        suggestion="The job's code snapshot could not be fetched from the object store into the pod (the log says "
+        "why: the store, or bytes that no longer match the digest). Retried.",
+    ),
+    dict(
         name="checkpoint-restore-failed",
         order=56,
         reason_pattern=r"^CheckpointRestoreError$",

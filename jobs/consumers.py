@@ -221,7 +221,7 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
     async def job_state(self, event):
         self.current_state = event["state"]
-        await self.send_json({"type": "state", "state": event["state"]})
+        await self.send_json({"type": "state", "state": event["state"], "reason": event.get("reason")})
         info = await self._job_info(None, check=False)
         if info and info["attempts"] > self.attempt:
             await self.send_json({"type": "attempt", "attempt": info["attempts"]})

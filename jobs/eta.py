@@ -15,6 +15,14 @@ starts no sooner than the first running job ends, so the range never begins at 0
 replay leans on a duration nobody has seen (no finished job like it, no time limit to bound it) the estimate is
 "unknown"; the time limits alone still bound the late end when they can.
 
+Two things keep the range honest over the whole wait, not only at its start. A handful of runs says little
+about the slow end: while fewer than `THIN_RUNS` runs like a job are longer than what it has already run, the
+late replay lets it go on to `THIN_SPREAD` times the longest of them (never past its limit), so a job that ran
+once in 80 s is not promised to end in 80 s. And a holder that has run longer than every run like it is
+counted (`Estimate.outlived`, among the holders the job waits for: its team's when the team's quota holds it,
+its queue's for the queue's, every one for capacity): the page says so in words instead of a range that
+shrinks towards zero and then jumps to the time limits.
+
 GPUs are counted as thousandths of a card over the cards the job may use: placement details (fragmentation,
 host CPU) are the dispatcher's business; `bench/eta.py` measures how often real starts land in the range.
 """
@@ -42,6 +50,11 @@ Q_HIGH = 0.9
 HISTORY_DAYS = 30
 HISTORY_ROWS = 20000
 FINISHED = (JobState.SUCCEEDED, JobState.FAILED)
+THIN_RUNS = 5  # fewer runs than this to go by: the late replay widens (below)
+THIN_SPREAD = 2.0  # ... to this many times the longest of them
+# The reasons whose holders are the team's own or the queue's own jobs (every holder counts for the others).
+TEAM_REASONS = ("team_quota_exhausted", "team_job_limit", "user_job_limit")
+QUEUE_REASONS = ("queue_quota_exhausted",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +164,15 @@ class Estimate:
     mid: float | None
     high: float | None
     known: bool
+    outlived: int = 0  # holders it waits for that have run longer than every finished run like them
+    holders: int = 0  # holders it waits for (see the module docstring)
 
     def as_dict(self) -> dict:
         r = {
             k: None if v is None else round(v)
             for k, v in (("low_s", self.low), ("mid_s", self.mid), ("high_s", self.high))
         }
-        return {**r, "known": self.known}
+        return {**r, "known": self.known, "holders": self.holders, "outlived": self.outlived}
 
 
 def _quantile(ordered: list[float], q: float, start: int = 0) -> float:
@@ -222,6 +237,8 @@ def _remaining(durations: list[float], elapsed: float, limit: float | None, q: f
     first_longer = bisect.bisect_right(durations, elapsed)
     if first_longer < len(durations):
         value = _quantile(durations, q, first_longer) - elapsed
+        if q >= Q_HIGH and len(durations) - first_longer < THIN_RUNS:
+            value = max(value, THIN_SPREAD * durations[-1] - elapsed)
         return (min(value, limit) if limit is not None else value), True
     if durations:  # it has outlived every run like it: it may end any moment, at the latest at its limit
         return (0.0 if q < 0.5 else limit), limit is not None or q < 0.5
@@ -315,7 +332,10 @@ def _replay(line, running, free, queue_used, team_used, limits, history, q, fifo
             team_used[job.team_id] = team_used.get(job.team_id, 0) + need
             durations = history.durations(job)
             if durations:
-                run = min(_quantile(durations, q), float(job.timeout_s))
+                run = _quantile(durations, q)
+                if q >= Q_HIGH and len(durations) < THIN_RUNS:
+                    run = max(run, THIN_SPREAD * durations[-1])
+                run = min(run, float(job.timeout_s))
             else:
                 known = False  # every job behind this one leans on a guess
                 run = float(job.timeout_s) if q >= 0.5 else 0.0
@@ -382,10 +402,37 @@ def estimate_starts(queue, waiting: list, *, now: datetime | None = None, fleet:
         _replay(waiting, running, free, dict(queue_used), dict(team_used), limits, history, q, fifo)
         for q in (Q_LOW, 0.5, Q_HIGH)
     ]
+    # (holders, outlived) by team, by queue and over all: counted once, looked up per waiting job.
+    counts: dict[tuple, list[int]] = {}
+    for j, elapsed, _ in running:
+        old = _outlived(history.durations(j), elapsed)
+        for key in (("team", j.team_id), ("queue", j.queue_id), ("all",)):
+            c = counts.setdefault(key, [0, 0])
+            c[0] += 1
+            c[1] += old
     out = {}
     for job in waiting:
         (low, ok_low), (mid, ok_mid), (high, ok_high) = (r[job.id] for r in replays)
         if low is not None and high is not None and low > high:
             low, high = high, low
-        out[job.id] = Estimate(low=low, mid=mid, high=high, known=ok_low and ok_mid and ok_high and high is not None)
+        if job.reason in TEAM_REASONS:
+            key: tuple = ("team", job.team_id)
+        elif job.reason in QUEUE_REASONS:
+            key = ("queue", job.queue_id)
+        else:
+            key = ("all",)
+        held, old = counts.get(key, (0, 0))
+        out[job.id] = Estimate(
+            low=low,
+            mid=mid,
+            high=high,
+            known=ok_low and ok_mid and ok_high and high is not None,
+            outlived=old,
+            holders=held,
+        )
     return out
+
+
+def _outlived(durations: list[float], elapsed: float) -> bool:
+    """Whether a running job has run longer than every finished run like it (there being some)."""
+    return bool(durations) and elapsed >= durations[-1]

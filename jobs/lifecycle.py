@@ -34,9 +34,11 @@ from cluster.services import slices_follow_assignment
 from jobs import checkpoints, classifier
 from jobs.backends import AttemptDescription, Device, Observation, checkpoint_sync, get_backend
 from jobs.backends.base import DISK_FULL, UNOBSERVABLE, disk_full_message
+from jobs.code import code_description
 from jobs.models import Attempt, Job, JobEvent
 from jobs.services import InvalidTransition, event_record, job_transition
 from jobs.states import TERMINAL, AttemptState, JobState, PendingReason
+from jobs.store import reason_at_once
 from kernel.sentences import stored
 from kernel.units import human_duration
 from kernel.wake import dispatch_soon
@@ -121,7 +123,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         priority_class="preemptible" if job.preemptible else job.queue.priority_class,
         mig_profile=job.mig_profile,
         datasets=list(job.datasets),
-        code={"team": job.team.slug, "digest": job.code_digest} if job.code_digest else {},
+        code=code_description(team_slug=job.team.slug, digest=job.code_digest) if job.code_digest else {},
     )
 
 
@@ -629,6 +631,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             if "excluded_gpus" in updates
             else stored("queued for another attempt"),
         )
+        reason_at_once(job, actor="classifier")
         transaction.on_commit(dispatch_soon, robust=True)
 
 
@@ -698,6 +701,7 @@ def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
         reason=PendingReason.QUEUED,
         message="preempted: waits for capacity and resumes from its last checkpoint",
     )
+    reason_at_once(job, actor="preemption")
 
 
 def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:

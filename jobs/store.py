@@ -19,14 +19,14 @@ import structlog
 from asgiref.sync import async_to_sync
 from celery import current_app
 from django.conf import settings
-from django.db import connection
-from django.db.models import Case, Count, Max, Sum, Value, When
+from django.db import connection, transaction
+from django.db.models import Case, Count, Max, Q, Sum, Value, When
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
 from cluster.services import gpu_mark_suspect
 from jobs.models import Attempt, Job, JobEvent
-from jobs.states import JobState
+from jobs.states import JobState, PendingReason
 from kernel.sentences import stored
 from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
@@ -147,6 +147,74 @@ def _row_waiting(row: tuple) -> scheduler.Waiting:
     )
 
 
+def _ahead_of(job: scheduler.Waiting) -> Q:
+    """The jobs before `job` in its line's order (`Waiting.order`: preemptible last, then priority, then age)."""
+    from datetime import UTC, datetime
+
+    priority, when = -job.order[1], datetime.fromtimestamp(job.order[2], tz=UTC)
+    same_kind = Q(preemptible=job.preemptible) & (
+        Q(priority__gt=priority) | Q(priority=priority, submitted_at__lt=when)
+    )
+    return same_kind | Q(preemptible=False) if job.preemptible else same_kind
+
+
+def _queue_rules(queues) -> list[scheduler.QueueRules]:
+    return [
+        scheduler.QueueRules(
+            id=q["id"],
+            name=q["name"],
+            open=q["state"] == Queue.State.OPEN,
+            fifo=q["ordering"] == Queue.Ordering.FIFO,
+            limit=_vector(q),
+            pools=tuple(sorted(q["pools"] or ())),
+        )
+        for q in queues.values("id", "name", "state", "ordering", "pools", *scheduler.VECTOR)
+    ]
+
+
+def _team_rules(team_ids: set[int]) -> dict[int, scheduler.TeamRules]:
+    return {
+        t["id"]: scheduler.TeamRules(
+            id=t["id"],
+            slug=t["slug"],
+            limit=_vector(t),
+            max_running_jobs=t["max_running_jobs"],
+            max_jobs_per_user=t["max_jobs_per_user"],
+        )
+        for t in Team.objects.filter(id__in=team_ids).values(
+            "id", "slug", "max_running_jobs", "max_jobs_per_user", *scheduler.VECTOR
+        )
+    }
+
+
+def _with_use(rules, teams, waiting, holders) -> scheduler.Backlog:
+    """A backlog with what holds quota among `holders` (reserved jobs), in one aggregate per (queue, team, owner)
+    folded three ways. A preemptible job holds no quota (docs/pools.md)."""
+    queue_used: dict[int, dict[str, int]] = {}
+    team_used: dict[int, dict[str, int]] = {}
+    user_jobs: dict[tuple[int, int], int] = {}
+    for r in (
+        holders.filter(preemptible=False)
+        .values("queue_id", "team_id", "owner_id")
+        .annotate(**SUMS, jobs=Count("id"))
+        .order_by()
+    ):
+        used = _vector(r)
+        q = queue_used.setdefault(r["queue_id"], dict.fromkeys(scheduler.VECTOR, 0))
+        for k, v in used.items():
+            q[k] += v
+        if r["team_id"] in teams:
+            t = team_used.setdefault(r["team_id"], {**dict.fromkeys(scheduler.VECTOR, 0), "jobs": 0})
+            for k, v in used.items():
+                t[k] += v
+            t["jobs"] += r["jobs"]
+            key = (r["team_id"], r["owner_id"])
+            user_jobs[key] = user_jobs.get(key, 0) + r["jobs"]
+    return scheduler.Backlog(
+        queues=rules, teams=teams, waiting=waiting, queue_used=queue_used, team_used=team_used, user_jobs=user_jobs
+    )
+
+
 class JobStore:
     """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
 
@@ -154,17 +222,7 @@ class JobStore:
         queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
         if queue_ids is not None:
             queues = queues.filter(id__in=list(queue_ids))
-        rules = [
-            scheduler.QueueRules(
-                id=q["id"],
-                name=q["name"],
-                open=q["state"] == Queue.State.OPEN,
-                fifo=q["ordering"] == Queue.Ordering.FIFO,
-                limit=_vector(q),
-                pools=tuple(sorted(q["pools"] or ())),
-            )
-            for q in queues.values("id", "name", "state", "ordering", "pools", *scheduler.VECTOR)
-        ]
+        rules = _queue_rules(queues)
         if queue_ids is not None:
             rows = _pending_rows("AND queue_id = ANY(%s)", [[q.id for q in rules]])
         else:
@@ -175,47 +233,39 @@ class JobStore:
         for line in waiting.values():
             line.sort(key=_order)
         team_ids = {w.team_id for line in waiting.values() for w in line}
-        teams = {
-            t["id"]: scheduler.TeamRules(
-                id=t["id"],
-                slug=t["slug"],
-                limit=_vector(t),
-                max_running_jobs=t["max_running_jobs"],
-                max_jobs_per_user=t["max_jobs_per_user"],
-            )
-            for t in Team.objects.filter(id__in=team_ids).values(
-                "id", "slug", "max_running_jobs", "max_jobs_per_user", *scheduler.VECTOR
-            )
-        }
-        # What holds quota, in one aggregate: per (queue, team, owner), folded here three ways.
-        queue_used: dict[int, dict[str, int]] = {}
-        team_used: dict[int, dict[str, int]] = {}
-        user_jobs: dict[tuple[int, int], int] = {}
-        for r in (
-            Job.objects.filter(reserved=True, preemptible=False)  # a preemptible job holds no quota
-            .values("queue_id", "team_id", "owner_id")
-            .annotate(**SUMS, jobs=Count("id"))
-            .order_by()
-        ):
-            used = _vector(r)
-            q = queue_used.setdefault(r["queue_id"], dict.fromkeys(scheduler.VECTOR, 0))
-            for k, v in used.items():
-                q[k] += v
-            if r["team_id"] in team_ids:
-                t = team_used.setdefault(r["team_id"], {**dict.fromkeys(scheduler.VECTOR, 0), "jobs": 0})
-                for k, v in used.items():
-                    t[k] += v
-                t["jobs"] += r["jobs"]
-                key = (r["team_id"], r["owner_id"])
-                user_jobs[key] = user_jobs.get(key, 0) + r["jobs"]
-        return scheduler.Backlog(
-            queues=rules,
-            teams=teams,
-            waiting=dict(waiting),
-            queue_used=queue_used,
-            team_used=team_used,
-            user_jobs=user_jobs,
+        return _with_use(rules, _team_rules(team_ids), dict(waiting), Job.objects.filter(reserved=True))
+
+    def first_reason(self, job_id) -> tuple[str, str] | None:
+        """What the next pass would first tell a job that just joined its line, as far as rules decide it: the
+        queue's and the team's quota (`scheduler.quota_check`, the check every pass makes), and, in a strictly
+        FIFO queue, an earlier job that the last pass left waiting. None when the rules let it through: then only
+        the pass can tell whether GPUs are free. Reads the one job, its queue, its team and what they hold."""
+        rows = _pending_rows("AND id = %s", [job_id])
+        if not rows:
+            return None
+        job = _row_waiting(rows[0])
+        rules = _queue_rules(Queue.objects.filter(id=job.queue_id))
+        if not rules:
+            return None
+        queue = rules[0]
+        backlog = _with_use(
+            rules,
+            _team_rules({job.team_id}),
+            {queue.id: [job]},
+            Job.objects.filter(Q(queue_id=queue.id) | Q(team_id=job.team_id), reserved=True),
         )
+        used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(scheduler.VECTOR, 0))
+        why = scheduler.quota_check(job, queue, backlog.teams[job.team_id], backlog, used)
+        if why is None and queue.fifo:
+            ahead = (
+                Job.objects.filter(queue_id=queue.id, state=JobState.PENDING)
+                .exclude(id=job.id)
+                .exclude(reason__in=(PendingReason.QUEUED, PendingReason.QUEUE_CLOSED))
+                .filter(_ahead_of(job))
+            )
+            if ahead.exists():
+                why = (scheduler.BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
+        return why
 
     def backlog_version(self) -> int:
         """Moves when a job leaves or re-enters a waiting line or changes its place (migration jobs/0008)."""
@@ -425,6 +475,12 @@ class JobStore:
                 if w.job.reason != w.code and w.job.id in updated
             ],
         )
+        told = [(str(w.job.id), w.code) for w in changed if w.job.reason != w.code and w.job.id in updated]
+        if told:
+            # A new reason without a new state: the job's open page refreshes its header (jobs/consumers.py).
+            transaction.on_commit(
+                lambda: threading.Thread(target=_broadcast_waiting, args=(told,), daemon=True, name="waits").start()
+            )
 
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
@@ -447,6 +503,19 @@ class JobStore:
             threading.Thread(
                 target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
             ).start()
+
+
+def reason_at_once(job: Job, *, actor: str) -> None:
+    """Give a job that just (re)joined its line the reason the dispatcher's rules give it, in the caller's
+    transaction: its page and its queue's page then say the same from the first second, instead of "waiting for
+    the dispatcher" until the next pass. The pass later confirms it or moves it on (only a change is written)."""
+    why = JobStore().first_reason(job.id)
+    if why is None:
+        return
+    code, message = why
+    Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(reason=code, message=message)
+    job.reason, job.message = code, message
+    JobEvent.objects.create(job=job, kind="waiting", actor=actor, message=message, data={"reason": code})
 
 
 def _next_ids(table: str, count: int) -> list[int]:
@@ -509,6 +578,27 @@ def _broadcast_admitted(job_ids: list[str]) -> None:
     try:
         async_to_sync(send_all)()
     except Exception:  # noqa: BLE001 - a missing listener must never fail an admission
+        pass
+
+
+def _broadcast_waiting(told: list[tuple[str, str]]) -> None:
+    from channels.layers import get_channel_layer
+
+    from jobs.realtime import job_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    async def send_all() -> None:
+        for job_id, reason in told:
+            await layer.group_send(
+                job_group(job_id), {"type": "job.state", "job_id": job_id, "state": "pending", "reason": reason}
+            )
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # noqa: BLE001 - a missing listener must never fail a pass
         pass
 
 

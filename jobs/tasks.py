@@ -91,6 +91,13 @@ def prune_checkpoints() -> dict:
     return checkpoints.checkpoints_prune()
 
 
+@shared_task(name="jobs.prune_code_snapshots", soft_time_limit=600, time_limit=900)
+def prune_code_snapshots() -> dict:
+    from jobs import code
+
+    return code.snapshots_prune()
+
+
 @shared_task(name="jobs.lend_idle_nodes", soft_time_limit=60, time_limit=90)
 def lend_idle_nodes() -> dict:
     """The pool rule of the minute: idle lending (docs/pools.md). MIG proposals are monitoring's own loop."""

@@ -246,6 +246,10 @@ class TeamAdmin(admin.ModelAdmin):
             "Checkpoint storage (docs/storage.md)",
             {"fields": ("storage_quota_bytes", "checkpoint_keep_last", "checkpoint_retention_days")},
         ),
+        (
+            "Code snapshots (docs/cli.md, Your code)",
+            {"fields": ("code_quota_bytes", "code_retention_days")},
+        ),
         ("Live usage", {"fields": ("usage_now",)}),
     )
     readonly_fields = ("usage_now",)

@@ -164,6 +164,12 @@ class EstimatedStartSerializer(serializers.Serializer):
     mid_s = serializers.IntegerField(allow_null=True)
     high_s = serializers.IntegerField(allow_null=True)
     known = serializers.BooleanField()
+    holders = serializers.IntegerField(
+        help_text="jobs holding what it waits for: its team's (team quota), its queue's (queue quota), else all"
+    )
+    outlived = serializers.IntegerField(
+        help_text="of those, how many have run longer than every finished job like them (they may end any moment)"
+    )
 
 
 class WaitingJobSerializer(serializers.Serializer):

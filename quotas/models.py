@@ -45,6 +45,14 @@ class Team(ResourceVector):
     checkpoint_retention_days = models.PositiveIntegerField(
         default=30, help_text="checkpoints older than this are deleted; 0 = never"
     )
+    # Code snapshots under TRAINYARD_CODE_ROOT (jobs/code.py, docs/cli.md "Your code").
+    code_quota_bytes = models.PositiveBigIntegerField(
+        default=2 * 2**30, help_text="bytes (compressed) the team's code snapshots may use; 0 = no limit"
+    )
+    code_retention_days = models.PositiveIntegerField(
+        default=30,
+        help_text="a snapshot no live job uses is removed this many days after its last use; 0 = never",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

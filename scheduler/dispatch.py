@@ -252,9 +252,11 @@ def request_of(job: Waiting, models: frozenset[str] | None) -> policy.Request:
     )
 
 
-def _quota_check(
+def quota_check(
     job: Waiting, queue: QueueRules, team: TeamRules, backlog: Backlog, used: dict[str, int]
 ) -> tuple[str, str] | None:
+    """Why the queue's or the team's rules hold `job` back, as (code, sentence), or None when they allow it. The
+    one place that says so: every pass asks it, and so does a submission for its first reason (jobs/store.py)."""
     if not queue.open:
         return QUEUE_CLOSED, stored("queue %(queue)s is closed", queue=queue.name)
     if job.preemptible:
@@ -510,7 +512,7 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
         return
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
     team = backlog.teams[job.team_id]
-    why = _quota_check(job, queue, team, backlog, used)
+    why = quota_check(job, queue, team, backlog, used)
     if why is None and line.blocked and queue.fifo:
         why = (BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
     placed = None

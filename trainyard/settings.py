@@ -326,6 +326,7 @@ CELERY_BEAT_SCHEDULE["reconcile-lifecycle"] = {
     "schedule": TRAINYARD_LIFECYCLE_RECONCILE_S,
 }
 CELERY_BEAT_SCHEDULE["prune-checkpoints"] = {"task": "jobs.prune_checkpoints", "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["prune-code-snapshots"] = {"task": "jobs.prune_code_snapshots", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["lend-idle-nodes"] = {"task": "jobs.lend_idle_nodes", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["propose-mig"] = {"task": "monitoring.propose_mig", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["heartbeat"] = {"task": "trainyard.heartbeat", "schedule": TRAINYARD_HEARTBEAT_S}
@@ -433,6 +434,10 @@ TRAINYARD_CODE_ROOT = Path(env.str("TRAINYARD_CODE_ROOT", default=str(VAR_DIR / 
 TRAINYARD_CODE_MAX_BYTES = env.int("TRAINYARD_CODE_MAX_BYTES", default=100 * 2**20)
 TRAINYARD_CODE_MAX_UNPACKED_BYTES = env.int("TRAINYARD_CODE_MAX_UNPACKED_BYTES", default=1024 * 2**20)
 TRAINYARD_CODE_MAX_FILES = env.int("TRAINYARD_CODE_MAX_FILES", default=50_000)
+# The portal's "git repository + commit" fetch (jobs/code.py): https and ssh always; file:// only when allowed
+# (it reads the platform's own disk), and how long a fetch may take.
+TRAINYARD_CODE_GIT_ALLOW_FILE = env.bool("TRAINYARD_CODE_GIT_ALLOW_FILE", default=False)
+TRAINYARD_CODE_GIT_TIMEOUT_S = env.int("TRAINYARD_CODE_GIT_TIMEOUT_S", default=120)
 # A vulnerability feed older than this (or none) makes a clean scan "unscanned", never "passed".
 TRAINYARD_SCAN_FEED_MAX_AGE_S = env.float("TRAINYARD_SCAN_FEED_MAX_AGE_S", default=7 * 86400)
 # The network of a local build's RUN steps (images/builder.py): "none", or "outbound" (slirp4netns: the internet's

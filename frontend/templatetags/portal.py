@@ -77,6 +77,26 @@ def eta(estimate) -> str:
     the latest moment the time limits allow, when they bound it). Never "0 s" for a job that waits."""
     if estimate is None:
         return "—"
+    words = _range_words(estimate)
+    old, held = getattr(estimate, "outlived", 0), getattr(estimate, "holders", 0)
+    if not old:
+        return words
+    if old == held == 1:
+        note = _("the job it waits for has run longer than any similar job did: it may end any moment, or run on to "
+                 "its time limit")  # fmt: skip
+    elif old == held:
+        note = _("all %(n)s jobs it waits for have run longer than any similar job did: they may end any moment, or "
+                 "run on to their time limits") % {"n": old}  # fmt: skip
+    else:
+        note = ngettext(
+            "%(n)s of the %(all)s jobs it waits for has run longer than any similar job did",
+            "%(n)s of the %(all)s jobs it waits for have run longer than any similar job did",
+            old,
+        ) % {"n": old, "all": held}
+    return f"{words} ({note})"
+
+
+def _range_words(estimate) -> str:
     if not estimate.known or estimate.low is None or estimate.high is None:
         if estimate.high is not None:
             return _("unknown (at the latest in %(high)s, when running jobs reach their time limits)") % {

@@ -17,8 +17,9 @@ from frontend.views.job_page import (
     job_log_download,
     job_reproduce,
     job_retry,
+    job_yaml,
 )
 from frontend.views.queues import queue_detail, queue_list
-from frontend.views.submit import job_submit, template_delete, template_edit, template_list
+from frontend.views.submit import job_import, job_submit, template_delete, template_edit, template_list
 from frontend.views.teams import team_detail, team_list
 from frontend.views.tokens import token_list, token_revoke

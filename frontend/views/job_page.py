@@ -425,3 +425,16 @@ def job_log_download(request: HttpRequest, job_id) -> StreamingHttpResponse:
     response["X-Trainyard-First-Line"] = str(meta.first_line)
     response["X-Trainyard-Dropped-Lines"] = str(meta.dropped_lines)
     return response
+
+
+@login_required
+def job_yaml(request: HttpRequest, job_id) -> HttpResponse:
+    """The job's reproduce request as a job file: `trainyard submit` or the submit page's import takes it."""
+    from jobs.jobfile import job_yaml as render_yaml
+
+    job = visible_job(request, job_id)
+    text = render_yaml(job, platform_url=request.build_absolute_uri("/"))
+    response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", job.name).strip("-") or "job"
+    response["Content-Disposition"] = f'attachment; filename="{safe}.job.yaml"'
+    return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from cluster.models import GPU, Node
 from cluster.selectors import driver_satisfies
@@ -22,12 +24,13 @@ from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
 from frontend.views.common import portal_runtime, recommendation_message, visible_job
 from images.models import BaseImage, ProjectImage
 from jobs import selectors, services
-from jobs.api import submission_check
+from jobs.api import JobSubmitSerializer, submission_check
+from jobs.jobfile import read_job_yaml
 from jobs.models import Job, JobTemplate
 from kernel.errors import Conflict, DomainError, NotFound
 from kernel.sentences import said
 from quotas import selectors as quota
-from quotas.models import Queue, ResourceSpec
+from quotas.models import Queue, ResourceSpec, Team
 
 
 def _card_mib() -> int:
@@ -156,7 +159,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
     models = [r["model"] for r in choices["gpu_models"]]
     source: dict[str, Any] = {}
     if request.method == "POST":
-        form = SubmitForm(request.POST, gpu_models=models)
+        form = SubmitForm(request.POST, request.FILES, gpu_models=models)
         valid = form.is_valid()
         if "save_template" in request.POST:
             template = _save_template(request, form) if valid else None
@@ -272,6 +275,8 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
     """Validate as the API does (input serializer, then the service), reporting every problem at once; errors
     land on the form's fields. A field the form itself could not read is judged only by the form."""
     data = form.submission()
+    if not _bring_code(request, form, data):
+        return None
     try:
         submission_check(user=request.user, data=data)
         if not form_valid:
@@ -318,3 +323,87 @@ def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str,
         "image": image,
         "max_retries": "2",
     }
+
+
+@login_required
+@require_POST
+def job_import(request: HttpRequest) -> HttpResponse:
+    """A job file (`job.yaml`, e.g. one exported from a job page) uploaded on the submit page: the form comes back
+    filled from it, to check and submit; a file that cannot be read comes back as an error, the form unchanged."""
+    choices = _submit_choices(request.user)
+    models = [r["model"] for r in choices["gpu_models"]]
+    upload = request.FILES.get("jobfile")
+    problem = None
+    body: dict[str, Any] = {}
+    if upload is None:
+        problem = {"message": _("Choose a job file (job.yaml) to import."), "code": "jobfile_missing"}
+    else:
+        try:
+            body = read_job_yaml(upload.read(), known=set(JobSubmitSerializer().fields))
+        except DomainError as exc:
+            problem = {"message": said(exc.detail), "code": exc.code}
+        else:
+            code = body.get("code")
+            if code is not None and not (isinstance(code, str) and code.startswith("sha256:")):
+                problem = {
+                    "message": _(
+                        "code: names a folder (%(value)s) on your machine, which the portal cannot read: submit the "
+                        "file with `trainyard submit`, which uploads the folder, or give the snapshot's sha256 digest."
+                    )
+                    % {"value": code},
+                    "code": "jobfile_code_folder",
+                }
+    if problem is not None:
+        initial = _submit_defaults(request, choices)
+        initial["idempotency_key"] = uuid.uuid4().hex
+        form = SubmitForm(initial=initial, gpu_models=models)
+        response = _render_form(request, form, choices, source={}, mode="submit", import_errors=[problem])
+        response.status_code = 400
+        return response
+    catalog = {row["value"] for row in choices["images"]}
+    initial = initial_from_submission(body, catalog=catalog)
+    initial["idempotency_key"] = uuid.uuid4().hex
+    form = SubmitForm(initial=initial, gpu_models=models)
+    return _render_form(request, form, choices, source={"file": upload.name}, mode="submit")
+
+
+def _bring_code(request: HttpRequest, form: SubmitForm, data: dict[str, Any]) -> bool:
+    """An archive or a git repository + commit given on the form: the platform makes it the team's code snapshot
+    and the submission names its digest. The digest is carried in the form from then on, so a form sent back for
+    another field's error does not ask for the upload again. False (with the error on the form) when it failed."""
+    from jobs import code
+
+    archive = request.FILES.get("code_archive")
+    url = (request.POST.get("code_git_url") or "").strip()
+    commit = (request.POST.get("code_git_commit") or "").strip()
+    if archive is None and not url and not commit:
+        return True
+    if archive is not None and (url or commit):
+        form.add_error(
+            "code_archive", ValidationError(_("Give an archive or a git repository, not both."), code="code_twice")
+        )
+        return False
+    team = Team.objects.filter(slug=data.get("team") or "").first()
+    if team is None or not quota.is_member(request.user, team):
+        form.add_error(
+            "team", ValidationError(_("Choose one of your teams: the code becomes that team's."), code="unknown_team")
+        )
+        return False
+    try:
+        if archive is not None:
+            snapshot = code.snapshot_from_archive(team=team, upload=archive, filename=archive.name, user=request.user)
+        else:
+            snapshot, sha = code.snapshot_from_git(team=team, url=url, commit=commit, user=request.user)
+            if not data.get("ci"):
+                data["ci"] = {"git_url": code._redacted(url), "git_commit": sha}
+    except DomainError as exc:
+        form.add_service_error(exc.field or "code", exc.detail, exc.code)
+        return False
+    data["code"] = snapshot.digest
+    carried = {**(form.cleaned_data.get("carried") or {}), "code": snapshot.digest}
+    if data.get("ci"):
+        carried["ci"] = data["ci"]
+    form.data = form.data.copy()
+    form.data["carried"] = json.dumps(carried)
+    form.data["code_git_url"] = form.data["code_git_commit"] = ""
+    return True

@@ -98,7 +98,8 @@ EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
 NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
 RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
-DATASET_REASONS = frozenset({"DatasetFetchError", "DatasetCacheFull"})  # dataset_cache.DatasetError's reasons
+# dataset_cache.DatasetError's reasons, and code_fetch's: an init container of the platform's that says why it failed
+DATASET_REASONS = frozenset({"DatasetFetchError", "DatasetCacheFull", "CodeFetchError"})
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 

@@ -104,6 +104,8 @@ ANNOTATION_DATASET_FILLS = "trainyard.io/dataset-fills"
 DATASET_FILL_BACKOFF = 2  # a fill Job's own retries (a store that blinked); then it has failed
 DATASET_FILL_TTL_S = 24 * 3600  # a finished fill Job is removed after this; a later job's submit makes it again
 CHECKPOINT_SIDECAR = "checkpoint-sync"
+CODE_FETCHER = "code"  # the init container that lays the code snapshot out (jobs/backends/code_fetch.py)
+CODE_DIR = "/workspace"  # the trainer's working directory when the job brings code
 TERMINATION_LOG = "/dev/termination-log"
 # Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
 SYNTHETIC_UUID_PREFIX = "K8S-"
@@ -397,6 +399,9 @@ def _task(
     fetchers, dataset_mounts = _datasets(desc, options, pod_volumes)
     init_containers += fetchers
     container_mounts += dataset_mounts
+    if desc.code:
+        # Before every other container: the trainer's working directory starts as a copy of the snapshot.
+        init_containers.insert(0, _code_fetcher(desc, options, pod_volumes, container_mounts))
     container: JSON = {
         "name": MAIN_CONTAINER,
         "image": desc.image,
@@ -416,6 +421,8 @@ def _task(
         container["workingDir"] = (
             desc.working_dir if desc.working_dir.startswith("/") else posixpath.join("/workspace", desc.working_dir)
         )
+    elif desc.code:
+        container["workingDir"] = CODE_DIR
     spec: JSON = {
         "restartPolicy": "Never",
         "schedulerName": VOLCANO_SCHEDULER,
@@ -597,6 +604,27 @@ def _platform_container(
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _code_fetcher(desc: AttemptDescription, options: RenderOptions, volumes: list[JSON], mounts: list[JSON]) -> JSON:
+    """The job's code snapshot (jobs/code.py), fetched from the object store by an init container of the platform's
+    own code (`python -m jobs.backends.code_fetch`: digest checked, unpacked with tarfile's data filter) into an
+    emptyDir that the trainer mounts, writable, as /workspace, its working directory."""
+    if not options.s3_url:
+        raise ManifestError("the job's code snapshot is in the object store, and TRAINYARD_S3_URL is not set")
+    if any(_under(m["mountPath"], CODE_DIR) or _under(CODE_DIR, m["mountPath"]) for m in mounts):
+        raise ManifestError(f"a mount at or around {CODE_DIR} would hide the job's code")
+    volumes.append({"name": "code", "emptyDir": {}})
+    mounts.append({"name": "code", "mountPath": CODE_DIR})
+    spec = {"key": desc.code["key"], "digest": desc.code["digest"]}
+    fetcher = _platform_container(
+        CODE_FETCHER,
+        options,
+        ["python", "-m", "jobs.backends.code_fetch", "--into", CODE_DIR, "--termination-log", TERMINATION_LOG],
+        [{"name": "TRAINYARD_CODE", "value": json.dumps(spec, sort_keys=True)}],
+    )
+    fetcher["volumeMounts"] = [{"name": "code", "mountPath": CODE_DIR}, {"name": "scratch", "mountPath": SCRATCH_DIR}]
+    return fetcher
 
 
 def _checkpoint_sidecar(desc: AttemptDescription, options: RenderOptions) -> JSON:

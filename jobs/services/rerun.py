@@ -107,3 +107,9 @@ def job_submission_data(job: Job) -> dict[str, Any]:
     data = _clone_data(job, pin_digest=False)
     data.pop("ci", None)
     return data
+
+
+def reproduce_data(job: Job) -> dict[str, Any]:
+    """The submission body Reproduce sends for `job` (the pinned image digest, the code snapshot, CI facts): what
+    its exported job file holds (jobs/jobfile.py)."""
+    return _clone_data(job, pin_digest=True)

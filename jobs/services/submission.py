@@ -23,6 +23,7 @@ from jobs.models import Job, JobBatch, JobEvent
 from jobs.services.common import ENV_NAME, RESERVED_ENV_PREFIXES, log
 from jobs.services.transitions import event_record
 from jobs.states import JobState, PendingReason
+from jobs.store import reason_at_once
 from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
 from kernel.sentences import stored
 from kernel.units import human_duration, human_resource, parse_duration
@@ -692,6 +693,7 @@ def job_submit(
                     ),
                     data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
                 )
+            reason_at_once(job, actor="admission")
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:

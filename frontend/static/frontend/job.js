@@ -38,6 +38,11 @@
     return badge ? badge.dataset.state : "";
   }
 
+  function currentReason() {
+    const badge = live && live.querySelector("[data-role=state]");
+    return badge ? badge.dataset.reason || "" : "";
+  }
+
   function jobTerminal() {
     return ["succeeded", "failed", "cancelled", "timed_out"].includes(currentState());
   }
@@ -138,7 +143,10 @@
         if (message.attempt === attempt) append(message.lines);
         break;
       case "state":
-        if (message.state !== currentState()) scheduleRefresh();
+        // A waiting job's reason changes without its state: the dispatcher's pass tells it too.
+        if (message.state !== currentState() || (message.reason && message.reason !== currentReason())) {
+          scheduleRefresh();
+        }
         break;
       case "attempt":
         if (message.attempt > latest) {
@@ -224,6 +232,12 @@
       })
       .catch(() => {});
   }
+
+  // While it waits, the estimate ages and others' jobs end: the header is read again now and then (level-triggered:
+  // a message lost on the way costs one period).
+  setInterval(() => {
+    if (currentState() === "pending" && !document.hidden) refreshLive();
+  }, 20000);
 
   let tbTimer = null;
   function checkTensorBoard() {

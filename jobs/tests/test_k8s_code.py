@@ -1,0 +1,173 @@
+"""A job's code snapshot on Kubernetes: published to the object store at submission, fetched into the pod's
+working directory by an init container of the platform's own code (digest checked). Validated against every
+Volcano release's CRDs and Kubernetes' schema; the init container's code run as a real process on a real S3 store
+(SeaweedFS); the fake API server seeing it through a real submission; a failed fetch ends the attempt with its
+reason. Not run on a real kubelet here: kwok's nodes run no containers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rest_framework.test import APIClient
+from trainyard_cli.code import pack
+
+from jobs import code
+from jobs.backends import volcano_render as render
+from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
+from jobs.tests.test_volcano_render import describe, options, validate_everywhere, volcano_crds  # noqa: F401
+from kernel import objectstore
+from kernel.paths import BASE_DIR
+
+DIGEST = "sha256:" + "ab" * 32
+CODE = {"team": "vision", "digest": DIGEST, "key": code.store_key("vision", DIGEST)}
+
+
+def with_store(**overrides):
+    return options(s3_url="http://s3.storage.svc:8333", platform_image="registry.example.org/trainyard:0.1.0",
+                   **overrides)  # fmt: skip
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_code_init_container_validates_on_every_release(replicas, volcano_crds):  # noqa: F811
+    desc = describe("guaranteed", replicas=replicas, code=CODE)
+    job = render.render_job(desc, with_store())
+    validate_everywhere(job, volcano_crds)
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]["spec"]
+        first = pod["initContainers"][0]
+        assert first["name"] == render.CODE_FETCHER and first["image"] == "registry.example.org/trainyard:0.1.0"
+        assert first["command"][:3] == ["python", "-m", "jobs.backends.code_fetch"]
+        spec = json.loads(next(e["value"] for e in first["env"] if e["name"] == "TRAINYARD_CODE"))
+        assert spec == {"key": "code/vision/" + "ab" * 32 + ".tar.gz", "digest": DIGEST}
+        assert {"name": "code", "emptyDir": {}} in pod["volumes"]
+        trainer = pod["containers"][0]
+        assert trainer["workingDir"] == "/workspace"
+        assert {"name": "code", "mountPath": "/workspace"} in trainer["volumeMounts"]
+
+
+def test_a_relative_working_dir_is_inside_the_code_and_no_store_is_refused(volcano_crds):  # noqa: F811
+    job = render.render_job(describe("guaranteed", code=CODE, working_dir="src"), with_store())
+    assert job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/src"
+    with pytest.raises(render.ManifestError, match="TRAINYARD_S3_URL is not set"):
+        render.render_job(describe("guaranteed", code=CODE), options())
+
+
+def _fetch_process(store, tmp_path, spec):
+    into, termination = tmp_path / "workspace", tmp_path / "termination-log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(BASE_DIR),
+        "TRAINYARD_S3_URL": store.url,
+        "TRAINYARD_S3_BUCKET": store.bucket,
+        "TRAINYARD_S3_ACCESS_KEY_ID": store.access_key_id,
+        "TRAINYARD_S3_SECRET_ACCESS_KEY": store.secret_access_key,
+        "TRAINYARD_CODE": json.dumps(spec),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.backends.code_fetch", "--into", str(into), "--termination-log", str(termination)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done, into, termination.read_text() if termination.exists() else ""
+
+
+def test_the_init_container_process_fetches_checks_and_unpacks_from_a_real_store(object_store, tmp_path):
+    folder = tmp_path / "project"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "model.py").write_text("NAME = 'tiny'\n")
+    (folder / "train.py").write_text("print('hi')\n")
+    data, digest, _ = pack(folder)
+    s3 = objectstore.client(object_store)
+    objectstore.ensure_bucket(object_store, s3)
+    key = code.store_key("vision", digest)
+    s3.put_object(Bucket=object_store.bucket, Key=key, Body=data)
+    done, into, said = _fetch_process(object_store, tmp_path, {"key": key, "digest": digest})
+    assert done.returncode == 0, done.stderr
+    assert (into / "train.py").read_text() == "print('hi')\n" and (into / "pkg" / "model.py").exists()
+    assert (into / ".trainyard-code").read_text().strip() == digest
+    # Other bytes under that key: refused, nothing unpacked over the copy, the reason in the termination log.
+    s3.put_object(Bucket=object_store.bucket, Key=key, Body=pack(folder.parent / "project")[0][:-8] + b"x" * 8)
+    (into / ".trainyard-code").unlink()
+    done, _into, said = _fetch_process(object_store, tmp_path, {"key": key, "digest": digest})
+    assert done.returncode == 1 and said.startswith("CodeFetchError: the stored code snapshot is sha256:"), said
+    # A key the store does not have.
+    done, _into, said = _fetch_process(object_store, tmp_path / "x", {"key": key + ".gone", "digest": digest})
+    assert done.returncode == 1 and said.startswith("CodeFetchError: cannot read code snapshot"), said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submission_with_code_publishes_it_and_the_fake_cluster_gets_the_init_container(
+    kube,  # noqa: F811
+    platform,  # noqa: F811
+    celery_worker_thread,
+    checkpoint_store,
+    tmp_path,
+):
+    from jobs.backends import reset_backends
+    from jobs.backends.volcano import parse_ref
+    from jobs.tests.test_volcano_backend import attempt_ref, drive, reload, submit
+
+    reset_backends()  # the render options read the store settings the fixture set
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    data, digest, _ = pack(folder)
+    api = APIClient()
+    api.force_authenticate(platform)
+    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    kube.controller.script("ty-", run_ticks=None)
+    job = submit(platform, code=digest)
+    stored = (
+        objectstore.client(checkpoint_store)
+        .get_object(Bucket=checkpoint_store.bucket, Key=code.store_key("demo", digest))["Body"]
+        .read()
+    )
+    assert stored == data  # published at submission, the same bytes
+    drive(kube, lambda: reload(job).state == "running")
+    pod = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)["spec"]["tasks"][0]["template"]["spec"]
+    fetcher = pod["initContainers"][0]
+    assert fetcher["name"] == "code"
+    assert json.loads(fetcher["env"][0]["value"]) == {"key": code.store_key("demo", digest), "digest": digest}
+    assert pod["containers"][0]["workingDir"] == "/workspace"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(kube, platform, settings, tmp_path):  # noqa: F811
+    settings.TRAINYARD_S3_URL = ""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    data, digest, _ = pack(folder)
+    api = APIClient()
+    api.force_authenticate(platform)
+    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    body = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "pytorch-2.5-cuda12.4",
+            "command": ["python", "train.py"], "code": digest}  # fmt: skip
+    r = api.post("/api/v1/jobs/", body, format="json")
+    assert r.status_code == 400 and r.json()["code"] == "code_not_supported", r.content
+    assert "TRAINYARD_S3_URL" in r.json()["detail"]
+
+
+@pytest.mark.slow
+def test_a_failed_code_fetch_ends_the_attempt_with_its_reason(kube, logs):  # noqa: F811
+    from jobs.tests.test_volcano_backend import PlatformQueue, log_lines, make_backend, observe_until
+    from jobs.tests.test_volcano_backend import describe as describe_attempt
+
+    backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
+    backend.queue_sync(PlatformQueue())
+    said = f"CodeFetchError: the stored code snapshot is sha256:0000000000000, not {DIGEST[:19]}: refusing other bytes"
+    kube.controller.script("ty-", failing_init="code", failing_init_exit_code=1, logs={"code": f"[trainyard] {said}"})
+    desc = describe_attempt(code={**CODE, "team": "demo"})
+    ref = backend.submit(desc)
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    reason, _, message = said.partition(": ")
+    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 1, reason, message)
+    assert log_lines(desc) == [f"[trainyard] {said}"]
+
+
+def test_the_default_rules_retry_a_failed_code_fetch():
+    from jobs.classifier import DEFAULT_RULES
+
+    rule = next(r for r in DEFAULT_RULES if r["name"] == "code-fetch-failed")
+    assert (rule["failure_class"], rule["reaction"]) == ("platform", "retry")

@@ -1,0 +1,56 @@
+"""A job's code snapshot on the real control plane (`make cluster`): the submission publishes it to a real object
+store (SeaweedFS), and the real kube-apiserver (PodSecurity restricted), Volcano's webhooks and controllers accept
+the job whose pods start with the code init container and mount /workspace. kwok's nodes run no containers, so
+the fetch itself is not executed here (jobs/tests/test_k8s_code.py runs that code as a real process)."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+from trainyard_cli.code import pack
+
+from jobs import code
+from jobs.tests.test_volcano_backend import submit
+from kernel import objectstore
+from tests.k8s.test_real_cluster import _drive, _outcome, _pods, _state, admin, platform, real_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_job_with_code_gets_the_init_container_on_the_real_cluster(
+    platform,  # noqa: F811
+    admin,  # noqa: F811
+    checkpoint_store,
+    celery_worker_thread,
+    tmp_path,
+):
+    from jobs.backends import reset_backends
+
+    reset_backends()  # the render options read the store settings the fixture set
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    data, digest, _ = pack(folder)
+    api = APIClient()
+    api.force_authenticate(platform["user"])
+    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    job = submit(platform["user"], code=digest)
+    stored = (
+        objectstore.client(checkpoint_store)
+        .get_object(Bucket=checkpoint_store.bucket, Key=code.store_key("demo", digest))["Body"]
+        .read()
+    )
+    assert stored == data
+    job = _drive(lambda: _state(job, "running", "failed"))
+    assert job.state == "running", (job.state, job.reason, job.message)
+    pods = _pods(admin, job)
+    assert pods
+    for pod in pods:
+        first = pod.spec.init_containers[0]
+        assert first.name == "code" and first.command[:3] == ["python", "-m", "jobs.backends.code_fetch"]
+        trainer = pod.spec.containers[0]
+        assert trainer.working_dir == "/workspace"
+        assert any(m.name == "code" and m.mount_path == "/workspace" for m in trainer.volume_mounts)
+    _outcome(admin, job, "succeed")
+    job = _drive(lambda: _state(job, "succeeded", "failed"))
+    assert job.state == "succeeded"
