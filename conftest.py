@@ -21,7 +21,8 @@ def _isolated_broker_queue():
 @pytest.fixture(autouse=True)
 def _no_queued_dispatch_mark(_isolated_broker_queue):
     """A pass requested by an earlier test (with no worker to run it) must not hold back this test's requests, and
-    neither may the rate-limit windows earlier tests filled (user and token ids repeat across test databases)."""
+    neither may the rate-limit windows or the kept estimates earlier tests left (user, token and queue ids repeat
+    across test databases)."""
     from django.core.cache import cache
 
     from kernel.wake import wake_key
@@ -30,6 +31,7 @@ def _no_queued_dispatch_mark(_isolated_broker_queue):
         cache.delete(wake_key())
         client = cache.redis_client()
         stale = list(client.scan_iter(match=cache.make_key("throttle_*"), count=1000))
+        stale += list(client.scan_iter(match=cache.make_key("eta:*"), count=1000))  # queue ids repeat too
         if stale:
             client.delete(*stale)
     except Exception:  # noqa: BLE001 - tests without Redis do not dispatch

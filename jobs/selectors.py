@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 
 from django.conf import settings
@@ -71,13 +72,26 @@ def waiting_line(queue) -> list:
     return eta.waiting_line(queue)
 
 
-def estimated_waits(queue, waiting: list | None = None, *, fleet=None) -> dict:
-    """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown). `waiting`: the line
-    already read (`queue_waiting`), else only the columns the estimate needs are read (`eta.waiting_line`).
-    `fleet`: a `jobs.eta.Fleet` shared by the queues of one page (`estimate_fleet`)."""
-    from jobs import eta
+def estimated_waits(queue, waiting: list | None = None, *, fleet=None):
+    """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown), a mapping. `waiting`:
+    the line already read (`queue_waiting`), else only the columns the estimate needs are read
+    (`eta.waiting_line`). `fleet`: a `jobs.eta.Fleet` shared by the queues of one page (`estimate_fleet`).
 
-    return eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting, fleet=fleet)
+    A queue whose estimates took longer than `ESTIMATE_SLOW_S` to compute (a fleet's line) is answered from the
+    kept estimates, aged by the time since, for up to `ESTIMATE_KEEP_S`, while a worker computes them again
+    (`jobs.refresh_estimates`, asked once per `ESTIMATE_REUSE_S`); jobs newer than the kept answer have none
+    yet. Cheaper ones are computed for every request, as before."""
+    import time
+
+    from django.core.cache import cache
+
+    kept = cache.get(_estimates_key(queue.id))
+    if kept is not None and kept["cost_s"] >= ESTIMATE_SLOW_S:
+        age = time.time() - kept["at"]
+        if age > ESTIMATE_REUSE_S:
+            _ask_refresh(queue.id)
+        return AgedWaits(kept["waits"], age)
+    return estimates_compute(queue, waiting, fleet=fleet)
 
 
 def estimate_fleet():
@@ -91,27 +105,85 @@ def estimate_fleet():
 # polling the job): the queue's estimates are kept this long and shared by every job of the line, aged by the time
 # since. A job the kept answer does not know (it came later) gets a fresh replay.
 ESTIMATE_REUSE_S = 5
+# Estimates that cost more than this to compute are kept longer, and refreshed by a worker, not by the request.
+ESTIMATE_SLOW_S = 0.1
+ESTIMATE_KEEP_S = 120
 
 
-def estimated_start(job: Job):
-    """When this waiting job may start (a jobs.eta.Estimate), or None."""
-    import dataclasses
+def _estimates_key(queue_id: int) -> str:
+    return f"eta:queue:{queue_id}"
+
+
+def estimates_compute(queue, waiting: list | None = None, *, fleet=None) -> dict:
+    """Compute a queue's estimates now and keep them (with what they cost) for the requests that follow."""
     import time
 
     from django.core.cache import cache
 
-    key = f"eta:queue:{job.queue_id}"
-    kept = cache.get(key)
-    if kept is None or job.id not in kept["waits"]:
-        kept = {"at": time.time(), "waits": estimated_waits(job.queue)}
-        cache.set(key, kept, ESTIMATE_REUSE_S)
-    estimate = kept["waits"].get(job.id)
-    age = time.time() - kept["at"]
+    from jobs import eta
+
+    t0 = time.perf_counter()
+    waits = eta.estimate_starts(queue, eta.waiting_line(queue) if waiting is None else waiting, fleet=fleet)
+    cost = time.perf_counter() - t0
+    keep = ESTIMATE_KEEP_S if cost >= ESTIMATE_SLOW_S else ESTIMATE_REUSE_S
+    try:
+        cache.set(_estimates_key(queue.id), {"at": time.time(), "waits": waits, "cost_s": cost}, keep)
+    except Exception:  # noqa: BLE001 - without Redis every request computes its own
+        pass
+    return waits
+
+
+def _ask_refresh(queue_id: int) -> None:
+    from celery import current_app
+    from django.core.cache import cache
+
+    try:
+        if cache.add(f"eta:refreshing:{queue_id}", 1, timeout=60):
+            current_app.send_task("jobs.refresh_estimates", args=[queue_id])
+    except Exception:  # noqa: BLE001 - the kept answer ages on; the next request asks again
+        pass
+
+
+def _aged(estimate, age: float):
+    import dataclasses
+
     if estimate is None or age <= 0:
         return estimate
     return dataclasses.replace(
         estimate, **{k: max(0.0, v - age) for k in ("low", "mid", "high") if (v := getattr(estimate, k)) is not None}
     )
+
+
+class AgedWaits(Mapping):
+    """Kept estimates read as of now: each aged by `age` seconds when looked up (a line of 5,000 is not copied)."""
+
+    def __init__(self, waits: dict, age: float):
+        self._waits, self._age = waits, age
+
+    def __getitem__(self, job_id):
+        return _aged(self._waits[job_id], self._age)
+
+    def __iter__(self):
+        return iter(self._waits)
+
+    def __len__(self) -> int:
+        return len(self._waits)
+
+
+def estimated_start(job: Job):
+    """When this waiting job may start (a jobs.eta.Estimate), or None."""
+    import time
+
+    from django.core.cache import cache
+
+    kept = cache.get(_estimates_key(job.queue_id))
+    if kept is not None and job.id in kept["waits"]:
+        age = time.time() - kept["at"]
+        if age <= ESTIMATE_REUSE_S or kept["cost_s"] >= ESTIMATE_SLOW_S:
+            if age > ESTIMATE_REUSE_S:
+                _ask_refresh(job.queue_id)
+            return _aged(kept["waits"][job.id], age)
+    return estimates_compute(job.queue).get(job.id)
 
 
 def line_clears(waiting: list[Job], waits: dict):

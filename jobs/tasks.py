@@ -64,6 +64,22 @@ def start_attempts(attempt_ids: list[int]) -> None:
             start_attempt.apply_async((attempt_id,), countdown=2)
 
 
+@shared_task(name="jobs.refresh_estimates", soft_time_limit=60, time_limit=90, ignore_result=True)
+def refresh_estimates(queue_id: int) -> None:
+    """Compute a queue's estimated starts again for the pages that show them (jobs.selectors.estimated_waits)."""
+    from django.core.cache import cache
+
+    from jobs import selectors
+    from quotas.models import Queue
+
+    try:
+        queue = Queue.objects.filter(id=queue_id).first()
+        if queue is not None:
+            selectors.estimates_compute(queue)
+    finally:
+        cache.delete(f"eta:refreshing:{queue_id}")
+
+
 @shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
 def observe_attempts() -> int:
     changed = lifecycle.attempts_observe()

@@ -303,3 +303,42 @@ def test_only_the_teams_own_holders_count_when_the_team_quota_holds_it(platform)
     est = eta.estimate_starts(queue, selectors.queue_waiting(queue), now=now)[waiting.id]
     assert (est.outlived, est.holders) == (1, 1), est
     assert "the job it waits for has run longer than any similar job did" in eta_words(est)
+
+
+def test_a_slow_queue_is_answered_from_the_kept_estimates_while_a_worker_computes_them_again(platform, monkeypatch):  # noqa: F811
+    """A fleet's line costs more than ESTIMATE_SLOW_S to estimate: pages read the kept answer (aged) and ask for
+    one refresh (jobs.refresh_estimates); a cheap line is computed for every request, as before."""
+    from django.core.cache import cache
+
+    from jobs.tasks import refresh_estimates
+
+    now = timezone.now()
+    _open(queue_gpus=1, team_gpus=1)
+    _history(platform, now, [3600] * 5)
+    _run(_submit(platform, timeout_s=86400), now - timedelta(minutes=30))
+    first = _submit(platform, timeout_s=86400)
+    dispatch(full=True)
+    queue = Queue.objects.get(name="train")
+    sent = []
+    monkeypatch.setattr("celery.current_app.send_task", lambda name, args=None, **kw: sent.append((name, args)))
+    # Cheap: every request computes, so a job that just arrived has its estimate at once.
+    assert set(selectors.estimated_waits(queue)) == {first.id}
+    second = _submit(platform, timeout_s=86400)
+    assert set(selectors.estimated_waits(queue)) == {first.id, second.id} and sent == []
+    # Slow: the kept answer is used, aged; the job that came after it has none until the refresh.
+    monkeypatch.setattr(selectors, "ESTIMATE_SLOW_S", 0.0)
+    kept = selectors.estimates_compute(queue)
+    third = _submit(platform, timeout_s=86400)
+    waits = selectors.estimated_waits(queue)
+    assert set(waits) == {first.id, second.id} and waits[first.id].low <= kept[first.id].low
+    assert sent == []  # still fresh enough: no refresh asked
+    monkeypatch.setattr(selectors, "ESTIMATE_REUSE_S", 0.0)
+    selectors.estimated_waits(queue)
+    selectors.estimated_waits(queue)
+    assert sent == [("jobs.refresh_estimates", [queue.id])]  # asked once, however many requests
+    refresh_estimates(queue.id)
+    assert cache.get(f"eta:refreshing:{queue.id}") is None
+    assert set(selectors.estimated_waits(queue)) == {first.id, second.id, third.id}
+    # A job's own page still gets its estimate when the kept answer predates it.
+    fourth = _submit(platform, timeout_s=86400)
+    assert selectors.estimated_start(Job.objects.get(pk=fourth.pk)) is not None
