@@ -25,7 +25,7 @@ from django.conf import settings
 from jobs import logstore
 from jobs.backends import sandbox
 from jobs.backends.base import UNOBSERVABLE, AttemptDescription, Observation
-from kernel import proctree
+from kernel import limits, proctree
 from kernel.paths import BASE_DIR
 from kernel.sentences import stored
 
@@ -91,7 +91,29 @@ def runtime() -> dict:
         "python_version": ".".join(map(str, sys.version_info[:3])),
         "path": command_path(),
         "sandbox": sandbox.enabled(),
+        # What holds a job to its memory, processes and CPU (kernel/limits.py): cgroup2, cgroup1, rlimit or off.
+        "limits": limits_mode(),
+        "seccomp": sandbox.enabled() and sandbox.seccomp_supported(),
     }
+
+
+def limits_mode() -> str:
+    setting = str(settings.TRAINYARD_JOB_LIMITS)
+    if setting == "off":
+        return "off"
+    return limits.detect(setting, v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT)
+
+
+def limits_plan(desc: AttemptDescription, box: dict | None) -> dict | None:
+    """The attempt's memory, process and CPU limits, as it asked for them (memory_mib, cpu_milli)."""
+    return limits.plan(
+        memory_mib=desc.memory_mib,
+        cpu_milli=desc.cpu_milli,
+        pids_max=settings.TRAINYARD_JOB_PIDS_MAX,
+        setting=str(settings.TRAINYARD_JOB_LIMITS),
+        v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT,
+        own_uid=bool(box and box.get("drop_root")),  # root mode: the job's uid is its own, RLIMIT_NPROC counts it
+    )
 
 
 def _runner_path() -> str:
@@ -170,6 +192,7 @@ class LocalBackend:
                 "emulated_gpu": bool(desc.devices) and all(d.gpu_uuid.startswith("EMU-") for d in desc.devices),
             },
             "datasets": self._datasets_spec(desc),
+            "limits": limits_plan(desc, box),
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -291,12 +314,20 @@ class LocalBackend:
             reason = status.get("reason") or (
                 signal.Signals(sig).name if sig else ("Completed" if code == 0 else "Error")
             )
+            message = str(status.get("message") or "")
+            if reason == "OOMKilled":
+                peak, limit = status.get("memory_peak_bytes"), status.get("memory_limit_bytes") or 0
+                message = stored(
+                    "out of memory: killed at its memory limit of %(limit)s MiB, peak %(peak)s MiB",
+                    limit=limit >> 20,
+                    peak="?" if peak is None else peak >> 20,
+                )
             return Observation(
                 phase=phase,
                 exit_code=code,
                 signal=sig,
                 reason=reason,
-                message=str(status.get("message") or ""),
+                message=message,
                 cancelled=bool(status.get("cancelled")),
                 ended_at=status.get("ended_at"),
                 log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),

@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from kernel import seccomp
 from kernel.netns import slirp_resolv_conf
 
 NOBODY = 65534
@@ -172,7 +173,29 @@ def plan(
         "cwd": str(workdir),
         "devices": gpu_device_nodes(devices),
         "network": network,
+        "seccomp": seccomp_supported(),
     }
+
+
+def seccomp_supported() -> bool:
+    """Whether a job's sandbox gets the seccomp filter (kernel/seccomp.py has one for this machine)."""
+    try:
+        seccomp.program()
+    except seccomp.SeccompUnsupported:
+        return False
+    return True
+
+
+def seccomp_fd(sandbox: dict | None) -> int | None:
+    """A pipe holding the job's seccomp filter, for `wrap(..., seccomp_fd=)` and the child's pass_fds (bubblewrap
+    reads it to the end); None when the sandbox has no filter. The caller closes it once the child has started."""
+    if not sandbox or not sandbox.get("seccomp"):
+        return None
+    data = seccomp.program()
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # a few hundred bytes: far below a pipe's buffer
+    os.close(write_end)
+    return read_end
 
 
 def service_plan(*, job_id: str, readable: list[Path]) -> dict | None:
@@ -219,13 +242,20 @@ def _open_parents(binds: list[str], sandbox: dict) -> list[str]:
 
 
 def wrap(
-    sandbox: dict | None, argv: list[str], *, info_fd: int | None = None, block_fd: int | None = None
+    sandbox: dict | None,
+    argv: list[str],
+    *,
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The command line that runs `argv` inside the sandbox (`argv` itself when there is none). With outbound
     network, bubblewrap reports the job's pid on `info_fd` and waits on `block_fd` until `attach_network` has
-    given the namespace its interface."""
+    given the namespace its interface. A sandbox with a seccomp filter needs `seccomp_fd` (see `seccomp_fd()`)."""
     if not sandbox:
         return list(argv)
+    if sandbox.get("seccomp") and seccomp_fd is None:
+        raise ValueError("a sandbox with a seccomp filter needs seccomp_fd (see seccomp_fd())")
     bwrap = shutil.which(sandbox["bwrap"]) or sandbox["bwrap"]
     cmd = ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "trainyard-sandbox", bwrap]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "trainyard-job"]
@@ -259,6 +289,8 @@ def wrap(
     if resolv:
         cmd += ["--ro-bind", resolv, "/etc/resolv.conf"]
     cmd += _open_parents([*binds, *sandbox["rw_paths"], *(dest for _, dest in datasets)], sandbox)
+    if sandbox.get("seccomp"):
+        cmd += ["--seccomp", str(seccomp_fd)]
     cmd += ["--chdir", sandbox["cwd"], "--"]
     if sandbox["drop_root"]:
         uid = str(sandbox["uid"])
@@ -375,11 +407,22 @@ def preflight(bwrap: str = "bwrap") -> None:
         "rw_paths": [],
         "cwd": "/",
         "devices": [],
+        "seccomp": seccomp_supported(),
     }
+    fd = seccomp_fd(probe)
     try:
-        result = subprocess.run(wrap(probe, ["true"]), capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            wrap(probe, ["true"], seccomp_fd=fd),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=(fd,) if fd is not None else (),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxUnavailable(f"the job sandbox could not be made: {exc}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
     if result.returncode != 0:
         said = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise SandboxUnavailable(f"the job sandbox could not be made here (bubblewrap said: {said})")
