@@ -682,8 +682,30 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
                 "active": route is not None,
                 "url": tensorboard.route_path(job.id),
                 "host": route.host if route else None,
-                "signed_url": tensorboard.signed_link(job.id) if route else None,
+                "signed_url": tensorboard.signed_link(job.id, route=route) if route else None,
                 "expires_at": route.expires_at if route else None,
+            }
+        )
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="tensorboard/revoke-links")
+    def tensorboard_revoke_links(self, request, pk=None):
+        """End every shared link to the job's TensorBoard, and the cookies they left: its route is replaced by a
+        fresh one (members keep access); the answer holds a new link. 404 `tensorboard_not_running` without one."""
+        from jobs import tensorboard
+
+        job = self.get_object()
+        route = tensorboard.links_revoke(job_id=job.id)
+        if route is None:
+            raise NotFound("TensorBoard is not running for this job", code="tensorboard_not_running")
+        return Response(
+            {
+                "enabled": job.tensorboard,
+                "active": True,
+                "url": tensorboard.route_path(job.id),
+                "host": route.host or None,
+                "signed_url": tensorboard.signed_link(job.id, route=route),
+                "expires_at": route.expires_at,
             }
         )
 
