@@ -93,7 +93,7 @@ def runtime() -> dict:
         "sandbox": sandbox.enabled(),
         # What holds a job to its memory, processes and CPU (kernel/limits.py): cgroup2, cgroup1, rlimit or off.
         "limits": limits_mode(),
-        "seccomp": sandbox.enabled() and sandbox.seccomp_supported(),
+        "seccomp": sandbox.enabled() and os.geteuid() == 0 and sandbox.seccomp_supported(),
     }
 
 

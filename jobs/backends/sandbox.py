@@ -19,6 +19,11 @@ What the job gets:
 - its own work and TensorBoard folders read-write, its own `/tmp`, `/var/tmp` and `/dev/shm`, a minimal
   `/dev`, and the device nodes of the GPUs it was placed on (where NVIDIA devices exist).
 
+- in root mode, a seccomp filter (kernel/seccomp.py, loaded by bubblewrap's `--seccomp`): no user namespaces,
+  no kernel keyring, bpf, io_uring, perf or mounting; unprivileged, bubblewrap's `--disable-userns` instead;
+- its memory, processes and CPU held to what it asked for by the supervisor (kernel/limits.py: a cgroup where
+  the platform may make one, rlimits otherwise).
+
 The supervisor stops a job with SIGTERM to its process group, then SIGKILL: bubblewrap itself would die
 on SIGTERM and take the job down at once, so it is started with SIGTERM ignored and the job's command is
 started with every signal back at its default (`env --default-signal`). Bubblewrap reports a command
@@ -173,12 +178,14 @@ def plan(
         "cwd": str(workdir),
         "devices": gpu_device_nodes(devices),
         "network": network,
-        "seccomp": seccomp_supported(),
+        # Root mode: the job is a plain uid of the host's user namespace, so the filter is what keeps it from
+        # making one of its own (unprivileged, bubblewrap's --disable-userns does).
+        "seccomp": os.geteuid() == 0 and seccomp_supported(),
     }
 
 
 def seccomp_supported() -> bool:
-    """Whether a job's sandbox gets the seccomp filter (kernel/seccomp.py has one for this machine)."""
+    """Whether kernel/seccomp.py has a filter for this machine (root-mode sandboxes get it)."""
     try:
         seccomp.program()
     except seccomp.SeccompUnsupported:
@@ -407,7 +414,7 @@ def preflight(bwrap: str = "bwrap") -> None:
         "rw_paths": [],
         "cwd": "/",
         "devices": [],
-        "seccomp": seccomp_supported(),
+        "seccomp": os.geteuid() == 0 and seccomp_supported(),
     }
     fd = seccomp_fd(probe)
     try:
