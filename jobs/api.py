@@ -53,6 +53,7 @@ SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}\Z")
 
 
 class JobSubmitSerializer(serializers.Serializer):
+    rejects_unknown_fields = True  # validate() answers an undeclared key with 400 unknown_field
     name = serializers.CharField(max_length=120, required=False)
     team = serializers.SlugField()
     queue = serializers.CharField(max_length=50)

@@ -188,6 +188,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Every 4xx an operation can answer, with the Error body; additionalProperties false where extras are refused.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "kernel.api.schema_declare_errors"],
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "jobs.states.JobState",
         "AttemptStateEnum": "jobs.states.AttemptState",
