@@ -303,6 +303,21 @@ class AttemptLimits:
         self.v1 = {}
 
 
+def remove_folders(folders: list[str]) -> None:
+    """Remove an attempt's cgroup folders its supervisor left (it was killed); only paths under the cgroup mounts,
+    and only empty ones (rmdir refuses a cgroup that still holds processes)."""
+    for text in folders:
+        path = Path(text)
+        if not path.is_relative_to(CGROUP_ROOT) or ".." in path.parts:
+            continue
+        try:
+            path.rmdir()
+            if path.parent.name == "trainyard":
+                path.parent.rmdir()  # cgroup v1's shared folder, once no attempt uses it
+        except OSError:
+            pass
+
+
 def plan(*, memory_mib: int, cpu_milli: int, pids_max: int, setting: str = "auto", v2_parent_setting: str = "",
          own_uid: bool = False) -> dict | None:  # fmt: skip
     """The limits of one attempt, JSON-able for the supervisor; None when limits are turned off."""

@@ -351,6 +351,7 @@ class LocalBackend:
                     message=stored("supervisor gone; %(n)s processes could not be killed yet", n=len(left)),
                 )
             else:
+                limits.remove_folders(self._limit_folders(folder))  # the dead supervisor could not
                 try:
                     (folder / "fenced").write_text(str(time.time()))
                 except OSError as exc:  # only a note for later readers: every process is already gone
@@ -366,6 +367,13 @@ class LocalBackend:
                     log_error=faults.get("error", ""),
                     checkpoints=manifest,
                 )
+
+    @staticmethod
+    def _limit_folders(folder: Path) -> list[str]:
+        try:
+            return list(json.loads((folder / "limits.json").read_text()).get("folders") or [])
+        except (OSError, ValueError):
+            return []
 
     @staticmethod
     def _checkpoints(folder: Path) -> dict | None:

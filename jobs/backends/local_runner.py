@@ -314,7 +314,10 @@ def main(folder: Path) -> int:
     if spec.get("limits"):
         limits = AttemptLimits(spec["limits"], name=f"{sup.tag[0] or folder.parent.name}-{sup.tag[1]}")
         limits.apply()
-        _write_json(folder / "limits.json", {"held": limits.describe(), "mode": limits.mode})
+        _write_json(
+            folder / "limits.json",
+            {"held": limits.describe(), "mode": limits.mode, "folders": [str(f) for f in limits.folders]},
+        )
         if limits.fallback:  # the user's log says so only when the attempt got less than the platform's usual
             logs.line(f"[trainyard] {limits.describe()}")
     sec_fd = None

@@ -202,3 +202,21 @@ def test_root_mode_jobs_cannot_make_user_namespaces(small):
     if os.uname().machine == "x86_64":  # 250 is keyctl there
         assert "keyctl -1 Operation not permitted" in log, log
     assert local.runtime()["seccomp"] is True
+
+
+def test_a_killed_supervisors_cgroups_are_removed_once_its_attempt_is_fenced(small):
+    import signal
+
+    from jobs.models import Attempt
+
+    _need_cgroups()
+    job = _submit(small, ["sh", "-c", "echo up; sleep 300"])
+    wait_for(lambda: "up" in _log(job) if Job.objects.get(pk=job.pk).attempts.exists() else False, timeout=60)
+    folder = Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "attempt-1"
+    groups = [Path(p) for p in json.loads((folder / "limits.json").read_text())["folders"]]
+    assert groups and all(g.is_dir() for g in groups)
+    os.kill(int((folder / "runner.pid").read_text()), signal.SIGKILL)
+    wait_for(lambda: Attempt.objects.get(job=job, number=1).state == "lost", timeout=60)
+    assert not any(g.exists() for g in groups)
+    lifecycle.job_cancel(job_id=job.id, actor="test")
+    wait_for(lambda: _finished(job), timeout=60)
