@@ -37,6 +37,7 @@ from images.models import (
     TeamImageSettings,
 )
 from kernel.errors import DomainError, NotFound, ValidationFailed
+from kernel.sentences import stored
 
 log = structlog.get_logger(__name__)
 FROM_LINE = re.compile(r"^\s*FROM\s+(?P<flags>(?:--\S+\s+)*)(?P<image>\S+)(?P<rest>(?:\s+AS\s+\S+)?)\s*$", re.I | re.M)
@@ -288,9 +289,31 @@ def _enqueue(build_id: int) -> None:
     run_build.delay(build_id)
 
 
+SHARED_NAMESPACE = "base"  # trainyard/base/…: the catalog bases, everyone's
+
+
+def check_team_repository(reference: str, *, team_slug: str) -> None:
+    """A platform repository `trainyard/<team>/…` belongs to that team: a job or build of another team naming it
+    is refused by its path alone, whether or not it exists (no oracle), on any registry host (an alias of the
+    platform's registry is still the platform's). `trainyard/base/…` is the shared catalog. 400
+    `image_of_another_team`."""
+    parts = registry.parse(reference.strip()).repository.lower().split("/")
+    if len(parts) >= 3 and parts[0] == "trainyard" and parts[1] not in {SHARED_NAMESPACE, team_slug.lower()}:
+        raise ValidationFailed(
+            stored(
+                "'%(reference)s' is a project image of another team: a job runs its own team's project images "
+                "(trainyard/%(team)s/…) and the shared bases (trainyard/base/…)",
+                reference=reference,
+                team=team_slug,
+            ),
+            code="image_of_another_team",
+            field="image",
+        )
+
+
 def repository_of(image: BaseImage | ProjectImage) -> str:
     if isinstance(image, BaseImage):
-        return f"trainyard/base/{image.name}"
+        return f"trainyard/{SHARED_NAMESPACE}/{image.name}"
     return f"trainyard/{image.team.slug}/{image.name}"
 
 

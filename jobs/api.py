@@ -53,6 +53,7 @@ SHORT_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}\Z")
 
 
 class JobSubmitSerializer(serializers.Serializer):
+    rejects_unknown_fields = True  # validate() answers an undeclared key with 400 unknown_field
     name = serializers.CharField(max_length=120, required=False)
     team = serializers.SlugField()
     queue = serializers.CharField(max_length=50)
@@ -701,8 +702,30 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
                 "active": route is not None,
                 "url": tensorboard.route_path(job.id),
                 "host": route.host if route else None,
-                "signed_url": tensorboard.signed_link(job.id) if route else None,
+                "signed_url": tensorboard.signed_link(job.id, route=route) if route else None,
                 "expires_at": route.expires_at if route else None,
+            }
+        )
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="tensorboard/revoke-links")
+    def tensorboard_revoke_links(self, request, pk=None):
+        """End every shared link to the job's TensorBoard, and the cookies they left: its route is replaced by a
+        fresh one (members keep access); the answer holds a new link. 404 `tensorboard_not_running` without one."""
+        from jobs import tensorboard
+
+        job = self.get_object()
+        route = tensorboard.links_revoke(job_id=job.id)
+        if route is None:
+            raise NotFound("TensorBoard is not running for this job", code="tensorboard_not_running")
+        return Response(
+            {
+                "enabled": job.tensorboard,
+                "active": True,
+                "url": tensorboard.route_path(job.id),
+                "host": route.host or None,
+                "signed_url": tensorboard.signed_link(job.id, route=route),
+                "expires_at": route.expires_at,
             }
         )
 

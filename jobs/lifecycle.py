@@ -753,6 +753,8 @@ def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:
 def _describe_exit(obs: Observation) -> str:
     if obs.reason == DISK_FULL and obs.message:
         return stored("ended on a full disk (%(message)s)", message=obs.message)
+    if obs.reason == "OOMKilled" and obs.message:
+        return stored("was killed: %(message)s", message=obs.message)  # the backend measured the peak
     if obs.signal:
         return stored("was killed by signal %(signal)s", signal=obs.signal)
     if obs.exit_code is not None:

@@ -8,13 +8,17 @@ loads leaves `/tb/<job-id>/` (where the access check and the cookie of a shared 
 import re
 
 import httpx
+import structlog
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from jobs.models import TensorBoardRoute
 from jobs.selectors import jobs_visible_to
-from jobs.tensorboard import check_signature
+from jobs.tensorboard import link_age
+from kernel import listeners
+
+log = structlog.get_logger(__name__)
 
 HOP_BY_HOP = {
     "connection",
@@ -57,15 +61,40 @@ def _into_prefix(body: bytes, job_id) -> bytes:
     return ROOT_URL.sub(fix, body)
 
 
+def _not_ours(route: TensorBoardRoute) -> JsonResponse | None:
+    """Forward only to the TensorBoard this route started: every socket listening on its port must be held by that
+    process tree (kernel/listeners.py). A port bound by anyone else (the TensorBoard died and a local user took
+    the port) is refused, so nothing but the platform's own TensorBoard is ever served under the portal's origin."""
+    if not listeners.listening_inodes(route.port):
+        response = JsonResponse(
+            {"code": "tensorboard_starting", "detail": "TensorBoard is starting; retry shortly"}, status=503
+        )
+        response["Retry-After"] = "2"
+        return response
+    if listeners.held_by_tree(route.port, route.pid or 0, started_after=route.issued_at.timestamp()):
+        return None
+    log.warning("tensorboard_port_not_ours", job_id=str(route.job_id), port=route.port, pid=route.pid)
+    return JsonResponse(
+        {
+            "code": "tensorboard_not_verified",
+            "detail": "this job's TensorBoard port is held by a process the platform did not start; nothing is "
+            "forwarded to it (the route is replaced once the platform sees its TensorBoard gone)",
+        },
+        status=502,
+    )
+
+
 @csrf_exempt
 def tensorboard_proxy(request, job_id, path=""):
     signed = request.GET.get("tb_sig")
-    via_link = bool(signed) and check_signature(job_id, signed)
-    cookie = request.get_signed_cookie(
-        _cookie_name(job_id), default=None, salt="tb", max_age=settings.TRAINYARD_TB_LINK_TTL_S
-    )
+    age = link_age(job_id, signed) if signed else None
+    via_link = age is not None
+    # The cookie a link left holds the link itself: it is checked as the link is, so it ends when the link does
+    # (its TTL counted from when the link was made, never from the visit) and with the route it names.
+    remembered = request.get_signed_cookie(_cookie_name(job_id), default=None, salt="tb")
+    via_cookie = bool(remembered) and link_age(job_id, remembered) is not None
     member = request.user.is_authenticated and jobs_visible_to(request.user).filter(pk=job_id).exists()
-    if not (member or via_link or cookie == str(job_id)):
+    if not (member or via_link or via_cookie):
         status = 404 if request.user.is_authenticated else 403
         return JsonResponse(
             {
@@ -83,6 +112,9 @@ def tensorboard_proxy(request, job_id, path=""):
             },
             status=404,
         )
+    refused = _not_ours(route)
+    if refused is not None:
+        return refused
     params = [(k, v) for k, v in request.GET.lists() if k != "tb_sig" for v in v]
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
     headers["accept-encoding"] = "identity"
@@ -107,10 +139,10 @@ def tensorboard_proxy(request, job_id, path=""):
     if via_link:
         response.set_signed_cookie(
             _cookie_name(job_id),
-            str(job_id),
+            signed,
             salt="tb",
             path=f"/tb/{job_id}/",
-            max_age=settings.TRAINYARD_TB_LINK_TTL_S,
+            max_age=max(1, int(settings.TRAINYARD_TB_LINK_TTL_S - age)),
             httponly=True,
             samesite="Lax",
         )

@@ -205,14 +205,44 @@ def routes_stop_all() -> int:
     return len(ids)
 
 
-def signed_link(job_id, *, max_age_s: int | None = None) -> str:
-    token = signing.TimestampSigner(salt=SIGNER_SALT).sign(str(job_id))
+def signed_link(job_id, *, route: TensorBoardRoute | None = None) -> str | None:
+    """A shareable link to the job's active route, good for TRAINYARD_TB_LINK_TTL_S from now and bound to that
+    route: revoking the route (its TensorBoard stopped, or `links_revoke`) ends every link to it. None when the
+    job has no active route."""
+    route = route or TensorBoardRoute.objects.filter(job_id=job_id, state=TensorBoardRoute.State.ACTIVE).first()
+    if route is None:
+        return None
+    token = signing.TimestampSigner(salt=SIGNER_SALT).sign(f"{job_id}.{route.pk}")
     return f"{route_path(job_id)}?tb_sig={token}"
 
 
-def check_signature(job_id, token: str) -> bool:
+def link_age(job_id, token: str) -> float | None:
+    """Seconds since the link was made, when `token` is a valid link to the job's active route (and younger than
+    its TTL); None otherwise."""
+    signer = signing.TimestampSigner(salt=SIGNER_SALT)
     try:
-        value = signing.TimestampSigner(salt=SIGNER_SALT).unsign(token, max_age=settings.TRAINYARD_TB_LINK_TTL_S)
-    except signing.BadSignature:
-        return False
-    return value == str(job_id)
+        value = signer.unsign(token, max_age=settings.TRAINYARD_TB_LINK_TTL_S)
+        made = signing.b62_decode(token.split(":")[-2])  # value:timestamp:signature, the signature checked above
+    except (signing.BadSignature, ValueError, IndexError):
+        return None
+    job, _, route_id = value.partition(".")
+    if job != str(job_id) or not route_id.isdigit():
+        return None
+    live = TensorBoardRoute.objects.filter(pk=int(route_id), job_id=job_id, state=TensorBoardRoute.State.ACTIVE)
+    if not live.exists():
+        return None
+    return max(0.0, timezone.now().timestamp() - made)
+
+
+def check_signature(job_id, token: str) -> bool:
+    return link_age(job_id, token) is not None
+
+
+def links_revoke(*, job_id) -> TensorBoardRoute | None:
+    """End every shared link to the job's TensorBoard: its route is replaced by a fresh one (a new TensorBoard
+    on a new port), so links and the cookies they left name a route that no longer is."""
+    route = TensorBoardRoute.objects.filter(job_id=job_id, state=TensorBoardRoute.State.ACTIVE).first()
+    if route is None:
+        return None
+    route_revoke(route_id=route.pk)
+    return route_issue(job_id=job_id)

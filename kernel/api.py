@@ -69,3 +69,65 @@ def int_param(request, name: str, *, default: int, minimum: int = 0) -> int:
     if value < minimum:
         raise ValidationFailed(f"{name} must be at least {minimum}", code="invalid_parameter", field=name)
     return value
+
+
+RejectUnknownFieldsMixin.rejects_unknown_fields = True
+
+# The 4xx answers the platform's middleware and framework give any operation (auth, scopes, throttles), and those
+# that come with a path parameter, a body or a query string. Every error body is {"code", "detail", ...}.
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "stable, documented error code"},
+        "detail": {"type": "string"},
+        "fields": {"type": "object", "additionalProperties": True},
+    },
+    "required": ["code"],
+    "additionalProperties": True,
+}
+ERROR_WORDS = {
+    "400": "invalid input (the code says which rule, `fields` which field)",
+    "401": "not authenticated",
+    "403": "not allowed (or the token lacks the scope: token_scope)",
+    "404": "no such object, or not yours to see",
+    "409": "the object's state forbids it now",
+    "413": "request body too large",
+    "415": "unsupported media type",
+    "429": "throttled: retry after Retry-After seconds",
+}
+
+
+def schema_declare_errors(result, generator, request, public):
+    """drf-spectacular postprocessing hook: declare on every operation the 4xx it can answer (with the shared Error
+    body), and `additionalProperties: false` on request bodies whose serializer refuses unknown fields."""
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = ERROR_SCHEMA
+    for path, methods in result.get("paths", {}).items():
+        if not path.startswith("/api/v1/"):
+            continue
+        for method, operation in methods.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            codes = {"401", "403", "429"}
+            if "{" in path:
+                codes |= {"400", "404"}  # 400: a path value no route could hold (a NUL byte, say)
+            if method in {"post", "put", "patch", "delete"}:
+                codes |= {"400", "404", "409", "413", "415"}  # 404: a body naming a team or object not yours
+            elif any(p.get("in") == "query" for p in operation.get("parameters", [])):
+                codes |= {"400", "404"}  # 404: a query naming an object that is not there, or not yours (?team=)
+            responses = operation["responses"]
+            for code in sorted(codes):
+                responses.setdefault(
+                    code,
+                    {
+                        "description": ERROR_WORDS[code],
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    },
+                )
+    for component in generator.registry._components.values():
+        if component.type != "schemas" or not component.name.endswith("Request"):
+            continue
+        target = component.object
+        if getattr(target, "rejects_unknown_fields", False) and component.name in components:
+            components[component.name]["additionalProperties"] = False
+    return result

@@ -159,3 +159,20 @@ class ScopedActionsMixin:
         else:
             self.throttle_scope = "write"
         return super().get_throttles()
+
+
+def scope_table() -> list[tuple[str, str, str]]:
+    """(scope, method, path) of every API operation a `read` token cannot do, read from the routes themselves with
+    the very rule the permission applies (`required_scope`); docs/security.md prints it and a test compares."""
+    from types import SimpleNamespace
+
+    from drf_spectacular.generators import EndpointEnumerator
+
+    rows = set()
+    for path, _regex, method, callback in EndpointEnumerator().get_api_endpoints():
+        view = callback.cls(**(getattr(callback, "initkwargs", None) or {}))
+        scope = required_scope(SimpleNamespace(method=method), view)
+        if scope != "read":
+            rows.add((scope, method, path))
+    order = {name: i for i, name in enumerate(TOKEN_SCOPES)}
+    return sorted(rows, key=lambda r: (order.get(r[0], 99), r[2], r[1]))

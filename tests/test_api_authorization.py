@@ -65,6 +65,8 @@ def test_every_operation_for(world, principal):
             body = response.json()
             if not body.get("code"):
                 problems.append(f"{where} without an error code: {text[:200]}")
+            if status < 500 and str(status) not in op.spec.get("responses", {}):
+                problems.append(f"{where}: a {status} its schema does not declare")
         if principal in {"anonymous", "revoked", "expired"} and status not in (401, 403):
             problems.append(f"{where}: no valid credentials, yet not refused")
         if principal == "read_token" and op.unsafe and status != 403:

@@ -192,6 +192,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Every 4xx an operation can answer, with the Error body; additionalProperties false where extras are refused.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "kernel.api.schema_declare_errors"],
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "jobs.states.JobState",
         "AttemptStateEnum": "jobs.states.AttemptState",
@@ -270,6 +272,10 @@ TRAINYARD_SANDBOX_SLIRP4NETNS = env.str("TRAINYARD_SANDBOX_SLIRP4NETNS", default
 TRAINYARD_SANDBOX_RO_PATHS = env.list("TRAINYARD_SANDBOX_RO_PATHS", default=[])
 TRAINYARD_SANDBOX_UID_BASE = env.int("TRAINYARD_SANDBOX_UID_BASE", default=200000)
 TRAINYARD_SANDBOX_UID_COUNT = env.int("TRAINYARD_SANDBOX_UID_COUNT", default=65536)
+# Local jobs' memory, process and CPU limits (kernel/limits.py): auto | cgroup2 | cgroup1 | rlimit | off.
+TRAINYARD_JOB_LIMITS = env.str("TRAINYARD_JOB_LIMITS", default="auto")
+TRAINYARD_JOB_PIDS_MAX = env.int("TRAINYARD_JOB_PIDS_MAX", default=4096)
+TRAINYARD_CGROUP_PARENT = env.str("TRAINYARD_CGROUP_PARENT", default="")
 TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)
 TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]

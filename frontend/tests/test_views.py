@@ -485,11 +485,14 @@ def test_submit_form_and_job_page_say_what_the_local_backend_really_runs(portal)
                 "python_version": "3.11.9",
                 "path": "/opt/py/bin:/usr/bin",
                 "sandbox": True,
+                "limits": "cgroup1",
+                "seccomp": True,
             },
         }
     )
     page = html.unescape(login(portal.demo).get(f"/jobs/{job.id}/").content.decode())
     assert "not used: the local backend ran the command on the host" in page
+    assert "Resource limits" in page and "cgroup1 + seccomp" in page
     assert "3.11.9 /opt/py/bin/python" in page and "/opt/py/bin:/usr/bin" in page
     assert f"{job.image_reference} (digest unresolved)" in page  # what was asked for, labelled as such
     assert "not used: runs on the host's Python 3.11.9" in page

@@ -94,6 +94,9 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
             ("PATH", runtime.get("path")),
             (_("Sandbox"), _("on") if runtime.get("sandbox") else _("off")),
         ]
+        if runtime.get("limits"):
+            held = runtime["limits"] + (" + seccomp" if runtime.get("seccomp") else "")
+            image_rows.append((_("Resource limits"), held))
     rows: list[tuple[str, Any]] = [
         *image_rows,
         (_("Spec"), record.get("spec") or _("explicit request")),

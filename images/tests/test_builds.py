@@ -58,6 +58,11 @@ def test_a_project_image_builds_on_the_pinned_base_and_refuses_other_froms(image
             team=team, name="trainer", base="tiny-base", containerfile="FROM docker.io/library/ubuntu:24.04\n"
         )
     assert err.value.code == "base_not_in_catalog"
+    other_team = f"{registry.platform_registry()}/trainyard/alpha/private:latest"  # guessable, refused by path
+    for containerfile in (f"FROM {other_team}\n", f"FROM tiny-base AS a\nFROM {other_team}\nCOPY --from=a / /\n"):
+        with pytest.raises(ValidationFailed) as err:
+            services.project_image_define(team=team, name="trainer", base="tiny-base", containerfile=containerfile)
+        assert err.value.code == "base_not_in_catalog"
     image = services.project_image_define(
         team=team, name="trainer", base="tiny-base", containerfile="FROM tiny-base\nRUN echo ok > /trainer\n"
     )

@@ -139,3 +139,32 @@ def test_a_policy_that_wants_scans_refuses_an_image_the_platform_never_scanned(w
     response = world.post("/api/v1/jobs/", body(f"{registry.platform_registry()}/upstream/tiny:1"), format="json")
     assert response.status_code == 400 and response.json()["code"] == "image_not_scanned"
     assert not ImageBuild.objects.exists() and Team.objects.filter(slug="demo").exists()
+
+
+def test_another_teams_project_image_is_refused_by_its_path_and_the_shared_bases_stay_open(world, build_root, tmp_path):
+    """Team alpha's private image, really pushed to the platform's registry: demo naming its (guessable)
+    reference gets a 400 that says nothing of whether it exists; alpha runs it; trainyard/base/… is everyone's."""
+    from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+    host = registry.platform_registry()
+    alpha_image = f"{host}/trainyard/alpha/secret-model:1"
+    push_tag(build_root, tmp_path, alpha_image, "alpha-private")
+    shared = f"{host}/trainyard/base/tiny:1"
+    push_tag(build_root, tmp_path, shared, "shared-base")
+    alpha = TeamFactory(slug="alpha", name="Alpha")
+    for queue in Queue.objects.all():
+        queue.teams.add(alpha)
+    alice = UserFactory(username="alice")
+    MembershipFactory(team=alpha, user=alice)
+
+    for image in (alpha_image, f"{host}/trainyard/alpha/no-such-image:1", f"{host}/trainyard/ALPHA/secret-model:1"):
+        refused = world.post("/api/v1/jobs/", body(image), format="json")
+        assert refused.status_code == 400, refused.json()
+        assert refused.json()["code"] == "image_of_another_team" and "image" in refused.json()["fields"]
+    assert not Job.objects.exists()
+
+    own = APIClient()
+    own.force_authenticate(alice)
+    ran = own.post("/api/v1/jobs/", {**body(alpha_image), "team": "alpha"}, format="json")
+    assert ran.status_code == 201, ran.json()
+    assert world.post("/api/v1/jobs/", body(shared), format="json").status_code == 201

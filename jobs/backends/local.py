@@ -30,7 +30,7 @@ from django.conf import settings
 from jobs import logstore
 from jobs.backends import sandbox
 from jobs.backends.base import DISK_FULL, UNOBSERVABLE, AttemptDescription, Observation, disk_full_message
-from kernel import proctree
+from kernel import limits, proctree
 from kernel.paths import BASE_DIR
 from kernel.sentences import stored
 
@@ -97,7 +97,29 @@ def runtime() -> dict:
         "python_version": ".".join(map(str, sys.version_info[:3])),
         "path": command_path(),
         "sandbox": sandbox.enabled(),
+        # What holds a job to its memory, processes and CPU (kernel/limits.py): cgroup2, cgroup1, rlimit or off.
+        "limits": limits_mode(),
+        "seccomp": sandbox.enabled() and os.geteuid() == 0 and sandbox.seccomp_supported(),
     }
+
+
+def limits_mode() -> str:
+    setting = str(settings.TRAINYARD_JOB_LIMITS)
+    if setting == "off":
+        return "off"
+    return limits.detect(setting, v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT)
+
+
+def limits_plan(desc: AttemptDescription, box: dict | None) -> dict | None:
+    """The attempt's memory, process and CPU limits, as it asked for them (memory_mib, cpu_milli)."""
+    return limits.plan(
+        memory_mib=desc.memory_mib,
+        cpu_milli=desc.cpu_milli,
+        pids_max=settings.TRAINYARD_JOB_PIDS_MAX,
+        setting=str(settings.TRAINYARD_JOB_LIMITS),
+        v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT,
+        own_uid=bool(box and box.get("drop_root")),  # root mode: the job's uid is its own, RLIMIT_NPROC counts it
+    )
 
 
 def _runner_path() -> str:
@@ -187,6 +209,7 @@ class LocalBackend:
             },
             "datasets": self._datasets_spec(desc),
             "disk": self._disk_spec([job_root / "work", ckpt_dir]),
+            "limits": limits_plan(desc, box),
         }
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
@@ -322,6 +345,13 @@ class LocalBackend:
             disk_full = self._disk_full(folder)
             if reason == DISK_FULL and disk_full:
                 message = disk_full_message(disk_full)
+            elif reason == "OOMKilled":
+                peak, limit = status.get("memory_peak_bytes"), status.get("memory_limit_bytes") or 0
+                message = stored(
+                    "out of memory: killed at its memory limit of %(limit)s MiB, peak %(peak)s MiB",
+                    limit=limit >> 20,
+                    peak="?" if peak is None else peak >> 20,
+                )
             return Observation(
                 phase=phase,
                 exit_code=code,
@@ -354,6 +384,7 @@ class LocalBackend:
                     message=stored("supervisor gone; %(n)s processes could not be killed yet", n=len(left)),
                 )
             else:
+                limits.remove_folders(self._limit_folders(folder))  # the dead supervisor could not
                 try:
                     (folder / "fenced").write_text(str(time.time()))
                 except OSError as exc:  # only a note for later readers: every process is already gone
@@ -407,6 +438,13 @@ class LocalBackend:
             return json.loads((folder / "disk.json").read_text()) or None
         except (OSError, ValueError):
             return None
+
+    @staticmethod
+    def _limit_folders(folder: Path) -> list[str]:
+        try:
+            return list(json.loads((folder / "limits.json").read_text()).get("folders") or [])
+        except (OSError, ValueError):
+            return []
 
     @staticmethod
     def _checkpoints(folder: Path) -> dict | None:

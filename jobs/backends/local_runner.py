@@ -38,6 +38,7 @@ from jobs.backends.checkpoint_sync import RESTORE_EXIT_CODE, CheckpointSync, res
 from jobs.backends.usage_sampler import UsageSampler
 from jobs.logstore import RING_LINES, LogWriter
 from kernel import proctree
+from kernel.limits import AttemptLimits
 
 MAX_PARTIAL = 16 * 1024  # a line without a newline is cut here: a flood without newlines stays bounded
 LEFTOVER_GRACE_S = 1.0  # after the main process exits, how long its leftovers get between SIGTERM and SIGKILL
@@ -110,14 +111,26 @@ class _DiskWatch:
         return f"{seen.get('path', '?')}: {seen.get('free_bytes', 0)} of {seen.get('total_bytes', 0)} bytes free"
 
 
-def command_argv(spec: dict) -> list[str]:
+def command_argv(spec: dict, *, seccomp_fd: int | None = None) -> list[str]:
     """The argv that runs the job: the command inside its sandbox (jobs/backends/sandbox.py) unless that is off."""
-    return sandbox.wrap(spec.get("sandbox"), list(spec["argv"]))
+    return sandbox.wrap(spec.get("sandbox"), list(spec["argv"]), seccomp_fd=seccomp_fd)
 
 
-def _child_setup() -> None:
+def _child_setup(limits: AttemptLimits | None = None) -> None:
     # The main process dies with its supervisor, so a supervisor killed with SIGKILL leaves no main process.
     proctree.die_with_parent(signal.SIGKILL)
+    if limits is not None:
+        limits.join()  # before exec: every process of the job starts inside its limits (kernel/limits.py)
+
+
+def _limits_verdict(outcome: dict, code: int) -> dict:
+    """status.json's account of the limits; an out-of-memory kill that ended the job makes its reason OOMKilled."""
+    verdict: dict = {"limits": outcome}
+    if outcome.get("oom_kills") and code != 0:
+        verdict["reason"] = "OOMKilled"
+        verdict["memory_peak_bytes"] = outcome.get("memory_peak_bytes")
+        verdict["memory_limit_bytes"] = outcome.get("memory_limit_bytes")
+    return verdict
 
 
 class _Log:
@@ -363,16 +376,28 @@ def main(folder: Path) -> int:
         if ckpt is not None:
             ckpt.finish()
         return 0
+    limits = None
+    if spec.get("limits"):
+        limits = AttemptLimits(spec["limits"], name=f"{sup.tag[0] or folder.parent.name}-{sup.tag[1]}")
+        limits.apply()
+        _write_json(
+            folder / "limits.json",
+            {"held": limits.describe(), "mode": limits.mode, "folders": [str(f) for f in limits.folders]},
+        )
+        if limits.fallback:  # the user's log says so only when the attempt got less than the platform's usual
+            logs.line(f"[trainyard] {limits.describe()}")
+    sec_fd = None
     try:
         cwd.mkdir(parents=True, exist_ok=True)
+        sec_fd = sandbox.seccomp_fd(box)
         if box and box.get("network"):
             # The job's outbound network: bubblewrap waits until slirp4netns has given its namespace an interface.
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
             fds = [info_r, info_w, block_r, block_w]
-            argv = sandbox.wrap(box, list(spec["argv"]), info_fd=info_w, block_fd=block_r)
+            argv = sandbox.wrap(box, list(spec["argv"]), info_fd=info_w, block_fd=block_r, seccomp_fd=sec_fd)
         else:
-            argv = command_argv(spec)
+            argv = command_argv(spec, seccomp_fd=sec_fd)
         child = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -381,8 +406,8 @@ def main(folder: Path) -> int:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_child_setup,
-            pass_fds=(info_w, block_r) if fds else (),
+            preexec_fn=lambda: _child_setup(limits),
+            pass_fds=((info_w, block_r) if fds else ()) + ((sec_fd,) if sec_fd is not None else ()),
         )
         if fds:
             os.close(info_w)
@@ -396,13 +421,15 @@ def main(folder: Path) -> int:
     except (OSError, subprocess.SubprocessError, sandbox.SandboxUnavailable) as exc:
         logs.line(f"[trainyard] could not start the command: {exc}")
         logs.close()
+        if limits is not None:
+            limits.remove()
         _write_json(
             folder / "status.json",
             {"exit_code": 127, "signal": None, "cancelled": False, "reason": "StartError", "ended_at": time.time()},
         )
         return 0
     finally:
-        for fd_ in (fds[0], fds[3]) if fds else ():
+        for fd_ in ((fds[0], fds[3]) if fds else ()) + ((sec_fd,) if sec_fd is not None else ()):
             try:
                 os.close(fd_)
             except OSError:
@@ -470,6 +497,15 @@ def main(folder: Path) -> int:
     if partial:
         logs.line(partial)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
+    verdict: dict = {}
+    if limits is not None:
+        verdict = _limits_verdict(limits.outcome(), child.returncode)
+        limits.remove()  # every process of the attempt is gone by now (stop_leftovers)
+        if verdict.get("reason"):
+            peak = verdict.get("memory_peak_bytes")
+            logs.line(f"[trainyard] out of memory: the job was killed at its limit of "
+                      f"{(verdict['memory_limit_bytes'] or 0) >> 20} MiB (peak "
+                      f"{'unknown' if peak is None else f'{peak >> 20} MiB'})")  # fmt: skip
     sandbox.detach_network(net)
     if ckpt is not None:
         ckpt.finish()  # whatever the outcome; bounded by the final wait
@@ -488,11 +524,14 @@ def main(folder: Path) -> int:
         if disk.seen is None:
             disk._next = 0.0  # look once more: the command may have failed the moment its disk filled
             disk.check()
-        if disk.seen is not None:  # stopped on a full disk, or failed with it full: that is why it ended
+        if disk.seen is not None and not verdict.get("reason"):  # stopped on a full disk, or failed with it full
             reason, message = DISK_FULL, disk.message()
+    if not reason and verdict.get("reason"):
+        reason = verdict["reason"]
     _write_json(
         folder / "status.json",
         {
+            **verdict,
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
             "cancelled": bool(sup.stop_signals),

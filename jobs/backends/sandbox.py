@@ -19,6 +19,11 @@ What the job gets:
 - its own work and TensorBoard folders read-write, its own `/tmp`, `/var/tmp` and `/dev/shm`, a minimal
   `/dev`, and the device nodes of the GPUs it was placed on (where NVIDIA devices exist).
 
+- in root mode, a seccomp filter (kernel/seccomp.py, loaded by bubblewrap's `--seccomp`): no user namespaces,
+  no kernel keyring, bpf, io_uring, perf or mounting; unprivileged, bubblewrap's `--disable-userns` instead;
+- its memory, processes and CPU held to what it asked for by the supervisor (kernel/limits.py: a cgroup where
+  the platform may make one, rlimits otherwise).
+
 The supervisor stops a job with SIGTERM to its process group, then SIGKILL: bubblewrap itself would die
 on SIGTERM and take the job down at once, so it is started with SIGTERM ignored and the job's command is
 started with every signal back at its default (`env --default-signal`). Bubblewrap reports a command
@@ -38,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from kernel import seccomp
 from kernel.netns import slirp_resolv_conf
 
 NOBODY = 65534
@@ -173,7 +179,31 @@ def plan(
         "cwd": str(workdir),
         "devices": gpu_device_nodes(devices),
         "network": network,
+        # Root mode: the job is a plain uid of the host's user namespace, so the filter is what keeps it from
+        # making one of its own (unprivileged, bubblewrap's --disable-userns does).
+        "seccomp": os.geteuid() == 0 and seccomp_supported(),
     }
+
+
+def seccomp_supported() -> bool:
+    """Whether kernel/seccomp.py has a filter for this machine (root-mode sandboxes get it)."""
+    try:
+        seccomp.program()
+    except seccomp.SeccompUnsupported:
+        return False
+    return True
+
+
+def seccomp_fd(sandbox: dict | None) -> int | None:
+    """A pipe holding the job's seccomp filter, for `wrap(..., seccomp_fd=)` and the child's pass_fds (bubblewrap
+    reads it to the end); None when the sandbox has no filter. The caller closes it once the child has started."""
+    if not sandbox or not sandbox.get("seccomp"):
+        return None
+    data = seccomp.program()
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # a few hundred bytes: far below a pipe's buffer
+    os.close(write_end)
+    return read_end
 
 
 def service_plan(*, job_id: str, readable: list[Path]) -> dict | None:
@@ -220,13 +250,20 @@ def _open_parents(binds: list[str], sandbox: dict) -> list[str]:
 
 
 def wrap(
-    sandbox: dict | None, argv: list[str], *, info_fd: int | None = None, block_fd: int | None = None
+    sandbox: dict | None,
+    argv: list[str],
+    *,
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The command line that runs `argv` inside the sandbox (`argv` itself when there is none). With outbound
     network, bubblewrap reports the job's pid on `info_fd` and waits on `block_fd` until `attach_network` has
-    given the namespace its interface."""
+    given the namespace its interface. A sandbox with a seccomp filter needs `seccomp_fd` (see `seccomp_fd()`)."""
     if not sandbox:
         return list(argv)
+    if sandbox.get("seccomp") and seccomp_fd is None:
+        raise ValueError("a sandbox with a seccomp filter needs seccomp_fd (see seccomp_fd())")
     bwrap = shutil.which(sandbox["bwrap"]) or sandbox["bwrap"]
     cmd = ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "trainyard-sandbox", bwrap]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "trainyard-job"]
@@ -260,6 +297,8 @@ def wrap(
     if resolv:
         cmd += ["--ro-bind", resolv, "/etc/resolv.conf"]
     cmd += _open_parents([*binds, *sandbox["rw_paths"], *(dest for _, dest in datasets)], sandbox)
+    if sandbox.get("seccomp"):
+        cmd += ["--seccomp", str(seccomp_fd)]
     cmd += ["--chdir", sandbox["cwd"], "--"]
     if sandbox["drop_root"]:
         uid = str(sandbox["uid"])
@@ -376,11 +415,22 @@ def preflight(bwrap: str = "bwrap") -> None:
         "rw_paths": [],
         "cwd": "/",
         "devices": [],
+        "seccomp": os.geteuid() == 0 and seccomp_supported(),
     }
+    fd = seccomp_fd(probe)
     try:
-        result = subprocess.run(wrap(probe, ["true"]), capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            wrap(probe, ["true"], seccomp_fd=fd),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=(fd,) if fd is not None else (),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxUnavailable(f"the job sandbox could not be made: {exc}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
     if result.returncode != 0:
         said = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise SandboxUnavailable(f"the job sandbox could not be made here (bubblewrap said: {said})")

@@ -83,6 +83,7 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 code="unknown_image",
                 field="image",
             )
+        image_services.check_team_repository(reference, team_slug=team.slug)
         digest = ""
         if "@" in reference:
             reference, digest = reference.split("@", 1)

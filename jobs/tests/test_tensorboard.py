@@ -137,3 +137,98 @@ def test_the_platform_stopping_stops_every_tensorboard_and_a_dead_one_is_replace
     for route in (fresh, second):
         assert not _alive(route.pid) and _port_free(route.port)
     assert not TensorBoardRoute.objects.filter(state="active").exists()
+
+
+IMPOSTOR = r"""
+import http.server, socketserver, sys
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"<!doctype html><script>fetch('/api/v1/tokens/')</script>IMPOSTOR"
+        self.send_response(200); self.send_header("Content-Type", "text/html"); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+socketserver.TCPServer.allow_reuse_address = True
+with socketserver.TCPServer(("127.0.0.1", int(sys.argv[1])), Page) as server:
+    print("listening", flush=True)
+    server.serve_forever()
+"""
+
+
+def _tb_job(platform, name):
+    base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "tensorboard": True}
+    return services.job_submit(user=platform, data={**base, "command": ["true"], "name": name})[0]
+
+
+def test_the_proxy_refuses_a_port_that_another_process_took_after_tensorboard_died(platform):
+    import subprocess
+    import sys
+
+    job = _tb_job(platform, "impersonated")
+    route = tensorboard.route_issue(job_id=job.id)
+    member = Client()
+    member.force_login(platform)
+    assert _get_until_ok(member, f"/tb/{job.id}/").status_code == 200
+    os.killpg(route.pid, 9)  # the TensorBoard dies; the route is still active until the reaper's next pass
+    deadline = time.monotonic() + 10
+    while not _port_free(route.port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(route.port)], stdout=subprocess.PIPE)
+    try:
+        assert impostor.stdout.readline() == b"listening\n"
+        answer = member.get(f"/tb/{job.id}/")
+        assert answer.status_code == 502 and answer.json()["code"] == "tensorboard_not_verified"
+        assert b"IMPOSTOR" not in answer.content and b"<script" not in answer.content
+        assert member.get(f"/tb/{job.id}/index.js").status_code == 502
+    finally:
+        impostor.kill()
+        impostor.wait()
+    tensorboard.route_revoke(route_id=route.pk)
+
+
+def test_signed_links_end_with_their_ttl_and_when_revoked(platform, settings):
+    settings.TRAINYARD_TB_LINK_TTL_S = 4
+    job = _tb_job(platform, "shared-link")
+    tensorboard.route_issue(job_id=job.id)
+    member = Client()
+    member.force_login(platform)
+    assert _get_until_ok(member, f"/tb/{job.id}/").status_code == 200
+    link = tensorboard.signed_link(job.id)
+    made = time.monotonic()
+    time.sleep(2)
+    anonymous = Client()
+    assert anonymous.get(link).status_code == 200  # 2 s into its 4
+    assert anonymous.get(f"/tb/{job.id}/").status_code == 200  # through the cookie it left
+    time.sleep(max(0.0, made + 4.5 - time.monotonic()))
+    assert anonymous.get(f"/tb/{job.id}/").status_code == 403  # the cookie ends with the link, not 4 s after the visit
+    assert anonymous.get(link).status_code == 403
+
+    settings.TRAINYARD_TB_LINK_TTL_S = 3600
+    link = tensorboard.signed_link(job.id)
+    holder = Client()
+    assert holder.get(link).status_code == 200
+    fresh = tensorboard.links_revoke(job_id=job.id)
+    assert holder.get(f"/tb/{job.id}/").status_code == 403 and Client().get(link).status_code == 403
+    assert _get_until_ok(Client(), tensorboard.signed_link(job.id)).status_code == 200  # a new link works
+    assert _get_until_ok(member, f"/tb/{job.id}/").status_code == 200  # members never needed one
+    tensorboard.route_revoke(route_id=fresh.pk)
+
+
+def test_a_member_revokes_the_links_over_the_api(platform):
+    from rest_framework.test import APIClient
+
+    job = _tb_job(platform, "revoke-api")
+    tensorboard.route_issue(job_id=job.id)
+    link = tensorboard.signed_link(job.id)
+    api = APIClient()
+    api.force_login(platform)
+    answer = api.post(f"/api/v1/jobs/{job.id}/tensorboard/revoke-links/")
+    assert answer.status_code == 200 and answer.json()["signed_url"] != link
+    assert Client().get(link).status_code == 403
+    assert _get_until_ok(Client(), answer.json()["signed_url"]).status_code == 200
+    stranger = APIClient()
+    stranger.force_login(UserFactory(username="stranger"))
+    assert stranger.post(f"/api/v1/jobs/{job.id}/tensorboard/revoke-links/").status_code == 404
+    tensorboard.routes_stop_all()
+    gone = api.post(f"/api/v1/jobs/{job.id}/tensorboard/revoke-links/")
+    assert gone.status_code == 404 and gone.json()["code"] == "tensorboard_not_running"

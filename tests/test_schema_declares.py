@@ -1,0 +1,38 @@
+"""The schema says what the API does: the 4xx every operation can answer, with the Error body, and
+`additionalProperties: false` on request bodies the serializers refuse extras for (the authorization matrix and
+the fuzzer check every 4xx they get is declared)."""
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.api_matrix import schema
+
+
+def test_every_operation_declares_its_auth_and_throttle_answers_with_the_error_body():
+    for path, methods in schema()["paths"].items():
+        if not path.startswith("/api/v1/"):
+            continue
+        for method, operation in methods.items():
+            declared = operation["responses"]
+            assert {"401", "403", "429"} <= set(declared), (method, path)
+            if method in {"post", "put", "patch", "delete"}:
+                assert {"400", "404", "409"} <= set(declared), (method, path)
+            ref = declared["403"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == "#/components/schemas/Error"
+
+
+@pytest.mark.django_db
+def test_a_body_the_schema_closes_is_one_the_api_refuses_extras_in(settings):
+    from django.contrib.auth import get_user_model
+
+    from ops.seed import seed
+
+    components = schema()["components"]["schemas"]
+    assert components["JobSubmitRequest"]["additionalProperties"] is False
+    assert components["TokenCreateRequest"]["additionalProperties"] is False
+    settings.TRAINYARD_BACKEND = "local"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    client = APIClient()
+    client.force_login(get_user_model().objects.get(username="demo"))
+    answer = client.post("/api/v1/tokens/", {"name": "x", "surprise": 1}, format="json")
+    assert answer.status_code == 400 and answer.json()["code"] == "unknown_field"
