@@ -203,6 +203,9 @@ def experiment_create(*, user, data: Any) -> Experiment:
                   code="invalid_template", field="template")  # fmt: skip
         )
         template = None
+    elif "name" in template and not isinstance(template["name"], str):
+        problems.append(_fail("the template's name is text", code="invalid", field="template.name"))
+        template = None
     elif "team" in template and template["team"] != team.slug:
         problems.append(_fail("the template's team is the experiment's", code="invalid_template", field="template.team"))
     if problems:
@@ -241,8 +244,12 @@ def experiment_create(*, user, data: Any) -> Experiment:
     )
     first = search.suggest(params, searcher=searcher_name, seed=seed, index=0)
     assert first is not None
+    body = trial_body(experiment, number=1, params=first)
     try:
-        resolved = job_services.job_validate(user=user, data=trial_body(experiment, number=1, params=first))
+        from jobs.api import submission_check  # the submission API's own checks (types, sizes), then the service's
+
+        submission_check(user=user, data=body)
+        resolved = job_services.job_validate(user=user, data=body)
     except ValidationFailed as exc:
         _raise([_fail(e.detail, code=e.code, field=f"template.{e.field}" if e.field else "template")
                 for e in getattr(exc, "errors", None) or [exc]])  # fmt: skip
