@@ -66,7 +66,7 @@ def main() -> None:
             v[i] = args.momentum * v[i] - args.lr * grad[i]
             w[i] = max(-1e6, min(1e6, w[i] + v[i]))
         value = loss(w, held_out)
-        print("TRAINYARD_METRIC " + json.dumps({"step": step, "loss": round(min(value, 1e12), 6)}), flush=True)
+        print("TRAINYARD_METRIC " + json.dumps({"step": step, "loss": round(min(value, 1e12), 6), "ts": time.time()}), flush=True)
         if ckpt_dir and step % args.checkpoint_every == 0:
             with open(os.path.join(ckpt_dir, f"step-{step}.json"), "w") as f:
                 json.dump({"w": w, "v": v, "step": step}, f)
