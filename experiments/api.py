@@ -90,7 +90,9 @@ class CurveSerializer(serializers.Serializer):
 
 
 class RerunSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    max_steps = serializers.IntegerField(required=False, min_value=1, help_text="replaces {{max_steps}} in the template")
+    max_steps = serializers.IntegerField(
+        required=False, min_value=1, help_text="replaces {{max_steps}} in the template"
+    )
 
 
 class ExperimentFilter(filters.FilterSet):
@@ -108,9 +110,7 @@ SORT = OpenApiParameter(
 )  # fmt: skip
 
 
-class ExperimentViewSet(
-    ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
-):
+class ExperimentViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ExperimentSerializer
     filterset_class = ExperimentFilter
     pagination_class = None

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
-
 from django.utils.translation import gettext as _
 
 from monitoring.charts import _fmt
@@ -92,7 +91,7 @@ def scatter(name: str, spec: dict, trials: list[dict], *, metric: str, best: int
         parts.append(
             f'<circle data-trial="{t["number"]}" cx="{left + fx * pw:.1f}" cy="{top + ph - fy * ph:.1f}" r="4" '
             f'fill="{_colour(t, best)}" fill-opacity="0.8"><title>#{t["number"]}: {escape(name)}='
-            f'{escape(t["params"][name])}, {escape(metric)}={escape(_fmt(t["best_value"]))}</title></circle>'
+            f"{escape(t['params'][name])}, {escape(metric)}={escape(_fmt(t['best_value']))}</title></circle>"
         )
     parts.append("</svg>")
     return mark_safe(f'<figure class="chart"><figcaption>{escape(title)}</figcaption>{"".join(parts)}</figure>')
@@ -117,8 +116,10 @@ def parallel(space: dict[str, dict], trials: list[dict], *, metric: str, best: i
              f'height="{height}" role="img" aria-label="{caption}" class="parallel">']  # fmt: skip
     for i, (axis, label) in enumerate(zip(axes, labels, strict=True)):
         x = left + i * step
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="#9ca3af"/>'
-                     f'<text x="{x:.1f}" y="{height - 6}" font-size="11" text-anchor="middle">{escape(label)}</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="#9ca3af"/>'
+            f'<text x="{x:.1f}" y="{height - 6}" font-size="11" text-anchor="middle">{escape(label)}</text>'
+        )
         for frac, tick in axis.ticks():
             parts.append(f'<text x="{x + 3:.1f}" y="{top + ph - frac * ph + 3:.1f}" font-size="9" '
                          f'fill="#6b7280">{escape(tick)}</text>')  # fmt: skip
@@ -132,7 +133,9 @@ def parallel(space: dict[str, dict], trials: list[dict], *, metric: str, best: i
                 points.append(f"{left + i * step:.1f},{top + ph - frac * ph:.1f}")
         colour = _colour(t, best)
         width_px = "2.5" if t["number"] == best else "1.2"
-        parts.append(f'<polyline data-trial="{t["number"]}" fill="none" stroke="{colour}" stroke-width="{width_px}" '
-                     f'stroke-opacity="0.7" points="{" ".join(points)}"><title>#{t["number"]}</title></polyline>')
+        parts.append(
+            f'<polyline data-trial="{t["number"]}" fill="none" stroke="{colour}" stroke-width="{width_px}" '
+            f'stroke-opacity="0.7" points="{" ".join(points)}"><title>#{t["number"]}</title></polyline>'
+        )
     parts.append("</svg>")
     return mark_safe(f'<figure class="chart wide"><figcaption>{escape(metric)}</figcaption>{"".join(parts)}</figure>')

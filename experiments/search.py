@@ -92,9 +92,7 @@ def parse_space(raw: Any) -> list[Parameter]:
     for name, spec in raw.items():
         field = f"space.{name}"
         if not isinstance(name, str) or not name or len(name) > 40 or set(name) - NAME_CHARS or name[0].isdigit():
-            raise SpaceError(
-                f"'{name}' is not a parameter name (letters, digits and _, at most 40)", field="space"
-            )
+            raise SpaceError(f"'{name}' is not a parameter name (letters, digits and _, at most 40)", field="space")
         if isinstance(spec, list):
             spec = {"type": "categorical", "values": spec}
         if not isinstance(spec, dict):

@@ -88,13 +88,13 @@ def _parse_searcher(raw: Any) -> tuple[str, dict[str, Any], int]:
     """`searcher: random` or `{name: adaptive, max_steps: 100, min_steps: 10, reduction: 3, seed: 7}`."""
     data = {"name": raw} if isinstance(raw, str) else raw
     if not isinstance(data, dict) or data.get("name") not in search.SEARCHERS:
-        raise _fail(
-            stored("searcher must be grid, random or adaptive"), code="invalid_searcher", field="searcher"
-        )
+        raise _fail(stored("searcher must be grid, random or adaptive"), code="invalid_searcher", field="searcher")
     name = data["name"]
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise _fail("searcher.seed must be a whole number 0..2147483647", code="invalid_searcher", field="searcher.seed")
+        raise _fail(
+            "searcher.seed must be a whole number 0..2147483647", code="invalid_searcher", field="searcher.seed"
+        )
     config: dict[str, Any] = {}
     if name == "adaptive":
         adaptive = search.parse_adaptive(data)
@@ -160,9 +160,7 @@ def experiment_create(*, user, data: Any) -> Experiment:
         raise _fail("an experiment is a mapping of fields", code="invalid_experiment", field="non_field_errors")
     unknown = sorted(set(data) - FIELDS)
     if unknown:
-        raise ValidationErrors(
-            [_fail(stored("unknown field"), code="unknown_field", field=name) for name in unknown]
-        )
+        raise ValidationErrors([_fail(stored("unknown field"), code="unknown_field", field=name) for name in unknown])
     team = Team.objects.filter(slug=data.get("team") if isinstance(data.get("team"), str) else None).first()
     if team is None or not (user.is_staff or Membership.objects.filter(user=user, team=team).exists()):
         raise NotFound(stored("team not found (or you are not a member)"), code="unknown_team", field="team")
@@ -185,8 +183,9 @@ def experiment_create(*, user, data: Any) -> Experiment:
     metric = data.get("metric")
     if not isinstance(metric, str) or not METRIC_KEY.match(metric):
         problems.append(
-            _fail(stored("metric names the reported value to optimize, e.g. loss"), code="invalid_metric",
-                  field="metric")  # fmt: skip
+            _fail(
+                stored("metric names the reported value to optimize, e.g. loss"), code="invalid_metric", field="metric"
+            )  # fmt: skip
         )
     direction = data.get("direction", "minimize")
     if direction not in search.DIRECTIONS:
@@ -199,15 +198,20 @@ def experiment_create(*, user, data: Any) -> Experiment:
     template = data.get("template")
     if not isinstance(template, dict) or not template:
         problems.append(
-            _fail(stored("template is the trial's job (queue, spec, image, command, ...)"),
-                  code="invalid_template", field="template")  # fmt: skip
+            _fail(
+                stored("template is the trial's job (queue, spec, image, command, ...)"),
+                code="invalid_template",
+                field="template",
+            )  # fmt: skip
         )
         template = None
     elif "name" in template and not isinstance(template["name"], str):
         problems.append(_fail("the template's name is text", code="invalid", field="template.name"))
         template = None
     elif "team" in template and template["team"] != team.slug:
-        problems.append(_fail("the template's team is the experiment's", code="invalid_template", field="template.team"))
+        problems.append(
+            _fail("the template's team is the experiment's", code="invalid_template", field="template.team")
+        )
     if problems:
         _raise(problems)
     assert params is not None and searcher is not None and template is not None
@@ -218,7 +222,7 @@ def experiment_create(*, user, data: Any) -> Experiment:
     if unknown_placeholders:
         raise _fail(
             stored("the template names %(names)s, which the search space does not define",
-                   names=", ".join("{{%s}}" % n for n in unknown_placeholders)),
+                   names=", ".join(f"{{{{{n}}}}}" for n in unknown_placeholders)),
             code="unknown_placeholder",
             field="template",
         )  # fmt: skip
@@ -514,7 +518,9 @@ def _rightsize(experiment: Experiment, trials: list[Trial]) -> None:
 
 
 def _locked(experiment_id) -> Experiment:
-    experiment = Experiment.objects.select_for_update(of=("self",)).select_related("team").filter(pk=experiment_id).first()
+    experiment = (
+        Experiment.objects.select_for_update(of=("self",)).select_related("team").filter(pk=experiment_id).first()
+    )
     if experiment is None:
         raise NotFound("experiment not found", code="unknown_experiment")
     return experiment

@@ -26,12 +26,12 @@ def data(seed: int = 11):
     rows = []
     for _ in range(ROWS + HELD_OUT):
         x = [rng.gauss(0, 1) for _ in range(FEATURES)]
-        rows.append((x, sum(a * b for a, b in zip(truth, x)) + rng.gauss(0, 0.3)))
+        rows.append((x, sum(a * b for a, b in zip(truth, x, strict=True)) + rng.gauss(0, 0.3)))
     return rows[:ROWS], rows[ROWS:]
 
 
 def loss(w, rows):
-    total = sum((sum(a * b for a, b in zip(w, x)) - y) ** 2 for x, y in rows) / len(rows)
+    total = sum((sum(a * b for a, b in zip(w, x, strict=True)) - y) ** 2 for x, y in rows) / len(rows)
     return total if math.isfinite(total) else 1e12
 
 
@@ -59,14 +59,17 @@ def main() -> None:
         batch = rng.sample(train, args.batch)
         grad = [0.0] * FEATURES
         for x, y in batch:
-            err = sum(a * b for a, b in zip(w, x)) - y
+            err = sum(a * b for a, b in zip(w, x, strict=True)) - y
             for i in range(FEATURES):
                 grad[i] += 2 * err * x[i] / args.batch
         for i in range(FEATURES):
             v[i] = args.momentum * v[i] - args.lr * grad[i]
             w[i] = max(-1e6, min(1e6, w[i] + v[i]))
         value = loss(w, held_out)
-        print("TRAINYARD_METRIC " + json.dumps({"step": step, "loss": round(min(value, 1e12), 6), "ts": time.time()}), flush=True)
+        print(
+            "TRAINYARD_METRIC " + json.dumps({"step": step, "loss": round(min(value, 1e12), 6), "ts": time.time()}),
+            flush=True,
+        )
         if ckpt_dir and step % args.checkpoint_every == 0:
             with open(os.path.join(ckpt_dir, f"step-{step}.json"), "w") as f:
                 json.dump({"w": w, "v": v, "step": step}, f)

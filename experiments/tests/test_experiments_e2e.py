@@ -169,8 +169,9 @@ def test_pause_stops_trials_and_resume_continues_them_from_their_checkpoints(
     passes_until(lambda: Checkpoint.objects.filter(job__trial__experiment=experiment).count() >= 2, timeout=120)
     services.experiment_pause(experiment_id=experiment.id, actor="demo")
     trials = passes_until(
-        lambda: (ts := list(Trial.objects.filter(experiment=experiment))) and all(t.state == "paused" for t in ts)
-        and ts,
+        lambda: (
+            (ts := list(Trial.objects.filter(experiment=experiment))) and all(t.state == "paused" for t in ts) and ts
+        ),
         timeout=60,
     )
     first_jobs = {t.number: t.job_id for t in trials}

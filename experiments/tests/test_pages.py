@@ -50,23 +50,26 @@ def test_the_experiment_page_shows_the_best_trial_curves_scatter_parallel_and_a_
     assert f'data-experiment="{experiment.id}"' in listing
     page = client.get(f"/experiments/{experiment.id}/").content.decode()
     best = Trial.objects.get(experiment=experiment, number=2)
-    section = page[page.index('id="best-trial"'):page.index('id="curves-h"')]
+    section = page[page.index('id="best-trial"') : page.index('id="curves-h"')]
     assert "#2" in section and "lr=0.001" in section and "opt=adam" in section
     # Learning curves: one line per trial; scatter: one chart per parameter, a dot per trial; parallel: a line each.
     assert len(re.findall(r'<polyline data-series="#\d"', page)) == 3
-    scatters = page[page.index('id="scatters"'):page.index('id="parallel"')]
+    scatters = page[page.index('id="scatters"') : page.index('id="parallel"')]
     assert scatters.count('data-param="lr"') == 1 and scatters.count('data-param="opt"') == 1
     assert len(re.findall(r'<circle data-trial="\d"', scatters)) == 6
     assert 'data-trial="2" cx=' in scatters and 'fill="#dc2626"' in scatters  # the best in red
-    parallel = page[page.index('id="parallel"'):page.index('id="trials-h"')]
+    parallel = page[page.index('id="parallel"') : page.index('id="trials-h"')]
     assert len(re.findall(r'<polyline data-trial="\d"', parallel)) == 3
     # Compare the best N: the best two by value, best first.
     compare = re.search(r'id="compare-best" href="([^"]+)"', page).group(1).replace("&amp;", "&")
     ids = re.findall(r"job=([0-9a-f-]{36})", compare)
     assert ids[0] == str(best.job_id) and len(ids) == 3
+
     # The table sorts by any parameter or the metric, with a link per column.
-    order = lambda key: re.findall(r'<tr data-trial="(\d)"', client.get(f"/experiments/{experiment.id}/?sort={key}")
-                                   .content.decode())  # noqa: E731
+    def order(key):
+        page = client.get(f"/experiments/{experiment.id}/?sort={key}").content.decode()
+        return re.findall(r'<tr data-trial="(\d)"', page)
+
     assert order("lr") == ["2", "1", "3"] and order("-lr") == ["3", "1", "2"]
     assert order("best_value") == ["2", "1", "3"] and order("opt") == ["2", "1", "3"]
     assert order("nonsense") == ["1", "2", "3"]

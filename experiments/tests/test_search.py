@@ -99,8 +99,8 @@ def test_rungs_grow_by_the_reduction_factor():
 
 @pytest.mark.parametrize(
     "raw",
-    [None, {"name": "adaptive"}, {"max_steps": 1}, {"max_steps": 10, "min_steps": 10}, {"max_steps": 10, "reduction": 1},
-     {"max_steps": 10, "eta": 3}, {"max_steps": True}],
+    [None, {"name": "adaptive"}, {"max_steps": 1}, {"max_steps": 10, "min_steps": 10},
+     {"max_steps": 10, "reduction": 1}, {"max_steps": 10, "eta": 3}, {"max_steps": True}],
 )  # fmt: skip
 def test_bad_adaptive_settings_are_refused(raw):
     with pytest.raises(search.SpaceError):

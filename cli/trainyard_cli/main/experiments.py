@@ -1,8 +1,8 @@
 """Experiments: part of `trainyard_cli.main` (see its package docstring).
 
-    trainyard experiment create exp.yaml      # fields as in POST /api/v1/experiments/; template.code: DIR uploads DIR
-    trainyard experiment list | show ID | trials ID [--sort K] [--csv] | pause ID | resume ID | cancel ID
-    trainyard experiment rerun-best ID [--steps N]
+trainyard experiment create exp.yaml      # fields as in POST /api/v1/experiments/; template.code: DIR uploads DIR
+trainyard experiment list | show ID | trials ID [--sort K] [--csv] | pause ID | resume ID | cancel ID
+trainyard experiment rerun-best ID [--steps N]
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ def resolve_experiment_id(api: ApiClient, raw: str | None) -> str:
 
 def _line(e: dict) -> str:
     s = e["summary"]
-    best = f"best {e['metric']} {_value(s['best_value'])} (trial {s['best_trial']})" if s["best_trial"] else "no result yet"
+    best = (
+        f"best {e['metric']} {_value(s['best_value'])} (trial {s['best_trial']})"
+        if s["best_trial"]
+        else "no result yet"
+    )
     counts = ", ".join(f"{n} {state}" for state, n in sorted(s["by_state"].items())) or "no trials yet"
     return f"{e['state']}: {s['trials']}/{e['max_trials']} trials ({counts}); {best}"
 
@@ -112,7 +116,10 @@ def cmd_experiment(args: argparse.Namespace, api: ApiClient) -> int:
         say(f"{experiment['name']} ({experiment['id']}), team {experiment['team']}")
         say(_line(experiment))
         if experiment["summary"]["best_params"]:
-            say("best parameters: " + ", ".join(f"{k}={_value(v)}" for k, v in experiment["summary"]["best_params"].items()))
+            say(
+                "best parameters: "
+                + ", ".join(f"{k}={_value(v)}" for k, v in experiment["summary"]["best_params"].items())
+            )
         if experiment["message"]:
             say(experiment["message"])
         rec = experiment.get("recommendation") or {}
