@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -316,8 +317,9 @@ def experiment_advance(*, experiment_id) -> dict[str, int]:
         if experiment is None:
             return done
         trials = list(experiment.trials.select_related("job").order_by("number"))
+        before = {t.pk: _snapshot(t) for t in trials}
+        _fold_metrics(experiment, trials)
         for trial in trials:
-            _fold_metrics(experiment, trial)
             if trial.state == Trial.State.ACTIVE and trial.job.state in TERMINAL:
                 _settle(trial)
                 done["ended"] += 1
@@ -333,22 +335,49 @@ def experiment_advance(*, experiment_id) -> dict[str, int]:
                 experiment.finished_at = timezone.now()
                 log.info("experiment_completed", experiment_id=str(experiment.id), trials=len(trials))
         for trial in trials:
-            trial.save()
+            if trial.pk not in before or _snapshot(trial) != before[trial.pk]:
+                trial.save()  # only what this pass changed: a long experiment's ended trials stay untouched
         experiment.save()
     return done
 
 
-def _fold_metrics(experiment: Experiment, trial: Trial) -> None:
+def _snapshot(trial: Trial) -> tuple:
+    return (trial.state, trial.job_id, trial.stop_reason, trial.metric_cursor, len(trial.curve), repr(trial.rungs),
+            trial.gpu_seconds, tuple(trial.earlier_jobs))  # fmt: skip
+
+
+def _fold_metrics(experiment: Experiment, trials: list[Trial]) -> None:
+    """The metric rows reported since each trial's cursor, read in one query for the whole experiment."""
     from monitoring.models import BusinessMetric
 
-    job_ids = [trial.job_id, *trial.earlier_jobs]
-    rows = list(
-        BusinessMetric.objects.filter(job_id__in=job_ids, id__gt=trial.metric_cursor, values__has_key=experiment.metric)
-        .order_by("id")
-        .values_list("id", "step", "values")
-    )
-    if not rows:
+    # The metric scan reads an attempt's log until 15 minutes after it ended (monitoring.services.business): a
+    # trial ended before that has every row it will ever have.
+    settled = timezone.now() - timedelta(minutes=20)
+    trials = [t for t in trials if t.ended_at is None or t.ended_at >= settled]
+    if not trials:
         return
+    owner: dict[str, Trial] = {}
+    for trial in trials:
+        for job_id in (str(trial.job_id), *trial.earlier_jobs):
+            owner[job_id] = trial
+    rows = (
+        BusinessMetric.objects.filter(
+            job_id__in=list(owner), id__gt=min(t.metric_cursor for t in trials), values__has_key=experiment.metric
+        )
+        .order_by("id")
+        .values_list("id", "job_id", "step", "values")
+    )
+    by_trial: dict[int, list[tuple]] = {}
+    for row_id, job_id, step, values in rows:
+        trial = owner[str(job_id)]
+        if row_id > trial.metric_cursor:
+            by_trial.setdefault(trial.pk, []).append((row_id, step, values))
+    for trial in trials:
+        if trial.pk in by_trial:
+            _fold_rows(experiment, trial, by_trial[trial.pk])
+
+
+def _fold_rows(experiment: Experiment, trial: Trial, rows: list[tuple]) -> None:
     curve = list(trial.curve)
     for row_id, step, values in rows:
         value = values.get(experiment.metric)

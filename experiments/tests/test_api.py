@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 from experiments import services
 from experiments.models import Experiment, Trial
 from jobs import services as job_services
+from jobs.models import Job
 from quotas.models import Team
 from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
 
@@ -167,3 +168,34 @@ def test_a_trial_that_no_longer_validates_fails_the_experiment_with_a_message(de
     experiment.refresh_from_db()
     assert experiment.state == "failed" and "a trial could not be submitted" in experiment.message
     assert not experiment.trials.exists()
+
+
+def test_passes_are_idempotent_and_decide_from_the_database(demo):
+    """A second pass (or a pass after a restart) submits nothing more while max_concurrent trials are active, and
+    a trial's parameters come from the seed and its number, so a new process draws the same."""
+    experiment = services.experiment_create(user=demo, data=body(max_concurrent=3))
+    services.experiment_advance(experiment_id=experiment.id)
+    first = list(experiment.trials.order_by("number").values_list("number", "params"))
+    services.experiment_advance(experiment_id=experiment.id)
+    services.experiments_advance()
+    assert list(experiment.trials.order_by("number").values_list("number", "params")) == first
+    assert len(first) == 3
+    from experiments import search
+
+    space = search.parse_space(experiment.space)
+    assert [p for _, p in first] == [search.suggest(space, searcher="random", seed=0, index=i) for i in range(3)]
+    labels = list(Job.objects.filter(labels__experiment=str(experiment.id)).values_list("labels", flat=True))
+    assert sorted(lab["trial"] for lab in labels) == ["1", "2", "3"]
+
+
+def test_rightsize_apply_submits_later_trials_with_the_recommended_spec(demo):
+    data = body(template={**TEMPLATE, "spec": "guaranteed"}, rightsize="apply", max_concurrent=1)
+    experiment = services.experiment_create(user=demo, data=data)
+    services.experiment_advance(experiment_id=experiment.id)
+    assert Trial.objects.get(experiment=experiment, number=1).job.spec.name == "guaranteed"
+    Experiment.objects.filter(pk=experiment.pk).update(
+        recommendation={"spec": "shared", "gpu_count": 1, "fits_request": False, "based_on": []}
+    )
+    Trial.objects.filter(experiment=experiment).update(state="completed")  # its slot is free
+    services.experiment_advance(experiment_id=experiment.id)
+    assert Trial.objects.get(experiment=experiment, number=2).job.spec.name == "shared"
