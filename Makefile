@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -53,7 +53,7 @@ migrations: venv
 web worker dispatcher beat: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m ops.processes $@
 
-bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage
+bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage bench-experiments
 
 bench-allocator: venv
 	$(BIN)/python -m bench.allocator
@@ -82,6 +82,10 @@ bench-rightsizing: venv
 
 bench-storage: venv
 	@$(BIN)/python -m bench.storage
+
+# ASHA vs random search through the real platform (worker, beat, sandboxed trials); ARGS=--quick for a short run.
+bench-experiments: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.experiments $(ARGS)
 
 # Re-pin both locks after editing requirements.in (runtime) or requirements-dev.in (tools).
 lock:

@@ -775,3 +775,10 @@ def team_rightsizing(team, *, start: date, end: date, top: int = 5, now: datetim
         freed_gpu_hours=freed_total,
         top=over[:top],
     )
+
+
+def recommendation_among(job: Job, peers: list[Job]) -> dict | None:
+    """What a set of sibling runs (an experiment's ended trials) says the next one like `job` needs: the same
+    rule as `recommendation_for`, with the siblings as the evidence instead of the history of similar jobs."""
+    rec = _recommend(job, _runs_of(peers), scope="experiment", replicas=job.replicas)
+    return rec.as_dict() if rec is not None else None

@@ -119,6 +119,18 @@ def make_world(registry_url: str | None = None) -> World:
     from jobs.models import Dataset
 
     dataset = Dataset.objects.create(team=demo_team, name="matrix", claim="matrix-data")
+    from experiments.services import experiment_create
+
+    experiment = experiment_create(
+        user=mia,
+        data={
+            "name": "matrix",
+            "team": "demo",
+            "template": {**base, "command": ["echo", "{{lr}}"]},
+            "space": {"lr": {"type": "log_uniform", "min": 0.001, "max": 0.1}},
+            "metric": "loss",
+        },
+    )
     token, _ = token_create(user=get_user_model().objects.get(username="demo"), name="someone's")
     values = {
         "/jobs/{id}": str(job.id),
@@ -129,6 +141,7 @@ def make_world(registry_url: str | None = None) -> World:
         "/tokens/{id}": str(token.id),
         "/templates/{id}": str(template.id),
         "/datasets/{id}": str(dataset.id),
+        "/experiments/{id}": str(experiment.id),
         "{uuid}": gpu.uuid,
         "/images/{name}": "python-3.11",
         "/project-images/{id}": str(project_image.id),

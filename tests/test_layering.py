@@ -12,7 +12,19 @@ import pytest
 
 from kernel.paths import BASE_DIR
 
-PACKAGES = ["trainyard", "ops", "frontend", "monitoring", "jobs", "images", "scheduler", "cluster", "quotas", "kernel"]
+PACKAGES = [
+    "trainyard",
+    "ops",
+    "frontend",
+    "experiments",
+    "monitoring",
+    "jobs",
+    "images",
+    "scheduler",
+    "cluster",
+    "quotas",
+    "kernel",
+]
 LINT = Path(sys.executable).with_name("lint-imports")
 pytestmark = pytest.mark.slow
 
@@ -49,6 +61,11 @@ def test_the_checkout_keeps_every_contract():
         ("kernel/_upward.py", "def f():\n    from jobs import models\n", "kernel is not allowed to import jobs"),
         ("quotas/_upward.py", "def f():\n    import jobs.selectors\n", "quotas is not allowed to import jobs"),
         ("jobs/_upward.py", "from monitoring import selectors\n", "jobs is not allowed to import monitoring"),
+        (
+            "monitoring/_upward.py",
+            "def f():\n    from experiments import services\n",
+            "monitoring is not allowed to import experiments",
+        ),
         ("cli/trainyard_cli/_upward.py", "import kernel.errors\n", "trainyard_cli is not allowed to import kernel"),
     ],
 )

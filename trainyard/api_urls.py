@@ -4,6 +4,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import GPUViewSet, NodeViewSet
+from experiments.api import ExperimentViewSet
 from images.api import FeedViewSet, ImageBuildViewSet, ImageViewSet, ProjectImageViewSet, ScanPolicyViewSet
 from jobs.api import CodeSnapshotView, DatasetViewSet, JobTemplateViewSet, JobViewSet
 from quotas.api import QueueViewSet, SpecViewSet, TeamViewSet, TokenViewSet
@@ -23,6 +24,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GPUViewSet, basename="gpu")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("datasets", DatasetViewSet, basename="dataset")
+router.register("experiments", ExperimentViewSet, basename="experiment")
 urlpatterns = router.urls
 urlpatterns += [
     path("monitoring/", include("monitoring.api_urls")),

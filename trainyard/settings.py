@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "images",
     "jobs",
     "monitoring",
+    "experiments",
     "frontend",
 ]
 
@@ -382,6 +383,14 @@ TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
 TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced
 TRAINYARD_TB_TLS_SECRET = env.str("TRAINYARD_TB_TLS_SECRET", default="")
+# Experiments (experiments/, docs/experiments.md): how often every live experiment is advanced (metrics folded in,
+# early stops, new trials), and after how many ended trials their usage right-sizes the next ones.
+TRAINYARD_EXPERIMENT_ADVANCE_S = env.float("TRAINYARD_EXPERIMENT_ADVANCE_S", default=5.0)
+TRAINYARD_EXPERIMENT_RIGHTSIZE_AFTER = env.int("TRAINYARD_EXPERIMENT_RIGHTSIZE_AFTER", default=3)
+CELERY_BEAT_SCHEDULE["advance-experiments"] = {
+    "task": "experiments.advance",
+    "schedule": TRAINYARD_EXPERIMENT_ADVANCE_S,
+}
 CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "schedule": 60.0}
 
 # Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics

@@ -4,6 +4,7 @@
     trainyard submit --template NAME [overrides.yaml] [--team T]
     trainyard status JOB | list | logs JOB [-f] | cancel JOB | checkpoints JOB | queues [NAME] | quota [TEAM]
     trainyard templates | datasets | tokens | login
+    trainyard experiment create exp.yaml | list | show ID | trials ID | pause/resume/cancel ID | rerun-best ID
 
 JOB is a job id, or its first 8 (or more) characters as the portal shows them.
 

@@ -33,6 +33,7 @@ from .commands import (
     cmd_tokens,
 )
 from .common import err
+from .experiments import add_parser as add_experiment_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     interval(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_image)
+
+    add_experiment_parser(sub, _positive_int)
 
     p = sub.add_parser("login", help="save the server address and an API token to the config file")
     p.add_argument("--url", required=True, help="the platform's address, e.g. https://trainyard.example.com")

@@ -1,0 +1,106 @@
+"""The portal's experiment pages through Django's test client: what a user reads and can do on them."""
+
+import re
+
+import pytest
+from django.test import Client
+
+from experiments import services
+from experiments.models import Experiment, Trial
+from experiments.tests.test_api import TEMPLATE, body
+from jobs import services as job_services
+from jobs.models import Job
+from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def demo(settings):
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
+    from django.contrib.auth import get_user_model
+
+    from ops.seed import seed
+
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    return get_user_model().objects.get(username="demo")
+
+
+@pytest.fixture
+def experiment(demo):
+    data = body(template={**TEMPLATE, "command": "python train.py --lr {{lr}} --opt {{opt}} --steps {{max_steps}}"},
+                searcher={"name": "adaptive", "max_steps": 27, "min_steps": 3})  # fmt: skip
+    experiment = services.experiment_create(user=demo, data=data)
+    for number, (lr, opt, final, state) in enumerate(
+        [(0.01, "sgd", 0.5, "completed"), (0.001, "adam", 0.2, "completed"), (0.1, "sgd", 2.0, "stopped_early")], 1
+    ):
+        job, _ = job_services.job_submit(user=demo, data={**TEMPLATE, "team": "demo", "command": ["true"]})
+        curve = [[s, final + 1.0 / s] for s in range(1, 28 if state == "completed" else 4)]
+        Trial.objects.create(experiment=experiment, number=number, params={"lr": lr, "opt": opt}, job=job,
+                             state=state, curve=curve, best_value=min(v for _, v in curve), best_step=curve[-1][0],
+                             last_step=curve[-1][0])  # fmt: skip
+    return experiment
+
+
+def test_the_experiment_page_shows_the_best_trial_curves_scatter_parallel_and_a_sortable_table(demo, experiment):
+    client = Client()
+    client.force_login(demo)
+    listing = client.get("/experiments/").content.decode()
+    assert f'data-experiment="{experiment.id}"' in listing
+    page = client.get(f"/experiments/{experiment.id}/").content.decode()
+    best = Trial.objects.get(experiment=experiment, number=2)
+    section = page[page.index('id="best-trial"') : page.index('id="curves-h"')]
+    assert "#2" in section and "lr=0.001" in section and "opt=adam" in section
+    # Learning curves: one line per trial; scatter: one chart per parameter, a dot per trial; parallel: a line each.
+    assert len(re.findall(r'<polyline data-series="#\d"', page)) == 3
+    scatters = page[page.index('id="scatters"') : page.index('id="parallel"')]
+    assert scatters.count('data-param="lr"') == 1 and scatters.count('data-param="opt"') == 1
+    assert len(re.findall(r'<circle data-trial="\d"', scatters)) == 6
+    assert 'data-trial="2" cx=' in scatters and 'fill="#dc2626"' in scatters  # the best in red
+    parallel = page[page.index('id="parallel"') : page.index('id="trials-h"')]
+    assert len(re.findall(r'<polyline data-trial="\d"', parallel)) == 3
+    # Compare the best N: the best two by value, best first.
+    compare = re.search(r'id="compare-best" href="([^"]+)"', page).group(1).replace("&amp;", "&")
+    ids = re.findall(r"job=([0-9a-f-]{36})", compare)
+    assert ids[0] == str(best.job_id) and len(ids) == 3
+
+    # The table sorts by any parameter or the metric, with a link per column.
+    def order(key):
+        page = client.get(f"/experiments/{experiment.id}/?sort={key}").content.decode()
+        return re.findall(r'<tr data-trial="(\d)"', page)
+
+    assert order("lr") == ["2", "1", "3"] and order("-lr") == ["3", "1", "2"]
+    assert order("best_value") == ["2", "1", "3"] and order("opt") == ["2", "1", "3"]
+    assert order("nonsense") == ["1", "2", "3"]
+    assert f"/api/v1/experiments/{experiment.id}/trials/csv/" in page
+
+
+def test_run_the_best_again_with_more_steps_and_pause_from_the_page(demo, experiment):
+    client = Client()
+    client.force_login(demo)
+    response = client.post(f"/experiments/{experiment.id}/rerun/", {"max_steps": "100"})
+    job = Job.objects.get(labels__contains={"rerun-of-trial": "2"})
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.id}/"
+    assert job.command == ["python", "train.py", "--lr", "0.001", "--opt", "adam", "--steps", "100"]
+    response = client.post(f"/experiments/{experiment.id}/rerun/", {"max_steps": "-3"}, follow=True)
+    assert "Steps must be a whole number above zero." in response.content.decode()
+    client.post(f"/experiments/{experiment.id}/pause/")
+    assert Experiment.objects.get(pk=experiment.pk).state == "paused"
+    page = client.post(f"/experiments/{experiment.id}/pause/", follow=True).content.decode()
+    assert "The experiment is" in page  # pausing twice is a no-op
+    client.post(f"/experiments/{experiment.id}/cancel/")
+    page = client.post(f"/experiments/{experiment.id}/resume/", follow=True).content.decode()
+    assert "Cannot do that" in page and Experiment.objects.get(pk=experiment.pk).state == "cancelled"
+
+
+def test_another_team_cannot_see_or_command_it(demo, experiment):
+    other = TeamFactory(slug="other")
+    olga = UserFactory(username="olga")
+    MembershipFactory(team=other, user=olga)
+    client = Client()
+    client.force_login(olga)
+    assert client.get(f"/experiments/{experiment.id}/").status_code == 404
+    assert client.post(f"/experiments/{experiment.id}/cancel/").status_code == 404
+    assert str(experiment.id) not in client.get("/experiments/").content.decode()
+    assert Experiment.objects.get(pk=experiment.pk).state == "running"

@@ -1,0 +1,137 @@
+"""Experiments: part of `frontend.views` (see its package docstring). The list, and the experiment page: best
+trial, learning curves, HP-vs-metric scatter, parallel coordinates, the trials table (sortable by any parameter or
+metric), compare the best N, run the best again, pause/resume/cancel."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+
+from experiments import charts, selectors, services
+from experiments.models import Experiment
+from kernel.errors import DomainError
+from kernel.sentences import said
+from monitoring.charts import PALETTE, Series, line_chart
+
+MAX_CURVES = 64  # the learning-curve chart draws this many trials (the best first)
+
+
+def _experiment(request: HttpRequest, experiment_id) -> Experiment:
+    experiment = selectors.experiments_visible_to(request.user).filter(pk=experiment_id).first()
+    if experiment is None:
+        raise Http404("no such experiment")
+    return experiment
+
+
+@login_required
+def experiment_list(request: HttpRequest) -> HttpResponse:
+    experiments = list(selectors.experiments_visible_to(request.user).prefetch_related("trials")[:200])
+    rows = [{"experiment": e, "summary": selectors.summary(e, list(e.trials.all()))} for e in experiments]
+    return render(request, "frontend/experiment_list.html", {"nav": "experiments", "rows": rows})
+
+
+@login_required
+def experiment_detail(request: HttpRequest, experiment_id) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    trials = selectors.trials_of(experiment)
+    key = request.GET.get("sort", "number")
+    if key.lstrip("-") not in (*selectors.sort_keys(experiment), "metric"):
+        key = "number"
+    rows = [selectors.trial_row(experiment, t) for t in selectors.sort_trials(experiment, trials, key)]
+    best = selectors.best_trial(experiment, trials)
+    best_number = best.number if best else None
+    ranked = selectors.sort_trials(
+        experiment, [t for t in trials if t.best_value is not None],
+        "best_value" if experiment.direction == "minimize" else "-best_value",
+    )  # fmt: skip
+    shown = ranked[:MAX_CURVES]
+    curves = line_chart(
+        _("%(metric)s by step, every trial") % {"metric": experiment.metric},
+        [Series(f"#{t.number}", [(float(s), float(v)) for s, v in t.curve],
+                colour=charts.BEST if t.number == best_number else PALETTE[t.number % len(PALETTE)])
+         for t in reversed(shown)],
+        time_axis=False, y_min=None, width=760, height=260,
+    )  # fmt: skip
+    plain = [selectors.trial_row(experiment, t) for t in trials]
+    scatters = [charts.scatter(name, spec, plain, metric=experiment.metric, best=best_number)
+                for name, spec in experiment.space.items()]  # fmt: skip
+    parallel = charts.parallel(experiment.space, plain, metric=experiment.metric, best=best_number)
+    n = 5
+    compare_url = reverse("frontend:job-compare") + "?" + urlencode([("job", str(t.job_id)) for t in ranked[:n]])
+
+    def sort_link(column: str) -> str:
+        return "?" + urlencode({"sort": f"-{column}" if key == column else column})
+
+    columns = [{"key": name, "label": name, "url": sort_link(name), "active": key.lstrip("-") == name,
+                "descending": key.startswith("-")} for name in experiment.space]  # fmt: skip
+    summary = selectors.summary(experiment, trials)
+    context = {
+        "nav": "experiments",
+        "experiment": experiment,
+        "summary": summary,
+        "best": best,
+        "rows": rows,
+        "columns": columns,
+        "sort": key,
+        "sort_urls": {c: sort_link(c) for c in ("number", "state", "best_value", "last_step", "gpu_seconds")},
+        "curves": curves,
+        "scatters": scatters,
+        "parallel": parallel,
+        "compare_url": compare_url if ranked else "",
+        "compare_n": min(n, len(ranked)),
+        "has_steps": "max_steps" in services._placeholders(experiment.template),
+        "max_steps": experiment.searcher_config.get("max_steps"),
+        "csv_url": f"/api/v1/experiments/{experiment.id}/trials/csv/?" + urlencode({"sort": key}),
+        "recommendation": experiment.recommendation or None,
+    }
+    return render(request, "frontend/experiment_detail.html", context)
+
+
+@require_POST
+@login_required
+def experiment_command(request: HttpRequest, experiment_id, command: str) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    action = {"pause": services.experiment_pause, "resume": services.experiment_resume,
+              "cancel": services.experiment_cancel}.get(command)  # fmt: skip
+    if action is None:
+        raise Http404("no such command")
+    try:
+        with transaction.atomic(durable=True):
+            experiment = action(experiment_id=experiment.id, actor=request.user.username)
+    except DomainError as exc:
+        messages.error(request, _("Cannot do that: %(detail)s") % {"detail": said(exc.detail)})
+    else:
+        messages.success(request, _("The experiment is %(state)s.") % {"state": experiment.get_state_display()})
+    return redirect("frontend:experiment-detail", experiment_id=experiment.id)
+
+
+@require_POST
+@login_required
+def experiment_rerun(request: HttpRequest, experiment_id) -> HttpResponse:
+    """Run the best trial's parameters again as a new job, with `{{max_steps}}` from the form when given."""
+    experiment = _experiment(request, experiment_id)
+    raw = request.POST.get("max_steps", "").strip()
+    steps = None
+    if raw:
+        try:
+            steps = int(raw)
+        except ValueError:
+            steps = 0
+        if steps < 1:
+            messages.error(request, _("Steps must be a whole number above zero."))
+            return redirect("frontend:experiment-detail", experiment_id=experiment.id)
+    try:
+        with transaction.atomic(durable=True):
+            job = services.experiment_rerun_best(experiment_id=experiment.id, user=request.user, max_steps=steps)
+    except DomainError as exc:
+        messages.error(request, _("Cannot run it again: %(detail)s") % {"detail": said(exc.detail)})
+        return redirect("frontend:experiment-detail", experiment_id=experiment.id)
+    messages.success(request, _("Submitted the best trial's parameters as a new job."))
+    return redirect("frontend:job-detail", job_id=job.id)
