@@ -300,6 +300,8 @@ def test_a_timeout_deletes_the_volcano_job_and_times_out(platform, admin, celery
     assert lifecycle.timeouts_enforce() == 1
     job = _drive(lambda: _state(job, "timed_out"))
     assert job.attempts.get().state == "timed_out"
+    _drive(lambda: not [j for j in _vcjobs(admin) if not j["metadata"].get("deletionTimestamp")])
+    _drive_plain(lambda: not admin["core"].list_namespaced_pod(TEAM_NS).items, timeout=60)
 
 
 def test_a_distributed_job_is_one_gang_bound_where_the_platform_placed_each_replica(
@@ -473,6 +475,7 @@ def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform,
     name = render.tensorboard_name(str(job.id))
     net = k8s.NetworkingV1Api(admin["api"])
     assert route.host == f"{name}.tb.example.org"
+    assert platform["backend"].tensorboard_expose(job_id=str(job.id), namespace=TEAM_NS) == route.host  # 409: kept
     assert net.read_namespaced_ingress(name, TEAM_NS).spec.rules[0].host == route.host
     service = admin["core"].read_namespaced_service(name, TEAM_NS)
     [pod] = _attempt_pods(admin, job)
@@ -491,6 +494,7 @@ def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform,
     with pytest.raises(ApiException) as gone:
         admin["core"].read_namespaced_service(name, TEAM_NS)
     assert gone.value.status == 404
+    platform["backend"].tensorboard_remove(job_id=str(job.id), namespace=TEAM_NS)  # 404: already gone
 
 
 def test_the_checkpoint_sidecar_runs_natively_and_what_it_publishes_is_recorded(
