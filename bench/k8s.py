@@ -38,6 +38,7 @@ import platform as py_platform
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         arrived += req.num_gpus
     log(f"{len(nodes)} nodes, {capacity} GPUs; {len(sequence)} jobs asking for {arrived} whole GPUs")
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its cluster and processes
     env = {**os.environ, "TRAINYARD_CLUSTER_DIR": str(CLUSTER_DIR), "TRAINYARD_CLUSTER_NODES": "0"}
     cluster("down", env)
     shutil.rmtree(CLUSTER_DIR / "etcd", ignore_errors=True)  # every run starts from an empty cluster
@@ -523,9 +525,9 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         },
     }
     print_table(result)
-    out = args.output or (None if result["quick"] else RESULTS)
-    if args.quick and args.output is None:
-        out = RESULTS.with_name("k8s-quick.json")
+    out = args.output or RESULTS
+    if args.output is None and result["quick"]:
+        out = RESULTS.with_name("k8s-quick.json" if args.quick else f"k8s-{len(nodes)}-nodes.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {out}")
     return 0

@@ -462,7 +462,7 @@ def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform,
     selects the job's pod, the TensorBoard native sidecar runs beside the trainer; the route goes when the job
     ends."""
     from jobs import tensorboard
-    from jobs.backends import reset_backends
+    from jobs.backends import get_backend, reset_backends
     from jobs.backends import volcano_render as render
     from jobs.models import TensorBoardRoute
 
@@ -475,7 +475,8 @@ def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform,
     name = render.tensorboard_name(str(job.id))
     net = k8s.NetworkingV1Api(admin["api"])
     assert route.host == f"{name}.tb.example.org"
-    assert platform["backend"].tensorboard_expose(job_id=str(job.id), namespace=TEAM_NS) == route.host  # 409: kept
+    backend = get_backend()  # with the domain set above
+    assert backend.tensorboard_expose(job_id=str(job.id), namespace=TEAM_NS) == route.host  # 409: kept
     assert net.read_namespaced_ingress(name, TEAM_NS).spec.rules[0].host == route.host
     service = admin["core"].read_namespaced_service(name, TEAM_NS)
     [pod] = _attempt_pods(admin, job)
@@ -494,7 +495,7 @@ def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform,
     with pytest.raises(ApiException) as gone:
         admin["core"].read_namespaced_service(name, TEAM_NS)
     assert gone.value.status == 404
-    platform["backend"].tensorboard_remove(job_id=str(job.id), namespace=TEAM_NS)  # 404: already gone
+    backend.tensorboard_remove(job_id=str(job.id), namespace=TEAM_NS)  # 404: already gone
 
 
 def test_the_checkpoint_sidecar_runs_natively_and_what_it_publishes_is_recorded(
