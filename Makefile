@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -63,6 +63,11 @@ bench-scheduler: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.scheduler
 
 # Estimated starts against real starts: trace windows replayed through the real dispatcher on simulated time.
+# The Volcano backend on a real control plane with the trace's whole cluster as kwok nodes, against a floor of the
+# same Volcano jobs created directly (bench/k8s.py; `--quick` through BENCH_ARGS). Not part of `make bench`.
+bench-k8s: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.k8s $(BENCH_ARGS)
+
 bench-eta: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.eta
 

@@ -650,21 +650,6 @@ def test_node_info_reads_the_driver_from_older_gpu_feature_discovery_labels():
     assert node_info(node, []).driver_version == "535.183.01"
 
 
-def test_tensorboard_route_is_a_service_and_an_ingress_per_job(kube, backend):
-    job_id = str(uuid.uuid4())
-    host = backend.tensorboard_expose(job_id=job_id, namespace=TEAM_NS)
-    assert backend.tensorboard_expose(job_id=job_id, namespace=TEAM_NS) == host
-    name = render.tensorboard_name(job_id)
-    assert host == f"{name}.tb.example.org"
-    ingress = kube.get("ingresses.networking.k8s.io", name, TEAM_NS)
-    assert ingress["spec"]["rules"][0]["host"] == host
-    assert kube.get("services", name, TEAM_NS)["spec"]["selector"]["trainyard.io/job-id"] == job_id
-    backend.tensorboard_remove(job_id=job_id, namespace=TEAM_NS)
-    backend.tensorboard_remove(job_id=job_id, namespace=TEAM_NS)
-    assert kube.try_get("services", name, TEAM_NS) is None
-    assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
-
-
 # ------------------------------------------------------------------------------------------ end to end
 
 
@@ -852,35 +837,6 @@ def test_e2e_full_volcano_queue_keeps_the_job_pending_with_the_reason_shown(kube
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_e2e_timeout_deletes_the_job_and_times_out(kube, platform, celery_worker_thread):
-
-    kube.controller.script("ty-", run_ticks=None)
-    job = submit(platform, timeout_s=1)
-    drive(kube, lambda: reload(job).state == "running")
-    time.sleep(1.1)
-    assert lifecycle.timeouts_enforce() == 1
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "timed_out" and job.attempts.get().state == "timed_out"
-    assert vcjobs(kube) == [] and kube.controller.job_pods(TEAM_NS, parse_ref(attempt_ref(job))[1]) == []
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_cancel_while_running(kube, platform, celery_worker_thread):
-
-    kube.controller.script("ty-", run_ticks=None)
-    job = submit(platform)
-    drive(kube, lambda: reload(job).state == "running")
-    assert lifecycle.job_cancel(job_id=job.id, actor="demo").state == "cancelling"
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "cancelled" and vcjobs(kube) == []
-    from cluster.models import LogicalDevice
-
-    assert not LogicalDevice.objects.filter(released_at__isnull=True).exists()
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_e2e_api_faults_leave_no_duplicate_and_no_lost_job(kube, platform, celery_worker_thread):
     kube.controller.script("ty-", run_ticks=4)
     kube.throttle_next(2, retry_after=0, method="POST", path=r"/jobs$")
@@ -927,36 +883,6 @@ def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, plat
         "[master-0] rank 0: all-reduce ok",
         "[worker-1] rank 1: all-reduce ok",
     ]
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_tensorboard_gets_a_host_while_the_job_lives(kube, platform, celery_worker_thread):
-    from jobs import tensorboard
-    from jobs.models import TensorBoardRoute
-
-    kube.controller.script("ty-", run_ticks=None)
-    job = submit(
-        platform,
-        tensorboard=True,
-        mounts=[{"claim": "demo-ckpt", "path": "/ckpt", "kind": "checkpoint"}],
-        tensorboard_logdir="/ckpt/tb",
-    )
-    route = drive(kube, lambda: TensorBoardRoute.objects.filter(job=job, state="active").first())
-    name = render.tensorboard_name(str(job.id))
-    assert route.host == f"{name}.tb.example.org"
-    assert kube.get("ingresses.networking.k8s.io", name, TEAM_NS)["spec"]["rules"][0]["host"] == route.host
-    pod_spec = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)["spec"]["tasks"][0]["template"]["spec"]
-    assert pod_spec["initContainers"][0]["command"][:3] == ["tensorboard", "--logdir", "/ckpt/tb"]
-    assert {"name": "ckpt-0", "persistentVolumeClaim": {"claimName": "demo-ckpt", "readOnly": False}} in pod_spec[
-        "volumes"
-    ]
-
-    lifecycle.job_cancel(job_id=job.id, actor="demo")
-    drive(kube, lambda: finished(job))
-    assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
-    assert kube.try_get("ingresses.networking.k8s.io", name, TEAM_NS) is None
-    assert kube.try_get("services", name, TEAM_NS) is None
 
 
 @pytest.mark.django_db(transaction=True)

@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
+from images.tests.conftest import images_env, upstream  # noqa: F401 - fixtures of the image-build test
 from jobs import lifecycle
 from jobs.tests.test_volcano_backend import reload, submit  # the same submission as the fake cluster's tests
 from kernel.paths import BASE_DIR
@@ -130,7 +131,10 @@ def _drive(predicate, *, timeout=90.0):
         if value:
             return value
         time.sleep(0.3)
-    raise AssertionError("condition not met in time")
+    from jobs.models import Job
+
+    said = [(str(j.id)[:8], j.state, j.message) for j in Job.objects.all()]
+    raise AssertionError(f"condition not met in time; the platform's jobs: {said}")
 
 
 def _pods(admin, job) -> list:
@@ -296,6 +300,8 @@ def test_a_timeout_deletes_the_volcano_job_and_times_out(platform, admin, celery
     assert lifecycle.timeouts_enforce() == 1
     job = _drive(lambda: _state(job, "timed_out"))
     assert job.attempts.get().state == "timed_out"
+    _drive(lambda: not [j for j in _vcjobs(admin) if not j["metadata"].get("deletionTimestamp")])
+    _drive_plain(lambda: not admin["core"].list_namespaced_pod(TEAM_NS).items, timeout=60)
 
 
 def test_a_distributed_job_is_one_gang_bound_where_the_platform_placed_each_replica(
@@ -367,3 +373,272 @@ def test_a_deleted_node_leaves_placement_within_one_node_check(platform, admin):
         _drive(lambda: any(
             c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
         ), timeout=60)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ item 2's remainders
+
+
+def _attempt_pods(admin, job) -> list[dict]:
+    return [admin["api"].sanitize_for_serialization(p) for p in _pods(admin, job)]
+
+
+def _vcjob_of(admin, job) -> dict:
+    name = reload(job).attempts.order_by("-number").first().backend_ref.rsplit("/", 1)[-1]
+    return admin["custom"].get_namespaced_custom_object(*JOBS[:2], TEAM_NS, JOBS[2], name)
+
+
+TIME_SLICED_NODE = "kwok-ts-0"
+
+
+@pytest.fixture
+def time_sliced_node(admin):
+    """A kwok node whose device plugin time-slices its 8 cards 4 ways (`nvidia.com/gpu.shared`, no whole cards),
+    as the NVIDIA device plugin with `renameByDefault` advertises them."""
+    labels = {
+        "kubernetes.io/hostname": TIME_SLICED_NODE, "kwok.x-k8s.io/node": "fake", "kubernetes.io/os": "linux",
+        "type": "kwok", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/cuda.driver-version.major": "550", "nvidia.com/cuda.driver-version.minor": "54",
+        "nvidia.com/cuda.driver-version.revision": "15", "nvidia.com/cuda.driver-version.full": "550.54.15",
+        "nvidia.com/cuda.runtime-version.full": "12.4",
+    }  # fmt: skip
+    resources = {"cpu": "94", "memory": "1500Gi", "pods": "110", "nvidia.com/gpu.shared": "32"}
+    body = {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": TIME_SLICED_NODE, "labels": labels,
+                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {}, "status": {"capacity": resources, "allocatable": resources},
+    }  # fmt: skip
+    try:
+        admin["core"].create_node(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    _drive_plain(lambda: any(
+        c.type == "Ready" and c.status == "True"
+        for c in admin["core"].read_node(TIME_SLICED_NODE).status.conditions or []
+    ), timeout=30)  # fmt: skip
+    yield TIME_SLICED_NODE
+    admin["core"].delete_node(TIME_SLICED_NODE)
+
+
+def _drive_plain(predicate, *, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_shared_job_takes_one_time_sliced_share_on_the_node_the_platform_chose(
+    time_sliced_node, platform, admin, celery_worker_thread
+):
+    """A quarter-card job: placed on the time-sliced node (the only one serving shares), its pod asks for one
+    `nvidia.com/gpu.shared`, Volcano's queue capability and the node's allocatable account for it, and the
+    node's other 31 shares stay free."""
+    from cluster.models import GPU, Node
+    from cluster.services import inventory_sync
+
+    for info in platform["backend"].inventory():
+        inventory_sync(info=info, backend="volcano")
+    node = Node.objects.get(name=time_sliced_node)
+    assert node.labels.get("trainyard.io/gpu-sharing") == "time-sliced"
+    assert GPU.objects.filter(node=node).count() == 8
+    job = submit(platform["user"], spec="shared")
+    job = _drive(lambda: _state(job, "running"))
+    attempt = job.attempts.get()
+    assert attempt.node.name == time_sliced_node
+    [pod] = _attempt_pods(admin, job)
+    assert pod["spec"]["nodeName"] == time_sliced_node
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits.get("nvidia.com/gpu.shared") == "1" and "nvidia.com/gpu" not in limits
+    _outcome(admin, job, "succeed")
+    assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
+def test_tensorboard_gets_a_service_and_an_ingress_while_the_job_lives(platform, admin, settings, celery_worker_thread):
+    """The route's Service and Ingress are accepted by the real API server (the platform's RBAC), the Service
+    selects the job's pod, the TensorBoard native sidecar runs beside the trainer; the route goes when the job
+    ends."""
+    from jobs import tensorboard
+    from jobs.backends import get_backend, reset_backends
+    from jobs.backends import volcano_render as render
+    from jobs.models import TensorBoardRoute
+
+    settings.TRAINYARD_TB_BASE_DOMAIN = "tb.example.org"
+    settings.TRAINYARD_TB_GRACE_S = 0
+    reset_backends()
+    job = submit(platform["user"], tensorboard=True)
+    route = _drive(lambda: TensorBoardRoute.objects.filter(job=job, state="active").first())
+    _drive(lambda: _state(job, "running"))
+    name = render.tensorboard_name(str(job.id))
+    net = k8s.NetworkingV1Api(admin["api"])
+    assert route.host == f"{name}.tb.example.org"
+    backend = get_backend()  # with the domain set above
+    assert backend.tensorboard_expose(job_id=str(job.id), namespace=TEAM_NS) == route.host  # 409: kept
+    assert net.read_namespaced_ingress(name, TEAM_NS).spec.rules[0].host == route.host
+    service = admin["core"].read_namespaced_service(name, TEAM_NS)
+    [pod] = _attempt_pods(admin, job)
+    assert all(pod["metadata"]["labels"].get(k) == v for k, v in service.spec.selector.items())
+    [sidecar] = [c for c in pod["spec"].get("initContainers", []) if c["command"][0] == "tensorboard"]
+    assert sidecar["restartPolicy"] == "Always"
+    statuses = {s["name"]: s for s in pod["status"].get("initContainerStatuses", [])}
+    assert "running" in statuses[sidecar["name"]]["state"]  # a native sidecar, running next to the trainer
+
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
+    _drive(lambda: _state(job, "cancelled"))
+    assert tensorboard.routes_reap() == 1  # grace period 0: revoked at once
+    with pytest.raises(ApiException) as gone:
+        net.read_namespaced_ingress(name, TEAM_NS)
+    assert gone.value.status == 404
+    with pytest.raises(ApiException) as gone:
+        admin["core"].read_namespaced_service(name, TEAM_NS)
+    assert gone.value.status == 404
+    backend.tensorboard_remove(job_id=str(job.id), namespace=TEAM_NS)  # 404: already gone
+
+
+def test_the_checkpoint_sidecar_runs_natively_and_what_it_publishes_is_recorded(
+    platform, admin, checkpoint_store, settings, tmp_path, celery_worker_thread
+):
+    """With an object store the pod gets the checkpoint uploader as a native sidecar (an init container with
+    restartPolicy Always, which Kubernetes 1.29+ accepts and runs beside the trainer); the sidecar's own code,
+    publishing to the real store for that attempt, is what the platform's observer records."""
+    from jobs.backends import checkpoint_sync, reset_backends
+    from jobs.backends import volcano_render as render
+    from jobs.models import Checkpoint
+
+    reset_backends()  # the render options read the store settings the fixture set
+    job = submit(platform["user"])
+    _drive(lambda: _state(job, "running"))
+    [pod] = _attempt_pods(admin, job)
+    sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == render.CHECKPOINT_SIDECAR)
+    assert sidecar["restartPolicy"] == "Always"
+    statuses = {s["name"]: s for s in pod["status"]["initContainerStatuses"]}
+    assert "running" in statuses[render.CHECKPOINT_SIDECAR]["state"]
+    assert "running" in pod["status"]["containerStatuses"][0]["state"]
+    conf = json.loads(next(e["value"] for e in sidecar["env"] if e["name"] == "TRAINYARD_CHECKPOINT_SPEC"))
+    assert conf["prefix"] == f"demo/{job.id}/attempt-1/"
+    folder, state = tmp_path / "pod-checkpoints", tmp_path / "pod-state"
+    folder.mkdir()
+    state.mkdir()
+    (folder / "step-300.pt").write_bytes(b"from-the-pod")
+    sync = checkpoint_sync.SidecarSync(state, {**conf, "dir": str(folder), "store": checkpoint_store.to_dict()})
+    assert sync.sync_once(final=True)
+    saved = _drive(lambda: Checkpoint.objects.filter(job=job, name="step-300.pt").first())
+    assert saved.step == 300 and saved.size_bytes == len(b"from-the-pod") and saved.attempt.number == 1
+    _outcome(admin, job, "succeed")
+    assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
+CACHE_CLASS = "trainyard-kwok-cache"
+
+
+def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_trainer(
+    platform, admin, settings, celery_worker_thread
+):
+    """The dataset's cache claim binds (to a volume made here: no provisioner runs), kube-scheduler places the
+    fill Job's pod (restricted PodSecurity accepts it), the Job completes, the trainer mounts the claim."""
+    from jobs.backends import reset_backends
+    from jobs.backends import volcano_render as render
+    from jobs.models import Dataset
+    from quotas.models import Team
+
+    settings.TRAINYARD_S3_URL = "http://s3.storage.svc:8333"
+    settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = CACHE_CLASS
+    reset_backends()
+    dataset = Dataset.objects.create(
+        team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3, file_count=10,
+        s3_prefix="datasets/imagenet/1/",
+    )  # fmt: skip
+    claim = f"ty-dataset-{dataset.id}-v1"
+    volume = f"{claim}-{int(time.time())}"
+    admin["core"].create_persistent_volume({
+        "metadata": {"name": volume},
+        "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": CACHE_CLASS,
+                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/{volume}"},
+                 "claimRef": {"namespace": TEAM_NS, "name": claim}},
+    })  # fmt: skip
+    batch = k8s.BatchV1Api(admin["api"])
+    try:
+        job = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}])
+        job = _drive(lambda: _state(job, "running"), timeout=120)
+        pvc = admin["core"].read_namespaced_persistent_volume_claim(claim, TEAM_NS)
+        assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == CACHE_CLASS
+        fill = batch.read_namespaced_job(claim, TEAM_NS)
+        _drive_plain(lambda: (batch.read_namespaced_job(claim, TEAM_NS).status.succeeded or 0) == 1, timeout=60)
+        assert fill.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == claim
+        [pod] = _attempt_pods(admin, job)
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["dataset-0"]["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
+        waiter = next(c for c in pod["spec"]["initContainers"] if c["name"] == "dataset-0")
+        assert waiter["command"][:4] == ["python", "-m", "jobs.backends.dataset_cache", "wait"]
+        assert render.ANNOTATION_DATASET_FILLS in _vcjob_of(admin, job)["metadata"]["annotations"]
+        _outcome(admin, job, "succeed")
+        assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+    finally:
+        try:
+            batch.delete_namespaced_job(claim, TEAM_NS, propagation_policy="Background")
+        except ApiException:
+            pass
+        admin["core"].delete_namespaced_persistent_volume_claim(claim, TEAM_NS)
+        admin["core"].delete_persistent_volume(volume)
+
+
+def test_a_jobs_log_is_read_from_the_pods_through_the_api_server(platform, admin, celery_worker_thread):
+    """The trainer's log comes from `pods/log` (the platform's RBAC, the API server proxying to the node's
+    kubelet endpoint; kwok answers with its stand-in line) into the log store."""
+    from jobs import logstore
+
+    job = submit(platform["user"])
+    _drive(lambda: _state(job, "running"))
+    _outcome(admin, job, "succeed")
+    job = _drive(lambda: _state(job, "succeeded", "failed"))
+    assert job.state == "succeeded"
+    lines = [line.text for line in logstore.read_lines(logstore.attempt_dir(str(job.id), 1))[0]]
+    assert any("kwok: no container runs on this fake node" in text for text in lines), lines
+
+
+def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_name_label(
+    real_cluster,
+    admin,
+    settings,
+    images_env,  # noqa: F811
+    build_root,
+    transactional_db,
+):
+    """The build's ConfigMap and Job are accepted in the builds namespace (the platform's Role there),
+    kube-scheduler places the pod, the platform finds it by `batch.kubernetes.io/job-name` (1.27+), reads its log
+    through the API server, and records the digest the build pushed."""
+    from images import k8s_build, registry, services
+    from images.tests.test_builds import define_base
+    from images.tests.test_k8s_build import push_as_buildkit
+
+    settings.TRAINYARD_IMAGE_BUILDER = "kubernetes"
+    settings.TRAINYARD_K8S_KUBECONFIG = real_cluster["kubeconfig"]
+    settings.TRAINYARD_K8S_API_URL = ""
+    settings.TRAINYARD_K8S_BUILD_NAMESPACE = "trainyard-builds"
+    base = define_base(images_env)
+    build = services.build_request(image=base)
+    digest = push_as_buildkit(build_root, build)  # what BuildKit would push (no container runs on kwok)
+    name = k8s_build.build_name(build.pk)
+    batch = k8s.BatchV1Api(admin["api"])
+    try:
+        build = services.build_run(build_id=build.pk)
+        assert build.status == "running" and f"created build Job trainyard-builds/{name}" in build.log
+        _drive_plain(lambda: (batch.read_namespaced_job(name, "trainyard-builds").status.succeeded or 0) == 1,
+                     timeout=60)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while build.status == "running" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            build = services.build_run(build_id=build.pk)
+        assert build.status == "succeeded", build.log
+        assert build.digest == digest and registry.resolve(build.reference) == digest
+        # The pod's log, read through the API server from the pod the label found.
+        assert "kwok: no container runs on this fake node" in build.log
+    finally:
+        for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
+            try:
+                fn(name, "trainyard-builds", propagation_policy="Background")
+            except ApiException:
+                pass
