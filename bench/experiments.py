@@ -79,8 +79,8 @@ def start_processes(env: dict[str, str], logdir: Path) -> list[subprocess.Popen]
     from ops import processes
 
     out = []
-    for name in ("worker", "beat"):
-        argv = [sys.executable, "-m", *processes.command(name)]
+    for name in ("worker", "dispatcher", "beat"):  # as `make run` starts them
+        argv = [sys.executable, "-m", *processes.command(name, environ=env)]
         if name == "beat":
             argv += ["-s", str(logdir / "celerybeat-schedule")]
         log = open(logdir / f"{name}.log", "w")  # noqa: SIM115 - open for the process's life

@@ -4,8 +4,8 @@ What runs: a control plane of its own (`scripts/cluster/cluster.py` with ``TRAIN
 etcd, kube-apiserver with its audit log, kube-controller-manager, kube-scheduler, Volcano's scheduler, controllers
 and webhooks, kwok), no default nodes; the openb trace's GPU nodes as kwok nodes (their CPUs, memory, GPU count
 and model as GPU Feature Discovery labels); a benchmark database (``<db>_bench_k8s``), migrated and seeded on the
-Volcano backend with the platform's own service account; the real web server (uvicorn, as ``make run``) and a real
-Celery worker process (dispatch and starts); the observe task's code (``jobs.tasks.observe_attempts``) every
+Volcano backend with the platform's own service account; the real web server (uvicorn, as ``make run``), a real
+Celery worker process (starts) and the dispatcher process (admission passes); the observe task's code (``jobs.tasks.observe_attempts``) every
 ``TRAINYARD_OBSERVE_EVERY_S`` (2 s) in this process, as beat would run it.
 
 1. Platform: the trace's GPU pods (resampled to 105% of capacity and shuffled, seed 0, as bench-scheduler does),
@@ -361,12 +361,15 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     server = WebServer(child_env, workdir / "web.log")
     server.start()
     children.append(server.proc)
-    worker_log = open(workdir / "worker.log", "ab")  # noqa: SIM115 - the worker's whole life
-    worker = subprocess.Popen(
-        [sys.executable, "-m", *processes.command("worker")], cwd=REPO, stdout=worker_log, stderr=subprocess.STDOUT,
-        env={**child_env, **processes.environment("worker", child_env)}, start_new_session=True,
-    )  # fmt: skip
-    children.append(worker)
+    worker_log = open(workdir / "worker.log", "ab")  # noqa: SIM115 - the worker's and dispatcher's whole life
+    for name in ("worker", "dispatcher"):  # as `make run` starts them (ops.processes)
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *processes.command(name, environ=child_env)], cwd=REPO, stdout=worker_log,
+                stderr=subprocess.STDOUT, env={**child_env, **processes.environment(name, child_env)},
+                start_new_session=True,
+            )
+        )  # fmt: skip
     time.sleep(5)
 
     watch = PodWatch(admin_client)
@@ -441,8 +444,11 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     )
     platform["job_states"] = dict(Counter(Job.objects.values_list("state", flat=True)))
     log(f"platform: {platform}")
-    worker.terminate()
-    worker.wait(timeout=30)
+    workers = children[-2:]  # the worker and the dispatcher
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.wait(timeout=30)
     audit_total, audit_by = audit_requests(CLUSTER_DIR / "audit", t0 - 1, t_end + 1)
 
     # 2. The floor: the same Volcano jobs, created directly.
@@ -526,8 +532,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         "python": py_platform.python_version(),
         "quick": bool(args.quick or args.nodes),
         "versions": state["versions"],
-        "process_model": "uvicorn web server and one Celery worker (prefork, TRAINYARD_WORKER_CONCURRENCY) as "
-        "`make run` starts them; the observe task's code every TRAINYARD_OBSERVE_EVERY_S in the benchmark process; "
+        "process_model": "uvicorn web server, one Celery worker (prefork, TRAINYARD_WORKER_CONCURRENCY) and the "
+        "dispatcher (one solo-pool process) as `make run` starts them; the observe task's code every TRAINYARD_OBSERVE_EVERY_S in the benchmark process; "
         "the control plane, kwok and PostgreSQL/Redis on the same machine",
         "cluster": {"nodes": len(nodes), "gpus": capacity},
         "jobs": {
