@@ -5,8 +5,8 @@ etcd, kube-apiserver with its audit log, kube-controller-manager, kube-scheduler
 and webhooks, kwok), no default nodes; the openb trace's GPU nodes as kwok nodes (their CPUs, memory, GPU count
 and model as GPU Feature Discovery labels); a benchmark database (``<db>_bench_k8s``), migrated and seeded on the
 Volcano backend with the platform's own service account; the real web server (uvicorn, as ``make run``), a real
-Celery worker process (starts) and the dispatcher process (admission passes); the observe task's code (``jobs.tasks.observe_attempts``) every
-``TRAINYARD_OBSERVE_EVERY_S`` (2 s) in this process, as beat would run it.
+Celery worker process (starts) and the dispatcher process (admission passes); the observe task's code
+(``jobs.tasks.observe_attempts``) every ``TRAINYARD_OBSERVE_EVERY_S`` (2 s) in this process, as beat would run it.
 
 1. Platform: the trace's GPU pods (resampled to 105% of capacity and shuffled, seed 0, as bench-scheduler does),
    cut where the arrived GPU requests reach 100% of the cluster's cards, are POSTed to ``/api/v1/jobs/`` in
@@ -533,7 +533,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         "quick": bool(args.quick or args.nodes),
         "versions": state["versions"],
         "process_model": "uvicorn web server, one Celery worker (prefork, TRAINYARD_WORKER_CONCURRENCY) and the "
-        "dispatcher (one solo-pool process) as `make run` starts them; the observe task's code every TRAINYARD_OBSERVE_EVERY_S in the benchmark process; "
+        "dispatcher (one solo-pool process) as `make run` starts them; the observe task's code every "
+        "TRAINYARD_OBSERVE_EVERY_S in the benchmark process; "
         "the control plane, kwok and PostgreSQL/Redis on the same machine",
         "cluster": {"nodes": len(nodes), "gpus": capacity},
         "jobs": {
