@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from kernel.errors import DomainError, ValidationFailed
 from kernel.units import human_duration, human_resource, parse_duration
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
-from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
+from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_announce, team_quota_update
 from quotas.tokens import token_revoke
 from quotas.usage import queue_usage, team_usage
 
@@ -286,6 +286,8 @@ class TeamAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Team, form: forms.ModelForm, change: bool) -> None:
         _save_audited(request, obj, form, change, TEAM_QUOTA_FIELDS, lambda **kw: team_quota_update(team=obj, **kw))
+        if not change or {"namespace", "slug"} & set(form.changed_data):
+            team_announce(team=obj)  # its Kubernetes namespace is made (or moved) on commit; quota edits announce
 
 
 # ---------------------------------------------------------------------------------------------- queues

@@ -324,6 +324,12 @@ TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain UR
 TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
 TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")
 TRAINYARD_K8S_NAMESPACE = env.str("TRAINYARD_K8S_NAMESPACE", default="trainyard")  # the platform's own
+# The platform's service account (in TRAINYARD_K8S_NAMESPACE), bound in every team namespace the platform keeps.
+TRAINYARD_K8S_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_SERVICE_ACCOUNT", default="trainyard")
+# Team namespaces (labels, ResourceQuota, LimitRange, RoleBinding, NetworkPolicies) kept by the platform: on a
+# team's change and every TRAINYARD_K8S_NAMESPACE_SYNC_S (drift repaired). False: an admin keeps them by hand.
+TRAINYARD_K8S_MANAGE_NAMESPACES = env.bool("TRAINYARD_K8S_MANAGE_NAMESPACES", default=True)
+TRAINYARD_K8S_NAMESPACE_SYNC_S = env.float("TRAINYARD_K8S_NAMESPACE_SYNC_S", default=300.0)
 TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu
 TRAINYARD_K8S_SHARED_RESOURCE = env.str("TRAINYARD_K8S_SHARED_RESOURCE", default="nvidia.com/gpu.shared")
 # The Volcano release the cluster runs (e.g. 1.9, 1.14.0), or `auto`: read from the installed Queue CRD.
@@ -359,6 +365,10 @@ TRAINYARD_TB_IMAGE = env.str("TRAINYARD_TB_IMAGE", default="docker.io/tensorflow
 TRAINYARD_TB_INGRESS_CLASS = env.str("TRAINYARD_TB_INGRESS_CLASS", default="")
 TRAINYARD_TB_AUTH_URL = env.str("TRAINYARD_TB_AUTH_URL", default="")  # {job_id} is replaced
 TRAINYARD_TB_TLS_SECRET = env.str("TRAINYARD_TB_TLS_SECRET", default="")
+CELERY_BEAT_SCHEDULE["sync-team-namespaces"] = {
+    "task": "jobs.sync_team_namespaces",
+    "schedule": TRAINYARD_K8S_NAMESPACE_SYNC_S,
+}
 CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "schedule": 60.0}
 
 # Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics

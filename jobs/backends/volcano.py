@@ -55,7 +55,7 @@ from cluster.inventory import (
     mig_profile,
 )
 from jobs import logstore
-from jobs.backends import checkpoint_sync, pod_metrics
+from jobs.backends import checkpoint_sync, pod_metrics, team_namespace
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
 from kernel import kubeclient, objectstore
@@ -130,6 +130,8 @@ class VolcanoConfig:
     tb_tls_secret: str = ""
     # The Volcano release whose Queue fields to render: "auto" reads the installed Queue CRD.
     volcano_version: str = "auto"
+    # The platform's own service account (in system_namespace), bound in every team namespace it keeps.
+    service_account: str = "trainyard"
 
 
 class ClusterUnsupported(RuntimeError):
@@ -200,6 +202,7 @@ def config_from_settings() -> VolcanoConfig:
         tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
         tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
         volcano_version=version,
+        service_account=settings.TRAINYARD_K8S_SERVICE_ACCOUNT,
     )
     return config
 
@@ -976,6 +979,28 @@ class VolcanoBackend:
         self._call(
             "create_queue_command", self.custom.create_namespaced_custom_object, group, version, namespace, plural, body
         )
+
+    # ------------------------------------------------------------------------------------------- team namespaces
+
+    def team_namespace_sync(self, team: Any) -> list[str]:
+        """Create or repair the team's namespace and what it must hold (jobs/backends/team_namespace.py): its Pod
+        Security labels, ResourceQuota and LimitRange from the team's quota, the platform's RoleBinding and the
+        NetworkPolicies. Returns what it changed (empty when nothing had drifted)."""
+        options = self.config.render
+        objects = team_namespace.render_team_namespace(
+            team_namespace.TeamSpace.of(team),
+            sharing=options.sharing,
+            shared_resource=options.shared_resource,
+            service_account=self.config.service_account,
+            system_namespace=self.config.system_namespace,
+        )
+        try:
+            changes = team_namespace.NamespaceSync(self.api_client, self._call).sync(objects)
+        except ApiException as exc:
+            raise VolcanoError(f"Kubernetes refused team namespace {team.namespace}: {_message(exc)}") from None
+        if changes:
+            log.info("team_namespace_synced", team=team.slug, namespace=team.namespace, changes=changes)
+        return changes
 
     # ------------------------------------------------------------------------------------------- inventory
 
