@@ -373,6 +373,8 @@ CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "
 
 # Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics
 TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S", default=10.0)
+# The dispatcher's look at a Kubernetes node's dcgm-exporter series right before it hands cards out: at most this long.
+TRAINYARD_HAND_OUT_CHECK_TIMEOUT_S = env.float("TRAINYARD_HAND_OUT_CHECK_TIMEOUT_S", default=2.0)
 TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
 TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
 # Right-sizing (docs/rightsizing.md): how often a local supervisor samples its attempt's use, the margin a
