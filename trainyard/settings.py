@@ -260,6 +260,8 @@ TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
 )
 TRAINYARD_RECONCILE_INTERVAL = timedelta(minutes=10)
+# Local attempts' processes pinned to the CPUs of their GPUs' NUMA node(s), sized by their CPU request.
+TRAINYARD_LOCAL_CPU_PINNING = env.bool("TRAINYARD_LOCAL_CPU_PINNING", default=True)
 
 LOG_LEVEL = env.str("TRAINYARD_LOG_LEVEL", default="INFO")
 LOG_FORMAT = env.str("TRAINYARD_LOG_FORMAT", default="console")  # console | json

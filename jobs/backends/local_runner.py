@@ -18,6 +18,7 @@ to it), copies the command's output into the log store, and writes `status.json`
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import select
@@ -50,9 +51,11 @@ def command_argv(spec: dict) -> list[str]:
     return sandbox.wrap(spec.get("sandbox"), list(spec["argv"]))
 
 
-def _child_setup() -> None:
+def _child_setup(cpus: tuple[int, ...] = ()) -> None:
     # The main process dies with its supervisor, so a supervisor killed with SIGKILL leaves no main process.
     proctree.die_with_parent(signal.SIGKILL)
+    if cpus:  # its GPUs' NUMA node (jobs/backends/cpu_pinning.py); the sandbox and every child inherit it
+        os.sched_setaffinity(0, cpus)
 
 
 class _Log:
@@ -315,7 +318,7 @@ def main(folder: Path) -> int:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_child_setup,
+            preexec_fn=functools.partial(_child_setup, tuple(spec.get("cpus") or ())),
             pass_fds=(info_w, block_r) if fds else (),
         )
         if fds:

@@ -48,9 +48,10 @@ POD_SECURITY = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in (
     "pod-security.kubernetes.io/enforce-version": "latest"
 }
 # The most the platform's own containers in one job pod request on top of the trainer: the TensorBoard and the
-# checkpoint sidecars (100m and 256Mi each, volcano_render); an init container runs before them, never beside.
-SIDECAR_CPU_MILLI_PER_POD = 200
-SIDECAR_MEMORY_MIB_PER_POD = 512
+# checkpoint sidecars (100m and 256Mi each, volcano_render; 200m and 512Mi in a guaranteed job's pod, whose containers
+# all have requests equal to limits); an init container runs before them, never beside.
+SIDECAR_CPU_MILLI_PER_POD = 400
+SIDECAR_MEMORY_MIB_PER_POD = 1024
 # A container that names no CPU or memory (the quota would refuse it): the platform's sidecars' sizes.
 DEFAULT_REQUEST = {"cpu": "100m", "memory": "256Mi"}
 DEFAULT_LIMIT = {"cpu": "1", "memory": "1Gi"}

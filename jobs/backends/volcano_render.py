@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from jobs.backends.base import AttemptDescription, Device
 
 JSON = dict[str, Any]
@@ -306,6 +308,9 @@ def render_job(
         ],
         "tasks": tasks,
     }
+    if desc.exclusive:
+        for task in tasks:
+            _guaranteed_qos(task["template"]["spec"])
     if plugins:
         spec["plugins"] = plugins
     priority_class = PRIORITY_CLASS_NAMES.get(desc.priority_class) or options.priority_class
@@ -527,6 +532,23 @@ def _resources(desc: AttemptDescription, devices: list[Device], options: RenderO
         **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options),
     }
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+# A guaranteed job's pods are of the Guaranteed QoS class, and its trainer asks for whole cores: the kubelet's static
+# CPU manager then gives it cores of its own, and the single-numa-node topology manager puts them on its GPUs' NUMA
+# node (docs/kubernetes.md). Every container of such a pod (init containers too) has requests equal to limits; the
+# platform's own ones this much each.
+GUARANTEED_HELPER = {"cpu": "200m", "memory": "512Mi"}
+
+
+def _guaranteed_qos(pod: JSON) -> None:
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        if container["name"] == MAIN_CONTAINER:
+            cores = -(-int(parse_quantity(container["resources"]["requests"]["cpu"]) * 1000) // 1000)
+            for side in ("requests", "limits"):
+                container["resources"][side]["cpu"] = _quantity_milli(cores * 1000)
+        else:
+            container["resources"] = {"requests": dict(GUARANTEED_HELPER), "limits": dict(GUARANTEED_HELPER)}
 
 
 def _pod_security(options: RenderOptions) -> JSON:

@@ -108,7 +108,7 @@ def test_a_team_made_in_the_admin_console_gets_its_namespace(
         assert (hard["requests.nvidia.com/gpu"], hard["requests.nvidia.com/gpu.shared"], hard["pods"]) == (
             "2", "8", "11",
         )  # fmt: skip
-        assert hard["requests.cpu"] == "18200m" and hard["requests.memory"] == "136704Mi"
+        assert hard["requests.cpu"] == "20400m" and hard["requests.memory"] == "139Gi"  # 131072Mi + 11 x 1Gi
         limits = _wait(lambda: _read(core.read_namespaced_limit_range, "trainyard-limits", namespace))
         assert limits.spec.limits[0].max == {"cpu": "16", "memory": "128Gi"}
         binding = rbac.read_namespaced_role_binding("trainyard-team", namespace)
