@@ -122,6 +122,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         mig_profile=job.mig_profile,
         datasets=list(job.datasets),
         code={"team": job.team.slug, "digest": job.code_digest} if job.code_digest else {},
+        runtime_class=job.queue.runtime_class,
     )
 
 

@@ -39,6 +39,15 @@ def _push_team_namespace(sender, team, **_kwargs) -> None:
     transaction.on_commit(send)
 
 
+def cluster_runtime_classes() -> set[str] | None:
+    """The cluster's RuntimeClass names (Volcano backend), for a queue's `runtime_class`; None without a cluster."""
+    if settings.TRAINYARD_BACKEND != "volcano":
+        return None
+    from jobs.backends import get_backend
+
+    return get_backend("volcano").runtime_classes()
+
+
 def connect() -> None:
     quota_signals.queue_changed.connect(_push_volcano_queue, dispatch_uid="jobs.push_volcano_queue")
     quota_signals.team_changed.connect(_push_team_namespace, dispatch_uid="jobs.push_team_namespace")

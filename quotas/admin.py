@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 
 from kernel.errors import DomainError, ValidationFailed
 from kernel.units import human_duration, human_resource, parse_duration
+from quotas import runtimes
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
 from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_announce, team_quota_update
 from quotas.tokens import token_revoke
@@ -315,6 +316,7 @@ class QueueForm(HumanQuotaForm):
             "max_timeout_s",
             "gang",
             "secondary_network",
+            "runtime_class",
             "outbound_network",
             "idle_threshold_pct",
             "idle_after_s",
@@ -330,6 +332,9 @@ class QueueForm(HumanQuotaForm):
                 "default_timeout_s",
                 f"the default time limit ({human_duration(default)}) exceeds the maximum ({human_duration(maximum)})",
             )
+        problem = runtimes.runtime_class_problem(data.get("runtime_class") or "")
+        if problem:
+            self.add_error("runtime_class", problem)
         threshold = data.get("idle_threshold_pct")
         if threshold is not None and not 0 <= threshold <= 100:
             self.add_error("idle_threshold_pct", "a utilization threshold is between 0 and 100 (0 turns it off)")
@@ -371,7 +376,14 @@ class QueueAdmin(admin.ModelAdmin):
         (
             "Timeouts and scheduling",
             {
-                "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network", "outbound_network"),
+                "fields": (
+                    "default_timeout_s",
+                    "max_timeout_s",
+                    "gang",
+                    "secondary_network",
+                    "runtime_class",
+                    "outbound_network",
+                ),
             },
         ),
         (

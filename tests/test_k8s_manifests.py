@@ -316,6 +316,7 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.queue_sync(queue)  # reopen
         kube.controller.tick()
         backend.inventory()
+        assert backend.runtime_classes() == set()  # a queue's runtime_class is checked against these
         # Team namespaces (jobs/backends/team_namespace.py): made, read back unchanged, then repaired after drift.
         team = TeamQuota()
         assert backend.team_namespace_sync(team)  # creates the namespace and everything in it

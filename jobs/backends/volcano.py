@@ -187,6 +187,7 @@ def config_from_settings() -> VolcanoConfig:
         checkpoint_final_wait_s=settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
         dataset_cache_storage_class=settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS,
         dataset_fill_timeout_s=settings.TRAINYARD_DATASET_FILL_TIMEOUT_S,
+        apparmor=settings.TRAINYARD_K8S_APPARMOR,
         volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
     )
     config = VolcanoConfig(
@@ -295,6 +296,9 @@ class VolcanoBackend:
             if exc.status not in (401, 403):
                 raise
         self._cluster_checked = True
+        # Fields that differ between releases (AppArmor's) are rendered for the one found.
+        render_options = dataclasses.replace(self.config.render, kubernetes_version=found)
+        self.config = dataclasses.replace(self.config, render=render_options)
         return f"Kubernetes {git_version}, Volcano {render.format_version(self.volcano_version())}"
 
     def submit(self, desc: AttemptDescription) -> str:
@@ -1003,6 +1007,11 @@ class VolcanoBackend:
         return changes
 
     # ------------------------------------------------------------------------------------------- inventory
+
+    def runtime_classes(self) -> set[str]:
+        """The names of the cluster's RuntimeClasses (node.k8s.io), which a queue's runtime_class must be one of."""
+        found = self._raw("list_runtime_classes", k8s.NodeV1Api(self.api_client).list_runtime_class)
+        return {item["metadata"]["name"] for item in found.get("items", [])}
 
     def nodes_ready(self) -> dict[str, bool]:
         """Whether each node of the cluster is Ready, by name (one list of the nodes)."""

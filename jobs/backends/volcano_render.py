@@ -157,6 +157,10 @@ class RenderOptions:
     # its own that every job pod mounts read-only (see `render_dataset_claim`). Empty: each pod fetches its own.
     dataset_cache_storage_class: str = ""
     dataset_fill_timeout_s: int = 6 * 3600
+    # The container runtime's default AppArmor profile on every pod (TRAINYARD_K8S_APPARMOR): the pod's
+    # `securityContext.appArmorProfile` from Kubernetes 1.30, the per-container annotation before.
+    apparmor: bool = True
+    kubernetes_version: tuple[int, int] = (1, 29)
 
     def __post_init__(self) -> None:
         if self.sharing == "hami":
@@ -308,9 +312,12 @@ def render_job(
         ],
         "tasks": tasks,
     }
-    if desc.exclusive:
-        for task in tasks:
+    for task in tasks:
+        if desc.exclusive:
             _guaranteed_qos(task["template"]["spec"])
+        _apparmor(task["template"], options)
+        if desc.runtime_class:
+            task["template"]["spec"]["runtimeClassName"] = desc.runtime_class
     if plugins:
         spec["plugins"] = plugins
     priority_class = PRIORITY_CLASS_NAMES.get(desc.priority_class) or options.priority_class
@@ -549,6 +556,24 @@ def _guaranteed_qos(pod: JSON) -> None:
                 container["resources"][side]["cpu"] = _quantity_milli(cores * 1000)
         else:
             container["resources"] = {"requests": dict(GUARANTEED_HELPER), "limits": dict(GUARANTEED_HELPER)}
+
+
+APPARMOR_FIELD_SINCE = (1, 30)
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+
+def _apparmor(template: JSON, options: RenderOptions) -> None:
+    """The runtime's default AppArmor profile for every container of a pod template, as the cluster's release
+    spells it (a field from 1.30, where the annotation is deprecated; the annotation before)."""
+    if not options.apparmor:
+        return
+    spec = template["spec"]
+    if tuple(options.kubernetes_version) >= APPARMOR_FIELD_SINCE:
+        spec["securityContext"]["appArmorProfile"] = {"type": "RuntimeDefault"}
+        return
+    annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        annotations[APPARMOR_ANNOTATION + container["name"]] = "runtime/default"
 
 
 def _pod_security(options: RenderOptions) -> JSON:
@@ -823,9 +848,14 @@ def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: Render
             "backoffLimit": DATASET_FILL_BACKOFF,
             "activeDeadlineSeconds": int(options.dataset_fill_timeout_s),
             "ttlSecondsAfterFinished": DATASET_FILL_TTL_S,
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": _with_apparmor({"metadata": {"labels": labels}, "spec": pod}, options),
         },
     }
+
+
+def _with_apparmor(template: JSON, options: RenderOptions) -> JSON:
+    _apparmor(template, options)
+    return template
 
 
 # ------------------------------------------------------------------------------------------------ volumes

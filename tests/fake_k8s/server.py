@@ -231,6 +231,7 @@ BUILTIN_TYPES = (
     ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, True, "V1ResourceQuota", short_names=("quota",)),
     ResourceType("", "v1", "limitranges", "LimitRange", True, False, "V1LimitRange", short_names=("limits",)),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, False, "V1RoleBinding"),
+    ResourceType("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, False, "V1RuntimeClass"),
     # Served so that clients can read what is installed; the schema of a CRD object itself is not checked.
     ResourceType(
         "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,

@@ -1,0 +1,46 @@
+"""Job pods ask for the runtime's default AppArmor profile as the cluster's release spells it, and run under the
+queue's RuntimeClass; both validate against the Kubernetes schemas of the releases the platform supports. On the real
+control plane: tests/k8s/test_hardening.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import kubernetes_validate
+import pytest
+
+from jobs.backends import volcano_render as render
+from jobs.tests.test_k8s_storage import PREFIX, with_store
+from jobs.tests.test_volcano_render import describe, templates
+
+
+def pod(template: dict, version: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template.get("metadata", {})},
+            "spec": template["spec"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("cluster", "schema"), [((1, 29), "1.29"), ((1, 30), kubernetes_validate.latest_version())])
+def test_apparmor_runtime_default_on_every_container_as_the_release_takes_it(cluster, schema):
+    desc = dataclasses.replace(describe("guaranteed", extras=True, checkpoint={"prefix": PREFIX}),
+                               runtime_class="kata")  # fmt: skip
+    job = render.render_job(desc, dataclasses.replace(with_store(), kubernetes_version=cluster))
+    for template in templates(job).values():
+        kubernetes_validate.validate(pod(template, schema), schema, strict=True)
+        spec, annotations = template["spec"], template["metadata"].get("annotations", {})
+        assert spec["runtimeClassName"] == "kata"
+        names = [c["name"] for c in [*spec.get("initContainers", []), *spec["containers"]]]
+        if cluster >= (1, 30):
+            assert spec["securityContext"]["appArmorProfile"] == {"type": "RuntimeDefault"}
+            assert not any(k.startswith(render.APPARMOR_ANNOTATION) for k in annotations)
+        else:
+            assert "appArmorProfile" not in spec["securityContext"]  # 1.29's API server would drop it
+            assert {n: annotations[render.APPARMOR_ANNOTATION + n] for n in names} == dict.fromkeys(
+                names, "runtime/default"
+            )
+
+
+def test_apparmor_off_and_no_runtime_class_leave_the_pod_as_before():
+    job = render.render_job(describe("shared"), dataclasses.replace(with_store(), apparmor=False))
+    for template in templates(job).values():
+        assert "appArmorProfile" not in template["spec"]["securityContext"]
+        assert "runtimeClassName" not in template["spec"]
