@@ -296,10 +296,11 @@ class VolcanoBackend:
             if exc.status not in (401, 403):
                 raise
         self._cluster_checked = True
-        # Fields that differ between releases (AppArmor's) are rendered for the one found.
-        render_options = dataclasses.replace(self.config.render, kubernetes_version=found)
+        # Fields that differ between releases (AppArmor's) are rendered for the ones found.
+        volcano = self.volcano_version()
+        render_options = dataclasses.replace(self.config.render, kubernetes_version=found, volcano_version=volcano)
         self.config = dataclasses.replace(self.config, render=render_options)
-        return f"Kubernetes {git_version}, Volcano {render.format_version(self.volcano_version())}"
+        return f"Kubernetes {git_version}, Volcano {render.format_version(volcano)}"
 
     def submit(self, desc: AttemptDescription) -> str:
         if not self._cluster_checked:

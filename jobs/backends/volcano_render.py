@@ -559,16 +559,21 @@ def _guaranteed_qos(pod: JSON) -> None:
 
 
 APPARMOR_FIELD_SINCE = (1, 30)
+# Volcano's Job CRD embeds a pod template schema of the Kubernetes it was built with: 1.9's has no appArmorProfile,
+# so the API server would drop the field from a Volcano job (1.12's has it).
+APPARMOR_FIELD_SINCE_VOLCANO = (1, 12)
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 
 
-def _apparmor(template: JSON, options: RenderOptions) -> None:
-    """The runtime's default AppArmor profile for every container of a pod template, as the cluster's release
-    spells it (a field from 1.30, where the annotation is deprecated; the annotation before)."""
+def _apparmor(template: JSON, options: RenderOptions, *, volcano: bool = True) -> None:
+    """The runtime's default AppArmor profile for every container of a pod template, as the cluster's releases
+    spell it (a field from Kubernetes 1.30 under Volcano 1.12, where the annotation is deprecated; the annotation
+    before). `volcano`: whether the template sits in a Volcano job (else a batch Job's, which only Kubernetes reads)."""
     if not options.apparmor:
         return
     spec = template["spec"]
-    if tuple(options.kubernetes_version) >= APPARMOR_FIELD_SINCE:
+    field_kept = not volcano or tuple(options.volcano_version) >= APPARMOR_FIELD_SINCE_VOLCANO
+    if tuple(options.kubernetes_version) >= APPARMOR_FIELD_SINCE and field_kept:
         spec["securityContext"]["appArmorProfile"] = {"type": "RuntimeDefault"}
         return
     annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
@@ -854,7 +859,7 @@ def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: Render
 
 
 def _with_apparmor(template: JSON, options: RenderOptions) -> JSON:
-    _apparmor(template, options)
+    _apparmor(template, options, volcano=False)
     return template
 
 

@@ -19,21 +19,29 @@ def pod(template: dict, version: str) -> dict:
             "spec": template["spec"]}  # fmt: skip
 
 
-@pytest.mark.parametrize(("cluster", "schema"), [((1, 29), "1.29"), ((1, 30), kubernetes_validate.latest_version())])
-def test_apparmor_runtime_default_on_every_container_as_the_release_takes_it(cluster, schema):
+@pytest.mark.parametrize(
+    ("cluster", "volcano", "schema", "field"),
+    [
+        ((1, 29), (1, 14), "1.29", False),
+        ((1, 30), (1, 9), kubernetes_validate.latest_version(), False),  # Volcano 1.9's Job CRD would drop the field
+        ((1, 30), (1, 12), kubernetes_validate.latest_version(), True),
+    ],
+)
+def test_apparmor_runtime_default_on_every_container_as_the_releases_take_it(cluster, volcano, schema, field):
     desc = dataclasses.replace(describe("guaranteed", extras=True, checkpoint={"prefix": PREFIX}),
                                runtime_class="kata")  # fmt: skip
-    job = render.render_job(desc, dataclasses.replace(with_store(), kubernetes_version=cluster))
+    options = dataclasses.replace(with_store(), kubernetes_version=cluster, volcano_version=volcano)
+    job = render.render_job(desc, options)
     for template in templates(job).values():
         kubernetes_validate.validate(pod(template, schema), schema, strict=True)
         spec, annotations = template["spec"], template["metadata"].get("annotations", {})
         assert spec["runtimeClassName"] == "kata"
         names = [c["name"] for c in [*spec.get("initContainers", []), *spec["containers"]]]
-        if cluster >= (1, 30):
+        if field:
             assert spec["securityContext"]["appArmorProfile"] == {"type": "RuntimeDefault"}
             assert not any(k.startswith(render.APPARMOR_ANNOTATION) for k in annotations)
         else:
-            assert "appArmorProfile" not in spec["securityContext"]  # 1.29's API server would drop it
+            assert "appArmorProfile" not in spec["securityContext"]  # it would be dropped
             assert {n: annotations[render.APPARMOR_ANNOTATION + n] for n in names} == dict.fromkeys(
                 names, "runtime/default"
             )
