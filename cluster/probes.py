@@ -6,13 +6,19 @@ On a local card the probe asks NVML for the device by UUID and reads its memory.
 card when `TRAINYARD_NVML_PROBE` is off) has no device to ask: the probe reads the planted-fault file
 (`TRAINYARD_EMULATED_FAULTS_FILE`, default `var/emulated-faults.json`), either a JSON list of GPU UUIDs (each fails
 with `probe_failed`) or an object mapping a UUID to the fault to plant: `"gpu_lost"`, `"driver_reset"`,
-`"probe_failed"` or `"xid:<code>"`. Cards of a Kubernetes node are not probed here (their device plugin and the
-DCGM exporter report them): the probe answers None.
+`"probe_failed"` or `"xid:<code>"`. NVML's probe reads no Xid events and no retired or remapped pages: Xids
+come from the telemetry loop (NVML's event set, or dcgm-exporter), and a card that fails its probe is marked suspect.
+
+Cards of a Kubernetes node cannot be probed from here: `probe_card` answers None. Right before the dispatcher hands
+them out, it asks `remote_health` instead: the source the monitoring app registers at start-up
+(`monitoring.health.dcgm_hand_out_health`: the node's current dcgm-exporter series through Prometheus), which fails a
+card that reports a fatal Xid the platform has not acted on yet.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,3 +91,23 @@ def probe_card(*, uuid: str, emulated: bool, backend: str = "local", nvml=None) 
         fault, reason = fault_of_nvml_error(nvml, exc)
         return ProbeOutcome(False, fault or PROBE_FAILED, reason)
     return PASSED
+
+
+# Cards of cluster nodes: GPU UUIDs -> what a health source knows of them now (a card left out: nothing known).
+RemoteHealth = Callable[[list[str]], dict[str, ProbeOutcome]]
+_remote_health: RemoteHealth | None = None
+
+
+def register_remote_health(source: RemoteHealth | None) -> None:
+    """Named once at start-up by the app that reads cluster telemetry (it sits above this one)."""
+    global _remote_health
+    _remote_health = source
+
+
+def remote_health(uuids: list[str]) -> dict[str, ProbeOutcome]:
+    """The current health of cards the platform cannot probe itself (a Kubernetes node's), by UUID; empty when no
+    source is registered. A source that cannot answer returns nothing: the hand-out goes ahead on what the health
+    loop last saw."""
+    if _remote_health is None or not uuids:
+        return {}
+    return _remote_health(list(uuids))

@@ -11,7 +11,9 @@ class JobsConfig(AppConfig):
             receivers,
             usage,
         )
+        from quotas import runtimes
         from quotas import usage as quota_usage
 
         quota_usage.register(usage)
+        runtimes.register(receivers.cluster_runtime_classes)
         receivers.connect()

@@ -124,6 +124,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         mig_profile=job.mig_profile,
         datasets=list(job.datasets),
         code=code_description(team_slug=job.team.slug, digest=job.code_digest) if job.code_digest else {},
+        runtime_class=job.queue.runtime_class,
     )
 
 
@@ -253,6 +254,12 @@ def _attempt_handed_over(*, attempt_id: int, ref: str) -> None:
             "datasets": job.datasets,
             "code_digest": job.code_digest or None,
         }
+        pinning = getattr(get_backend(attempt.backend), "cpu_pinning", None)
+        pinned = pinning(ref) if pinning is not None else None
+        if pinned is not None:  # shown with the attempt on the job page, and kept in the reproduce record
+            attempt.placement = {**attempt.placement, "cpu_pinning": pinned}
+            attempt.save(update_fields=["placement"])
+            reproduce["placement"] = attempt.placement
         Job.objects.filter(pk=job.pk).update(reproduce=reproduce, deadline=now + timedelta(seconds=job.timeout_s))
         job_transition(
             job_id=job.id,

@@ -181,6 +181,20 @@ def sync_volcano_queue(queue_id: int) -> None:
     get_backend("volcano").queue_sync(Queue.objects.get(pk=queue_id))
 
 
+@shared_task(name="jobs.sync_team_namespace", autoretry_for=(Exception,), retry_backoff=2, max_retries=5)
+def sync_team_namespace(team_id: int) -> list[str]:
+    from jobs.team_namespaces import team_namespaces_sync
+
+    return [change for changes in team_namespaces_sync(team_ids=[team_id]).values() for change in changes]
+
+
+@shared_task(name="jobs.sync_team_namespaces", soft_time_limit=240, time_limit=300)
+def sync_team_namespaces() -> dict:
+    from jobs.team_namespaces import team_namespaces_sync
+
+    return team_namespaces_sync()
+
+
 @shared_task(name="jobs.issue_tensorboard", autoretry_for=(Exception,), retry_backoff=2, max_retries=3)
 def issue_tensorboard(job_id: str) -> None:
     from jobs.tensorboard import route_issue

@@ -222,11 +222,11 @@ DCGM_QUERY = '{__name__=~"' + "|".join(DCGM_FIELDS) + '"}'
 HttpGet = Callable[[str, dict[str, str]], dict]
 
 
-def httpx_get(url: str, params: dict[str, str]) -> dict:
+def httpx_get(url: str, params: dict[str, str], *, timeout_s: float = 10.0) -> dict:
     import httpx
 
     try:
-        response = httpx.get(url, params=params, timeout=10.0)
+        response = httpx.get(url, params=params, timeout=timeout_s)
         response.raise_for_status()
         return response.json()
     except (httpx.HTTPError, ValueError) as exc:
@@ -248,8 +248,8 @@ class PrometheusCollector:
         self.base_url = base_url.rstrip("/")
         self.http_get = http_get
 
-    def collect(self) -> list[GpuReading]:
-        body = self.http_get(f"{self.base_url}/api/v1/query", {"query": DCGM_QUERY})
+    def collect(self, query: str = DCGM_QUERY) -> list[GpuReading]:
+        body = self.http_get(f"{self.base_url}/api/v1/query", {"query": query})
         if body.get("status") != "success":
             raise CollectorUnavailable(f"Prometheus answered {body.get('status')}: {body.get('error', '')}")
         data = body.get("data") or {}

@@ -20,8 +20,9 @@ from django.utils.html import format_html, format_html_join
 
 from kernel.errors import DomainError, ValidationFailed
 from kernel.units import human_duration, human_resource, parse_duration
+from quotas import runtimes
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
-from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_quota_update
+from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_announce, team_quota_update
 from quotas.tokens import token_revoke
 from quotas.usage import queue_usage, team_usage
 
@@ -290,6 +291,8 @@ class TeamAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Team, form: forms.ModelForm, change: bool) -> None:
         _save_audited(request, obj, form, change, TEAM_QUOTA_FIELDS, lambda **kw: team_quota_update(team=obj, **kw))
+        if not change or {"namespace", "slug"} & set(form.changed_data):
+            team_announce(team=obj)  # its Kubernetes namespace is made (or moved) on commit; quota edits announce
 
 
 # ---------------------------------------------------------------------------------------------- queues
@@ -317,6 +320,7 @@ class QueueForm(HumanQuotaForm):
             "max_timeout_s",
             "gang",
             "secondary_network",
+            "runtime_class",
             "outbound_network",
             "idle_threshold_pct",
             "idle_after_s",
@@ -332,6 +336,9 @@ class QueueForm(HumanQuotaForm):
                 "default_timeout_s",
                 f"the default time limit ({human_duration(default)}) exceeds the maximum ({human_duration(maximum)})",
             )
+        problem = runtimes.runtime_class_problem(data.get("runtime_class") or "")
+        if problem:
+            self.add_error("runtime_class", problem)
         threshold = data.get("idle_threshold_pct")
         if threshold is not None and not 0 <= threshold <= 100:
             self.add_error("idle_threshold_pct", "a utilization threshold is between 0 and 100 (0 turns it off)")
@@ -373,7 +380,14 @@ class QueueAdmin(admin.ModelAdmin):
         (
             "Timeouts and scheduling",
             {
-                "fields": ("default_timeout_s", "max_timeout_s", "gang", "secondary_network", "outbound_network"),
+                "fields": (
+                    "default_timeout_s",
+                    "max_timeout_s",
+                    "gang",
+                    "secondary_network",
+                    "runtime_class",
+                    "outbound_network",
+                ),
             },
         ),
         (

@@ -184,6 +184,12 @@ class Queue(ResourceVector):
         blank=True,
         help_text="node pools (the nodes' trainyard.io/pool label) its jobs are placed in; empty = every pool",
     )
+    runtime_class = models.CharField(
+        max_length=63,
+        blank=True,
+        help_text="Kubernetes RuntimeClass its jobs' pods run under (a sandboxed runtime such as kata or gvisor, for "
+        "sensitive work); checked against the cluster's RuntimeClasses when saved. Empty: the cluster's default",
+    )
     allow_preemptible = models.BooleanField(
         default=False,
         help_text="jobs may opt in to run preemptible: on idle capacity beyond the hard quota, stopped (with a "

@@ -39,7 +39,14 @@ def team_quota_update(*, team: Team, changes: dict, actor) -> Team:
         if _apply(team, changes, TEAM_QUOTA_FIELDS, actor, team=team):
             team.save()
             _redispatch_all()
+            team_announce(team=team)
     return team
+
+
+def team_announce(*, team: Team) -> None:
+    """Tell the apps above that a team was created or changed (its namespace, its quota): on the Volcano backend
+    its Kubernetes namespace is created or updated once the transaction commits."""
+    signals.team_changed.send(sender=Team, team=team)
 
 
 def queue_update(*, queue: Queue, changes: dict, actor) -> Queue:

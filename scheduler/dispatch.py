@@ -22,7 +22,7 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 
-from cluster.probes import probe_card
+from cluster.probes import probe_card, remote_health
 from cluster.services import pool_lock
 from kernel import wake
 from kernel.sentences import stored
@@ -354,7 +354,15 @@ def _slices(pool: Pool, job: Waiting, placement: policy.Placement) -> list[Slice
 def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> int | None:
     meta = pool.meta[placement.node_index]
     if meta.backend != "local":
-        return None  # cluster cards are probed by their node's device plugin and the health monitor
+        # A cluster node's cards: what its dcgm-exporter says now (a fatal Xid the health loop has not seen yet).
+        uuids = [meta.cards[index].uuid for index in placement.gpu_indices]
+        known = remote_health(uuids)
+        for index, uuid in zip(placement.gpu_indices, uuids, strict=True):
+            outcome = known.get(uuid)
+            if outcome is not None and not outcome.ok:
+                plan.probe_failures.append((meta.cards[index].id, uuid, outcome.reason))
+                return index
+        return None
     for index in placement.gpu_indices:
         card = meta.cards[index]
         result = probe_card(uuid=card.uuid, emulated=meta.emulated, backend=meta.backend)

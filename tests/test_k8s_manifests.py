@@ -191,6 +191,8 @@ def granted() -> set[tuple[str, str, str, str]]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
                         assert "*" not in (group, resource, verb)
+                        if verb in ("bind", "escalate", "impersonate"):
+                            assert rule.get("resourceNames") == ["trainyard-team"], rule  # that role, no other
                         grants.add((scope, group, resource, verb))
     return grants
 
@@ -203,8 +205,13 @@ PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-def needed(records) -> set[tuple[str, str, str, str]]:
-    """What an authorizer checks for each request the backend made."""
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def needed(records, grants: set[tuple[str, str, str, str]] = frozenset()) -> set[tuple[str, str, str, str]]:
+    """What an authorizer checks for each request the backend made. A namespaced request that a cluster-wide grant
+    covers counts as that grant (team namespaces the platform makes cannot be named in advance); creating or
+    replacing a RoleBinding also needs `bind` on the ClusterRole it names (RBAC's escalation check)."""
     wanted = set()
     for record in records:
         if record.method == "GET" and record.path.rstrip("/") in PUBLIC_PATHS:
@@ -217,7 +224,12 @@ def needed(records) -> set[tuple[str, str, str, str]]:
             verb = "get" if match["name"] else ("watch" if record.watch else "list")
         else:
             verb = _VERBS[record.method]
-        wanted.add((match["ns"] or "cluster", group, resource, verb))
+        scope = match["ns"] or "cluster"
+        if (scope, group, resource, verb) not in grants and ("cluster", group, resource, verb) in grants:
+            scope = "cluster"
+        wanted.add((scope, group, resource, verb))
+        if group == RBAC_GROUP and resource == "rolebindings" and verb in ("create", "update"):
+            wanted.add(("cluster", RBAC_GROUP, "clusterroles", "bind"))
     return wanted
 
 
@@ -238,6 +250,20 @@ class PlatformQueue:
 
     def vector(self) -> dict:
         return dict(self.quota)
+
+
+NEW_TEAM_NS = "trainyard-vision"
+
+
+@dataclass
+class TeamQuota:
+    slug: str = "vision"
+    namespace: str = NEW_TEAM_NS
+    gpu_milli: int = 2000
+    gpu_memory_mib: int = 163118
+    cpu_milli: int = 16000
+    memory_mib: int = 131072
+    max_running_jobs: int = 3
 
 
 def describe(replicas: int) -> AttemptDescription:
@@ -297,6 +323,33 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         backend.queue_sync(queue)  # reopen
         kube.controller.tick()
         backend.inventory()
+        assert backend.runtime_classes() == set()  # a queue's runtime_class is checked against these
+        # Team namespaces (jobs/backends/team_namespace.py): made, read back unchanged, then repaired after drift.
+        team = TeamQuota()
+        assert backend.team_namespace_sync(team)  # creates the namespace and everything in it
+        assert backend.team_namespace_sync(team) == []  # reads only
+        kube.patch("namespaces", NEW_TEAM_NS, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": None}}})
+        kube.delete("resourcequotas", "trainyard-quota", namespace=NEW_TEAM_NS)
+        kube.mutate("limitranges", "trainyard-limits", NEW_TEAM_NS,
+                    lambda o: o["spec"]["limits"][0].update(max={"cpu": "1"}))  # fmt: skip
+        kube.mutate("networkpolicies.networking.k8s.io", "trainyard-default-deny", NEW_TEAM_NS,
+                    lambda o: o["spec"].update(podSelector={"matchLabels": {"x": "y"}}))  # fmt: skip
+        kube.mutate(
+            "rolebindings.rbac.authorization.k8s.io", "trainyard-team", NEW_TEAM_NS, lambda o: o.update(subjects=[])
+        )
+        assert len(backend.team_namespace_sync(team)) == 5  # labels patched; quota made; three replaced
+        kube.mutate(
+            "rolebindings.rbac.authorization.k8s.io",
+            "trainyard-team",
+            NEW_TEAM_NS,
+            lambda o: o["roleRef"].update(name="edit"),
+        )
+        assert backend.team_namespace_sync(team) == ["repaired RoleBinding trainyard-team (roleRef)"]  # made again
+        team.cpu_milli = 8000  # the team's quota changed: its ResourceQuota and LimitRange follow
+        assert backend.team_namespace_sync(team) == [
+            "repaired ResourceQuota trainyard-quota (spec)",
+            "repaired LimitRange trainyard-limits (spec)",
+        ]
         # Image builds (TRAINYARD_IMAGE_BUILDER=kubernetes) in their own namespace: images/k8s_build.py.
         builds = k8s_build.BuildJobs(kube.api_client(), BUILD_NS, timeout_s=2)
         objects = k8s_build.render_build_job(
@@ -353,5 +406,5 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         kube.controller.lose_node("gpu-node-0")
         kube.delete("nodes", "gpu-node-0")
         assert backend.observe([ref])[ref].reason == "NodeLost"  # its pods are force-deleted
-        used = needed(kube.requests)
+        used = needed(kube.requests, granted())
     assert used == granted()

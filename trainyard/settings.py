@@ -282,6 +282,8 @@ TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
 )
 TRAINYARD_RECONCILE_INTERVAL = timedelta(minutes=10)
+# Local attempts' processes pinned to the CPUs of their GPUs' NUMA node(s), sized by their CPU request.
+TRAINYARD_LOCAL_CPU_PINNING = env.bool("TRAINYARD_LOCAL_CPU_PINNING", default=True)
 
 LOG_LEVEL = env.str("TRAINYARD_LOG_LEVEL", default="INFO")
 LOG_FORMAT = env.str("TRAINYARD_LOG_FORMAT", default="console")  # console | json
@@ -348,6 +350,12 @@ TRAINYARD_K8S_API_URL = env.str("TRAINYARD_K8S_API_URL", default="")  # plain UR
 TRAINYARD_K8S_KUBECONFIG = env.str("TRAINYARD_K8S_KUBECONFIG", default="")  # else in-cluster, else ~/.kube/config
 TRAINYARD_K8S_CONTEXT = env.str("TRAINYARD_K8S_CONTEXT", default="")
 TRAINYARD_K8S_NAMESPACE = env.str("TRAINYARD_K8S_NAMESPACE", default="trainyard")  # the platform's own
+# The platform's service account (in TRAINYARD_K8S_NAMESPACE), bound in every team namespace the platform keeps.
+TRAINYARD_K8S_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_SERVICE_ACCOUNT", default="trainyard")
+# Team namespaces (labels, ResourceQuota, LimitRange, RoleBinding, NetworkPolicies) kept by the platform: on a
+# team's change and every TRAINYARD_K8S_NAMESPACE_SYNC_S (drift repaired). False: an admin keeps them by hand.
+TRAINYARD_K8S_MANAGE_NAMESPACES = env.bool("TRAINYARD_K8S_MANAGE_NAMESPACES", default=True)
+TRAINYARD_K8S_NAMESPACE_SYNC_S = env.float("TRAINYARD_K8S_NAMESPACE_SYNC_S", default=300.0)
 TRAINYARD_K8S_SHARING = env.str("TRAINYARD_K8S_SHARING", default="whole")  # whole | volcano-vgpu
 TRAINYARD_K8S_SHARED_RESOURCE = env.str("TRAINYARD_K8S_SHARED_RESOURCE", default="nvidia.com/gpu.shared")
 # The Volcano release the cluster runs (e.g. 1.9, 1.14.0), or `auto`: read from the installed Queue CRD.
@@ -355,6 +363,9 @@ TRAINYARD_VOLCANO_VERSION = env.str("TRAINYARD_VOLCANO_VERSION", default="auto")
 TRAINYARD_K8S_TTL_S = env.int("TRAINYARD_K8S_TTL_S", default=3600)  # at least 300
 TRAINYARD_K8S_PRIORITY_CLASS = env.str("TRAINYARD_K8S_PRIORITY_CLASS", default="")
 TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
+# Job pods under the container runtime's default AppArmor profile. Off for nodes without AppArmor (SELinux hosts),
+# whose kubelet refuses pods that ask for a profile.
+TRAINYARD_K8S_APPARMOR = env.bool("TRAINYARD_K8S_APPARMOR", default=True)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
 TRAINYARD_K8S_IMAGE_PULL_SECRETS = env.list("TRAINYARD_K8S_IMAGE_PULL_SECRETS", default=[])
 TRAINYARD_K8S_RACK_LABELS = env.list(
@@ -391,10 +402,16 @@ CELERY_BEAT_SCHEDULE["advance-experiments"] = {
     "task": "experiments.advance",
     "schedule": TRAINYARD_EXPERIMENT_ADVANCE_S,
 }
+CELERY_BEAT_SCHEDULE["sync-team-namespaces"] = {
+    "task": "jobs.sync_team_namespaces",
+    "schedule": TRAINYARD_K8S_NAMESPACE_SYNC_S,
+}
 CELERY_BEAT_SCHEDULE["reap-tensorboards"] = {"task": "jobs.reap_tensorboards", "schedule": 60.0}
 
 # Monitoring (monitoring/): health probes, telemetry, alert rules, business metrics, /metrics
 TRAINYARD_HEALTH_PROBE_INTERVAL_S = env.float("TRAINYARD_HEALTH_PROBE_INTERVAL_S", default=10.0)
+# The dispatcher's look at a Kubernetes node's dcgm-exporter series right before it hands cards out: at most this long.
+TRAINYARD_HAND_OUT_CHECK_TIMEOUT_S = env.float("TRAINYARD_HAND_OUT_CHECK_TIMEOUT_S", default=2.0)
 TRAINYARD_TELEMETRY_SOURCE = env.str("TRAINYARD_TELEMETRY_SOURCE", default="auto")  # auto | nvml | prometheus | none
 TRAINYARD_TELEMETRY_INTERVAL_S = env.float("TRAINYARD_TELEMETRY_INTERVAL_S", default=30.0)
 # Right-sizing (docs/rightsizing.md): how often a local supervisor samples its attempt's use, the margin a

@@ -118,6 +118,14 @@ def since(moment: datetime | None) -> str:
 
 
 @register.filter
+def cpulist(cpus) -> str:
+    """[0, 1, 2, 3, 8] → `0-3,8`, as the kernel writes CPU lists."""
+    from jobs.backends.cpu_pinning import format_cpulist
+
+    return format_cpulist(cpus or [])
+
+
+@register.filter
 def mib(value: int | None) -> str:
     if value is None:
         return "—"

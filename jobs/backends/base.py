@@ -68,6 +68,7 @@ class AttemptDescription:
     # prefix (S3) or claim (PVC), size_bytes, file_count. Always mounted read-only.
     datasets: list[dict] = field(default_factory=list)
     code: dict = field(default_factory=dict)  # {"team", "digest"}: the code snapshot the work dir starts as
+    runtime_class: str = ""  # the queue's Kubernetes RuntimeClass (a sandboxed runtime: kata, gvisor); "" = default
 
     def to_dict(self) -> dict:
         return asdict(self)

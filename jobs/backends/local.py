@@ -28,7 +28,7 @@ import structlog
 from django.conf import settings
 
 from jobs import logstore
-from jobs.backends import sandbox
+from jobs.backends import cpu_pinning, sandbox
 from jobs.backends.base import DISK_FULL, UNOBSERVABLE, AttemptDescription, Observation, disk_full_message
 from kernel import limits, proctree
 from kernel.paths import BASE_DIR
@@ -146,6 +146,13 @@ class LocalBackend:
                 return legacy
         return folder
 
+    def cpu_pinning(self, ref: str) -> dict | None:
+        """The CPUs the attempt's processes were pinned to, and why (None before its submit wrote it)."""
+        try:
+            return json.loads((self._folder(ref) / "pinning.json").read_text())
+        except (OSError, ValueError):
+            return None
+
     def submit(self, desc: AttemptDescription) -> str:
         ref = f"local:{desc.job_id}:{desc.attempt_number}"
         folder = self._folder(ref)
@@ -211,6 +218,17 @@ class LocalBackend:
             "disk": self._disk_spec([job_root / "work", ckpt_dir]),
             "limits": limits_plan(desc, box),
         }
+        # Its processes on the CPUs of its GPUs' NUMA node(s), as many as it asks for (jobs/backends/cpu_pinning.py).
+        if settings.TRAINYARD_LOCAL_CPU_PINNING:
+            pinning = cpu_pinning.plan(
+                gpu_uuids=[d.gpu_uuid for d in desc.devices],
+                cpu_milli=desc.cpu_milli,
+                in_use=cpu_pinning.pinned_elsewhere(self.root, but=folder),
+            )
+        else:
+            pinning = cpu_pinning.Pinning(why=stored("not pinned: CPU pinning is off (TRAINYARD_LOCAL_CPU_PINNING)"))
+        (folder / "pinning.json").write_text(json.dumps(pinning.as_dict()))
+        spec["cpus"] = list(pinning.cpus)
         # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
         tmp = folder / "spec.json.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

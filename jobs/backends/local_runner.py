@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import select
@@ -116,9 +117,11 @@ def command_argv(spec: dict, *, seccomp_fd: int | None = None) -> list[str]:
     return sandbox.wrap(spec.get("sandbox"), list(spec["argv"]), seccomp_fd=seccomp_fd)
 
 
-def _child_setup(limits: AttemptLimits | None = None) -> None:
+def _child_setup(limits: AttemptLimits | None = None, cpus: tuple[int, ...] = ()) -> None:
     # The main process dies with its supervisor, so a supervisor killed with SIGKILL leaves no main process.
     proctree.die_with_parent(signal.SIGKILL)
+    if cpus:  # its GPUs' NUMA node (jobs/backends/cpu_pinning.py); the sandbox and every child inherit it
+        os.sched_setaffinity(0, cpus)
     if limits is not None:
         limits.join()  # before exec: every process of the job starts inside its limits (kernel/limits.py)
 
@@ -406,7 +409,7 @@ def main(folder: Path) -> int:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(limits),
+            preexec_fn=functools.partial(_child_setup, limits, tuple(spec.get("cpus") or ())),
             pass_fds=((info_w, block_r) if fds else ()) + ((sec_fd,) if sec_fd is not None else ()),
         )
         if fds:

@@ -55,7 +55,7 @@ from cluster.inventory import (
     mig_profile,
 )
 from jobs import logstore
-from jobs.backends import checkpoint_sync, pod_metrics
+from jobs.backends import checkpoint_sync, pod_metrics, team_namespace
 from jobs.backends import volcano_render as render
 from jobs.backends.base import AttemptDescription, Observation
 from kernel import kubeclient, objectstore
@@ -131,6 +131,8 @@ class VolcanoConfig:
     tb_tls_secret: str = ""
     # The Volcano release whose Queue fields to render: "auto" reads the installed Queue CRD.
     volcano_version: str = "auto"
+    # The platform's own service account (in system_namespace), bound in every team namespace it keeps.
+    service_account: str = "trainyard"
 
 
 class ClusterUnsupported(RuntimeError):
@@ -186,6 +188,7 @@ def config_from_settings() -> VolcanoConfig:
         checkpoint_final_wait_s=settings.TRAINYARD_CHECKPOINT_FINAL_WAIT_S,
         dataset_cache_storage_class=settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS,
         dataset_fill_timeout_s=settings.TRAINYARD_DATASET_FILL_TIMEOUT_S,
+        apparmor=settings.TRAINYARD_K8S_APPARMOR,
         volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
     )
     config = VolcanoConfig(
@@ -201,6 +204,7 @@ def config_from_settings() -> VolcanoConfig:
         tb_auth_url=settings.TRAINYARD_TB_AUTH_URL,
         tb_tls_secret=settings.TRAINYARD_TB_TLS_SECRET,
         volcano_version=version,
+        service_account=settings.TRAINYARD_K8S_SERVICE_ACCOUNT,
     )
     return config
 
@@ -293,7 +297,11 @@ class VolcanoBackend:
             if exc.status not in (401, 403):
                 raise
         self._cluster_checked = True
-        return f"Kubernetes {git_version}, Volcano {render.format_version(self.volcano_version())}"
+        # Fields that differ between releases (AppArmor's) are rendered for the ones found.
+        volcano = self.volcano_version()
+        render_options = dataclasses.replace(self.config.render, kubernetes_version=found, volcano_version=volcano)
+        self.config = dataclasses.replace(self.config, render=render_options)
+        return f"Kubernetes {git_version}, Volcano {render.format_version(volcano)}"
 
     def submit(self, desc: AttemptDescription) -> str:
         if not self._cluster_checked:
@@ -978,7 +986,34 @@ class VolcanoBackend:
             "create_queue_command", self.custom.create_namespaced_custom_object, group, version, namespace, plural, body
         )
 
+    # ------------------------------------------------------------------------------------------- team namespaces
+
+    def team_namespace_sync(self, team: Any) -> list[str]:
+        """Create or repair the team's namespace and what it must hold (jobs/backends/team_namespace.py): its Pod
+        Security labels, ResourceQuota and LimitRange from the team's quota, the platform's RoleBinding and the
+        NetworkPolicies. Returns what it changed (empty when nothing had drifted)."""
+        options = self.config.render
+        objects = team_namespace.render_team_namespace(
+            team_namespace.TeamSpace.of(team),
+            sharing=options.sharing,
+            shared_resource=options.shared_resource,
+            service_account=self.config.service_account,
+            system_namespace=self.config.system_namespace,
+        )
+        try:
+            changes = team_namespace.NamespaceSync(self.api_client, self._call).sync(objects)
+        except ApiException as exc:
+            raise VolcanoError(f"Kubernetes refused team namespace {team.namespace}: {_message(exc)}") from None
+        if changes:
+            log.info("team_namespace_synced", team=team.slug, namespace=team.namespace, changes=changes)
+        return changes
+
     # ------------------------------------------------------------------------------------------- inventory
+
+    def runtime_classes(self) -> set[str]:
+        """The names of the cluster's RuntimeClasses (node.k8s.io), which a queue's runtime_class must be one of."""
+        found = self._raw("list_runtime_classes", k8s.NodeV1Api(self.api_client).list_runtime_class)
+        return {item["metadata"]["name"] for item in found.get("items", [])}
 
     def nodes_ready(self) -> dict[str, bool]:
         """Whether each node of the cluster is Ready, by name (one list of the nodes)."""

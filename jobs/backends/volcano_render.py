@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from jobs.backends.base import AttemptDescription, Device
 
 JSON = dict[str, Any]
@@ -157,6 +159,10 @@ class RenderOptions:
     # its own that every job pod mounts read-only (see `render_dataset_claim`). Empty: each pod fetches its own.
     dataset_cache_storage_class: str = ""
     dataset_fill_timeout_s: int = 6 * 3600
+    # The container runtime's default AppArmor profile on every pod (TRAINYARD_K8S_APPARMOR): the pod's
+    # `securityContext.appArmorProfile` from Kubernetes 1.30, the per-container annotation before.
+    apparmor: bool = True
+    kubernetes_version: tuple[int, int] = (1, 29)
 
     def __post_init__(self) -> None:
         if self.sharing == "hami":
@@ -308,6 +314,12 @@ def render_job(
         ],
         "tasks": tasks,
     }
+    for task in tasks:
+        if desc.exclusive:
+            _guaranteed_qos(task["template"]["spec"])
+        _apparmor(task["template"], options)
+        if desc.runtime_class:
+            task["template"]["spec"]["runtimeClassName"] = desc.runtime_class
     if plugins:
         spec["plugins"] = plugins
     priority_class = PRIORITY_CLASS_NAMES.get(desc.priority_class) or options.priority_class
@@ -534,6 +546,46 @@ def _resources(desc: AttemptDescription, devices: list[Device], options: RenderO
         **_gpu_resources(desc, devices[: max(desc.gpu_count, 1)], options),
     }
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+# A guaranteed job's pods are of the Guaranteed QoS class, and its trainer asks for whole cores: the kubelet's static
+# CPU manager then gives it cores of its own, and the single-numa-node topology manager puts them on its GPUs' NUMA
+# node (docs/kubernetes.md). Every container of such a pod (init containers too) has requests equal to limits; the
+# platform's own ones this much each.
+GUARANTEED_HELPER = {"cpu": "200m", "memory": "512Mi"}
+
+
+def _guaranteed_qos(pod: JSON) -> None:
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        if container["name"] == MAIN_CONTAINER:
+            cores = -(-int(parse_quantity(container["resources"]["requests"]["cpu"]) * 1000) // 1000)
+            for side in ("requests", "limits"):
+                container["resources"][side]["cpu"] = _quantity_milli(cores * 1000)
+        else:
+            container["resources"] = {"requests": dict(GUARANTEED_HELPER), "limits": dict(GUARANTEED_HELPER)}
+
+
+APPARMOR_FIELD_SINCE = (1, 30)
+# Volcano's Job CRD embeds a pod template schema of the Kubernetes it was built with: 1.9's has no appArmorProfile,
+# so the API server would drop the field from a Volcano job (1.12's has it).
+APPARMOR_FIELD_SINCE_VOLCANO = (1, 12)
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+
+def _apparmor(template: JSON, options: RenderOptions, *, volcano: bool = True) -> None:
+    """The runtime's default AppArmor profile for every container of a pod template, as the cluster's releases
+    spell it (a field from Kubernetes 1.30 under Volcano 1.12, where the annotation is deprecated; the annotation
+    before). `volcano`: whether the template sits in a Volcano job (else a batch Job's, which only Kubernetes reads)."""
+    if not options.apparmor:
+        return
+    spec = template["spec"]
+    field_kept = not volcano or tuple(options.volcano_version) >= APPARMOR_FIELD_SINCE_VOLCANO
+    if tuple(options.kubernetes_version) >= APPARMOR_FIELD_SINCE and field_kept:
+        spec["securityContext"]["appArmorProfile"] = {"type": "RuntimeDefault"}
+        return
+    annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        annotations[APPARMOR_ANNOTATION + container["name"]] = "runtime/default"
 
 
 def _pod_security(options: RenderOptions) -> JSON:
@@ -829,9 +881,14 @@ def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: Render
             "backoffLimit": DATASET_FILL_BACKOFF,
             "activeDeadlineSeconds": int(options.dataset_fill_timeout_s),
             "ttlSecondsAfterFinished": DATASET_FILL_TTL_S,
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": _with_apparmor({"metadata": {"labels": labels}, "spec": pod}, options),
         },
     }
+
+
+def _with_apparmor(template: JSON, options: RenderOptions) -> JSON:
+    _apparmor(template, options, volcano=False)
+    return template
 
 
 # ------------------------------------------------------------------------------------------------ volumes

@@ -400,6 +400,10 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     else:
         problems.found.append(ValidationFailed(stored("a spec is required"), code="unknown_spec", field="spec"))
     totals: dict[str, int] = {}
+    if request is not None and request["exclusive"]:
+        # Whole cores for whole cards: a Guaranteed pod with an integer CPU request is what Kubernetes' static CPU
+        # manager pins (docs/kubernetes.md); admission counts what the pod will ask for.
+        request["cpu_milli"] = -(-request["cpu_milli"] // 1000) * 1000
     if request is not None:
         cards = request["gpu_count"] * replicas
         totals = dict(

@@ -214,10 +214,13 @@ def test_dcgm_series_through_prometheus_with_both_host_label_spellings(db_platfo
         + card_series("GPU-elsewhere", 0, util=50, used=1, free=1, temp=1, power=1, host="other-node")
     )
 
+    asked = len(prometheus.queries)  # the dispatcher's hand-out check asked about the placed card already
     report = services.telemetry_collect()
 
     assert (report.source, report.samples, report.unknown, report.error) == ("dcgm", 2, 1, "")
-    assert "DCGM_FI_DEV_GPU_UTIL" in prometheus.queries[0] and "DCGM_FI_DEV_XID_ERRORS" in prometheus.queries[0]
+    assert len(prometheus.queries) == asked + 1  # one instant query for every card
+    query = prometheus.queries[-1]
+    assert "DCGM_FI_DEV_GPU_UTIL" in query and "DCGM_FI_DEV_XID_ERRORS" in query
     hot = GpuSample.objects.get(gpu__uuid=held)
     assert (hot.source, hot.utilization_pct, hot.memory_used_mib, hot.memory_total_mib) == ("dcgm", 93, 78000, 81920)
     assert (hot.temperature_c, hot.power_w, hot.xid) == (66, 301.5, 0)

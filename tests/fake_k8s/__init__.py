@@ -40,10 +40,10 @@ semantics (lists are always the latest state); watch bookmarks; strategic merge 
 merge keys; CRD defaulting inside `anyOf`, CEL rules and formats; Volcano's `timeout` on policies, the
 TaskFailed/Unknown/JobUpdated events, the decisions of preemption and reclaim (`preempt_pod()` plays their
 outcome), hierarchical queues beyond "jobs only in leaf queues", exact `minResources` keys (plain resource
-names here), per-pod queue share (`deserved`); and, on the kube side, eviction API, ResourceQuota/LimitRange,
-PVCs, DNS and networking. Unknown fields are pruned as a real server does for the official client
-(`fieldValidation=Warn`, its default: the client never reads the warning) and listed in `kube.pruned`; they
-are rejected only when a request asks for `fieldValidation=Strict` (or with
+names here), per-pod queue share (`deserved`); and, on the kube side, eviction API, ResourceQuota/LimitRange
+enforcement (the objects are stored and served), PVCs, DNS and networking. Unknown fields are pruned as a real
+server does for the official client (`fieldValidation=Warn`, its default: the client never reads the warning) and
+listed in `kube.pruned`; they are rejected only when a request asks for `fieldValidation=Strict` (or with
 `FakeKubernetes(field_validation="Strict")`). `apiextensions.k8s.io/v1` CustomResourceDefinitions are served
 read-only from the CRD folder in use (`crd_dir=` picks a release folder such as `v1.9.0`).
 """

@@ -227,6 +227,11 @@ BUILTIN_TYPES = (
         "networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, False, "V1NetworkPolicy",
         short_names=("netpol",),
     ),
+    # Team namespaces kept by the platform (jobs/backends/team_namespace.py): stored and served, never enforced.
+    ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, True, "V1ResourceQuota", short_names=("quota",)),
+    ResourceType("", "v1", "limitranges", "LimitRange", True, False, "V1LimitRange", short_names=("limits",)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, False, "V1RoleBinding"),
+    ResourceType("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, False, "V1RuntimeClass"),
     # Served so that clients can read what is installed; the schema of a CRD object itself is not checked.
     ResourceType(
         "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
