@@ -227,7 +227,7 @@ class QueueSerializer(serializers.ModelSerializer):
         return queue.jobs.filter(state="pending").count()
 
 
-LINE_LIMIT = 500  # waiting jobs a queue's detail lists by default (`?limit=`, up to LINE_LIMIT_MAX)
+LINE_LIMIT = 100  # waiting jobs a queue's detail lists by default (`?limit=`, up to LINE_LIMIT_MAX)
 LINE_LIMIT_MAX = 10000
 
 
