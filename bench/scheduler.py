@@ -570,7 +570,7 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bo
     template = waiting[0]
     held = Job.objects.filter(reserved=True).count()
     commands = [["python", "train.py", f"--config=c{k}.yaml"] for k in range(8)]
-    added_holders = 0
+    added_holders = history = 0
     if held < holders:
         # Jobs that hold capacity without slices: the estimate reads reserved jobs, not the ledger (a short
         # replay leaves fewer than a full cluster holds). Said in the result.
@@ -585,12 +585,7 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bo
             admitted_at=lambda r: now - timedelta(seconds=r.uniform(60, 6 * 3600)),
             started_at=lambda r: now - timedelta(seconds=r.uniform(30, 6 * 3600)),
         )
-
-    def finished_at(r):
-        return now - timedelta(seconds=r.uniform(60, 29 * 86400))
-
     present = Job.objects.count()
-    history = 0
     if present < total_jobs:
         history = _clone_jobs(
             template,
@@ -600,7 +595,7 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bo
             reserved=False,
             reason="",
             command=lambda r: r.choice(commands),
-            finished_at=finished_at,
+            finished_at=lambda r: now - timedelta(seconds=r.uniform(60, 29 * 86400)),
         )
         with connection.cursor() as cursor:  # each ran 5 minutes to 8 hours
             cursor.execute(

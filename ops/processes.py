@@ -43,38 +43,18 @@ def command(name: str, *, host: str | None = None, port: int | None = None, envi
             # local user could otherwise claim any address.
             *_proxy_args(),
         ],
-        "worker": [
-            "celery",
-            "-A",
-            "trainyard",
-            "worker",
-            "-l",
-            "INFO",
-            "-n",
-            "worker@%h",
-            "--concurrency",
-            environ.get("TRAINYARD_WORKER_CONCURRENCY", "4"),
-        ],
+        "worker": _celery_worker("worker", "--concurrency", environ.get("TRAINYARD_WORKER_CONCURRENCY", "4")),
         # Dispatch passes alone, in one process (solo pool: no children), so the pool and the lines it carries stay
         # in memory from pass to pass; with them on the prefork worker, each child kept a view of its own and most
         # passes began by re-reading the ledger (docs/scheduler.md, "One dispatcher").
-        "dispatcher": [
-            "celery",
-            "-A",
-            "trainyard",
-            "worker",
-            "-l",
-            "INFO",
-            "-n",
-            "dispatcher@%h",
-            "--pool",
-            "solo",
-            "-Q",
-            dispatch_queue(environ),
-        ],
+        "dispatcher": _celery_worker("dispatcher", "--pool", "solo", "-Q", dispatch_queue(environ)),
         "beat": ["celery", "-A", "trainyard", "beat", "-l", "INFO"],
     }
     return commands[name]
+
+
+def _celery_worker(node: str, *options: str) -> list[str]:
+    return ["celery", "-A", "trainyard", "worker", "-l", "INFO", "-n", f"{node}@%h", *options]
 
 
 def dispatch_queue(environ=os.environ) -> str:

@@ -106,6 +106,17 @@ def test_the_quota_check_in_the_write_counts_the_rows_not_the_pass(platform):  #
         assert JobStore().over_quota({jobs[1].id}) == []
 
 
+def _stopped(process: subprocess.Popen) -> str:
+    """Stop a Celery process started by a test; its output."""
+    process.terminate()
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        out, _ = process.communicate()
+    return out.decode("utf-8", "replace")
+
+
 def _worker_env(queue: str) -> dict[str, str]:
     db = connection.settings_dict
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
@@ -179,13 +190,7 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
         refilled = drain(lambda: Job.objects.filter(state="admitted").count() >= 8)
         seen_problems += ledger_problems() + [f"{u}: {m} milli" for u, m in card_milli().items() if m > 1000]
     finally:
-        worker.terminate()
-        try:
-            out, _ = worker.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, 9)
-            out, _ = worker.communicate()
-    log = out.decode("utf-8", "replace")
+        log = _stopped(worker)
     assert refilled, (Job.objects.filter(state="pending").count(), log[-3000:])
     assert seen_problems == [], seen_problems[:10]
     assert max(card_milli().values()) <= 1000
@@ -261,13 +266,7 @@ def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, sett
                 assert time.monotonic() < deadline, f"job {k} never admitted"
                 time.sleep(0.1)
     finally:
-        dispatcher.terminate()
-        try:
-            out, _ = dispatcher.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(dispatcher.pid, 9)
-            out, _ = dispatcher.communicate()
-    log = out.decode("utf-8", "replace")
+        log = _stopped(dispatcher)
     passes = [line for line in log.splitlines() if "'event': 'dispatch_pass'" in line]
     assert len(passes) == 6, log[-3000:]
     # The first pass reads everything; every later one is the carried, fast path.
