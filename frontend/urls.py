@@ -31,6 +31,7 @@ urlpatterns = [
     path("jobs/new/import/", views.job_import, name="job-import"),
     path("jobs/<uuid:job_id>/logs/download/", views.job_log_download, name="job-log-download"),
     path("experiments/", views.experiment_list, name="experiment-list"),
+    path("experiments/new/", views.experiment_create, name="experiment-create"),
     path("experiments/<uuid:experiment_id>/", views.experiment_detail, name="experiment-detail"),
     path("experiments/<uuid:experiment_id>/rerun/", views.experiment_rerun, name="experiment-rerun"),
     path("experiments/<uuid:experiment_id>/<slug:command>/", views.experiment_command, name="experiment-command"),

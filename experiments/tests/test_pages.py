@@ -104,3 +104,39 @@ def test_another_team_cannot_see_or_command_it(demo, experiment):
     assert client.post(f"/experiments/{experiment.id}/cancel/").status_code == 404
     assert str(experiment.id) not in client.get("/experiments/").content.decode()
     assert Experiment.objects.get(pk=experiment.pk).state == "running"
+
+
+def test_an_experiment_is_created_from_its_yaml_on_the_portal_and_every_bad_input_is_listed(demo):
+    import yaml
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client = Client()
+    client.force_login(demo)
+    assert 'href="/experiments/new/"' in client.get("/experiments/").content.decode()
+    form = client.get("/experiments/new/")
+    assert form.status_code == 200
+    example = re.search(
+        r'<textarea id="id_definition" name="definition"[^>]*>(.*?)</textarea>', form.content.decode(), re.S
+    )
+    assert example and "team: demo" in example.group(1)  # a starting point for the user's own team
+    # Bad inputs: a 400 on the same page, each problem with its field and code, the text kept, nothing stored.
+    cases = {
+        "name: [unclosed": "experiment_invalid_yaml",
+        "- a list": "invalid_experiment",
+        yaml.safe_dump(body(colour="red")): "unknown_field",
+        yaml.safe_dump(body(space={"lr": {"type": "log_uniform", "min": 0, "max": 1}})): None,
+        yaml.safe_dump(body(template={**TEMPLATE, "code": "./src"})): "experiment_code_folder",
+    }
+    for text, code in cases.items():
+        page = client.post("/experiments/new/", {"definition": text})
+        assert page.status_code == 400, text
+        html = page.content.decode()
+        assert 'id="experiment-errors"' in html and (code is None or f'data-code="{code}"' in html), (text, html[:2000])
+    assert not Experiment.objects.exists()
+    # A good file, pasted or uploaded, creates it and opens its page.
+    made = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(name="pasted"))})
+    assert made.status_code == 302
+    assert made["Location"] == f"/experiments/{Experiment.objects.get(name='pasted').id}/"
+    upload = SimpleUploadedFile("exp.yaml", yaml.safe_dump(body(name="uploaded")).encode(), "text/yaml")
+    assert client.post("/experiments/new/", {"definition": "", "file": upload}).status_code == 302
+    assert Experiment.objects.get(name="uploaded").owner == demo

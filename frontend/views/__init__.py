@@ -8,7 +8,13 @@ writes through `jobs.services` inside one durable transaction, like the API's ac
 from frontend.views.catalog import dataset_list, gpu_list, image_build, image_build_detail, image_list
 from frontend.views.common import home
 from frontend.views.compare import job_compare
-from frontend.views.experiments import experiment_command, experiment_detail, experiment_list, experiment_rerun
+from frontend.views.experiments import (
+    experiment_command,
+    experiment_create,
+    experiment_detail,
+    experiment_list,
+    experiment_rerun,
+)
 from frontend.views.job_list import job_list, job_states
 from frontend.views.job_page import (
     job_bulk_cancel,

@@ -21,6 +21,23 @@ from kernel.sentences import said
 from monitoring.charts import PALETTE, Series, line_chart
 
 MAX_CURVES = 64  # the learning-curve chart draws this many trials (the best first)
+MAX_DEFINITION_BYTES = 64 * 1024
+
+EXAMPLE = """name: lr-sweep
+team: {team}
+template:
+  queue: train
+  spec: shared
+  image: python-3.11
+  command: python train.py --lr {{{{lr}}}} --steps {{{{max_steps}}}}
+space:
+  lr: {{type: log_uniform, min: 0.0001, max: 0.1}}
+searcher: {{name: adaptive, max_steps: 27, min_steps: 3}}
+metric: loss
+direction: minimize
+max_trials: 16
+max_concurrent: 4
+"""
 
 
 def _experiment(request: HttpRequest, experiment_id) -> Experiment:
@@ -35,6 +52,75 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
     experiments = list(selectors.experiments_visible_to(request.user).prefetch_related("trials")[:200])
     rows = [{"experiment": e, "summary": selectors.summary(e, list(e.trials.all()))} for e in experiments]
     return render(request, "frontend/experiment_list.html", {"nav": "experiments", "rows": rows})
+
+
+def _definition(request: HttpRequest) -> tuple[str, dict | None, list[dict]]:
+    """The experiment file given on the form (pasted, or uploaded: the upload wins): its text, its fields, and what
+    is wrong with it as (field, code, message) rows."""
+    import yaml
+
+    upload = request.FILES.get("file")
+    raw = upload.read(MAX_DEFINITION_BYTES + 1) if upload is not None else request.POST.get("definition", "").encode()
+    if len(raw) > MAX_DEFINITION_BYTES:
+        message = _("An experiment file is at most %(n)s KiB.") % {"n": MAX_DEFINITION_BYTES // 1024}
+        return "", None, [{"field": "file", "code": "experiment_file_too_large", "message": message}]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return (
+            "",
+            None,
+            [{"field": "file", "code": "experiment_file_not_text", "message": _("The file is not UTF-8 text.")}],
+        )
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = (mark.line + 1) if mark is not None else "?"
+        message = _("This is not valid YAML (line %(line)s).") % {"line": line}
+        return text, None, [{"field": "definition", "code": "experiment_invalid_yaml", "message": message}]
+    if not isinstance(data, dict):
+        message = _("An experiment is a mapping of fields: name, team, template, space, searcher, metric, ...")
+        return text, None, [{"field": "definition", "code": "invalid_experiment", "message": message}]
+    code = data.get("template", {}).get("code") if isinstance(data.get("template"), dict) else None
+    if code is not None and not (isinstance(code, str) and code.startswith("sha256:")):
+        message = _(
+            "template.code names a folder on your machine, which the portal cannot read: create the experiment with "
+            "`trainyard experiment create`, which uploads it, or give the code snapshot's sha256 digest."
+        )
+        return text, None, [{"field": "template.code", "code": "experiment_code_folder", "message": message}]
+    return text, data, []
+
+
+@login_required
+def experiment_create(request: HttpRequest) -> HttpResponse:
+    """A new experiment from its YAML file (the same fields as `trainyard experiment create exp.yaml` and
+    POST /api/v1/experiments/): every problem is listed with its field and code, the text kept to fix it."""
+    from quotas import selectors as quota
+
+    team = quota.visible_teams(request.user).order_by("name").first()
+    text = EXAMPLE.format(team=team.slug if team else "your-team")
+    errors: list[dict] = []
+    if request.method == "POST":
+        text, data, errors = _definition(request)
+        if not errors:
+            try:
+                with transaction.atomic(durable=True):
+                    experiment = services.experiment_create(user=request.user, data=data)
+            except DomainError as exc:
+                problems = getattr(exc, "errors", None) or [exc]
+                errors = [{"field": p.field or "", "code": p.code, "message": said(p.detail)} for p in problems]
+            else:
+                messages.success(request, _("Experiment %(name)s created.") % {"name": experiment.name})
+                return redirect("frontend:experiment-detail", experiment_id=experiment.id)
+    response = render(
+        request,
+        "frontend/experiment_form.html",
+        {"nav": "experiments", "definition": text, "errors": errors},
+    )
+    if errors:
+        response.status_code = 400
+    return response
 
 
 @login_required
