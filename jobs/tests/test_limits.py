@@ -70,11 +70,11 @@ def _log(job: Job) -> str:
 
 
 def _status(job: Job) -> dict:
-    return json.loads((Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "attempt-1" / "status.json").read_text())
+    return json.loads((Path(settings.TRAINYARD_STATE_ROOT) / str(job.id) / "attempt-1" / "status.json").read_text())
 
 
 def _held(job: Job) -> str:
-    return json.loads((Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "attempt-1" / "limits.json").read_text())[
+    return json.loads((Path(settings.TRAINYARD_STATE_ROOT) / str(job.id) / "attempt-1" / "limits.json").read_text())[
         "held"
     ]
 
@@ -148,7 +148,7 @@ def test_the_cpu_quota_is_set_and_holds(small):
     )
     job = _submit(small, [sys.executable, "-c", script])
     wait_for(lambda: "cpu " in _log(job) if Job.objects.get(pk=job.pk).attempts.exists() else False, timeout=60)
-    child = json.loads((Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "attempt-1" / "child.json").read_text())
+    child = json.loads((Path(settings.TRAINYARD_STATE_ROOT) / str(job.id) / "attempt-1" / "child.json").read_text())
     groups = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{child['pid']}/cgroup").read_text().splitlines())
     if mode == "cgroup2":
         folder = Path("/sys/fs/cgroup") / groups[""].strip("/")
@@ -212,7 +212,7 @@ def test_a_killed_supervisors_cgroups_are_removed_once_its_attempt_is_fenced(sma
     _need_cgroups()
     job = _submit(small, ["sh", "-c", "echo up; sleep 300"])
     wait_for(lambda: "up" in _log(job) if Job.objects.get(pk=job.pk).attempts.exists() else False, timeout=60)
-    folder = Path(settings.TRAINYARD_WORK_ROOT) / str(job.id) / "attempt-1"
+    folder = Path(settings.TRAINYARD_STATE_ROOT) / str(job.id) / "attempt-1"
     groups = [Path(p) for p in json.loads((folder / "limits.json").read_text())["folders"]]
     assert groups and all(g.is_dir() for g in groups)
     os.kill(int((folder / "runner.pid").read_text()), signal.SIGKILL)

@@ -196,15 +196,17 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
     from kernel import wake
 
     client = redis.Redis.from_url(dj_settings.CELERY_BROKER_URL)
-    client.delete(_isolated_broker_queue)
+    queue = wake.dispatch_queue()  # the dispatcher's own queue (ops.processes "dispatcher")
+    assert queue == f"{_isolated_broker_queue}.dispatch"
+    client.delete(queue, _isolated_broker_queue)
     cache.delete(wake.wake_key())
     for _ in range(50):
         wake.dispatch_soon()
-    assert client.llen(_isolated_broker_queue) == 1
+    assert client.llen(queue) == 1 and client.llen(_isolated_broker_queue) == 0
     wake.dispatch_started()  # the queued pass begins: the next request queues one more
     wake.dispatch_soon()
-    assert client.llen(_isolated_broker_queue) == 2
-    client.delete(_isolated_broker_queue)
+    assert client.llen(queue) == 2
+    client.delete(queue)
     cache.delete(wake.wake_key())
 
 
