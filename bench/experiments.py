@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             "TRAINYARD_LOCAL_GPUS": "4x24GiB",
             "TRAINYARD_START_QUEUE": "",  # the worker below takes the starts too
             "TRAINYARD_WORK_ROOT": str(root / "work"),
+            "TRAINYARD_STATE_ROOT": str(root / "state"),
             "TRAINYARD_LOG_ROOT": str(root / "logs"),
             "TRAINYARD_CODE_ROOT": str(root / "code"),
             "TRAINYARD_WORKER_CONCURRENCY": os.environ.get("TRAINYARD_WORKER_CONCURRENCY", "2"),

@@ -638,7 +638,7 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             if "excluded_gpus" in updates
             else stored("queued for another attempt"),
         )
-        reason_at_once(job, actor="classifier")
+        reason_at_once(job, actor="dispatcher")
         transaction.on_commit(dispatch_soon, robust=True)
 
 
@@ -708,7 +708,7 @@ def _requeue_preempted(job: Job, attempt: Attempt, *, detail: str) -> None:
         reason=PendingReason.QUEUED,
         message="preempted: waits for capacity and resumes from its last checkpoint",
     )
-    reason_at_once(job, actor="preemption")
+    reason_at_once(job, actor="dispatcher")
 
 
 def attempt_preempt(*, attempt_id: int, for_job: dict[str, str]) -> bool:

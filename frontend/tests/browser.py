@@ -115,6 +115,7 @@ def live_portal(
         "TRAINYARD_LOCAL_GPUS": django_settings.TRAINYARD_LOCAL_GPUS,
         "TRAINYARD_LOG_ROOT": str(django_settings.TRAINYARD_LOG_ROOT),
         "TRAINYARD_WORK_ROOT": str(django_settings.TRAINYARD_WORK_ROOT),
+        "TRAINYARD_STATE_ROOT": str(django_settings.TRAINYARD_STATE_ROOT),
         "TRAINYARD_CANCEL_GRACE_S": str(django_settings.TRAINYARD_CANCEL_GRACE_S),
         "TRAINYARD_SERVE_STATIC": "true",
         "TRAINYARD_LOG_LEVEL": "WARNING",

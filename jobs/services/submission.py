@@ -698,7 +698,7 @@ def job_submit(
                     ),
                     data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
                 )
-            reason_at_once(job, actor="admission")
+            reason_at_once(job, actor="dispatcher")  # the dispatcher's own rules give the reason
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:

@@ -143,10 +143,21 @@ def _pods(admin, job) -> list:
 
 
 def _outcome(admin, job, outcome: str, **extra: str) -> None:
-    """End the job's pods the way a test asks (kwok Stages read these annotations, docs/cluster.md)."""
+    """End the job's pods the way a test asks (kwok Stages read these annotations, docs/cluster.md). A pod that
+    Volcano replaced between the list and the patch (a gang's pods are re-made while it forms) is looked up again."""
+    from kubernetes.client.exceptions import ApiException
+
     annotations = {"kwok.trainyard.io/outcome": outcome, "kwok.trainyard.io/outcome-after": "0s", **extra}
-    for pod in _pods(admin, job):
-        admin["core"].patch_namespaced_pod(pod.metadata.name, TEAM_NS, {"metadata": {"annotations": annotations}})
+    for attempt in range(5):
+        try:
+            for pod in _pods(admin, job):
+                body = {"metadata": {"annotations": annotations}}
+                admin["core"].patch_namespaced_pod(pod.metadata.name, TEAM_NS, body)
+            return
+        except ApiException as exc:
+            if exc.status != 404 or attempt == 4:
+                raise
+            time.sleep(1)
 
 
 def _state(job, *states):

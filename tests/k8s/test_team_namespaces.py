@@ -88,6 +88,7 @@ def test_a_team_made_in_the_admin_console_gets_its_namespace(
         "name": "Vision", "slug": "vision", "namespace": namespace, "gpu_milli": "2", "gpu_memory_mib": "160",
         "cpu_milli": "16", "memory_mib": "128", "max_running_jobs": "3", "max_jobs_per_user": "2",
         "storage_quota_bytes": "0", "checkpoint_keep_last": "5", "checkpoint_retention_days": "30",
+        "code_quota_bytes": str(2 << 30), "code_retention_days": "30",
     }  # fmt: skip
     for inline in page.context["inline_admin_formsets"]:
         management = inline.formset.management_form
