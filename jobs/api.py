@@ -667,6 +667,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         job = self.get_object()
         number = int_param(request, "attempt", default=job.attempts.count() or 1)
         folder = logstore.attempt_dir(str(job.id), number)
+        logstore.mark_watched(str(job.id))  # `trainyard logs -f` polls here: copy this job's pod logs every pass
         tail = request.query_params.get("tail")
         if tail is not None:
             lines, meta = logstore.tail_lines(folder, min(int_param(request, "tail", default=200), 5000))

@@ -28,6 +28,7 @@ END_CHECK_S = 0.5
 BATCH = 2000
 METRICS_MIN_INTERVAL_S = 0.5  # at most two chart redraws a second per socket, however fast the job reports
 METRIC_TAG = "TRAINYARD_METRIC"
+WATCH_MARK_S = 15.0  # how often an open socket renews the job's "watched" mark (it counts for LOG_WATCH_S)
 
 
 class _Tailer:
@@ -195,8 +196,12 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         # handing it to the default thread pool (a few threads shared by every socket) queued it behind others.
         checked_end = 0.0
         loop = asyncio.get_running_loop()
+        marked = -WATCH_MARK_S
         try:
             while True:
+                if loop.time() - marked >= WATCH_MARK_S:
+                    marked = loop.time()  # tells a slow-schedule collector (Kubernetes) someone is watching
+                    await asyncio.to_thread(logstore.mark_watched, self.job_id)
                 self.wake.clear()  # before reading: a change from here on wakes the wait below
                 lines = self.follower.poll(BATCH)
                 if lines:

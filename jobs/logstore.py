@@ -34,6 +34,28 @@ def attempt_dir(job_id: str, attempt_number: int, root: Path | None = None) -> P
     return Path(root or settings.TRAINYARD_LOG_ROOT) / str(job_id) / f"attempt-{attempt_number}"
 
 
+WATCHED_FILE = ".watched"
+
+
+def mark_watched(job_id: str, root: Path | None = None) -> None:
+    """Someone reads this job's log now (a log page or socket, the API, `trainyard logs -f`): a collector that
+    copies logs on a slow schedule (the Kubernetes one) copies this job's every pass for a while."""
+    path = Path(root or settings.TRAINYARD_LOG_ROOT) / str(job_id) / WATCHED_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass  # a read-only or full log store: the collector keeps its slow schedule
+
+
+def watched_within(job_id: str, seconds: float, root: Path | None = None) -> bool:
+    try:
+        stamp = (Path(root or settings.TRAINYARD_LOG_ROOT) / str(job_id) / WATCHED_FILE).stat().st_mtime
+    except OSError:
+        return False
+    return time.time() - stamp <= seconds
+
+
 @dataclass
 class LogMeta:
     lines_seen: int = 0

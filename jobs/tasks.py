@@ -56,12 +56,35 @@ def start_attempt(attempt_id: int) -> None:
 @shared_task(name="jobs.start_attempts", acks_late=True, reject_on_worker_lost=True)
 def start_attempts(attempt_ids: list[int]) -> None:
     """Start a dispatch pass's admitted attempts (each start is idempotent, so a redelivered batch is safe);
-    one that fails to start is retried on its own, and the reconciler covers a lost batch."""
-    for attempt_id in attempt_ids:
+    one that fails to start is retried on its own, and the reconciler covers a lost batch.
+
+    A backend whose submit is a few API round trips (Volcano: `concurrent_submits`) starts several at once, each
+    in its own thread with its own database connection; the local backend starts them one after another."""
+    from jobs.backends import get_backend
+
+    def start_one(attempt_id: int) -> None:
         try:
             lifecycle.attempt_start(attempt_id=attempt_id)
         except Exception:  # noqa: BLE001 - the others of the batch still start
             start_attempt.apply_async((attempt_id,), countdown=2)
+
+    width = min(len(attempt_ids), int(getattr(get_backend(), "concurrent_submits", 1) or 1))
+    if width <= 1:
+        for attempt_id in attempt_ids:
+            start_one(attempt_id)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def in_thread(attempt_id: int) -> None:
+        try:
+            start_one(attempt_id)
+        finally:
+            connections.close_all()  # this thread's own connection, not the worker's
+
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="start") as pool:
+        list(pool.map(in_thread, attempt_ids))
 
 
 @shared_task(name="jobs.refresh_estimates", soft_time_limit=60, time_limit=90, ignore_result=True)

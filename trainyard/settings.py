@@ -376,6 +376,10 @@ TRAINYARD_K8S_RETRIES = env.int("TRAINYARD_K8S_RETRIES", default=5)
 # One API call with all its retries takes at most this long (observe and timeout tasks have a 60 s soft limit).
 TRAINYARD_K8S_CALL_BUDGET_S = env.float("TRAINYARD_K8S_CALL_BUDGET_S", default=20.0)
 TRAINYARD_K8S_START_TIMEOUT_S = env.int("TRAINYARD_K8S_START_TIMEOUT_S", default=600)
+# A running pod's log is copied into the log store this often while nobody reads the job's log, and every observe
+# pass while someone does (a log page or socket, the logs API) and for TRAINYARD_K8S_LOG_WATCH_S after.
+TRAINYARD_K8S_LOG_EVERY_S = env.float("TRAINYARD_K8S_LOG_EVERY_S", default=300.0)
+TRAINYARD_K8S_LOG_WATCH_S = env.float("TRAINYARD_K8S_LOG_WATCH_S", default=60.0)
 # A pod whose node stays NotReady (or that stays Terminating) this long is lost with its node.
 TRAINYARD_K8S_NODE_LOST_S = env.int("TRAINYARD_K8S_NODE_LOST_S", default=300)
 # How often the observe loop checks which nodes are Ready (a NotReady or deleted node leaves placement).

@@ -122,6 +122,12 @@ class VolcanoConfig:
     # few calls stays under its 60 s soft limit even while the API server hangs.
     call_budget_s: float = 20.0
     start_timeout_s: int = 600
+    # A running pod's log is copied this often while nobody reads the job's log, every pass while someone
+    # does (a log page or socket, the logs API) and for log_watch_s after; always in full when the job ends
+    # or is cancelled. Each copy is one pods/log request per pod: reading every pass was most of the
+    # platform's API-server traffic.
+    log_every_s: float = 300.0
+    log_watch_s: float = 60.0
     # A pod whose node is NotReady (or that stays Terminating) this long counts as lost with its node.
     node_lost_s: int = 300
     system_namespace: str = "trainyard"
@@ -197,6 +203,8 @@ def config_from_settings() -> VolcanoConfig:
         retries=settings.TRAINYARD_K8S_RETRIES,
         call_budget_s=settings.TRAINYARD_K8S_CALL_BUDGET_S,
         start_timeout_s=settings.TRAINYARD_K8S_START_TIMEOUT_S,
+        log_every_s=settings.TRAINYARD_K8S_LOG_EVERY_S,
+        log_watch_s=settings.TRAINYARD_K8S_LOG_WATCH_S,
         node_lost_s=settings.TRAINYARD_K8S_NODE_LOST_S,
         system_namespace=settings.TRAINYARD_K8S_NAMESPACE,
         tb_base_domain=settings.TRAINYARD_TB_BASE_DOMAIN,
@@ -211,6 +219,8 @@ def config_from_settings() -> VolcanoConfig:
 
 class VolcanoBackend:
     name = "volcano"
+    # Starts of one batch run this many at once (jobs.start_attempts): each is a few API round trips.
+    concurrent_submits = 4
 
     def __init__(self, api_client: k8s.ApiClient, config: VolcanoConfig):
         self.api_client = api_client
@@ -497,7 +507,8 @@ class VolcanoBackend:
                 note = f"[trainyard] {obs.message}"
             elif obs.finished and obs.reason in DATASET_REASONS:
                 note = f"[trainyard] {obs.reason}: {obs.message}"
-            self._collect_logs(name, pods, final=obs.finished, note=note)
+            stopping = bool(job["metadata"].get("deletionTimestamp"))  # cancelled: read what is left while it can
+            self._collect_logs(name, pods, final=obs.finished, note=note, now=stopping)
             if obs.finished and _phase(job) not in FINISHED_PHASES and not job["metadata"].get("deletionTimestamp"):
                 # The platform gave up on it (stuck pulling an image, unschedulable): stop what is left.
                 self._delete_job(namespace, name, propagation="Background")
@@ -680,13 +691,15 @@ class VolcanoBackend:
 
     # ------------------------------------------------------------------------------------------- logs
 
-    def _collect_logs(self, name: str, pods: list[JSON], *, final: bool, note: str = "") -> None:
+    def _collect_logs(self, name: str, pods: list[JSON], *, final: bool, note: str = "", now: bool = False) -> None:
         """Copy new lines of the pods' trainers into the log store; `note`, a line of the platform's own, is added
-        once."""
+        once. A running pod is read only when its copy is due (`log_every_s`, or every pass while the job's log
+        is watched, or while the last read left lines behind); `final` and `now` read every started pod."""
         started = [p for p in pods if _main_state(p) and "waiting" not in _main_state(p)]
         if not started and not final:
             return
         job_id, number = _attempt_of(name)
+        hurry = final or now or logstore.watched_within(job_id, self.config.log_watch_s)
         folder = logstore.attempt_dir(job_id, number)
         folder.mkdir(parents=True, exist_ok=True)
         with _locked(folder / ".k8s-logs.lock"):
@@ -707,11 +720,17 @@ class VolcanoBackend:
                 entry = state.get(meta["name"])
                 if entry is None or entry.get("uid") != meta.get("uid"):
                     entry = state[meta["name"]] = {"uid": meta.get("uid"), "last": None, "at_last": 0, "done": False}
+                    entry["read_at"] = time.time()  # first seen started: its first copy is due log_every_s on
                 if entry["done"]:
                     continue
+                due = time.time() - float(entry.get("read_at") or 0) >= self.config.log_every_s
+                if not (hurry or due or entry.get("behind") or "terminated" in main):
+                    continue
                 lines, complete = self._read_pod_log(pod, entry)
+                entry["read_at"] = time.time()
                 if lines is None:
                     continue
+                entry["behind"] = not complete
                 if lines:
                     writer = writer or _CollectorWriter(folder)
                     prefix = f"[{_short_pod_name(pod)}] " if prefix_needed else ""
@@ -843,10 +862,24 @@ class VolcanoBackend:
     def cancel(self, ref: str, *, grace_s: float, reason: str = "") -> None:
         # `reason` is not carried: on Kubernetes the device plugin enforces shares, and a deleted job is lost.
         namespace, name = parse_ref(ref)
+        self._copy_logs_before_stop(namespace, name)
         # Foreground: the Volcano job stays (being deleted) until its pods are gone, so the attempt ends and
         # frees its GPUs only once nothing of it runs any more.
         self._delete_job(namespace, name, propagation="Foreground")
         log.info("volcano_job_cancelled", ref=ref)
+
+    def _copy_logs_before_stop(self, namespace: str, name: str) -> None:
+        """A cancelled job's pods may be gone before the next observe pass: copy their logs up to now first."""
+        try:
+            pods = self._raw(
+                "list_pods",
+                self.core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{SELECTOR},volcano.sh/job-name={name}",
+            )["items"]
+            self._collect_logs(name, pods, final=False, now=True)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("volcano_logs_before_stop_failed", job=name, error=str(exc)[:300])
 
     def cleanup(self, ref: str) -> None:
         namespace, name = parse_ref(ref)

@@ -194,6 +194,7 @@ def test_success_with_logs_copied_once_in_order(kube, backend):
     kube.controller.script("ty-", logs=[f"step {i}" for i in range(12)], run_ticks=4)
     desc = describe()
     ref = backend.submit(desc)
+    logstore.mark_watched(desc.job_id)  # someone has the log open: copied every pass
     phases = []
     for _ in range(12):
         obs = backend.observe([ref])[ref]
@@ -466,6 +467,28 @@ def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backe
         ]["nodeSelectorTerms"][0]["matchExpressions"]
     )
     assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-1] rank up", "[worker-2] rank up"]
+
+
+def test_an_unwatched_running_pods_log_is_copied_on_its_schedule_and_in_full_at_the_end(kube, logs):
+    """pods/log once per pod per `log_every_s` while nobody reads the log (reading every pass was most of the
+    platform's API traffic), every pass once someone does, and everything when the job ends."""
+    backend = make_backend(kube, log_every_s=3600)
+    backend.queue_sync(PlatformQueue())
+    kube.controller.script("ty-", logs=[f"step {i}" for i in range(6)], run_ticks=6)
+    desc = describe()
+    ref = backend.submit(desc)
+    obs = observe_until(kube, backend, ref, lambda o: o.phase == "running")
+    for _ in range(2):
+        kube.controller.tick()
+        obs = backend.observe([ref])[ref]
+    assert obs.phase == "running"
+    assert kube.requests_matching("GET", r"/pods/.*/log$") == []  # running, unwatched, not due: not read
+    logstore.mark_watched(desc.job_id)
+    backend.observe([ref])
+    assert len(kube.requests_matching("GET", r"/pods/.*/log$")) == 1  # watched: read this pass
+    obs = observe_until(kube, backend, ref, lambda o: o.finished)
+    assert obs.phase == "succeeded"
+    assert log_lines(desc) == [f"step {i}" for i in range(6)]
 
 
 def test_cancel_deletes_in_the_foreground_and_ends_when_the_pods_are_gone(kube, backend):
