@@ -852,7 +852,8 @@ def build_scan(*, build: ImageBuild) -> list[Finding]:
     build.findings.filter(source="feed").delete()
     by_package: dict[tuple[str, str], list[Advisory]] = {}
     wanted = {(p["type"], scan.canonical(p["name"])) for p in build.sbom}
-    names = {n for _, n in wanted}
+    # As the SBOM spells them too: the variants below never give back a '.' that folding took (python3.11).
+    names = {n for _, n in wanted} | {p["name"] for p in build.sbom}
     for advisory in (
         Advisory.objects.all() if len(names) > 500 else Advisory.objects.filter(package__in=_variants(names))
     ):
