@@ -859,6 +859,8 @@ def offline_base_ensure() -> tuple[str, str]:
     does not hold one made of the same inputs yet: `(outcome, sentence)`, outcome one of `reused` (the catalog
     already names that digest), `adopted` (the registry had it, the catalog did not: read back and scanned, not
     built), `built`, `failed`, `skipped` (no podman builder, no registry, nothing to assemble it from)."""
+    if not settings.TRAINYARD_OFFLINE_BASE:
+        return "skipped", "TRAINYARD_OFFLINE_BASE is off"
     if settings.TRAINYARD_IMAGE_BUILDER != "podman":
         return "skipped", "the offline base is built by the podman builder only (TRAINYARD_IMAGE_BUILDER)"
     if not settings.TRAINYARD_REGISTRY_URL:

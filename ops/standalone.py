@@ -151,9 +151,8 @@ def main() -> int:
     try:
         _manage("migrate", "--noinput", env=env)
         _manage("collectstatic", "--noinput", "-v", "0", env=env)
-        _manage("seed", env=env)
-        say("setup", "offline base image: looking for it by its inputs (the first start builds it, about a minute)")
-        _manage("offline_base", env=env)
+        say("setup", "seeding; then the offline base image python-local: found by its inputs, or built (first start)")
+        _manage("seed", "--offline-base", env=env)
         for name in processes.NAMES if not stop_signals else ():
             child = Child(
                 name,

@@ -144,3 +144,10 @@ def test_the_built_image_runs_its_own_python_and_numpy(offline_base, build_root)
 
     assert ran.returncode == 0, ran.stderr
     assert f"{numpy.__version__} 6" in ran.stdout
+
+
+def test_off_means_neither_built_nor_looked_for(settings, registry_url):
+    settings.TRAINYARD_REGISTRY_URL = registry_url
+    settings.TRAINYARD_OFFLINE_BASE = False
+    assert services.offline_base_ensure() == ("skipped", "TRAINYARD_OFFLINE_BASE is off")
+    assert not BaseImage.objects.filter(name="python-local").exists()
