@@ -912,7 +912,11 @@ def offline_base_ensure() -> tuple[str, str]:
         build = _pushed(build, repository=repository, target=target, tag=tag, digest=held, base_digest="",
                         latest=f"{target}:{tag}")  # fmt: skip
         return "adopted", f"{OFFLINE_BASE} is {target}@{build.digest} (found in the registry)"
-    build = ImageBuild.objects.create(base_image=base, trigger=ImageBuild.Trigger.SETUP)
+    builds_reap()  # a build a stopped start left `running` ends `failed` here, not a minute after the worker starts
+    build = base.builds.filter(status__in=[ImageBuild.Status.QUEUED, ImageBuild.Status.WAITING_REGISTRY]).first()
+    if base.builds.filter(status=ImageBuild.Status.RUNNING).exists():
+        return "skipped", f"a build of {OFFLINE_BASE} is running elsewhere (a worker): its result is the catalog's"
+    build = build or ImageBuild.objects.create(base_image=base, trigger=ImageBuild.Trigger.SETUP)
     try:
         build = build_run(build_id=build.pk)
     except RegistryWaiting as exc:
