@@ -131,6 +131,28 @@ def build_root(tmp_path_factory):
 
 
 @pytest.fixture
+def offline_base(settings, registry_url, build_root):
+    """The catalog's offline base `python-local` as `make run` makes it (images.services.offline_base_ensure): built
+    with podman from this machine's files into the session's registry by the first test that asks, found there again
+    by its inputs (read back and scanned, not built) by every later one. Returns (outcome, base image)."""
+    from images import host_rootfs, services
+    from images.models import BaseImage
+
+    settings.TRAINYARD_REGISTRY_URL = registry_url
+    settings.TRAINYARD_BUILD_ROOT = build_root
+    settings.TRAINYARD_IMAGE_BUILDER = "podman"
+    try:
+        host_rootfs.plan()
+    except host_rootfs.RootfsUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    outcome, sentence = services.offline_base_ensure()
+    assert outcome in ("built", "adopted", "reused"), sentence
+    return outcome, BaseImage.objects.get(name=services.OFFLINE_BASE)
+
+
+@pytest.fixture
 def checkpoint_store(object_store, settings):
     """Point the platform's checkpoint settings at the session's object store, syncing every half second."""
     settings.TRAINYARD_S3_URL = object_store.url

@@ -58,6 +58,13 @@ class BaseImage(ImageFacts):
     name = models.SlugField(max_length=80, unique=True)
     maintainer = models.CharField(max_length=100, blank=True)
     containerfile = models.TextField(blank=True, help_text="built by the platform when set; else an external image")
+    rootfs = models.CharField(
+        max_length=10,
+        blank=True,
+        choices=[("", "none"), ("host", "assembled from this machine's files")],
+        help_text="'host': the build's context gets a rootfs of this machine's Python, numpy and shell "
+        "(images/host_rootfs.py), so the image is made without network",
+    )
     owners = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="owned_base_images")
 
     class Meta:
@@ -126,6 +133,7 @@ class ImageBuild(models.Model):
         MANUAL = "manual"
         SCHEDULE = "schedule"
         BASE_REBUILT = "base_rebuilt"
+        SETUP = "setup"  # the platform's first start (the offline base)
 
     base_image = models.ForeignKey(BaseImage, null=True, blank=True, on_delete=models.CASCADE, related_name="builds")
     project_image = models.ForeignKey(

@@ -23,7 +23,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
-from images import k8s_build, registry, scan
+from images import host_rootfs, k8s_build, registry, scan
 from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed
 from images.models import (
     SEVERITY_RANK,
@@ -270,6 +270,12 @@ def build_request(*, image: BaseImage | ProjectImage, user=None, trigger: str = 
             f"base image '{image.name}' is external (no Containerfile); the platform does not build it",
             code="image_not_buildable",
         )
+    if is_base and image.rootfs and settings.TRAINYARD_IMAGE_BUILDER != "podman":
+        raise ValidationFailed(
+            f"base image '{image.name}' is assembled from the platform machine's own files; only the podman builder "
+            "makes it (TRAINYARD_IMAGE_BUILDER=podman)",
+            code="image_not_buildable",
+        )
     key = {"base_image": image} if is_base else {"project_image": image}
     active = [ImageBuild.Status.QUEUED, ImageBuild.Status.WAITING_REGISTRY, ImageBuild.Status.RUNNING]
     with transaction.atomic():
@@ -481,6 +487,13 @@ def _build_run(*, build_id: int) -> ImageBuild:
     if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
         return _build_on_cluster(build, containerfile, files, base_digest, repository, target)
     local = f"localhost/trainyard-build-{build.pk}"
+    layout = None
+    if isinstance(image, BaseImage) and image.rootfs == "host":
+        try:
+            layout = host_rootfs.plan()
+        except (host_rootfs.RootfsUnavailable, OSError, subprocess.SubprocessError) as exc:
+            return _finish(build, ok=False, message=f"the rootfs could not be assembled: {exc}\n")
+        containerfile += f"LABEL {INPUTS_LABEL}={inputs_key(image, layout)}\n"
     try:
         who = builder_for("base" if isinstance(image, BaseImage) else str(image.team_id))
     except (BuilderUnavailable, OSError, subprocess.CalledProcessError) as exc:
@@ -490,6 +503,11 @@ def _build_run(*, build_id: int) -> ImageBuild:
         (context / "Containerfile").write_text(containerfile)
         for name, body in files.items():
             (context / name).write_text(body)
+        if layout is not None:
+            host_rootfs.assemble(layout, context / "rootfs")
+            _append(build, f"assembled rootfs/ from this machine's files: {len(layout.files)} files, "
+                           f"{layout.size_bytes / 2**20:.1f} MiB (Python {layout.python_version}, "
+                           f"numpy {layout.numpy_version or 'not included'})\n")  # fmt: skip
         give(who, context)
         # The bases are pulled first, as the build's user with the network; the build then runs with none.
         for source in _pull_sources(containerfile):
@@ -508,7 +526,10 @@ def _build_run(*, build_id: int) -> ImageBuild:
             return _finish(build, ok=False, message=f"build failed (exit {result.returncode}); nothing was pushed\n")
         tag = f"b{build.pk}"
         digestfile = context / "digest"
-        for destination in (f"{target}:{tag}", f"{target}:latest"):
+        destinations = [f"{target}:{tag}", f"{target}:latest"]
+        if layout is not None:  # what a later start with the same inputs finds (offline_base_ensure)
+            destinations.append(f"{target}:inputs-{inputs_key(image, layout)}")
+        for destination in destinations:
             _append(build, f"$ podman push --tls-verify=false {destination}\n")
             result = _run(who.podman("push", "--tls-verify=false", "--digestfile", str(digestfile), local, destination))
             _append(build, result.stdout)
@@ -822,6 +843,90 @@ def _cascade(base: BaseImage) -> None:
             build_request(image=image, trigger=ImageBuild.Trigger.BASE_REBUILT)
 
 
+# ------------------------------------------------------------------------------------- the offline base
+
+OFFLINE_BASE = "python-local"
+INPUTS_LABEL = "io.trainyard.inputs"
+
+
+def inputs_key(image: BaseImage, layout: host_rootfs.Plan) -> str:
+    """What an offline base is made of: this machine's files (their key) and the base's Containerfile."""
+    return hashlib.sha256(f"{layout.key}\n{image.containerfile}".encode()).hexdigest()[:32]
+
+
+def offline_base_ensure() -> tuple[str, str]:
+    """The catalog's offline base (`python-local`), built with podman from this machine's files when the registry
+    does not hold one made of the same inputs yet: `(outcome, sentence)`, outcome one of `reused` (the catalog
+    already names that digest), `adopted` (the registry had it, the catalog did not: read back and scanned, not
+    built), `built`, `failed`, `skipped` (no podman builder, no registry, nothing to assemble it from)."""
+    if not settings.TRAINYARD_OFFLINE_BASE:
+        return "skipped", "TRAINYARD_OFFLINE_BASE is off"
+    if settings.TRAINYARD_IMAGE_BUILDER != "podman":
+        return "skipped", "the offline base is built by the podman builder only (TRAINYARD_IMAGE_BUILDER)"
+    if not settings.TRAINYARD_REGISTRY_URL:
+        return "skipped", "no image registry (TRAINYARD_REGISTRY_URL), so no offline base"
+    if shutil.which("podman") is None:
+        return "skipped", "podman is not installed (apt-get install podman), so no offline base"
+    try:
+        layout = host_rootfs.plan()
+    except (host_rootfs.RootfsUnavailable, OSError, subprocess.SubprocessError) as exc:
+        return "skipped", f"no offline base: {exc}"
+    facts = {"framework": "numpy" if layout.numpy_version else "none", "framework_version": layout.numpy_version}
+    with transaction.atomic():
+        base = BaseImage.objects.select_for_update().filter(name=OFFLINE_BASE).first()
+        if base is None:
+            if BaseImage.objects.count() >= settings.TRAINYARD_MAX_BASE_IMAGES:
+                return "skipped", f"the catalog is full ({settings.TRAINYARD_MAX_BASE_IMAGES} bases): no offline base"
+            base = BaseImage.objects.create(
+                name=OFFLINE_BASE,
+                containerfile=host_rootfs.CONTAINERFILE,
+                rootfs="host",
+                maintainer="platform",
+                **facts,
+            )
+        elif base.rootfs != "host":
+            return "skipped", f"base image '{OFFLINE_BASE}' exists and is not assembled from this machine: left alone"
+    repository = repository_of(base)
+    target = f"{registry.platform_registry()}/{repository}"
+    tag = f"inputs-{inputs_key(base, layout)}"
+    try:
+        with registry.Client(settings.TRAINYARD_REGISTRY_URL) as client:
+            try:
+                held = client.resolve(repository, tag)
+            except registry.ManifestUnknown:
+                held = ""
+    except registry.RegistryError as exc:
+        return "skipped", f"the registry does not answer ({exc}): the offline base is looked at on the next start"
+    if held and held == base.digest:
+        return "reused", f"{OFFLINE_BASE} is {target}@{held} (same inputs, {tag})"
+    BaseImage.objects.filter(pk=base.pk).update(**facts)
+    if held:
+        build = ImageBuild.objects.create(
+            base_image=base,
+            trigger=ImageBuild.Trigger.SETUP,
+            status=ImageBuild.Status.RUNNING,
+            started_at=timezone.now(),
+            containerfile=f"{base.containerfile}LABEL {INPUTS_LABEL}={tag.removeprefix('inputs-')}\n",
+            log=f"the registry already holds {target}:{tag}, built from the same inputs: read back, not built\n",
+        )
+        build = _pushed(build, repository=repository, target=target, tag=tag, digest=held, base_digest="",
+                        latest=f"{target}:{tag}")  # fmt: skip
+        return "adopted", f"{OFFLINE_BASE} is {target}@{build.digest} (found in the registry)"
+    builds_reap()  # a build a stopped start left `running` ends `failed` here, not a minute after the worker starts
+    build = base.builds.filter(status__in=[ImageBuild.Status.QUEUED, ImageBuild.Status.WAITING_REGISTRY]).first()
+    if base.builds.filter(status=ImageBuild.Status.RUNNING).exists():
+        return "skipped", f"a build of {OFFLINE_BASE} is running elsewhere (a worker): its result is the catalog's"
+    build = build or ImageBuild.objects.create(base_image=base, trigger=ImageBuild.Trigger.SETUP)
+    try:
+        build = build_run(build_id=build.pk)
+    except RegistryWaiting as exc:
+        return "failed", f"the registry stopped answering during the offline base's build ({exc})"
+    if build.status != ImageBuild.Status.SUCCEEDED:
+        last = (build.log.strip().splitlines() or ["no log"])[-1]
+        return "failed", f"the offline base's build {build.pk} failed ({last}); its log: /images/builds/{build.pk}/"
+    return "built", f"{OFFLINE_BASE} is {build.reference.rsplit(':', 1)[0]}@{build.digest} (build {build.pk})"
+
+
 # ------------------------------------------------------------------------------------------- scanning
 
 
@@ -852,7 +957,8 @@ def build_scan(*, build: ImageBuild) -> list[Finding]:
     build.findings.filter(source="feed").delete()
     by_package: dict[tuple[str, str], list[Advisory]] = {}
     wanted = {(p["type"], scan.canonical(p["name"])) for p in build.sbom}
-    names = {n for _, n in wanted}
+    # As the SBOM spells them too: the variants below never give back a '.' that folding took (python3.11).
+    names = {n for _, n in wanted} | {p["name"] for p in build.sbom}
     for advisory in (
         Advisory.objects.all() if len(names) > 500 else Advisory.objects.filter(package__in=_variants(names))
     ):
@@ -943,7 +1049,10 @@ def images_rebuild_due(*, now: datetime | None = None) -> list[ImageBuild]:
     # A base whose build failed is asked again a day later (or a period, if shorter), not every hour.
     retry_after = now - timedelta(seconds=min(settings.TRAINYARD_IMAGE_REBUILD_S, 24 * 3600))
     builds = []
-    for base in BaseImage.objects.exclude(containerfile="").annotate(last_request=Max("builds__created_at")):
+    bases = BaseImage.objects.exclude(containerfile="")
+    if settings.TRAINYARD_IMAGE_BUILDER != "podman":
+        bases = bases.filter(rootfs="")  # made of the platform machine's files: only a local build can
+    for base in bases.annotate(last_request=Max("builds__created_at")):
         if base.last_rebuilt is not None and base.last_rebuilt >= cutoff:
             continue
         if base.last_request is not None and base.last_request >= retry_after:

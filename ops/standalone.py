@@ -1,11 +1,11 @@
 """`make run`: the whole platform on this machine, in the foreground.
 
-Uses the PostgreSQL and Redis named by DATABASE_URL / REDIS_URL, or embedded ones kept under var/;
-migrates, seeds, then runs web (ASGI), a Celery worker and Celery beat as children with prefixed
-output. A child that dies is started again after a backoff (1 s, doubling to 30 s; back to 1 s once it has
-run for a minute), with a log line. Ctrl-C or SIGTERM stops every child, the jobs' TensorBoards and the embedded
-servers; the signal handler only sets a flag (no lock can deadlock it). Every child, embedded servers included,
-gets a parent-death signal, so even a launcher killed with SIGKILL leaves nothing behind holding the port.
+Uses the PostgreSQL and Redis named by DATABASE_URL / REDIS_URL, or embedded ones kept under var/; migrates, seeds,
+builds (or finds by its inputs) the offline base image, then runs web (ASGI), a Celery worker and Celery beat as
+children with prefixed output. A child that dies is started again after a backoff (1 s, doubling to 30 s; back to
+1 s once it has run for a minute), with a log line. Ctrl-C or SIGTERM stops every child, the jobs' TensorBoards and
+the embedded servers; the signal handler only sets a flag (no lock can deadlock it). Every child, embedded servers
+included, gets a parent-death signal, so even a launcher killed with SIGKILL leaves nothing behind holding the port.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def main() -> int:
     try:
         _manage("migrate", "--noinput", env=env)
         _manage("collectstatic", "--noinput", "-v", "0", env=env)
-        _manage("seed", env=env)
+        say("setup", "seeding; then the offline base image python-local: found by its inputs, or built (first start)")
+        _manage("seed", "--offline-base", env=env)
         for name in processes.NAMES if not stop_signals else ():
             child = Child(
                 name,

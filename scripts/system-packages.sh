@@ -4,6 +4,7 @@
 #   bubblewrap, slirp4netns  the local job sandbox and its optional outbound network
 #   podman, docker-registry  project image builds and the embedded OCI registry
 #   uidmap                   newuidmap/newgidmap: builds run rootless as a user of their team (images/builder.py)
+#   python3                  Debian's Python, what the offline base image python-local is assembled from
 #   chromium, fonts-noto-cjk the portal's browser tests (Playwright drives Debian's Chromium; never a downloaded one)
 # As root it installs them with apt-get; as another user it prints the one command to run and carries on, since
 # `make run` works without them (a job then fails saying which piece is missing). Set TRAINYARD_SYSTEM_PACKAGES=off
@@ -16,11 +17,12 @@ declare -A provides=(
   [podman]=/usr/bin/podman
   [uidmap]=/usr/bin/newuidmap
   [docker-registry]=/usr/bin/docker-registry
+  [python3]=/usr/bin/python3
   [chromium]=/usr/bin/chromium
   [fonts-noto-cjk]=/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc
 )
 missing=()
-for pkg in bubblewrap slirp4netns podman uidmap docker-registry chromium fonts-noto-cjk; do
+for pkg in bubblewrap slirp4netns podman uidmap docker-registry python3 chromium fonts-noto-cjk; do
   [ -e "${provides[$pkg]}" ] || missing+=("$pkg")
 done
 [ "${#missing[@]}" -eq 0 ] && exit 0

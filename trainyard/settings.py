@@ -490,6 +490,9 @@ TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", d
 TRAINYARD_IMAGE_BUILDER = env.str(
     "TRAINYARD_IMAGE_BUILDER", default="kubernetes" if TRAINYARD_BACKEND == "volcano" else "podman"
 )
+# `make run` makes sure the catalog holds `python-local`, a base built from this machine's files (docs/images.md);
+# off: it is neither built nor looked for at start.
+TRAINYARD_OFFLINE_BASE = env.bool("TRAINYARD_OFFLINE_BASE", default=True)
 TRAINYARD_K8S_BUILD_NAMESPACE = env.str("TRAINYARD_K8S_BUILD_NAMESPACE", default="trainyard-builds")
 TRAINYARD_BUILD_POLL_S = env.float("TRAINYARD_BUILD_POLL_S", default=10.0)
 TRAINYARD_IMAGE_SIZE_WARN_MIB = env.int("TRAINYARD_IMAGE_SIZE_WARN_MIB", default=20 * 1024)

@@ -57,6 +57,7 @@ def platform_env(tmp_path, pg, redis, port: int) -> dict[str, str]:
         # The jobs record each run in a marker file outside their own folders, which the sandbox (rightly)
         # forbids; the sandbox has its own suite (jobs/tests/test_sandbox.py).
         TRAINYARD_SANDBOX="off",
+        TRAINYARD_OFFLINE_BASE="off",  # outages, not images: each fresh var/ would build python-local (~30 s)
     )
     return env
 

@@ -2,6 +2,7 @@
 
 import os
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from ops.seed import seed
@@ -13,7 +14,14 @@ DEMO_TEAM_SHARE = 0.5
 class Command(BaseCommand):
     help = "Create specs, queues, a demo team and users, base images (only what is missing)."
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--offline-base",
+            action="store_true",
+            help="then build (or find by its inputs) the offline base python-local, in the same process",
+        )
+
+    def handle(self, *args, offline_base: bool = False, **options):
         report = seed(
             admin_password=os.environ.get("TRAINYARD_ADMIN_PASSWORD") or None,
             demo_password=os.environ.get("TRAINYARD_DEMO_PASSWORD") or None,
@@ -27,3 +35,5 @@ class Command(BaseCommand):
             self.stdout.write(report.inventory)
         if not report.created:
             self.stdout.write("seed data already present")
+        if offline_base:
+            call_command("offline_base", stdout=self.stdout, stderr=self.stderr)
