@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from images import registry
 from images.services import podman_command
 
 DATA = Path(__file__).parent / "data"
@@ -70,9 +71,12 @@ def upstream(registry_url, build_root, tmp_path_factory):
     built = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-tiny", str(context))
     assert built.returncode == 0, built.stdout + built.stderr
     digestfile = context / "digest"
+    authfile = context / "auth.json"
+    auth = ["--authfile", str(authfile)] if registry.write_authfile(authfile, urlparse(registry_url).netloc) else []
     pushed = podman(
-        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), "localhost/upstream-tiny", reference
-    )
+        build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), "localhost/upstream-tiny",
+        reference,
+    )  # fmt: skip
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     return {"reference": reference, "digest": digestfile.read_text().strip()}
 
