@@ -72,16 +72,21 @@ class BuildStep:
             if group is not None:
                 group.join()
 
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-            preexec_fn=enter,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=enter,
+            )
+        except OSError:
+            if group is not None:
+                group.remove()
+            raise
         return self.proc
 
     def held(self) -> str:
@@ -89,14 +94,17 @@ class BuildStep:
             return "limits: time only (no control group can be made here; memory and CPU not bounded)"
         return self.limits.describe()
 
-    def _kill_tree(self) -> None:
+    def _kill_tree(self, *, group_too: bool) -> None:
+        """Kill the step's control group; `group_too` also its process group (only while its leader is unreaped,
+        so the id cannot belong to anyone else yet)."""
         assert self.proc is not None
         if self.limits is not None:
             self.limits.kill_all()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if group_too:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def wait(self, timeout_s: float) -> Bounded:
         assert self.proc is not None
@@ -104,13 +112,13 @@ class BuildStep:
         try:
             out, _ = self.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self._kill_tree()
+            self._kill_tree(group_too=True)
             out, _ = self.proc.communicate()
             stopped_by = "time"
             reason = f"the build ran past its time limit of {timeout_s:g} s (TRAINYARD_BUILD_TIMEOUT_S) and was stopped"
         held = self.held()
         if self.limits is not None:
-            self._kill_tree()  # whatever a RUN step left running ends with the build
+            self._kill_tree(group_too=False)  # whatever a RUN step left running ends with the build
             seen = self.limits.outcome()
             self.limits.remove()
             if not stopped_by and seen.get("oom_kills"):

@@ -35,6 +35,12 @@ def podman(root: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def auth_args(folder: Path, host: str) -> list[str]:
+    """`--authfile FILE` with the platform registry's credentials (the session's registry wants them), else []."""
+    authfile = folder / "registry-auth.json"
+    return ["--authfile", str(authfile)] if registry.write_authfile(authfile, host) else []
+
+
 def _copy_with_libraries(binary: str, rootfs: Path) -> None:
     """A dynamically linked program and the libraries `ldd` names, at the same paths inside the rootfs."""
     out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
@@ -71,8 +77,7 @@ def upstream(registry_url, build_root, tmp_path_factory):
     built = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-tiny", str(context))
     assert built.returncode == 0, built.stdout + built.stderr
     digestfile = context / "digest"
-    authfile = context / "auth.json"
-    auth = ["--authfile", str(authfile)] if registry.write_authfile(authfile, urlparse(registry_url).netloc) else []
+    auth = auth_args(context, urlparse(registry_url).netloc)
     pushed = podman(
         build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), "localhost/upstream-tiny",
         reference,
