@@ -344,6 +344,16 @@ def test_a_build_whose_worker_died_is_reaped_and_a_rebuild_starts_anew(images_en
     assert services.builds_reap()["requeued"] == 1
 
 
+# A RUN step (dash only) printing its own cgroup v1 memory limit and CPU quota, read from the host's /sys.
+OWN_GROUP = (
+    "RUN while IFS=: read n c p; do "
+    'if [ "$c" = memory ]; then read m < "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"; echo "group memory $m"; fi; '
+    'if [ "$c" = cpu ]; then read q < "/sys/fs/cgroup/cpu$p/cpu.cfs_quota_us"; '
+    'read t < "/sys/fs/cgroup/cpu$p/cpu.cfs_period_us"; echo "group cpu $q $t"; fi; '
+    "done < /proc/self/cgroup\n"
+)
+
+
 def test_a_build_step_past_its_memory_bound_fails_saying_so_and_a_normal_one_still_builds(images_env, settings):
     """The build step's whole tree is in a control group of its own: a RUN step that keeps doubling a string is
     killed at the build's memory limit, the build fails with that reason and pushes nothing; within the same bounds
@@ -370,11 +380,14 @@ def test_a_build_step_past_its_memory_bound_fails_saying_so_and_a_normal_one_sti
     with pytest.raises(registry.ManifestUnknown):
         registry.resolve(f"{registry.platform_registry()}/trainyard/hungry/greedy:latest")
     plain = services.project_image_define(
-        team=team, name="plain", base="tiny-base", containerfile="FROM tiny-base\nRUN echo fine > /fine\n"
+        team=team, name="plain", base="tiny-base", containerfile="FROM tiny-base\nRUN echo fine > /fine\n" + OWN_GROUP
     )
     ok = built(plain)
     assert ok.status == "succeeded", ok.log
     assert "build step limits: memory 256 MiB" in ok.log
+    # The RUN step itself sits in the build's group, under its bounds (cgroup v1: the memory and cpu hierarchies).
+    if "(cgroup1)" in ok.log:
+        assert f"group memory {256 << 20}" in ok.log and "group cpu 400000 100000" in ok.log, ok.log
     assert not list(Path("/sys/fs/cgroup").glob(f"**/build-{build.pk}")), "the build's group was not removed"
 
 
