@@ -105,8 +105,13 @@ def registry_url(tmp_path_factory):
         if os.environ.get("CI") == "true":
             pytest.fail("docker-registry is not installed (apt-get install docker-registry)")
         pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+    from django.conf import settings
+
     running = embedded.Embedded()
     urls = embedded.start_registry(tmp_path_factory.mktemp("registry"), running)
+    # As under `ops.embedded exec`: the session's registry is the platform's, and it wants its password.
+    for name, value in urls.items():
+        setattr(settings, name, value)
     try:
         yield urls["TRAINYARD_REGISTRY_URL"]
     finally:

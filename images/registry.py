@@ -1,8 +1,9 @@
 """A small client of the OCI distribution API over plain HTTP(S): resolve a tag to a digest, read manifests and
 layer blobs, delete a manifest. No container daemon is involved.
 
-The platform's own registry (TRAINYARD_REGISTRY_URL, embedded by `make run` when unset) is spoken to at that URL;
-any other registry at https://<host>, with the anonymous bearer-token handshake public registries ask for.
+The platform's own registry (TRAINYARD_REGISTRY_URL, embedded by `make run` when unset) is spoken to at that URL,
+with its user and password (TRAINYARD_REGISTRY_USERNAME / _PASSWORD); any other registry at https://<host>, with
+the anonymous bearer-token handshake public registries ask for, and never with the platform's credentials.
 """
 
 from __future__ import annotations
@@ -77,6 +78,33 @@ def platform_registry() -> str:
     return urlparse(settings.TRAINYARD_REGISTRY_URL).netloc if settings.TRAINYARD_REGISTRY_URL else ""
 
 
+def credentials_for(endpoint: str) -> tuple[str, str] | None:
+    """The platform's user and password when `endpoint` is its own registry (at that host and port), else None:
+    they are never sent anywhere else."""
+    if not settings.TRAINYARD_REGISTRY_USERNAME or not settings.TRAINYARD_REGISTRY_URL:
+        return None
+    if urlparse(endpoint).netloc != platform_registry():
+        return None
+    return settings.TRAINYARD_REGISTRY_USERNAME, settings.TRAINYARD_REGISTRY_PASSWORD
+
+
+def write_authfile(path, host: str) -> bool:
+    """A podman/containers auth file (0600) holding the platform registry's credentials for `host`; False (and no
+    file) when there are none to give."""
+    import base64
+    import json
+    import os
+
+    creds = credentials_for(f"http://{host}")
+    if creds is None:
+        return False
+    token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"auths": {host: {"auth": token}}}))
+    return True
+
+
 def endpoint_for(host: str) -> str:
     if settings.TRAINYARD_REGISTRY_URL and host == platform_registry():
         return settings.TRAINYARD_REGISTRY_URL.rstrip("/")
@@ -88,7 +116,11 @@ def endpoint_for(host: str) -> str:
 class Client:
     def __init__(self, endpoint: str, *, timeout: float | None = None):
         self.endpoint = endpoint.rstrip("/")
-        self.http = httpx.Client(timeout=timeout or settings.TRAINYARD_REGISTRY_TIMEOUT_S, follow_redirects=True)
+        self.http = httpx.Client(
+            timeout=timeout or settings.TRAINYARD_REGISTRY_TIMEOUT_S,
+            follow_redirects=True,
+            auth=credentials_for(self.endpoint),
+        )
         self.token: str | None = None
 
     @classmethod

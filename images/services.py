@@ -5,6 +5,7 @@ two checks submission makes: pin a tag to its digest, and the queue's scan polic
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -23,7 +24,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
-from images import host_rootfs, k8s_build, registry, scan
+from images import build_limits, host_rootfs, k8s_build, registry, scan
 from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed
 from images.models import (
     SEVERITY_RANK,
@@ -512,7 +513,8 @@ def _build_run(*, build_id: int) -> ImageBuild:
         # The bases are pulled first, as the build's user with the network; the build then runs with none.
         for source in _pull_sources(containerfile):
             _append(build, f"$ podman pull --tls-verify=false {source}\n")
-            result = _run(who.podman("pull", "--tls-verify=false", "--quiet", source))
+            with _registry_auth(who, context, host) as auth:
+                result = _run(who.podman("pull", "--tls-verify=false", *auth, "--quiet", source))
             _append(build, result.stdout)
             if result.returncode != 0:
                 _registry_check(build)
@@ -520,10 +522,15 @@ def _build_run(*, build_id: int) -> ImageBuild:
         user = f" (as {who.name}, network {settings.TRAINYARD_BUILD_NETWORK})" if who.isolated else ""
         _append(build, f"$ podman build {' '.join(BUILD_ARGS)} --pull=never -t {local}{user}\n")
         argv = who.podman("build", *BUILD_ARGS, "--pull=never", "-t", local, "-f", "Containerfile", str(context))
-        result = _run_build(who, argv, context)
-        _append(build, result.stdout)
-        if result.returncode != 0:
-            return _finish(build, ok=False, message=f"build failed (exit {result.returncode}); nothing was pushed\n")
+        step = _run_build(who, argv, context, build_id=build.pk)
+        _append(build, step.output)
+        if step.held:
+            _append(build, f"[trainyard] build step {step.held}\n")
+        if step.stopped_by:
+            _run(who.podman("rmi", "--ignore", local))
+            return _finish(build, ok=False, message=f"{step.reason}; nothing was pushed\n")
+        if step.returncode != 0:
+            return _finish(build, ok=False, message=f"build failed (exit {step.returncode}); nothing was pushed\n")
         tag = f"b{build.pk}"
         digestfile = context / "digest"
         destinations = [f"{target}:{tag}", f"{target}:latest"]
@@ -531,7 +538,10 @@ def _build_run(*, build_id: int) -> ImageBuild:
             destinations.append(f"{target}:inputs-{inputs_key(image, layout)}")
         for destination in destinations:
             _append(build, f"$ podman push --tls-verify=false {destination}\n")
-            result = _run(who.podman("push", "--tls-verify=false", "--digestfile", str(digestfile), local, destination))
+            with _registry_auth(who, context, host) as auth:
+                result = _run(
+                    who.podman("push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), local, destination)
+                )
             _append(build, result.stdout)
             if result.returncode != 0:
                 _registry_check(build)
@@ -672,6 +682,22 @@ def _registry_check(build: ImageBuild) -> None:
         _wait(build, str(exc))
 
 
+@contextlib.contextmanager
+def _registry_auth(who, context: Path, host: str):
+    """`--authfile FILE` for one pull or push at the platform's registry: the file (0600, the build's user's) holds
+    its credentials only while that step runs, beside the context, so the build step itself never has it."""
+    path = context.parent / f"{context.name}.auth.json"
+    try:
+        if not registry.write_authfile(path, host):
+            yield []
+            return
+        if who.isolated:
+            os.chown(path, who.uid, who.gid)
+        yield ["--authfile", str(path)]
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def _pull_sources(containerfile: str) -> list[str]:
     """The images a rendered Containerfile builds on (its FROM lines less earlier stages and `scratch`)."""
     stages: set[str] = set()
@@ -686,29 +712,22 @@ def _pull_sources(containerfile: str) -> list[str]:
     return out
 
 
-def _run_build(who, argv: list[str], context: Path) -> subprocess.CompletedProcess:
-    """The build step in its jail (images/builder.py); with TRAINYARD_BUILD_NETWORK=outbound, slirp4netns gives
-    the jail's network namespace a way out that never reaches the host's loopback."""
+def _run_build(who, argv: list[str], context: Path, *, build_id: int) -> build_limits.Bounded:
+    """The build step in its jail (images/builder.py), bounded in memory, CPU, processes and time
+    (images/build_limits.py); with TRAINYARD_BUILD_NETWORK=outbound, slirp4netns gives the jail's network namespace
+    a way out that never reaches the host's loopback."""
     jail = jailed(who, argv, context=context, resolv_conf=_build_resolver(context))
+    timeout_s = settings.TRAINYARD_BUILD_TIMEOUT_S
     if jail is argv or settings.TRAINYARD_BUILD_NETWORK != "outbound":
-        return _run(jail)
-    return _run_with_outbound(jail)
-
-
-def _build_resolver(context: Path) -> str | None:
-    if settings.TRAINYARD_BUILD_NETWORK != "outbound":
-        return None
-    from kernel.netns import slirp_resolv_conf
-
-    return slirp_resolv_conf(context)
-
-
-def _run_with_outbound(jail: list[str]) -> subprocess.CompletedProcess:
+        try:
+            return build_limits.run(jail, build_id=build_id, timeout_s=timeout_s)
+        except FileNotFoundError:
+            return build_limits.Bounded(127, f"{jail[0]} is not installed\n", "", "", "")
     slirp_tool = shutil.which("slirp4netns")
     if slirp_tool is None:
-        return subprocess.CompletedProcess(jail, 127, "TRAINYARD_BUILD_NETWORK=outbound needs slirp4netns\n")
-    proc = subprocess.Popen(jail, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            stdin=subprocess.DEVNULL)  # fmt: skip
+        return build_limits.Bounded(127, "TRAINYARD_BUILD_NETWORK=outbound needs slirp4netns\n", "", "", "")
+    step = build_limits.BuildStep(jail, build_id=build_id)
+    proc = step.start()
     own = os.readlink("/proc/self/ns/net")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # attach only once the jail has its own namespace, never to ours
@@ -719,22 +738,25 @@ def _run_with_outbound(jail: list[str]) -> subprocess.CompletedProcess:
             pass
         time.sleep(0.01)
     else:
-        proc.kill()
-        return subprocess.CompletedProcess(jail, 125, "the build's network namespace was not made\n")
+        step.wait(0.001)
+        return build_limits.Bounded(125, "the build's network namespace was not made\n", "", "", step.held())
     slirp = subprocess.Popen(
         [slirp_tool, "--configure", "--mtu=65520", "--disable-host-loopback", str(proc.pid), "tap0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=settings.TRAINYARD_BUILD_TIMEOUT_S)
-        return subprocess.CompletedProcess(jail, proc.returncode, out)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        return subprocess.CompletedProcess(jail, 124, (out or "") + "\ntimed out\n")
+        return step.wait(timeout_s)
     finally:
         slirp.terminate()
         slirp.wait(timeout=10)
+
+
+def _build_resolver(context: Path) -> str | None:
+    if settings.TRAINYARD_BUILD_NETWORK != "outbound":
+        return None
+    from kernel.netns import slirp_resolv_conf
+
+    return slirp_resolv_conf(context)
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:

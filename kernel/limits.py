@@ -274,6 +274,36 @@ class AttemptLimits:
         return result
 
     # ------------------------------------------------------------------ tear down
+    def kill_all(self, timeout: float = 10.0) -> int:
+        """SIGKILL every process in the group (cgroup.kill on v2; on v1 what cgroup.procs lists, again until it is
+        empty, since a fork may slip in between a read and the kills). How many were signalled."""
+        import signal
+
+        if not self.folders:
+            return 0
+        folder = self.folders[0]
+        if self.mode == "cgroup2" and (folder / "cgroup.kill").exists():
+            count = len((folder / "cgroup.procs").read_text().split())
+            _write(folder / "cgroup.kill", "1")
+            return count
+        killed = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+            except OSError:
+                return killed
+            if not pids:
+                return killed
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return killed
+
     def remove(self, timeout: float = 5.0) -> None:
         """Remove the attempt's cgroups (after its processes are gone; a v2 leaf still populated is killed first)."""
         deadline = time.monotonic() + timeout

@@ -20,3 +20,41 @@ def slirp_resolv_conf(folder: Path) -> str | None:
     path.write_text("nameserver 10.0.2.3\n")
     path.chmod(0o644)
     return str(path)
+
+
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Bring up `lo` in this process's network namespace (a new one starts with it down)."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def main(argv: list[str]) -> int:
+    """`python -m kernel.netns exec CMD...` (run under `unshare --net`): loopback up, then CMD in its place."""
+    import os
+    import sys
+
+    if len(argv) < 2 or argv[0] != "exec":
+        print("usage: python -m kernel.netns exec COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        loopback_up()
+    except OSError as exc:
+        print(f"trainyard: cannot bring up loopback in the new network namespace: {exc}", file=sys.stderr)
+        return 125
+    os.execvp(argv[1], argv[1:])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -6,9 +6,10 @@ image registry is Debian's docker-registry program, not a wheel), then runs CMD 
 set and stops what it started when CMD ends.
 
 Every embedded server wants a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`,
-SeaweedFS's S3 gateway with an access key and secret. They are generated once into `var/postgres.password`,
-`var/redis.password` and `var/s3.password` (0600, like `var/secret_key`); var/ itself is closed to other users,
-and sandboxed jobs never see it.
+SeaweedFS's S3 gateway with an access key and secret (its other ports are in a network namespace of its own),
+the registry with a user and password (htpasswd). They are generated once into `var/postgres.password`,
+`var/redis.password`, `var/s3.password` and `var/registry.password` (0600, like `var/secret_key`); var/ itself is
+closed to other users, and sandboxed jobs never see it.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ STOP = {
     "redis": (signal.SIGINT, 20.0),
     "seaweedfs": (signal.SIGTERM, 8.0),
     "registry": (signal.SIGTERM, 5.0),
+    "store-forward": (signal.SIGTERM, 2.0),
 }
 
 
@@ -378,27 +380,62 @@ def kept_ports(var: Path, service: str, count: int) -> list[int]:
     return list(ports)
 
 
+def store_namespace() -> list[str]:
+    """The command prefix that starts the embedded SeaweedFS in a network namespace of its own (as root; else in a
+    user namespace of the platform's user too), or [] where this machine cannot make one."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    prefix = [unshare, "--net", "--"] if os.geteuid() == 0 else [unshare, "--user", "--map-root-user", "--net", "--"]
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return prefix if probe.returncode == 0 else []
+
+
 def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
-    """A one-node SeaweedFS (master, volume, filer, S3 gateway) on free loopback ports, data under var/seaweedfs."""
+    """A one-node SeaweedFS (master, volume, filer, S3 gateway), data under var/seaweedfs.
+
+    Only the S3 gateway, which checks the access key and secret of var/s3.password on every request, can be
+    reached: SeaweedFS runs in a network namespace of its own, its S3 gateway also listens on a unix socket in a
+    0700 folder, and `ops.forward` makes that socket the store's loopback port. Its master, volume and filer
+    ports, which take no credentials, are inside the namespace, where nothing else is. Without a way to make a
+    namespace (no `unshare`, user namespaces off) it listens on loopback as before and says so."""
     import json
 
     from kernel import objectstore
+    from kernel.paths import BASE_DIR
 
     weed = weed_binary()
     data = var / "seaweedfs"
-    sockets = var / "run"
+    sockets = data / "sockets"
     for folder in [data / "master", data / "volume", sockets]:
         folder.mkdir(parents=True, exist_ok=True)
+    sockets.chmod(0o700)  # the sockets take no credentials at the filer's; nobody but the platform may connect
     key, secret = s3_credentials(var)
     config = var / "s3.json"
     identity = {"name": "trainyard", "credentials": [{"accessKey": key, "secretKey": secret}]}
     identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]
     private_file(config, json.dumps({"identities": [identity]}))
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = kept_ports(var, "seaweedfs", 8)
+    s3_socket = sockets / "s3.sock"
+    s3_socket.unlink(missing_ok=True)
+    namespace = store_namespace()
+    if namespace:
+        launch = [*namespace, sys.executable, "-m", "kernel.netns", "exec"]
+    else:
+        launch = []
+        print(
+            "trainyard: cannot make a network namespace for the embedded SeaweedFS (unshare, user namespaces): its "
+            "master, volume and filer ports take no credentials and are open to every local user",
+            file=sys.stderr,
+        )
     log = var / "seaweedfs.log"
     logf = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [
+            *launch,
             str(weed),
             "server",
             "-ip=127.0.0.1",
@@ -415,22 +452,24 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
             "-filer",
             f"-filer.port={filer}",
             f"-filer.port.grpc={filer_grpc}",
-            f"-filer.localSocket={sockets / f'seaweedfs-filer-{filer}.sock'}",
+            f"-filer.localSocket={sockets / 'filer.sock'}",
             "-s3",
             f"-s3.port={s3}",
             f"-s3.port.grpc={s3_grpc}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-s3.localSocket={sockets / f'seaweedfs-s3-{s3}.sock'}",
+            f"-s3.localSocket={s3_socket}",
             f"-s3.config={config}",
         ],
         stdout=logf,
         stderr=subprocess.STDOUT,
         cwd=data,  # anything SeaweedFS keeps relative to its working folder stays under var/
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BASE_DIR), os.environ.get("PYTHONPATH")]))},
         start_new_session=True,
         preexec_fn=_die_with_parent(signal.SIGTERM),
     )
     running.procs.append(("seaweedfs", proc))
+    forwarder: subprocess.Popen | None = None
     urls = {
         "TRAINYARD_S3_URL": f"http://127.0.0.1:{s3}",
         "TRAINYARD_S3_ACCESS_KEY_ID": key,
@@ -440,8 +479,23 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
     assert store is not None
 
     def ready() -> bool:
+        nonlocal forwarder
         if proc.poll() is not None:
             raise ServiceError(f"embedded SeaweedFS exited with status {proc.returncode} (see {log})")
+        if namespace and forwarder is None:
+            if not s3_socket.exists():
+                return False
+            forwarder = subprocess.Popen(
+                [sys.executable, "-m", "ops.forward", "127.0.0.1", str(s3), str(s3_socket)],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=BASE_DIR,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(signal.SIGTERM),
+            )
+            running.procs.append(("store-forward", forwarder))
+        if forwarder is not None and forwarder.poll() is not None:
+            raise ServiceError(f"the embedded store's port forwarder exited with status {forwarder.returncode}")
         if not port_open("127.0.0.1", s3):
             return False
         try:
@@ -463,15 +517,49 @@ def registry_binary() -> Path | None:
     return Path(found) if found else None
 
 
+def registry_credentials(var: Path) -> tuple[str, str]:
+    """The embedded registry's user and password, generated once into var/registry.password (0600)."""
+    path = var / "registry.password"
+    if not path.exists():
+        private_file(path, f"trainyard:{secrets.token_urlsafe(32)}")
+    path.chmod(0o600)
+    user, _, password = path.read_text().strip().partition(":")
+    return user, password
+
+
+def bcrypt_hash(password: str) -> str:
+    """A bcrypt hash for an htpasswd file (the only kind the distribution registry takes), by the C library's
+    crypt(3) (libxcrypt: `$2b$`), so no extra package is needed."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("crypt")
+    if name is None:
+        raise ServiceError("the embedded registry's password needs libcrypt (bcrypt): apt-get install libcrypt1")
+    libcrypt = ctypes.CDLL(name)
+    libcrypt.crypt.restype = ctypes.c_char_p
+    libcrypt.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    alphabet = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    salt = "$2b$10$" + "".join(secrets.choice(alphabet) for _ in range(22))
+    hashed = libcrypt.crypt(password.encode(), salt.encode())
+    if not hashed or not hashed.startswith(b"$2b$"):
+        raise ServiceError("this C library's crypt(3) cannot make bcrypt hashes, which the embedded registry needs")
+    return hashed.decode()
+
+
 def start_registry(var: Path, running: Embedded) -> dict[str, str]:
     """A distribution registry on a free loopback port, config generated into var/registry.yml, blobs under
-    var/registry; deleting manifests is enabled so retention can drop unused project images."""
+    var/registry; deleting manifests is enabled so retention can drop unused project images. Every request needs
+    the user and password of var/registry.password (htpasswd, bcrypt): an anonymous pull or push is a 401."""
     binary = registry_binary()
     if binary is None:
         raise ServiceError("the docker-registry program is missing: apt-get install docker-registry")
     storage = var / "registry"
     storage.mkdir(parents=True, exist_ok=True)
     (port,) = kept_ports(var, "registry", 1)
+    user, password = registry_credentials(var)
+    htpasswd = var / "registry.htpasswd"
+    private_file(htpasswd, f"{user}:{bcrypt_hash(password)}\n")
     config = var / "registry.yml"
     private_file(
         config,
@@ -481,6 +569,7 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
         f"  filesystem:\n    rootdirectory: {storage}\n"
         "  delete:\n    enabled: true\n"
         "  maintenance:\n    uploadpurging:\n      enabled: false\n"
+        f"auth:\n  htpasswd:\n    realm: trainyard\n    path: {htpasswd}\n"
         f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n",
     )
     log = var / "registry.log"
@@ -501,7 +590,11 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
         return port_open("127.0.0.1", port)
 
     _wait_for(ready, seconds=15, what="embedded registry", log=log)
-    return {"TRAINYARD_REGISTRY_URL": f"http://127.0.0.1:{port}"}
+    return {
+        "TRAINYARD_REGISTRY_URL": f"http://127.0.0.1:{port}",
+        "TRAINYARD_REGISTRY_USERNAME": user,
+        "TRAINYARD_REGISTRY_PASSWORD": password,
+    }
 
 
 def check_s3_url() -> None:

@@ -86,6 +86,10 @@ def test_embedded_registry_serves_the_distribution_api():
     var = Path(os.environ["TRAINYARD_VAR_DIR"])
     url = os.environ["TRAINYARD_REGISTRY_URL"]
     assert urlparse(url).hostname == "127.0.0.1"
-    assert httpx.get(f"{url}/v2/", timeout=5).status_code == 200
-    assert stat.S_IMODE((var / "registry.yml").stat().st_mode) == 0o600
+    assert httpx.get(f"{url}/v2/", timeout=5).status_code == 401  # anonymous: refused
+    user, _, password = (var / "registry.password").read_text().strip().partition(":")
+    assert (os.environ["TRAINYARD_REGISTRY_USERNAME"], os.environ["TRAINYARD_REGISTRY_PASSWORD"]) == (user, password)
+    assert httpx.get(f"{url}/v2/", auth=(user, password), timeout=5).status_code == 200
+    for name in ["registry.yml", "registry.password", "registry.htpasswd"]:
+        assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
     assert (var / "registry").is_dir()

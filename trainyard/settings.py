@@ -456,6 +456,10 @@ TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)
 # Images (docs/images.md): the registry builds are pushed to and tags are resolved against. `make run` / `make test`
 # start an embedded one (Debian's docker-registry) when this is unset.
 TRAINYARD_REGISTRY_URL = env.str("TRAINYARD_REGISTRY_URL", default="")
+# Its user and password (basic auth; the embedded one's are generated into var/registry.password). Only the
+# platform's own processes hold them: builds get them in a file for their pull and push steps alone, jobs never.
+TRAINYARD_REGISTRY_USERNAME = env.str("TRAINYARD_REGISTRY_USERNAME", default="")
+TRAINYARD_REGISTRY_PASSWORD = env.str("TRAINYARD_REGISTRY_PASSWORD", default="")
 TRAINYARD_REGISTRY_TIMEOUT_S = env.float("TRAINYARD_REGISTRY_TIMEOUT_S", default=5.0)
 TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
@@ -463,6 +467,13 @@ TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR 
 # Live (unrevoked, unexpired) API tokens one user may hold.
 TRAINYARD_MAX_TOKENS_PER_USER = env.int("TRAINYARD_MAX_TOKENS_PER_USER", default=50)
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+# A local build step's memory (MiB, swap included), CPU (milli-CPUs) and processes, held by a control group around
+# its whole process tree (images/build_limits.py); `auto` takes what the machine offers (cgroup2, cgroup1), `off`
+# bounds it in time only.
+TRAINYARD_BUILD_LIMITS = env.str("TRAINYARD_BUILD_LIMITS", default="auto")
+TRAINYARD_BUILD_MEMORY_MIB = env.int("TRAINYARD_BUILD_MEMORY_MIB", default=8192)
+TRAINYARD_BUILD_CPU_MILLI = env.int("TRAINYARD_BUILD_CPU_MILLI", default=4000)
+TRAINYARD_BUILD_PIDS_MAX = env.int("TRAINYARD_BUILD_PIDS_MAX", default=4096)
 # A queued build older than this whose message was lost is sent again (images.reap_builds, every minute).
 TRAINYARD_BUILD_REQUEUE_S = env.float("TRAINYARD_BUILD_REQUEUE_S", default=300.0)
 # Code snapshots (jobs/code.py): where they are kept, and how large one may be.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from images import registry
 from images.services import podman_command
 
 DATA = Path(__file__).parent / "data"
@@ -32,6 +33,12 @@ def podman(root: Path, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def auth_args(folder: Path, host: str) -> list[str]:
+    """`--authfile FILE` with the platform registry's credentials (the session's registry wants them), else []."""
+    authfile = folder / "registry-auth.json"
+    return ["--authfile", str(authfile)] if registry.write_authfile(authfile, host) else []
 
 
 def _copy_with_libraries(binary: str, rootfs: Path) -> None:
@@ -70,9 +77,11 @@ def upstream(registry_url, build_root, tmp_path_factory):
     built = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-tiny", str(context))
     assert built.returncode == 0, built.stdout + built.stderr
     digestfile = context / "digest"
+    auth = auth_args(context, urlparse(registry_url).netloc)
     pushed = podman(
-        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), "localhost/upstream-tiny", reference
-    )
+        build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), "localhost/upstream-tiny",
+        reference,
+    )  # fmt: skip
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     return {"reference": reference, "digest": digestfile.read_text().strip()}
 

@@ -342,3 +342,82 @@ def test_a_build_whose_worker_died_is_reaped_and_a_rebuild_starts_anew(images_en
     # A queued build whose message was lost is sent again once it is old enough.
     ImageBuild.objects.filter(pk=again.pk).update(created_at=timezone.now() - timedelta(hours=1))
     assert services.builds_reap()["requeued"] == 1
+
+
+# A RUN step (dash only) printing its own cgroup v1 memory limit and CPU quota, read from the host's /sys.
+OWN_GROUP = (
+    "RUN while IFS=: read n c p; do "
+    'if [ "$c" = memory ]; then read m < "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"; echo "group memory $m"; fi; '
+    'if [ "$c" = cpu ]; then read q < "/sys/fs/cgroup/cpu$p/cpu.cfs_quota_us"; '
+    'read t < "/sys/fs/cgroup/cpu$p/cpu.cfs_period_us"; echo "group cpu $q $t"; fi; '
+    "done < /proc/self/cgroup\n"
+)
+
+
+def test_a_build_step_past_its_memory_bound_fails_saying_so_and_a_normal_one_still_builds(images_env, settings):
+    """The build step's whole tree is in a control group of its own: a RUN step that keeps doubling a string is
+    killed at the build's memory limit, the build fails with that reason and pushes nothing; within the same bounds
+    a normal build succeeds and its log says what held it."""
+    from kernel import limits
+
+    if limits.detect("auto", v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT) == "rlimit":
+        pytest.skip("no control group can be made on this machine: builds are bounded in time only")
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    settings.TRAINYARD_BUILD_MEMORY_MIB = 256
+    team = TeamFactory(slug="hungry")
+    greedy = services.project_image_define(
+        team=team,
+        name="greedy",
+        base="tiny-base",
+        containerfile='FROM tiny-base\nRUN a=x; while :; do a="$a$a"; done\n',
+    )
+    build = built(greedy)
+    assert build.status == "failed", build.log
+    assert "the build ran out of memory: killed at its limit of 256 MiB (TRAINYARD_BUILD_MEMORY_MIB)" in build.log
+    assert "nothing was pushed" in build.log and build.digest == ""
+    assert "build step limits: memory 256 MiB, 4096 processes, CPU 4 (cgroup" in build.log
+    with pytest.raises(registry.ManifestUnknown):
+        registry.resolve(f"{registry.platform_registry()}/trainyard/hungry/greedy:latest")
+    plain = services.project_image_define(
+        team=team, name="plain", base="tiny-base", containerfile="FROM tiny-base\nRUN echo fine > /fine\n" + OWN_GROUP
+    )
+    ok = built(plain)
+    assert ok.status == "succeeded", ok.log
+    assert "build step limits: memory 256 MiB" in ok.log
+    # The RUN step itself sits in the build's group, under its bounds (cgroup v1: the memory and cpu hierarchies).
+    if "(cgroup1)" in ok.log:
+        assert f"group memory {256 << 20}" in ok.log and "group cpu 400000 100000" in ok.log, ok.log
+    assert not list(Path("/sys/fs/cgroup").glob(f"**/build-{build.pk}")), "the build's group was not removed"
+
+
+def test_a_stuck_build_step_ends_failed_at_its_time_limit_with_every_process_killed(images_env, settings):
+    import time
+
+    base = define_base(images_env)
+    assert built(base).status == "succeeded"
+    settings.TRAINYARD_BUILD_TIMEOUT_S = 10
+    stuck = services.project_image_define(
+        team=TeamFactory(slug="stuck"),
+        name="spin",
+        base="tiny-base",
+        containerfile="FROM tiny-base\nRUN while :; do :; done\n",
+    )
+    started = time.monotonic()
+    build = built(stuck)
+    took = time.monotonic() - started
+    assert build.status == "failed", build.log
+    assert "the build ran past its time limit of 10 s (TRAINYARD_BUILD_TIMEOUT_S) and was stopped" in build.log
+    assert "nothing was pushed" in build.log and took < 60, took
+    # Nothing of it lingers: no process of the build's tree is left (the spinning RUN step included).
+    tag = f"trainyard-build-{build.pk}".encode()
+    left = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                if tag in cmdline or b"while :; do :; done" in cmdline:
+                    left.append(entry.name)
+            except OSError:
+                pass
+    assert not left, left

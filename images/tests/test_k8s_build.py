@@ -82,12 +82,13 @@ def cluster(settings, images_env):
 
 def push_as_buildkit(build_root, build) -> str:
     """What the Job's BuildKit would have pushed: an image under the build's tag; its digest."""
-    from images.tests.conftest import podman
+    from images.tests.conftest import auth_args, podman
 
     destination = f"{registry.platform_registry()}/{services.repository_of(build.image)}:b{build.pk}"
     digestfile = build_root / f"digest-{build.pk}"
+    auth = auth_args(build_root, registry.platform_registry())
     pushed = podman(
-        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), "localhost/upstream-tiny",
+        build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), "localhost/upstream-tiny",
         destination,
     )  # fmt: skip
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr

@@ -13,10 +13,13 @@ def test_the_embedded_registry_starts_on_a_free_loopback_port_and_stops_within_i
     if embedded.registry_binary() is None:
         pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
     running = embedded.Embedded()
-    url = embedded.start_registry(tmp_path, running)["TRAINYARD_REGISTRY_URL"]
+    urls = embedded.start_registry(tmp_path, running)
+    url = urls["TRAINYARD_REGISTRY_URL"]
     try:
         assert url.startswith("http://127.0.0.1:")
-        assert httpx.get(f"{url}/v2/", timeout=5).status_code == 200
+        assert httpx.get(f"{url}/v2/", timeout=5).status_code == 401  # it wants its password
+        creds = (urls["TRAINYARD_REGISTRY_USERNAME"], urls["TRAINYARD_REGISTRY_PASSWORD"])
+        assert httpx.get(f"{url}/v2/", auth=creds, timeout=5).status_code == 200
         config = (tmp_path / "registry.yml").read_text()
         assert f"rootdirectory: {tmp_path / 'registry'}" in config and "addr: 127.0.0.1:" in config
         assert (tmp_path / "registry.yml").stat().st_mode & 0o077 == 0

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from images import registry, services
 from images.models import ImageBuild, ScanException, ScanPolicy
-from images.tests.conftest import podman
+from images.tests.conftest import auth_args, podman
 from jobs.lifecycle import describe_attempt
 from jobs.models import Job
 from ops.seed import seed
@@ -44,9 +44,11 @@ def push_tag(build_root, tmp_path, reference: str, marker: str) -> str:
         podman(build_root, "build", "--isolation", "chroot", "-t", f"localhost/{marker}", str(context)).returncode == 0
     )
     digestfile = tmp_path / f"{marker}.digest"
+    auth = auth_args(tmp_path, registry.platform_registry())
     pushed = podman(
-        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), f"localhost/{marker}", reference
-    )
+        build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), f"localhost/{marker}",
+        reference,
+    )  # fmt: skip
     assert pushed.returncode == 0, pushed.stderr
     return digestfile.read_text().strip()
 

@@ -69,6 +69,18 @@ probe("signal_platform", signal_platform)
 probe("write_system", lambda: write("/usr/trainyard-escape"))
 probe("write_work_root", lambda: write(os.path.join(t["work_root"], "escape")))
 probe("uid", root_or_platform_uid)
+probe("store_password", lambda: read(t["s3_password"]))
+probe("registry_password", lambda: read(t["registry_password"]))
+
+def platform_env():
+    names = ("TRAINYARD_S3", "TRAINYARD_REGISTRY", "AWS_", "DATABASE_URL", "REDIS_URL", "DJANGO_")
+    found = sorted(k for k in os.environ if k.startswith(names))
+    if found:
+        return found
+    raise LookupError("no platform variable")
+
+probe("platform_env", platform_env)
+print("ENV " + json.dumps(sorted(os.environ.values())), flush=True)
 with open(os.path.join(os.getcwd(), "mine.txt"), "w") as f:  # its own folder stays writable
     f.write("ok")
 print("OWN_DIR_WRITABLE", flush=True)
@@ -128,6 +140,8 @@ def _targets(victim: Job) -> dict:
         "platform_pid": os.getpid(),
         "platform_uid": os.getuid(),
         "work_root": str(work_root),
+        "s3_password": str(VAR_DIR / "s3.password"),
+        "registry_password": str(VAR_DIR / "registry.password"),
     }
 
 
@@ -170,6 +184,9 @@ EXPECTED_PROBES = {
     "write_system",
     "write_work_root",
     "uid",
+    "store_password",
+    "registry_password",
+    "platform_env",
 }
 
 
@@ -184,6 +201,9 @@ def test_a_sandboxed_job_reaches_nothing_but_its_own_folder(platform, celery_wor
     assert "OWN_DIR_WRITABLE" in log
     assert attacker.state == JobState.SUCCEEDED, log
     assert "team-a-secret" not in log
+    # The platform's store and registry credentials are in neither the job's files nor its environment.
+    for secret in (settings.TRAINYARD_S3_SECRET_ACCESS_KEY, settings.TRAINYARD_REGISTRY_PASSWORD):
+        assert not secret or secret not in log
     assert not ESCAPE_FILE.exists()
     assert not (Path(settings.TRAINYARD_WORK_ROOT) / "escape").exists()
 
@@ -198,6 +218,10 @@ def test_the_same_probes_leak_without_the_sandbox(platform, celery_worker_thread
     results = _probe_results(log)
     for name in ["secret_key", "other_job_spec", "other_job_work", "project_settings", "postgres", "redis"]:
         assert results[name].startswith("LEAK"), log
+    for name, path in [("store_password", "s3.password"), ("registry_password", "registry.password")]:
+        assert results[name].startswith("LEAK") or not (VAR_DIR / path).exists(), log
+    # Even unsandboxed a job's environment is its own: the platform's variables are never handed down.
+    assert results["platform_env"].startswith("refused"), log
 
 
 def test_spec_and_work_folders_are_closed_to_others(platform, celery_worker_thread, settings):

@@ -3,6 +3,7 @@
 import socket
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,19 +22,92 @@ def test_embedded_seaweedfs_serves_s3_on_loopback_and_stops_within_its_bound(tmp
         s3.put_object(Bucket=store.bucket, Key="k", Body=b"v")
         assert s3.get_object(Bucket=store.bucket, Key="k")["Body"].read() == b"v"
         assert stat.S_IMODE((tmp_path / "s3.password").stat().st_mode) == 0o600
-        ((_, proc),) = running.procs
-        ports = {int(c.laddr.port) for c in _listening(proc.pid)}
-        assert len(ports) == 8 and all(c.laddr.ip == "127.0.0.1" for c in _listening(proc.pid))
+        procs = dict(running.procs)
+        assert set(procs) == {"seaweedfs", "store-forward"}
+        inside = _listening_in_namespace_of(procs["seaweedfs"].pid)  # SeaweedFS's own network namespace
+        assert len(inside) == 8 and {ip for ip, _ in inside} == {"127.0.0.1"}
+        inside = {port for _, port in inside}
+        ports = {int(c.laddr.port) for c in _listening(procs["store-forward"].pid)}
+        assert ports == {int(store.url.rsplit(":", 1)[1])}
     finally:
         started = time.monotonic()
-        procs = list(running.procs)
+        procs_list = list(running.procs)
         running.stop()
         took = time.monotonic() - started
-    assert all(p.poll() is not None for _, p in procs)
-    assert took < embedded.STOP["seaweedfs"][1] + 11, took  # SIGTERM, then SIGKILL after the bounded wait
-    for port in ports:
+    assert all(p.poll() is not None for _, p in procs_list)
+    assert took < embedded.STOP["seaweedfs"][1] + embedded.STOP["store-forward"][1] + 11, took
+    for port in inside | ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_only_the_s3_gateway_of_the_embedded_store_is_reachable_and_it_wants_its_key(tmp_path):
+    """The master, volume and filer take no credentials: they listen in SeaweedFS's own network namespace, where no
+    other process is. From the host only the S3 port answers, and an anonymous request there is refused."""
+    import json
+    import os
+
+    import httpx
+
+    running = embedded.Embedded()
+    try:
+        urls = embedded.start_seaweedfs(tmp_path, running)
+        store = objectstore.S3Config.from_env(urls)
+        s3 = objectstore.client(store)
+        s3.put_object(Bucket=store.bucket, Key="alpha/checkpoints/model.pt", Body=b"weights of team alpha")
+        weed = dict(running.procs)["seaweedfs"]
+        assert os.readlink(f"/proc/{weed.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        s3_port = int(store.url.rsplit(":", 1)[1])
+        kept = json.loads((tmp_path / "ports.json").read_text())["seaweedfs"]
+        others = [p for p in kept if p != s3_port]
+        assert len(others) == 7
+        for port in others:  # master, volume, filer (HTTP and gRPC) and the S3 gateway's gRPC
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) != 0, port
+        object_url = f"{store.url}/{store.bucket}/alpha/checkpoints/model.pt"
+        assert httpx.get(object_url).status_code == 403
+        assert httpx.get(f"{store.url}/{store.bucket}?list-type=2").status_code == 403
+        assert httpx.put(f"{store.url}/{store.bucket}/alpha/planted", content=b"x").status_code == 403
+        wrong = objectstore.client(objectstore.S3Config(url=store.url, access_key_id=store.access_key_id,
+                                                        secret_access_key="not-the-secret"), attempts=1)  # fmt: skip
+        from botocore.exceptions import ClientError
+
+        with pytest.raises(ClientError):
+            wrong.get_object(Bucket=store.bucket, Key="alpha/checkpoints/model.pt")
+        body = s3.get_object(Bucket=store.bucket, Key="alpha/checkpoints/model.pt")["Body"].read()
+        assert body == b"weights of team alpha"
+        # The filer's unix socket (no credentials either) sits in a folder only the platform's user may enter.
+        sockets = tmp_path / "seaweedfs" / "sockets"
+        assert stat.S_IMODE(sockets.stat().st_mode) == 0o700 and (sockets / "filer.sock").exists()
+    finally:
+        running.stop()
+
+
+def test_the_embedded_registry_refuses_anonymous_pulls_and_pushes(tmp_path):
+    import httpx
+
+    running = embedded.Embedded()
+    try:
+        urls = embedded.start_registry(tmp_path, running)
+        url, user, password = (urls[k] for k in ("TRAINYARD_REGISTRY_URL", "TRAINYARD_REGISTRY_USERNAME",
+                                                  "TRAINYARD_REGISTRY_PASSWORD"))  # fmt: skip
+        for name in ("registry.password", "registry.htpasswd", "registry.yml"):
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+        assert password not in (tmp_path / "registry.htpasswd").read_text()  # a bcrypt hash, not the password
+        anonymous = [
+            httpx.get(f"{url}/v2/"),
+            httpx.get(f"{url}/v2/_catalog"),
+            httpx.get(f"{url}/v2/trainyard/alpha/app/manifests/latest"),
+            httpx.post(f"{url}/v2/trainyard/alpha/app/blobs/uploads/"),
+            httpx.put(f"{url}/v2/trainyard/alpha/app/manifests/latest", content=b"{}"),
+            httpx.get(f"{url}/v2/", auth=(user, "wrong")),
+        ]
+        assert [r.status_code for r in anonymous] == [401] * 6
+        assert httpx.get(f"{url}/v2/", auth=(user, password)).status_code == 200
+        upload = httpx.post(f"{url}/v2/trainyard/alpha/app/blobs/uploads/", auth=(user, password))
+        assert upload.status_code == 202
+    finally:
+        running.stop()
 
 
 def test_a_bad_store_url_is_a_clear_error(monkeypatch):
@@ -43,6 +117,17 @@ def test_a_bad_store_url_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("TRAINYARD_S3_URL", f"http://127.0.0.1:{embedded.free_port()}")
     with pytest.raises(embedded.ServiceError, match="cannot reach the object store"):
         embedded.check_s3_url()
+
+
+def _listening_in_namespace_of(pid):
+    """(address, port) of every TCP socket listening in the network namespace `pid` is in."""
+    found = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":
+            address, port = local.split(":")
+            found.add((".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)), int(port, 16)))
+    return found
 
 
 def _listening(pid):
