@@ -134,7 +134,10 @@ def test_the_built_image_runs_its_own_python_and_numpy(offline_base, build_root)
         return subprocess.run(podman_command(build_root, *args), capture_output=True, text=True, timeout=180)
 
     pinned = base.pinned_reference
-    pulled = podman("pull", "--tls-verify=false", "--quiet", pinned)
+    from images.tests.conftest import auth_args
+
+    host = pinned.split("/", 1)[0]
+    pulled = podman("pull", "--tls-verify=false", "--quiet", *auth_args(build_root, host), pinned)
     assert pulled.returncode == 0, pulled.stderr
     script = "import numpy, sys; print(sys.version_info[:2], numpy.__version__, int(numpy.arange(4).sum()))"
     ran = podman("run", "--rm", "--network=none", pinned, "python3", "-c", script)
