@@ -23,6 +23,7 @@ test-faults: venv
 
 # The Volcano backend against the real control plane of `make cluster` (also part of `make test`).
 test-k8s: venv
+	@$(BIN)/python scripts/cluster/cluster.py build
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m pytest -m k8s $(PYTEST_ARGS) tests/k8s
 
 # Real-GPU checks (NVML inventory and collector, CUDA jobs on the cards they were placed on); skipped without a GPU.

@@ -9,6 +9,11 @@ py=.venv/bin/python
 workers="${TRAINYARD_TEST_WORKERS:-2}"
 "$py" -m pytest -rs -n "$workers" --dist loadfile -m "not faults and not browser and not k8s" "$@"
 bulk=$?
+# The real control plane's binaries are built (cold: tens of minutes on 2 cores; cached by version) before the run
+# whose per-test timeout would otherwise cut the build off inside the cluster fixture.
+if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q k8s; then
+  "$py" scripts/cluster/cluster.py build || { [ "${CI:-}" = true ] && exit 1; }
+fi
 "$py" -m pytest -rs -m "faults or browser or k8s" "$@"
 alone=$?
 [ "$bulk" -eq 5 ] && bulk=0
