@@ -11,6 +11,8 @@ from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
+from kernel.errors import OUTAGE_RETRY_AFTER_S
+
 
 @require_GET
 def healthz(request):
@@ -110,7 +112,10 @@ def readyz(request):
         results["beat"] = {"ok": False, "error": str(exc).strip().splitlines()[0][:200] or type(exc).__name__}
     ready = all(r["ok"] for r in results.values())
     failed = [name for name, r in results.items() if not r["ok"]]
-    return JsonResponse(
+    response = JsonResponse(
         {"status": "ready" if ready else "not_ready", "failed": failed, "checks": results, "loops": loops_report},
         status=200 if ready else 503,
     )
+    if not ready:
+        response["Retry-After"] = str(OUTAGE_RETRY_AFTER_S)  # every 503 of the platform says when to come back
+    return response
