@@ -11,8 +11,6 @@ from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from kernel.errors import OUTAGE_RETRY_AFTER_S
-
 
 @require_GET
 def healthz(request):
@@ -117,5 +115,7 @@ def readyz(request):
         status=200 if ready else 503,
     )
     if not ready:
+        from kernel.errors import OUTAGE_RETRY_AFTER_S  # DRF underneath needs the apps loaded: not at import time
+
         response["Retry-After"] = str(OUTAGE_RETRY_AFTER_S)  # every 503 of the platform says when to come back
     return response
