@@ -342,8 +342,8 @@ def _outage_page(request: HttpRequest, exc: OutageAfterWrite) -> HttpResponse:
                  "not submit it again: open it once the platform is back.") % {"job": job_id}  # fmt: skip
     else:
         text = _("The platform became unavailable while job %(job)s was being saved, so it is not known whether "
-                 "it was kept. Open it once the platform is back; if it is not found, send the form again: the same form "
-                 "never makes a second job.") % {"job": job_id}  # fmt: skip
+                 "it was kept. Open it once the platform is back; if it is not found, send the form again: the same "
+                 "form never makes a second job.") % {"job": job_id}  # fmt: skip
     response = render(
         request,
         "frontend/submit_outage.html",
