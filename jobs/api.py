@@ -22,7 +22,14 @@ from jobs import lifecycle, logstore, selectors, services, signals
 from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
 from jobs.states import JobState
 from kernel.api import NewestFirstCursor, RejectUnknownFieldsMixin, int_param
-from kernel.errors import NotFound, ValidationErrors, ValidationFailed
+from kernel.errors import (
+    OUTAGE_RETRY_AFTER_S,
+    NotFound,
+    OutageAfterWrite,
+    ValidationErrors,
+    ValidationFailed,
+    outage_code,
+)
 from kernel.units import parse_duration
 from quotas import selectors as quota_selectors
 from quotas.models import Queue, ResourceSpec, Team
@@ -505,11 +512,11 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         """Submit a job."""
         submission_check(user=request.user, data=request.data)
         key = _idempotency_key(request)
-        with transaction.atomic(durable=True):
-            job, created = services.job_submit(user=request.user, data=_plain(request.data), idempotency_key=key)
-        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        job.recommendation = signals.answer(signals.recommendation_wanted, job=job)
-        return Response(JobSubmittedSerializer(job).data, status=code)
+        data = _plain(request.data)
+        return _submit_naming_jobs(
+            lambda ids: services.job_submit(user=request.user, data=data, idempotency_key=key, job_id=ids[0]),
+            _submitted_answer,
+        )
 
     @extend_schema(
         request=BatchSubmitSerializer,
@@ -552,12 +559,14 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
                 {"code": code, "detail": "some jobs are invalid; none was submitted", "jobs": errors},
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        with transaction.atomic(durable=True):
-            jobs, created = services.job_batch_submit(
-                user=request.user, items=[_plain(item) for item in items], idempotency_key=key
-            )
-        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(JobSerializer(jobs, many=True).data, status=code)
+        plain = [_plain(item) for item in items]
+        return _submit_naming_jobs(
+            lambda ids: services.job_batch_submit(user=request.user, items=plain, idempotency_key=key, job_ids=ids),
+            lambda jobs, created: Response(
+                JobSerializer(jobs, many=True).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            ),
+            count=len(plain),
+        )
 
     @extend_schema(request=None, responses=JobDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -626,7 +635,11 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         except KeyError as exc:
             raise ValidationFailed(str(exc.args[0]), code="invalid_checkpoint_path", field="path") from None
         except StoreError as exc:
-            return Response({"code": "object_store_unavailable", "detail": str(exc)}, status=503)
+            return Response(
+                {"code": "object_store_unavailable", "detail": str(exc), "retry_after": OUTAGE_RETRY_AFTER_S},
+                status=503,
+                headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)},
+            )
         response = StreamingHttpResponse(body.iter_chunks(1024 * 1024), content_type="application/octet-stream")
         response["Content-Length"] = str(entry["size"])
         response["Content-Disposition"] = f'attachment; filename="{entry["path"].rsplit("/", 1)[-1]}"'
@@ -859,16 +872,60 @@ class JobTemplateViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.Retri
         else:
             raise ValidationFailed("send an object of submission fields to override (or nothing)", code="invalid")
         key = _idempotency_key(request)
-        with transaction.atomic(durable=True):
-            job, created = services.template_submit(
-                user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key
-            )
-        job.recommendation = signals.answer(signals.recommendation_wanted, job=job)
-        return Response(
-            JobSubmittedSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return _submit_naming_jobs(
+            lambda ids: services.template_submit(
+                user=request.user, template_id=int(pk), overrides=overrides, idempotency_key=key, job_id=ids[0]
+            ),
+            _submitted_answer,
         )
 
     submit_actions = frozenset({"create", "submit"})
+
+
+def _submitted_answer(job: Job, created: bool) -> Response:
+    job.recommendation = signals.answer(signals.recommendation_wanted, job=job)
+    code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return Response(JobSubmittedSerializer(job).data, status=code)
+
+
+def _submit_naming_jobs(write, answer, *, count: int = 1) -> Response:
+    """`write(ids)` (a submission, given the ids its new jobs take) in one durable transaction, then
+    `answer(made, created)`. An outage before the commit began made nothing: the plain 503. One while the commit
+    ran, or after it (the answer reads the database too), is a 503 that names the job(s), `job_id` (`job_ids` for
+    a batch), with `job_exists`: true once the commit went through, null when the database went away during it."""
+    ids = [uuid.uuid4() for _ in range(count)]
+    stage, made, created = "writing", None, True
+    try:
+        with transaction.atomic(durable=True):
+            made, created = write(ids)
+            stage = "committing"
+        stage = "committed"
+        return answer(made, created)
+    except Exception as exc:
+        code = outage_code(exc)
+        if code is None or stage == "writing":
+            raise
+        jobs = made if isinstance(made, list) else [made]
+        raise _outage_naming(code, jobs, exists=stage == "committed" or not created) from exc
+
+
+def _outage_naming(code: str, jobs: list[Job], *, exists: bool) -> OutageAfterWrite:
+    what = "the database" if code == "database_unavailable" else "the message broker (Redis)"
+    named = ", ".join(str(job.id) for job in jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+    subject = f"job {named}" if len(jobs) == 1 else f"jobs {named}"
+    if exists:
+        detail = (
+            f"{subject} {'was' if len(jobs) == 1 else 'were'} submitted, but {what} went away before the answer was "
+            "ready: do not submit again; GET /api/v1/jobs/<id>/ once it is back"
+        )
+    else:
+        detail = (
+            f"{what} went away while {subject} {'was' if len(jobs) == 1 else 'were'} being saved, so it is not known "
+            "whether the submission was kept: GET /api/v1/jobs/<id>/ once it is back (404: it was not), or send it "
+            "again with the same Idempotency-Key, which never makes a second"
+        )
+    ids = {"job_id": str(jobs[0].id)} if len(jobs) == 1 else {"job_ids": [str(job.id) for job in jobs]}
+    return OutageAfterWrite(code, detail, **ids, job_exists=True if exists else None)
 
 
 def _idempotency_key(request) -> str | None:

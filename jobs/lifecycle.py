@@ -379,8 +379,9 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
     if obs.phase == "running" and attempt.state == AttemptState.STARTING:
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=attempt.job_id)
+            began = _process_time(obs.started_at)
             updated = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
-                state=AttemptState.RUNNING
+                state=AttemptState.RUNNING, **({"started_at": began} if began else {})
             )
             if updated and job.state == JobState.STARTING:
                 job_transition(
@@ -389,6 +390,7 @@ def _apply_observation(attempt: Attempt, obs: Observation, backend) -> int:
                     actor="backend",
                     attempt=attempt,
                     message=obs.message or stored("running"),
+                    started_at=began,
                 )
         changed += 1
     elif obs.finished:
@@ -469,10 +471,14 @@ def _disk_full(attempt: Attempt, seen: dict) -> None:
 
 def _ended_at(obs: Observation):
     """The process's own end time where the backend knows it, else now."""
-    now = timezone.now()
-    if obs.ended_at is None:
-        return now
-    return min(now, datetime.fromtimestamp(obs.ended_at, tz=UTC))
+    return _process_time(obs.ended_at) or timezone.now()
+
+
+def _process_time(stamp: float | None):
+    """A time the backend read off the attempt's own process (epoch seconds), never later than now; None unknown."""
+    if stamp is None:
+        return None
+    return min(timezone.now(), datetime.fromtimestamp(stamp, tz=UTC))
 
 
 def _hidden_by_sandbox(job: Job, attempt: Attempt, tail: str) -> str:
@@ -504,6 +510,9 @@ def attempt_finish(*, attempt_id: int, obs: Observation) -> None:
             return
         job = Job.objects.get(pk=attempt.job_id)
         attempt.ended_at = _ended_at(obs)
+        began = _process_time(obs.started_at)
+        if began is not None and began <= attempt.ended_at:
+            attempt.started_at = began  # its process's own start, not when the platform asked for it
         if obs.log_lines_lost:
             _logs_degraded(attempt, obs)
         if obs.disk_full:

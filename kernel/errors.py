@@ -84,6 +84,16 @@ def outage_code(exc: BaseException | None) -> str | None:
     return None
 
 
+class OutageAfterWrite(Exception):
+    """The database or the broker went away after a request's write was made, or while it committed: the 503 (with
+    `Retry-After`, as every outage) names what the write made (`extra`), so a client learns of it instead of
+    sending it again."""
+
+    def __init__(self, code: str, detail: str, **extra: Any):
+        super().__init__(detail)
+        self.code, self.detail, self.extra = code, detail, extra
+
+
 def _outage_body(code: str) -> dict[str, Any]:
     what = "the database" if code == "database_unavailable" else "the message broker (Redis)"
     detail = f"{what} cannot be reached right now; try again shortly"
@@ -106,6 +116,9 @@ def server_error(request, *args, **kwargs) -> HttpResponse:
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, OutageAfterWrite):
+        body = {**_outage_body(exc.code), "detail": exc.detail, **exc.extra}
+        return Response(body, status=503, headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)})
     code = outage_code(exc)
     if code:
         return Response(_outage_body(code), status=503, headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)})

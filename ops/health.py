@@ -110,7 +110,12 @@ def readyz(request):
         results["beat"] = {"ok": False, "error": str(exc).strip().splitlines()[0][:200] or type(exc).__name__}
     ready = all(r["ok"] for r in results.values())
     failed = [name for name, r in results.items() if not r["ok"]]
-    return JsonResponse(
+    response = JsonResponse(
         {"status": "ready" if ready else "not_ready", "failed": failed, "checks": results, "loops": loops_report},
         status=200 if ready else 503,
     )
+    if not ready:
+        from kernel.errors import OUTAGE_RETRY_AFTER_S  # DRF underneath needs the apps loaded: not at import time
+
+        response["Retry-After"] = str(OUTAGE_RETRY_AFTER_S)  # every 503 of the platform says when to come back
+    return response

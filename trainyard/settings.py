@@ -136,6 +136,12 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # limit (an image build, 2 h), so a running task is never started twice; a worker that died is covered sooner by
 # the level-triggered reapers (builds: images.reap_builds; jobs: the lifecycle reconciler).
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 3600 + 600}
+# A broker that is down, however long, never ends a worker or the dispatcher: they reconnect for as long as it takes
+# (Celery's default gives up after 100 tries, about 45 minutes, and the process exits), and tasks running through the
+# blip carry on rather than being cancelled (the acks_late ones are idempotent; a message lost with the broker is
+# re-driven by the level-triggered beat passes). tests/faults/test_broker_crash.py kills Redis under both.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {}

@@ -53,11 +53,13 @@ class ApiError(CliError):
         code: str = "",
         detail: str = "",
         fields: list[FieldError] | None = None,
+        body: dict | None = None,
     ):
         self.status = status
         self.code = code
         self.detail = detail
         self.fields = fields or []
+        self.body = body or {}  # the whole error answer (a 503 of a submission names its job here)
         super().__init__(message, exit_code, [f.line() for f in self.fields])
 
 
@@ -246,6 +248,7 @@ class ApiClient:
                 status=status,
                 code=code,
                 detail=detail,
+                body=body if isinstance(body, dict) else None,
             )
         text = detail if not fields or detail not in ("", "The request is invalid.") else "the server rejected it"
         raise ApiError(f"{text} ({code})", EXIT_USAGE, status=status, code=code, detail=detail, fields=fields)

@@ -27,7 +27,7 @@ from jobs import selectors, services
 from jobs.api import JobSubmitSerializer, submission_check
 from jobs.jobfile import read_job_yaml
 from jobs.models import Job, JobTemplate
-from kernel.errors import Conflict, DomainError, NotFound
+from kernel.errors import OUTAGE_RETRY_AFTER_S, Conflict, DomainError, NotFound, OutageAfterWrite, outage_code
 from kernel.sentences import said
 from quotas import selectors as quota
 from quotas.models import Queue, ResourceSpec, Team
@@ -168,10 +168,19 @@ def job_submit(request: HttpRequest) -> HttpResponse:
                 return redirect(reverse("frontend:template-list") + f"#template-{template.pk}")
         else:
             # Every problem at once: the service judges what the form could read even when another field failed.
-            job = _submit(request, form, form_valid=valid)
+            try:
+                job = _submit(request, form, form_valid=valid)
+            except OutageAfterWrite as exc:
+                return _outage_page(request, exc)
             if job is not None:
+                try:
+                    advice = recommendation_message(job)
+                except Exception as exc:
+                    code = outage_code(exc)
+                    if code is None:
+                        raise
+                    return _outage_page(request, OutageAfterWrite(code, "", job_id=str(job.id), job_exists=True))
                 messages.success(request, _("Job submitted."))
-                advice = recommendation_message(job)
                 if advice:
                     messages.info(request, advice)
                 return redirect("frontend:job-detail", job_id=job.id)
@@ -290,17 +299,16 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
     if not form_valid:
         return None
     key = form.cleaned_data.get("idempotency_key") or None
+    job_id = uuid.uuid4()  # the page can name the job if the database goes away while it is saved
     try:
         try:
-            with transaction.atomic(durable=True):
-                job, _created = services.job_submit(user=request.user, data=data, idempotency_key=key)
+            job = _save_job(request, data, key, job_id)
         except Conflict as exc:
             if exc.code != "idempotency_key_reused":
                 raise
             # The same form sent again with changes (back button): a new request, with its own key for double clicks.
             key = f"{key}:{services.request_fingerprint(data)[:16]}"
-            with transaction.atomic(durable=True):
-                job, _created = services.job_submit(user=request.user, data=data, idempotency_key=key)
+            job = _save_job(request, data, key, job_id)
     except NotFound as exc:
         form.add_service_error(exc.field or "team", exc.detail, exc.code)
         return None
@@ -308,6 +316,42 @@ def _submit(request: HttpRequest, form: SubmitForm, *, form_valid: bool) -> Job 
         form.add_service_errors(getattr(exc, "errors", None) or [exc])
         return None
     return job
+
+
+def _save_job(request: HttpRequest, data: dict[str, Any], key: str | None, job_id: uuid.UUID) -> Job:
+    """The job saved; an outage while it commits raises OutageAfterWrite naming the job (it may exist), and one
+    after it (the job page's reads) OutageAfterWrite saying it exists; before, nothing was made: the plain error."""
+    committing, job, created = False, None, True
+    try:
+        with transaction.atomic(durable=True):
+            job, created = services.job_submit(user=request.user, data=data, idempotency_key=key, job_id=job_id)
+            committing = True
+    except Exception as exc:
+        code = outage_code(exc)
+        if code is None or not committing:
+            raise
+        raise OutageAfterWrite(code, "", job_id=str(job.id), job_exists=True if not created else None) from exc
+    return job
+
+
+def _outage_page(request: HttpRequest, exc: OutageAfterWrite) -> HttpResponse:
+    """503 that names the job the form made (or may have made), on a page that reads nothing from the database."""
+    job_id = exc.extra["job_id"]
+    if exc.extra.get("job_exists"):
+        text = _("Job %(job)s was submitted, but the platform became unavailable before the page was ready. Do "
+                 "not submit it again: open it once the platform is back.") % {"job": job_id}  # fmt: skip
+    else:
+        text = _("The platform became unavailable while job %(job)s was being saved, so it is not known whether "
+                 "it was kept. Open it once the platform is back; if it is not found, send the form again: the same "
+                 "form never makes a second job.") % {"job": job_id}  # fmt: skip
+    response = render(
+        request,
+        "frontend/submit_outage.html",
+        {"text": text, "job_url": reverse("frontend:job-detail", kwargs={"job_id": job_id})},
+        status=503,
+    )
+    response["Retry-After"] = str(OUTAGE_RETRY_AFTER_S)
+    return response
 
 
 def _submit_defaults(request: HttpRequest, choices: dict[str, Any]) -> dict[str, Any]:

@@ -98,6 +98,7 @@ class Observation:
     message: str = ""
     node: str = ""
     cancelled: bool = False
+    started_at: float | None = None  # when the job's own process began (epoch seconds), where the backend knows it
     ended_at: float | None = None  # the process's own end time (epoch seconds), where the backend knows it
     log_lines_lost: int = 0  # lines the log store could not keep (unwritable or full)
     log_error: str = ""

@@ -350,6 +350,7 @@ class LocalBackend:
         status_path = folder / "status.json"  # read after the liveness check: it may have just ended
         faults = self._log_faults(folder)
         manifest = self._checkpoints(folder)
+        began = self._child_started_at(folder)
         if status_path.exists():
             status = json.loads(status_path.read_text())
             code, sig = status.get("exit_code"), status.get("signal")
@@ -377,6 +378,7 @@ class LocalBackend:
                 reason=reason,
                 message=message,
                 cancelled=bool(status.get("cancelled")),
+                started_at=began,
                 ended_at=status.get("ended_at"),
                 log_lines_lost=int(status.get("log_lines_lost") or faults.get("lines_lost") or 0),
                 log_error=status.get("log_error") or faults.get("error") or "",
@@ -387,6 +389,7 @@ class LocalBackend:
             self._tell_store(ref, folder)
             return Observation(
                 phase="running",
+                started_at=began,
                 log_lines_lost=int(faults.get("lines_lost") or 0),
                 log_error=faults.get("error", ""),
                 checkpoints=manifest,
@@ -413,11 +416,21 @@ class LocalBackend:
                     message=stored(
                         "the local supervisor died without an exit status; every process of the attempt was killed"
                     ),
+                    started_at=began,
                     ended_at=time.time(),
                     log_lines_lost=int(faults.get("lines_lost") or 0),
                     log_error=faults.get("error", ""),
                     checkpoints=manifest,
                 )
+
+    @staticmethod
+    def _child_started_at(folder: Path) -> float | None:
+        """When the supervisor started the job's command (child.json), None before it has."""
+        try:
+            value = json.loads((folder / "child.json").read_text()).get("started_at")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return float(value) if isinstance(value, (int, float)) else None
 
     def _tell_store(self, ref: str, folder: Path) -> None:
         """A running supervisor uploads to the store it was given at start; when the platform's store is now

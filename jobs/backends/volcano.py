@@ -497,7 +497,7 @@ class VolcanoBackend:
                 )
                 continue
             pods = [p for p in pods_by_job.get(name, []) if _owned_by(p, job)]
-            obs = self._observation(job, pods, context)
+            obs = _with_pod_times(self._observation(job, pods, context), pods)
             manifest = self._checkpoint_manifest(job)
             if manifest is not None:
                 obs = dataclasses.replace(obs, checkpoints=manifest)
@@ -1467,6 +1467,27 @@ def _short_pod_name(pod: JSON) -> str:
     if task and index is not None:
         return f"{task}-{index}"
     return str(pod["metadata"]["name"])
+
+
+def _with_pod_times(obs: Observation, pods: list[JSON]) -> Observation:
+    """The trainers' own times: started when the first main container began, ended (once finished) when the last one
+    did, as the kubelet reports them; the observer's clock only where the pods say nothing."""
+    began, ended = [], []
+    for pod in pods:
+        state = _main_state(pod)
+        for key in ("running", "terminated"):
+            stamp = _parse_time(str((state.get(key) or {}).get("startedAt") or ""))
+            if stamp is not None:
+                began.append(stamp.timestamp())
+        stamp = _parse_time(str((state.get("terminated") or {}).get("finishedAt") or ""))
+        if stamp is not None:
+            ended.append(stamp.timestamp())
+    times: dict[str, float] = {}
+    if began and obs.started_at is None:
+        times["started_at"] = min(began)
+    if ended and obs.finished and obs.ended_at is None:
+        times["ended_at"] = max(ended)
+    return dataclasses.replace(obs, **times) if times else obs
 
 
 def _finished_at(pod: JSON) -> str:

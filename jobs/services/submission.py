@@ -656,9 +656,16 @@ def request_fingerprint(data: dict[str, Any]) -> str:
 
 
 def job_submit(
-    *, user, data: dict[str, Any], idempotency_key: str | None = None, reproduced_from: Job | None = None
+    *,
+    user,
+    data: dict[str, Any],
+    idempotency_key: str | None = None,
+    reproduced_from: Job | None = None,
+    job_id: uuid.UUID | None = None,
 ) -> tuple[Job, bool]:
-    """Validate and create a pending job; returns (job, created). The same key and body return the first job."""
+    """Validate and create a pending job; returns (job, created). The same key and body return the first job.
+    `job_id`, chosen by the caller before the write, lets an answer name the job when the database goes away
+    while the write commits."""
     fingerprint = request_fingerprint(data)
     resolved = job_validate(user=user, data=data)
     team = resolved.fields["team"]
@@ -669,6 +676,7 @@ def job_submit(
     try:
         with transaction.atomic():
             job = Job.objects.create(
+                **({"id": job_id} if job_id else {}),
                 owner=user,
                 idempotency_key=idempotency_key or None,
                 request_fingerprint=fingerprint,
@@ -721,7 +729,11 @@ def _same_request_or_conflict(existing: Job, fingerprint: str) -> Job:
 
 
 def job_batch_submit(
-    *, user, items: list[dict[str, Any]], idempotency_key: str | None = None
+    *,
+    user,
+    items: list[dict[str, Any]],
+    idempotency_key: str | None = None,
+    job_ids: list[uuid.UUID] | None = None,
 ) -> tuple[list[Job], bool]:
     """Create every job of a batch, in order; returns (jobs, created). Called inside the caller's transaction, so a
     batch is all or nothing. With a key (the sender's own), the same key and body return the batch's jobs and a
@@ -739,7 +751,8 @@ def job_batch_submit(
                 if idempotency_key
                 else None
             )
-            jobs = [job_submit(user=user, data=item)[0] for item in items]
+            ids = job_ids or [None] * len(items)
+            jobs = [job_submit(user=user, data=item, job_id=job_id)[0] for item, job_id in zip(items, ids, strict=True)]
             if batch is not None:
                 batch.job_ids = [str(job.id) for job in jobs]
                 batch.save(update_fields=["job_ids"])

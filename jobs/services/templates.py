@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -127,7 +128,12 @@ def template_delete(*, user, template_id: int) -> None:
 
 
 def template_submit(
-    *, user, template_id: int, overrides: dict[str, Any] | None = None, idempotency_key: str | None = None
+    *,
+    user,
+    template_id: int,
+    overrides: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    job_id: uuid.UUID | None = None,
 ) -> tuple[Job, bool]:
     """A job from a template: the template's fields, then `overrides` (env and labels merge key by key; anything
     else replaces); the job gets the label template=<name> so a template's runs can be found and compared."""
@@ -150,7 +156,7 @@ def template_submit(
     data["team"] = template.team.slug
     data["labels"] = {TEMPLATE_LABEL: template.name, **(data.get("labels") or {})}
     _check_fields(data)
-    job, created = job_submit(user=user, data=data, idempotency_key=idempotency_key)
+    job, created = job_submit(user=user, data=data, idempotency_key=idempotency_key, job_id=job_id)
     if created:
         event_record(
             job,

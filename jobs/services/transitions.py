@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -56,8 +58,10 @@ def job_transition(
     data=None,
     attempt: Attempt | None = None,
     level: str = "info",
+    started_at: datetime | None = None,
 ) -> Job:
-    """Move a job to `to`: row lock, allowed-transition table, idempotent, one event, releases on terminal."""
+    """Move a job to `to`: row lock, allowed-transition table, idempotent, one event, releases on terminal.
+    `started_at`: when the attempt's process began, where the backend read it (moving to running)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state == to:
@@ -76,7 +80,8 @@ def job_transition(
             job.reserved = True
             job.queue_position = None
         if to == JobState.RUNNING and job.started_at is None:
-            job.started_at = now
+            # The process's own start where the backend read it: a job noticed running late still began on time.
+            job.started_at = started_at if started_at is not None and started_at <= now else now
         if to in TERMINAL:
             # The attempt's own times where it has them: a job noticed late ended when its process did, and one
             # that ended before anyone saw it run still started when its attempt did.

