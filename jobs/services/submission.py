@@ -50,6 +50,14 @@ def _registry_of(reference: str) -> str:
     return "docker.io"
 
 
+def _registry_endpoint(image: str, ref: reference.Snapshot) -> str | None:
+    """Where an image's registry is asked (its mirror when the allow-list names one); None: its own host."""
+    platform = image_registry.platform_registry()
+    if platform and image.startswith(platform + "/"):
+        return None
+    return ref.registry_endpoints.get(_registry_of(image))
+
+
 def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, Any]:
     """The image a submission names, pinned: a catalog image's built digest, a reference's own digest, else the
     digest its tag points to now in the registry (images.services.image_pin: 400 `image_not_found`, 503
@@ -93,7 +101,6 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 )
         min_driver = ""
     platform = image_registry.platform_registry()
-    endpoint = None
     if not (platform and reference.startswith(platform + "/")):
         registry = _registry_of(reference)
         if registry not in ref.allowed_registries:
@@ -102,7 +109,7 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 code="image_registry_not_allowed",
                 field="image",
             )
-        endpoint = ref.registry_endpoints.get(registry)
+    endpoint = _registry_endpoint(reference, ref)
     if not digest and base is not None and settings.TRAINYARD_BACKEND == "local":
         # An external catalog base nobody pulled: the local backend runs the command on the host, so there is no
         # digest to pin, and the record says so ("" = unresolved) instead of inventing one.
@@ -463,7 +470,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         policy = ref.scan_policies.get(queue.pk) if queue is not None else None
         if policy is not None:
             image_services.image_admit(
-                policy=policy, queue=queue, reference=image["image_reference"], digest=image["image_digest"]
+                policy=policy,
+                queue=queue,
+                reference=image["image_reference"],
+                digest=image["image_digest"],
+                endpoint=_registry_endpoint(image["image_reference"], ref),
             )
         needs = image["min_driver_version"]
         if needs and drivers and not any(cluster_selectors.driver_satisfies(d, needs) for d in drivers):
