@@ -28,6 +28,7 @@ from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
 from kernel.sentences import stored
 from kernel.units import human_duration, human_resource, parse_duration
 from kernel.wake import dispatch_soon
+from kernel.watch import watch_validate
 from quotas import selectors as quota
 from quotas.models import Team
 
@@ -125,32 +126,8 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
     )
 
 
-MAX_WATCHES = 8
-
-
 def _validate_watch(value: Any) -> list[dict]:
-    """`watch`: up to 8 texts to look for in the job's log, each raising an alert at its level when a line holds it
-    (case folded): [{"pattern": "nan loss", "level": "critical"}] (level warning by default)."""
-    if value in (None, []):
-        return []
-    problem = stored(
-        'watch is a list of up to %(n)s {"pattern": text, "level": "warning" or "critical"}', n=MAX_WATCHES
-    )
-    if not isinstance(value, list) or len(value) > MAX_WATCHES:
-        raise ValidationFailed(problem, code="invalid_watch", field="watch")
-    out = []
-    for item in value:
-        if isinstance(item, str):
-            item = {"pattern": item}
-        if not isinstance(item, dict) or set(item) - {"pattern", "level"}:
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        pattern, level = item.get("pattern"), item.get("level", "warning")
-        if not isinstance(pattern, str) or not 2 <= len(pattern.strip()) <= 200 or "\x00" in pattern:
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        if level not in ("warning", "critical"):
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        out.append({"pattern": pattern.strip(), "level": level})
-    return out
+    return watch_validate(value)
 
 
 def _validate_env(env: Any) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +26,7 @@ from monitoring.models import (
     AlertRule,
     Fault,
     Notification,
+    PushSettings,
     WebhookDelivery,
 )
 from monitoring.services.common import alerts_lock, at_or_now, health_event, log
@@ -292,12 +294,18 @@ def webhook_deliver(*, delivery_id: int) -> bool:
     delivery = WebhookDelivery.objects.select_related("alert__gpu__node").get(pk=delivery_id)
     if delivery.status == WebhookDelivery.Status.DELIVERED:
         return True
-    payload = webhook_payload(delivery.alert, delivery.event)
+    headers = {"User-Agent": f"trainyard/{settings.PLATFORM_VERSION}", "Content-Type": "application/json"}
+    if delivery.user_id is not None:  # a user's own webhook: a failure notice, signed with their secret
+        from monitoring.services import push
+
+        body = json.dumps(push.failure_payload(delivery.alert)).encode()
+        wanted = PushSettings.objects.filter(user_id=delivery.user_id).first()
+        headers.update(push.signed_headers(wanted.webhook_secret if wanted else "", body))
+    else:
+        body = json.dumps(webhook_payload(delivery.alert, delivery.event)).encode()
     code, error = None, ""
     try:
-        response = httpx.post(
-            delivery.url, json=payload, timeout=10.0, headers={"User-Agent": f"trainyard/{settings.PLATFORM_VERSION}"}
-        )
+        response = httpx.post(delivery.url, content=body, timeout=10.0, headers=headers)
         code = response.status_code
         if code >= 300:
             error = f"HTTP {code}"
