@@ -171,7 +171,8 @@ def _log_watch_alerts(
             if last is not None and not last.is_open and now - last.started_at < reopen_after:
                 Alert.objects.filter(pk=last.pk).update(value=Coalesce(F("value"), 0.0) + count, last_seen_at=now)
                 continue
-            link = f"/jobs/{job.id}/?attempt={attempt.number}#line-{number}"
+            # The job's page, and its log from that line on (the log API pages from any line number).
+            link = f"/jobs/{job.id}/ — /api/v1/jobs/{job.id}/logs/?attempt={attempt.number}&start={number}"
             alert = job_alert(
                 job=job,
                 name=name,

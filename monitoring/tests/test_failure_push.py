@@ -226,7 +226,14 @@ def test_a_teams_default_watch_raises_an_alert_with_the_line_and_a_link_and_reop
     services.business_metrics_scan()
     alert = Alert.objects.get(rule_name="log-watch: nan loss")
     assert alert.level == "critical" and alert.job_ids == [str(job.id)]
-    assert "line 2): step 2 NaN loss" in alert.summary and f"/jobs/{job.id}/?attempt=1#line-2" in alert.summary
+    assert (
+        "line 2): step 2 NaN loss" in alert.summary
+        and f"/api/v1/jobs/{job.id}/logs/?attempt=1&start=2" in alert.summary
+    )
+    portal = APIClient()
+    portal.force_authenticate(platform)
+    at_line = portal.get(f"/api/v1/jobs/{job.id}/logs/", {"attempt": 1, "start": 2}).json()["lines"]
+    assert at_line[0] == {"n": 2, "text": "step 2 NaN loss"}  # the link lands on the line
     assert Notification.objects.filter(user=platform, alert=alert).exists()
 
     services.alert_close(alert, by="demo", note="looked at it", now=alert.started_at)
