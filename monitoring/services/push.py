@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
+import socket
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -177,6 +179,24 @@ def signed_headers(secret: str, body: bytes, *, now: datetime | None = None) -> 
     return {TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: f"sha256={signature(secret, timestamp, body)}"}
 
 
+def private_address(host: str) -> str:
+    """The loopback, private or link-local address `host` is or resolves to ("" when it is public or unknown).
+    A user's webhook is posted from inside the platform: it must not reach the platform's own services."""
+    try:
+        candidates = [ipaddress.ip_address(host.strip("[]"))]
+    except ValueError:
+        if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+            return host
+        try:
+            candidates = [ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host, None)]
+        except (OSError, ValueError):
+            return ""
+    for address in candidates:
+        if address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified:
+            return str(address)
+    return ""
+
+
 def failure_mail(*, alert_id: int) -> bool:
     """Mail one failure notice to the address its owner set (Django's mail framework); False: nothing to send."""
     from django.core.mail import send_mail
@@ -216,6 +236,12 @@ def push_settings_save(*, user, data: dict[str, Any]) -> PushSettings:
             raise ValidationFailed(
                 stored("the webhook URL must be an http:// or https:// URL"),
                 code="invalid_webhook_url",
+                field="webhook_url",
+            )
+        if not settings.TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE and private_address(parsed.hostname):
+            raise ValidationFailed(
+                stored("the webhook URL must name a public address, not one inside the platform's network"),
+                code="webhook_url_not_public",
                 field="webhook_url",
             )
         if len(secret) < MIN_SECRET or len(secret) > 200:

@@ -16,6 +16,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.tests.conftest import platform, wait_for  # noqa: F401 - the seeded platform fixture
@@ -84,7 +85,9 @@ def test_a_users_failure_pushes_its_stderr_to_the_portal_a_signed_webhook_and_em
     platform,  # noqa: F811
     celery_worker_thread,
     receiver,
+    settings,
 ):
+    settings.TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE = True  # the test's receiver listens on loopback
     owner = APIClient()
     owner.force_authenticate(platform)
     saved = owner.put(
@@ -184,6 +187,10 @@ def test_the_signature_covers_the_timestamp_and_every_byte_of_the_body():
         ({"webhook_url": "https://example.org/hook"}, "invalid_webhook_secret"),
         ({"webhook_url": "https://example.org/hook", "webhook_secret": "short"}, "invalid_webhook_secret"),
         ({"email": "nobody-at-example"}, "invalid_email"),
+        ({"webhook_url": "http://127.0.0.1:6379/", "webhook_secret": SECRET}, "webhook_url_not_public"),
+        ({"webhook_url": "http://localhost:8000/admin/", "webhook_secret": SECRET}, "webhook_url_not_public"),
+        ({"webhook_url": "http://10.0.0.7/hook", "webhook_secret": SECRET}, "webhook_url_not_public"),
+        ({"webhook_url": "http://[::1]/hook", "webhook_secret": SECRET}, "webhook_url_not_public"),
         ({"webhook": "https://example.org/hook"}, None),  # an unknown field
     ],
 )
@@ -272,3 +279,20 @@ def _team_form_data(team):
         value = form.initial.get(name, model_to_dict(team).get(name))
         data[name] = field.prepare_value(value) if value is not None else ""
     return data
+
+
+def test_a_webhook_that_points_inside_the_platform_when_it_is_sent_is_refused_not_posted(platform, receiver):  # noqa: F811
+    """Saved while allowed (or while its name pointed elsewhere), a loopback webhook is looked up again when sent."""
+    from django.test import override_settings
+
+    with override_settings(TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE=True):
+        push.push_settings_save(user=platform, data={"webhook_url": receiver.url, "webhook_secret": SECRET})
+    now = timezone.now()
+    alert = Alert.objects.create(
+        rule_name="job-failed", level="warning", fingerprint="job-failed:x:1", subject="job x", summary="x",
+        started_at=now, last_seen_at=now, state="resolved", resolved_at=now,
+    )  # fmt: skip
+    delivery = WebhookDelivery.objects.create(alert=alert, event="job_failed", url=receiver.url, user=platform)
+    assert services.webhook_deliver(delivery_id=delivery.pk) is True  # done: nothing to retry
+    delivery.refresh_from_db()
+    assert delivery.status == "failed" and "127.0.0.1" in delivery.error and receiver.calls == []
