@@ -39,6 +39,7 @@ urlpatterns = [
     path("templates/<int:template_id>/edit/", views.template_edit, name="template-edit"),
     path("templates/<int:template_id>/delete/", views.template_delete, name="template-delete"),
     path("tokens/", views.token_list, name="token-list"),
+    path("settings/notifications/", views.push_settings, name="push-settings"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
     path("queues/", views.queue_list, name="queue-list"),
     path("queues/<slug:name>/", views.queue_detail, name="queue-detail"),

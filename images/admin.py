@@ -319,7 +319,7 @@ class ScanExceptionInline(admin.TabularInline):
 
 @admin.register(ScanPolicy)
 class ScanPolicyAdmin(admin.ModelAdmin):
-    list_display = ("queue", "max_severity", "require_scan")
+    list_display = ("queue", "max_severity", "require_scan", "refuse_root")
     inlines = [ScanExceptionInline]
 
     def save_formset(self, request, form, formset, change) -> None:

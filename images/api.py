@@ -46,8 +46,14 @@ class BuildSummarySerializer(serializers.ModelSerializer):
             "scanned_at",
             "warnings",
             "findings",
+            "config_user",
+            "runs_as_root",
         ]
         read_only_fields = fields
+
+    runs_as_root = serializers.BooleanField(
+        read_only=True, allow_null=True, help_text="its config starts it as root (null: config not read)"
+    )
 
     def get_image(self, build) -> str:
         return str(build.image)
@@ -280,7 +286,7 @@ class ScanPolicySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ScanPolicy
-        fields = ["queue", "max_severity", "require_scan", "exceptions"]
+        fields = ["queue", "max_severity", "require_scan", "refuse_root", "exceptions"]
         read_only_fields = fields
 
 

@@ -5,6 +5,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from images import scan
+
 DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
 
 
@@ -155,6 +157,12 @@ class ImageBuild(models.Model):
     sbom = models.JSONField(default=list, blank=True, help_text="[{type: deb|pypi, name, version}]")
     warnings = models.JSONField(default=list, blank=True)
     registry_waits = models.PositiveIntegerField(default=0)
+    config_user = models.CharField(
+        max_length=100,
+        null=True,
+        blank=True,
+        help_text='the USER its image config names ("": none, so root); null: not read',
+    )
     scanned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -170,6 +178,10 @@ class ImageBuild(models.Model):
 
     def __str__(self) -> str:
         return f"build {self.pk} of {self.image}"
+
+    @property
+    def runs_as_root(self) -> bool | None:
+        return None if self.config_user is None else scan.runs_as_root(self.config_user)
 
     @property
     def image(self) -> BaseImage | ProjectImage:
@@ -227,6 +239,9 @@ class ScanPolicy(models.Model):
         max_length=10, choices=Severity.choices, default=Severity.HIGH, help_text="highest severity allowed"
     )
     require_scan = models.BooleanField(default=False, help_text="refuse images the platform has not scanned")
+    refuse_root = models.BooleanField(
+        default=False, help_text="refuse images whose config runs as root (USER unset, root or 0)"
+    )
 
     class Meta:
         verbose_name_plural = "scan policies"

@@ -8,6 +8,7 @@ the anonymous bearer-token handshake public registries ask for, and never with t
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -215,6 +216,17 @@ class Client:
                 raise ManifestUnknown(f"{repository}@{reference} is an empty index")
             _, body = self.manifest(repository, chosen["digest"])
         return body
+
+    def image_config(self, repository: str, reference: str) -> dict:
+        """The image's config (the JSON blob its manifest names): what it runs as, its env, entrypoint, history."""
+        config = self.image_manifest(repository, reference).get("config") or {}
+        if not config.get("digest"):
+            raise ManifestUnknown(f"{repository}@{reference} has no image config")
+        body = b"".join(self.blob(repository, config["digest"]))
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise RegistryError(f"the config of {repository}@{reference} is not JSON") from None
 
     def blob(self, repository: str, digest: str) -> Iterator[bytes]:
         response = self._request("GET", f"{repository}/blobs/{digest}", stream=True)

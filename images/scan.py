@@ -103,6 +103,17 @@ def _dpkg_packages(text: str) -> Iterator[dict[str, str]]:
             yield {"type": "deb", "name": fields["Package"], "version": fields["Version"]}
 
 
+def config_user(config: dict[str, Any]) -> str:
+    """The `USER` an image's config names ("" when it names none: the runtime then starts it as root)."""
+    return str((config.get("config") or {}).get("User") or "").strip()
+
+
+def runs_as_root(user: str) -> bool:
+    """Whether a config's `User` (name, uid, `user:group` or `uid:gid`) starts the process as root."""
+    who = user.partition(":")[0].strip()
+    return who in ("", "root", "0")
+
+
 # --------------------------------------------------------------------------------------------- versions
 
 

@@ -96,9 +96,67 @@ def _blocking(policy: ScanPolicy, queue, findings: list[Finding], repository: st
     return [f for f in over if f.vuln_id not in excepted]
 
 
-def image_admit(*, policy: ScanPolicy, queue, reference: str, digest: str) -> None:
+def image_user(*, reference: str, digest: str, endpoint: str | None = None) -> str:
+    """The `USER` the config of `reference@digest` names, read from its registry (a build's record when the
+    platform built that digest); 503 `registry_unavailable` when the registry does not answer."""
+    known = (
+        ImageBuild.objects.filter(digest=digest, config_user__isnull=False)
+        .order_by("-finished_at")
+        .values_list("config_user", flat=True)
+        .first()
+    )
+    if known is not None:
+        return known
+    ref = registry.parse(reference)
+    try:
+        with registry.Client(endpoint) if endpoint else registry.Client.for_host(ref.host) as client:
+            return scan.config_user(client.image_config(ref.repository, digest))
+    except registry.ManifestUnknown:
+        raise ValidationFailed(
+            f"'{reference}@{digest}' is not in its registry (no such repository or digest)",
+            code="image_not_found",
+            field="image",
+        ) from None
+    except registry.RegistryError as exc:
+        raise RegistryUnavailableError(
+            f"cannot read the config of '{reference}' now: {exc}", code="registry_unavailable", field="image"
+        ) from None
+
+
+def _admit_user(*, policy: ScanPolicy, queue, reference: str, digest: str, endpoint: str | None) -> None:
+    if not digest:
+        raise ValidationFailed(
+            stored(
+                "queue '%(queue)s' refuses images that run as root, and '%(image)s' has no digest whose config "
+                "could say otherwise: name it by a pinned reference",
+                queue=queue.name,
+                image=reference,
+            ),
+            code="image_runs_as_root",
+            field="image",
+        )
+    user = image_user(reference=reference, digest=digest, endpoint=endpoint)
+    if scan.runs_as_root(user):
+        raise ValidationFailed(
+            stored(
+                "queue '%(queue)s' refuses images that run as root; the config of %(image)s says %(user)s: "
+                "add USER <uid> (say 1000) to its Containerfile",
+                queue=queue.name,
+                image=f"{reference}@{digest}",
+                user=f"USER {user}" if user else "no USER",
+            ),
+            code="image_runs_as_root",
+            field="image",
+            findings=["runs_as_root"],
+        )
+
+
+def image_admit(*, policy: ScanPolicy, queue, reference: str, digest: str, endpoint: str | None = None) -> None:
     """The queue's scan policy, for the image a submission pinned: 400 `image_vulnerable` naming the findings over
-    the policy's severity that no unexpired exception covers; `image_not_scanned` where the policy wants a scan."""
+    the policy's severity that no unexpired exception covers; `image_not_scanned` where the policy wants a scan;
+    `image_runs_as_root` where it refuses root and the image's config starts as root."""
+    if policy.refuse_root:
+        _admit_user(policy=policy, queue=queue, reference=reference, digest=digest, endpoint=endpoint)
     build = (
         ImageBuild.objects.filter(digest=digest, status=ImageBuild.Status.SUCCEEDED, scanned_at__isnull=False)
         .order_by("-finished_at")
@@ -801,6 +859,7 @@ def _inspect(build: ImageBuild, repository: str) -> None:
         manifest = client.image_manifest(repository, build.digest)
         layers = [{"digest": x["digest"], "size": x.get("size", 0)} for x in manifest.get("layers", [])]
         walk = scan.walk_layers(client.blob(repository, x["digest"]) for x in layers)
+        build.config_user = scan.config_user(client.image_config(repository, build.digest))
     build.layers = layers
     build.size_bytes = sum(x["size"] for x in layers) + (manifest.get("config") or {}).get("size", 0)
     build.sbom = walk.packages
@@ -824,7 +883,14 @@ def _inspect(build: ImageBuild, repository: str) -> None:
                 + "): keep datasets and weights in storage",
             }
         )
+    if scan.runs_as_root(build.config_user):
+        warnings.append({"code": "runs_as_root", "detail": _root_detail(build.config_user)})
     build.warnings = warnings
+
+
+def _root_detail(user: str) -> str:
+    named = f"USER {user}" if user else "no USER"
+    return f"the image's config says {named}, so it starts as root: add USER <uid> (say 1000) to its Containerfile"
 
 
 def _finish(build: ImageBuild, *, ok: bool, message: str, latest: str = "") -> ImageBuild:

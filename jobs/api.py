@@ -671,17 +671,45 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
             OpenApiParameter("start", int, description="first line number"),
             OpenApiParameter("limit", int),
             OpenApiParameter("tail", int, description="last N lines instead"),
+            OpenApiParameter(
+                "stream", str, enum=["all", "stderr"], description="all (stdout and stderr merged, default) or stderr"
+            ),
         ],
         responses=OpenApiTypes.OBJECT,
     )
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
-        """A page of an attempt's kept log lines (never the whole log at once)."""
+        """A page of an attempt's kept log lines (never the whole log at once); `stream=stderr`: its stderr alone,
+        each line with its number in the merged log."""
         job = self.get_object()
         number = int_param(request, "attempt", default=job.attempts.count() or 1)
         folder = logstore.attempt_dir(str(job.id), number)
         logstore.mark_watched(str(job.id))  # `trainyard logs -f` polls here: copy this job's pod logs every pass
         tail = request.query_params.get("tail")
+        stream = request.query_params.get("stream", "all")
+        if stream not in ("all", "stderr"):
+            raise ValidationFailed("stream is all or stderr", code="invalid_stream", field="stream")
+        if stream == "stderr":
+            meta = logstore.LogMeta.read(folder)
+            if tail is not None:
+                lines = logstore.stderr_lines(folder, tail=min(int_param(request, "tail", default=200), 5000))
+            else:
+                lines = logstore.stderr_lines(
+                    folder,
+                    start=int_param(request, "start", default=1),
+                    limit=min(int_param(request, "limit", default=1000), 5000),
+                )
+            return Response(
+                {
+                    "attempt": number,
+                    "stream": "stderr",
+                    "lines": [{"n": ln.number, "text": ln.text} for ln in lines],
+                    "next_start": lines[-1].number + 1 if lines else None,
+                    "stderr_lines": meta.stderr_lines,
+                    "stderr_dropped": meta.stderr_dropped,
+                    "complete": meta.closed,
+                }
+            )
         if tail is not None:
             lines, meta = logstore.tail_lines(folder, min(int_param(request, "tail", default=200), 5000))
         else:

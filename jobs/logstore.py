@@ -3,6 +3,9 @@ Kubernetes log collector, read by the API, the classifier and the WebSocket stre
 
 Layout of `<root>/<job_id>/attempt-<n>/`:
 - `log`: the kept lines, UTF-8, one per line (over-long lines are cut at `MAX_LINE_BYTES`);
+- `stderr`: the lines the command wrote to stderr, each as `<its number in log>\t<text>` (local jobs: stdout and
+  stderr are read from two pipes; `log` has both in the order they were read). Capped at `STDERR_MAX_BYTES` per
+  attempt, past which stderr lines go to `log` only (`stderr_dropped` counts them);
 - `meta.json`: counts, and `first_line`: the number of the first kept line (1 until lines were dropped).
   A lazy flush (the runner's, after each read) rewrites it at most every `RING_FLUSH_S`; `close` always does.
 
@@ -28,6 +31,7 @@ from django.conf import settings
 RING_LINES = 5000
 MAX_LINE_BYTES = 16 * 1024
 RING_FLUSH_S = 0.5
+STDERR_MAX_BYTES = 8 * 1024 * 1024
 
 
 def attempt_dir(job_id: str, attempt_number: int, root: Path | None = None) -> Path:
@@ -68,6 +72,9 @@ class LogMeta:
     day_lines: int = 0
     day_bytes: int = 0
     closed: bool = False
+    stderr_lines: int = 0
+    stderr_bytes: int = 0
+    stderr_dropped: int = 0
 
     @classmethod
     def read(cls, folder: Path) -> LogMeta:
@@ -99,6 +106,7 @@ class LogWriter:
         self._job_budget = folder.parent / "budget.json" if folder.name.startswith("attempt-") else None
         self._load_job_budget()
         self._file = open(folder / "log", "ab")  # noqa: SIM115 - lives as long as the writer
+        self._stderr = None
         self._ring: deque[bytes] | None = None
         self._last_flush = 0.0
         self._last_meta = 0.0
@@ -124,7 +132,7 @@ class LogWriter:
             self.meta.day_bytes = max(self.meta.day_bytes if same else 0, int(used.get("bytes", 0)))
             self.meta.day = day
 
-    def write_line(self, line: bytes | str) -> None:
+    def write_line(self, line: bytes | str, *, stream: str = "stdout") -> None:
         data = line.encode("utf-8", "replace") if isinstance(line, str) else line
         data = data.rstrip(b"\r\n")
         if len(data) > MAX_LINE_BYTES:
@@ -134,6 +142,8 @@ class LogWriter:
         if day != self.meta.day:
             self.meta.day, self.meta.day_lines, self.meta.day_bytes = day, 0, 0
         self.meta.lines_seen += 1
+        if stream == "stderr":
+            self._write_stderr(data)
         self.meta.bytes_seen += len(data)
         self.meta.day_lines += 1
         self.meta.day_bytes += len(data)
@@ -151,11 +161,24 @@ class LogWriter:
         else:
             self._file.write(data)
 
+    def _write_stderr(self, data: bytes) -> None:
+        entry = b"%d\t" % self.meta.lines_seen + data
+        if self.meta.stderr_bytes + len(entry) > STDERR_MAX_BYTES:
+            self.meta.stderr_dropped += 1
+            return
+        if self._stderr is None:
+            self._stderr = open(self.folder / "stderr", "ab")  # noqa: SIM115 - lives as long as the writer
+        self._stderr.write(entry)
+        self.meta.stderr_lines += 1
+        self.meta.stderr_bytes += len(entry)
+
     def write_many(self, lines) -> None:
         for line in lines:
             self.write_line(line)
 
     def flush(self, *, lazy: bool = False) -> None:
+        if self._stderr is not None:
+            self._stderr.flush()
         if self._ring is not None:
             # Rewriting the ring costs the whole kept tail: a lazy flush does it at most every RING_FLUSH_S.
             if not lazy or time.monotonic() - self._last_flush >= RING_FLUSH_S:
@@ -198,10 +221,12 @@ class LogWriter:
 
     def abandon(self) -> None:
         """Drop the open file after a write failed (a full disk): nothing more is flushed."""
-        try:
-            self._file.close()
-        except OSError:
-            pass
+        for f in (self._file, self._stderr):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._file.closed:
@@ -209,6 +234,8 @@ class LogWriter:
         self.meta.closed = True
         self.flush()
         self._file.close()
+        if self._stderr is not None:
+            self._stderr.close()
 
 
 @dataclass(frozen=True)
@@ -378,6 +405,22 @@ def search(folder: Path, pattern: str, *, context: int = 2, limit: int = 200) ->
             before.append(line)
             number += 1
     yield from pending
+
+
+def stderr_lines(folder: Path, *, tail: int | None = None, start: int = 1, limit: int = 1000) -> list[LogLine]:
+    """The attempt's stderr lines, numbered as in its merged log: the last `tail`, else from line `start` on."""
+    try:
+        raw = (folder / "stderr").read_bytes()
+    except OSError:
+        return []
+    out: list[LogLine] = []
+    for entry in raw.splitlines():
+        number, _, text = entry.partition(b"\t")
+        if number.isdigit():
+            out.append(LogLine(int(number), text.decode("utf-8", "replace")))
+    if tail is not None:
+        return out[-tail:] if tail > 0 else []
+    return [x for x in out if x.number >= start][:limit]
 
 
 def tail_text(folder: Path, max_bytes: int = 65536) -> str:

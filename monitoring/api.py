@@ -32,6 +32,7 @@ from monitoring.models import (
     GpuHealthEvent,
     GpuSample,
     Notification,
+    PushSettings,
 )
 from quotas.selectors import visible_teams
 from quotas.tokens import ScopedActionsMixin
@@ -667,6 +668,53 @@ class NotificationViewSet(ScopedActionsMixin, mixins.ListModelMixin, viewsets.Ge
     def read(self, request, pk=None):
         note = services.notification_mark_read(notification_id=_pk(pk), user=request.user)
         return Response(NotificationSerializer(note).data)
+
+
+class PushSettingsSerializer(serializers.Serializer):
+    webhook_url = serializers.CharField(allow_blank=True, required=False)
+    webhook_secret = serializers.CharField(
+        allow_blank=True, required=False, write_only=True, help_text="HMAC-SHA256 key; never shown again"
+    )
+    has_secret = serializers.SerializerMethodField()
+    email = serializers.CharField(allow_blank=True, required=False)
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+    def get_has_secret(self, row) -> bool:
+        return bool(getattr(row, "webhook_secret", ""))
+
+
+class PushSettingsInput(RejectUnknownFieldsMixin, serializers.Serializer):
+    webhook_url = serializers.CharField(allow_blank=True, required=False, max_length=600)
+    webhook_secret = serializers.CharField(allow_blank=True, required=False, max_length=600, trim_whitespace=False)
+    email = serializers.CharField(allow_blank=True, required=False, max_length=300)
+
+
+class PushSettingsView(ScopedActionsMixin, APIView):
+    """Where the signed-in user's failed attempts are pushed besides the portal: a webhook (its body signed with
+    HMAC-SHA256, `X-Trainyard-Signature: sha256=<hex of HMAC(secret, "<timestamp>.<body>")>` and
+    `X-Trainyard-Timestamp`) and/or an email address. PUT or PATCH any of the fields; an empty URL turns the webhook
+    off. 400 `invalid_webhook_url`, `invalid_webhook_secret`, `invalid_email`."""
+
+    token_scope = "submit"
+    serializer_class = PushSettingsSerializer
+
+    def _current(self, request):
+        return PushSettings.objects.filter(user=request.user).first() or PushSettings(user=request.user)
+
+    @extend_schema(responses=PushSettingsSerializer)
+    def get(self, request):
+        return Response(PushSettingsSerializer(self._current(request)).data)
+
+    @extend_schema(request=PushSettingsInput, responses=PushSettingsSerializer)
+    def put(self, request):
+        data = PushSettingsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        saved = services.push_settings_save(user=request.user, data=data.validated_data)
+        return Response(PushSettingsSerializer(saved).data)
+
+    @extend_schema(request=PushSettingsInput, responses=PushSettingsSerializer)
+    def patch(self, request):
+        return self.put(request)
 
 
 # ----------------------------------------------------------------------------------------- helpers

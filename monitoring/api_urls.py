@@ -15,5 +15,6 @@ urlpatterns = [
     path("usage/", api.UsageView.as_view(), name="monitoring-usage"),
     path("compare/", api.CompareView.as_view(), name="monitoring-compare"),
     path("scheduling/", api.SchedulingView.as_view(), name="monitoring-scheduling"),
+    path("push-settings/", api.PushSettingsView.as_view(), name="monitoring-push-settings"),
     *router.urls,
 ]

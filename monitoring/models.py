@@ -327,8 +327,16 @@ class WebhookDelivery(models.Model):
         FAILED = "failed"
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
-    event = models.CharField(max_length=10, help_text="firing or resolved")
+    event = models.CharField(max_length=12, help_text="firing, resolved, or job_failed")
     url = models.URLField()
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="a user's own webhook: the body is signed with that user's secret",
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     response_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -338,6 +346,22 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class PushSettings(models.Model):
+    """Where a user wants their failed attempts pushed, besides the portal: a signed webhook and/or an email."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="push_settings")
+    webhook_url = models.URLField(blank=True, max_length=500)
+    webhook_secret = models.CharField(max_length=200, blank=True, help_text="HMAC-SHA256 key of the signature")
+    email = models.EmailField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "push settings"
+
+    def __str__(self) -> str:
+        return f"push settings of {self.user}"
 
 
 class UsageProfile(models.Model):

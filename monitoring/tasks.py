@@ -1,6 +1,7 @@
 """Celery tasks of monitoring (beat entries in settings.CELERY_BEAT_SCHEDULE): each calls one service."""
 
 import random
+import smtplib
 
 from celery import shared_task
 
@@ -39,7 +40,8 @@ def evaluate_alerts() -> dict:
 @shared_task(name="monitoring.scan_job_metrics", soft_time_limit=60, time_limit=90)
 def scan_job_metrics() -> dict:
     report = services.business_metrics_scan()
-    return {"attempts": report.attempts, "metrics": report.metrics, "malformed": report.malformed}
+    pushed = services.failures_push()
+    return {"attempts": report.attempts, "metrics": report.metrics, "malformed": report.malformed, "pushed": pushed}
 
 
 @shared_task(name="monitoring.sample_scheduling", soft_time_limit=60, time_limit=90)
@@ -58,6 +60,19 @@ def deliver_webhook(self, delivery_id: int) -> bool:
     if services.webhook_deliver(delivery_id=delivery_id):
         return True
     raise self.retry(countdown=min(600, 5 * 2**self.request.retries) * random.uniform(0.8, 1.2))
+
+
+@shared_task(
+    name="monitoring.mail_failure",
+    autoretry_for=(OSError, smtplib.SMTPException),
+    retry_backoff=5,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=6,
+)
+def mail_failure(alert_id: int) -> bool:
+    """One failure notice to its owner's email address; a mail server that is down is tried again, backing off."""
+    return services.failure_mail(alert_id=alert_id)
 
 
 @shared_task(name="monitoring.propose_mig", soft_time_limit=60, time_limit=90)

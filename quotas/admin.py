@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 
 from kernel.errors import DomainError, ValidationFailed
 from kernel.units import human_duration, human_resource, parse_duration
+from kernel.watch import watch_validate
 from quotas import runtimes
 from quotas.models import ApiToken, Membership, Queue, QuotaChange, ResourceSpec, Team
 from quotas.services import QUEUE_FIELDS, TEAM_QUOTA_FIELDS, queue_update, team_announce, team_quota_update
@@ -216,7 +217,13 @@ class MembershipInline(admin.TabularInline):
 class TeamForm(HumanQuotaForm):
     class Meta:
         model = Team
-        fields = ("name", "slug", "namespace", *QUOTA_FIELDSET, "max_running_jobs", "max_jobs_per_user")
+        fields = ("name", "slug", "namespace", *QUOTA_FIELDSET, "max_running_jobs", "max_jobs_per_user", "watch")
+
+    def clean_watch(self):
+        try:
+            return watch_validate(self.cleaned_data.get("watch"))
+        except ValidationFailed as exc:
+            raise forms.ValidationError(exc.detail, code=exc.code) from None
 
 
 @admin.register(Team)
@@ -251,6 +258,7 @@ class TeamAdmin(admin.ModelAdmin):
             "Code snapshots (docs/cli.md, Your code)",
             {"fields": ("code_quota_bytes", "code_retention_days")},
         ),
+        ("Log alerts: texts watched in every job of the team (docs/monitoring.md)", {"fields": ("watch",)}),
         ("Live usage", {"fields": ("usage_now",)}),
     )
     readonly_fields = ("usage_now",)

@@ -53,6 +53,12 @@ class Team(ResourceVector):
         default=30,
         help_text="a snapshot no live job uses is removed this many days after its last use; 0 = never",
     )
+    watch = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="log texts watched in every job of the team (besides the job's own): "
+        '[{"pattern": "nan loss", "level": "critical"}]',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -441,6 +441,15 @@ TRAINYARD_FATAL_XIDS = env.list(
 TRAINYARD_ALERT_WEBHOOK_URL = env.str("TRAINYARD_ALERT_WEBHOOK_URL", default="")
 TRAINYARD_ALERT_EVALUATE_INTERVAL_S = env.float("TRAINYARD_ALERT_EVALUATE_INTERVAL_S", default=30.0)
 TRAINYARD_METRIC_SCAN_INTERVAL_S = env.float("TRAINYARD_METRIC_SCAN_INTERVAL_S", default=10.0)
+# Mail (a failed attempt's push to its owner): an smtp:// or smtp+tls:// URL; by default printed to the console.
+vars().update(env.email_url_config(env.str("TRAINYARD_EMAIL_URL", default="consolemail://")))
+DEFAULT_FROM_EMAIL = env.str("TRAINYARD_EMAIL_FROM", default="trainyard@localhost")
+# A watched log text on a job opens a new alert at most this often (after the last one was resolved).
+TRAINYARD_LOG_WATCH_REOPEN_S = env.float("TRAINYARD_LOG_WATCH_REOPEN_S", default=600.0)
+# A user's own webhook may name a loopback or private address (off: the platform's network is out of its reach).
+TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE = env.bool("TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE", default=False)
+# A failed attempt (the user's reason) pushes this many of its last stderr lines to its owner.
+TRAINYARD_FAILURE_PUSH_LINES = env.int("TRAINYARD_FAILURE_PUSH_LINES", default=20)
 TRAINYARD_METRICS_RETENTION_DAYS = env.int("TRAINYARD_METRICS_RETENTION_DAYS", default=14)
 TRAINYARD_METRICS_TOKEN = env.str("TRAINYARD_METRICS_TOKEN", default="")  # when set, /metrics wants a bearer token
 CELERY_BEAT_SCHEDULE.update(

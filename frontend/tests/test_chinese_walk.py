@@ -93,6 +93,7 @@ def test_every_page_reads_in_chinese(portal, scenario):
             "/images/",
             "/templates/",
             "/tokens/",
+            "/settings/notifications/",
             "/monitoring/cluster/",
             "/monitoring/alerts/",
             *(f"/jobs/{j.id}/" for j in jobs),

@@ -26,6 +26,7 @@ from frontend.views.job_page import (
     job_retry,
     job_yaml,
 )
+from frontend.views.push import push_settings
 from frontend.views.queues import queue_detail, queue_list
 from frontend.views.submit import job_import, job_submit, template_delete, template_edit, template_list
 from frontend.views.teams import team_detail, team_list

@@ -420,6 +420,15 @@ def job_log_download(request: HttpRequest, job_id) -> StreamingHttpResponse:
         raise Http404("no such attempt")
     folder = logstore.attempt_dir(str(job.id), number)
     meta = logstore.LogMeta.read(folder)
+    if request.GET.get("stream") == "stderr":
+        # stderr alone, shown in the browser: each line with its number in the merged log.
+        lines = logstore.stderr_lines(folder, limit=logstore.RING_LINES)
+        text = "".join(f"{x.number}\t{x.text}\n" for x in lines)
+        if meta.stderr_dropped:
+            text += f"[trainyard] {meta.stderr_dropped} more stderr line(s) are in the merged log only\n"
+        response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+        response["X-Trainyard-Stderr-Lines"] = str(meta.stderr_lines)
+        return response
     pages = _log_pages(folder, meta.first_line)
     content = _in_threads(pages) if isinstance(request, ASGIRequest) else pages
     response = StreamingHttpResponse(content, content_type="text/plain; charset=utf-8")

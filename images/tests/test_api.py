@@ -113,7 +113,9 @@ def test_scan_policies_are_readable_and_staff_grant_expiring_exceptions_through_
 
     ScanPolicy.objects.create(queue=Queue.objects.create(name="prod"), max_severity="medium")
     listed = people["member"].get("/api/v1/scan-policies/").json()
-    assert listed == [{"queue": "prod", "max_severity": "medium", "require_scan": False, "exceptions": []}]
+    assert listed == [
+        {"queue": "prod", "max_severity": "medium", "require_scan": False, "refuse_root": False, "exceptions": []}
+    ]
     grant = {"vuln_id": "GHSA-8q59-q68h-6hv4", "reason": "not reachable", "expires_at": (
         timezone.now() + timedelta(days=2)).isoformat()}  # fmt: skip
     assert people["member"].post("/api/v1/scan-policies/prod/exceptions/", grant, format="json").status_code == 403

@@ -157,16 +157,17 @@ def test_the_catalog_holds_at_most_the_configured_number_of_bases(images_env, se
 
 
 def test_data_files_and_size_over_the_limits_are_warned_about_in_the_build_record(images_env, settings):
-    assert built(define_base(images_env)).warnings == []  # the default limits: nothing to say
+    # The default limits, and a USER that is not root: nothing to say.
+    assert built(define_base(images_env, extra="\nUSER 1000")).warnings == []
     settings.TRAINYARD_IMAGE_DATA_WARN_MIB = 0
     settings.TRAINYARD_IMAGE_SIZE_WARN_MIB = 0
     image = services.project_image_define(
         team=TeamFactory(slug="data"), name="fat", base="tiny-base",
-        containerfile="FROM tiny-base\nRUN echo weights > /model.safetensors\n",
+        containerfile="FROM tiny-base\nUSER 0\nRUN echo weights > /model.safetensors\nUSER 1000\n",
     )  # fmt: skip
     build = built(image)
     warnings = {w["code"]: w["detail"] for w in build.warnings}
-    assert build.status == "succeeded" and set(warnings) == {"data_in_image", "image_too_large"}
+    assert build.status == "succeeded" and set(warnings) == {"data_in_image", "image_too_large"}, build.log
     assert "/model.safetensors" in warnings["data_in_image"]
 
 

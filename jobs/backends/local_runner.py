@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from jobs.backends import sandbox
 from jobs.backends.base import DISK_FULL
@@ -174,14 +175,14 @@ class _Log:
         self.writer = None
         self._retry_at = time.monotonic() + LOG_RETRY_S
 
-    def line(self, data: bytes | str) -> None:
+    def line(self, data: bytes | str, *, stream: str = "stdout") -> None:
         if self.writer is None and time.monotonic() >= self._retry_at:
             self._open()
         if self.writer is None:
             self.lines_lost += 1
             return
         try:
-            self.writer.write_line(data)
+            self.writer.write_line(data, stream=stream)
             self.unflushed += 1
         except OSError as exc:
             self.lines_lost += 1
@@ -407,7 +408,7 @@ def main(folder: Path) -> int:
             env=spec["env"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=functools.partial(_child_setup, limits, tuple(spec.get("cpus") or ())),
             pass_fds=((info_w, block_r) if fds else ()) + ((sec_fd,) if sec_fd is not None else ()),
@@ -445,36 +446,44 @@ def main(folder: Path) -> int:
         emulated_gpu=bool(usage_spec.get("emulated_gpu")),
     )
     _write_json(folder / "child.json", {"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
-    assert child.stdout is not None
-    fd: int | None = child.stdout.fileno()
-    os.set_blocking(fd, False)
-    partial = b""
+    assert child.stdout is not None and child.stderr is not None
+    # One pipe per stream: the merged log keeps the order they are read in, stderr is also kept apart.
+    pipes: dict[int, tuple[str, Any]] = {p.fileno(): (name, p) for name, p in (("stdout", child.stdout),
+                                                                           ("stderr", child.stderr))}  # fmt: skip
+    partial: dict[int, bytes] = dict.fromkeys(pipes, b"")
+    for fd_ in pipes:
+        os.set_blocking(fd_, False)
+
+    def emit(stream: str, line: bytes) -> None:
+        logs.line(line, stream=stream)
+        sampler.line(line)
 
     def pump(timeout: float) -> None:
-        """Read what the pipe holds within `timeout`; close it at EOF."""
-        nonlocal fd, partial
-        if fd is None:
+        """Read what the pipes hold within `timeout`; close each at EOF."""
+        if not pipes:
             time.sleep(timeout)
             return
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            return
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if not chunk:
-            child.stdout.close()
-            fd = None
-            return
-        lines = (partial + chunk).split(b"\n")
-        partial = lines.pop()
-        for line in lines:
-            logs.line(line)
-            sampler.line(line)
-        while len(partial) > MAX_PARTIAL:
-            logs.line(partial[:MAX_PARTIAL] + " …[line cut]".encode())
-            partial = partial[MAX_PARTIAL:]
+        ready, _, _ = select.select(list(pipes), [], [], timeout)
+        for fd_ in ready:
+            stream, pipe = pipes[fd_]
+            try:
+                chunk = os.read(fd_, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                pipe.close()
+                del pipes[fd_]
+                if partial[fd_]:
+                    emit(stream, partial[fd_])
+                partial[fd_] = b""
+                continue
+            lines = (partial[fd_] + chunk).split(b"\n")
+            partial[fd_] = lines.pop()
+            for line in lines:
+                emit(stream, line)
+            while len(partial[fd_]) > MAX_PARTIAL:
+                emit(stream, partial[fd_][:MAX_PARTIAL] + " …[line cut]".encode())
+                partial[fd_] = partial[fd_][MAX_PARTIAL:]
         logs.flush()
 
     disk = _DiskWatch(folder, spec.get("disk"))
@@ -489,16 +498,16 @@ def main(folder: Path) -> int:
             sampler.sample(proctree.descendants(os.getpid()))
     # The main process has ended: read what is still in flight, then stop whatever it left behind.
     deadline = time.monotonic() + DRAIN_S
-    while fd is not None and time.monotonic() < deadline:
+    while pipes and time.monotonic() < deadline:
         pump(0.05)
     sup.stop_leftovers()
     deadline = time.monotonic() + DRAIN_S
-    while fd is not None and time.monotonic() < deadline:
+    while pipes and time.monotonic() < deadline:
         pump(0.05)
-    if fd is not None:
-        child.stdout.close()
-    if partial:
-        logs.line(partial)
+    for fd_, (stream, pipe) in list(pipes.items()):
+        pipe.close()
+        if partial[fd_]:
+            logs.line(partial[fd_], stream=stream)
     child.returncode = os.waitstatus_to_exitcode(sup.main_status)  # reaped here, not by Popen
     verdict: dict = {}
     if limits is not None:

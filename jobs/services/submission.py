@@ -28,6 +28,7 @@ from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
 from kernel.sentences import stored
 from kernel.units import human_duration, human_resource, parse_duration
 from kernel.wake import dispatch_soon
+from kernel.watch import watch_validate
 from quotas import selectors as quota
 from quotas.models import Team
 
@@ -48,6 +49,14 @@ def _registry_of(reference: str) -> str:
     if "/" in reference and ("." in first or ":" in first or first == "localhost"):
         return first.split(":")[0] if first.count(":") == 1 and not first.startswith("[") else first
     return "docker.io"
+
+
+def _registry_endpoint(image: str, ref: reference.Snapshot) -> str | None:
+    """Where an image's registry is asked (its mirror when the allow-list names one); None: its own host."""
+    platform = image_registry.platform_registry()
+    if platform and image.startswith(platform + "/"):
+        return None
+    return ref.registry_endpoints.get(_registry_of(image))
 
 
 def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, Any]:
@@ -93,7 +102,6 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 )
         min_driver = ""
     platform = image_registry.platform_registry()
-    endpoint = None
     if not (platform and reference.startswith(platform + "/")):
         registry = _registry_of(reference)
         if registry not in ref.allowed_registries:
@@ -102,7 +110,7 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
                 code="image_registry_not_allowed",
                 field="image",
             )
-        endpoint = ref.registry_endpoints.get(registry)
+    endpoint = _registry_endpoint(reference, ref)
     if not digest and base is not None and settings.TRAINYARD_BACKEND == "local":
         # An external catalog base nobody pulled: the local backend runs the command on the host, so there is no
         # digest to pin, and the record says so ("" = unresolved) instead of inventing one.
@@ -118,32 +126,8 @@ def _resolve_image(name: str, team: Team, ref: reference.Snapshot) -> dict[str, 
     )
 
 
-MAX_WATCHES = 8
-
-
 def _validate_watch(value: Any) -> list[dict]:
-    """`watch`: up to 8 texts to look for in the job's log, each raising an alert at its level when a line holds it
-    (case folded): [{"pattern": "nan loss", "level": "critical"}] (level warning by default)."""
-    if value in (None, []):
-        return []
-    problem = stored(
-        'watch is a list of up to %(n)s {"pattern": text, "level": "warning" or "critical"}', n=MAX_WATCHES
-    )
-    if not isinstance(value, list) or len(value) > MAX_WATCHES:
-        raise ValidationFailed(problem, code="invalid_watch", field="watch")
-    out = []
-    for item in value:
-        if isinstance(item, str):
-            item = {"pattern": item}
-        if not isinstance(item, dict) or set(item) - {"pattern", "level"}:
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        pattern, level = item.get("pattern"), item.get("level", "warning")
-        if not isinstance(pattern, str) or not 2 <= len(pattern.strip()) <= 200 or "\x00" in pattern:
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        if level not in ("warning", "critical"):
-            raise ValidationFailed(problem, code="invalid_watch", field="watch")
-        out.append({"pattern": pattern.strip(), "level": level})
-    return out
+    return watch_validate(value)
 
 
 def _validate_env(env: Any) -> dict[str, str]:
@@ -463,7 +447,11 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
         policy = ref.scan_policies.get(queue.pk) if queue is not None else None
         if policy is not None:
             image_services.image_admit(
-                policy=policy, queue=queue, reference=image["image_reference"], digest=image["image_digest"]
+                policy=policy,
+                queue=queue,
+                reference=image["image_reference"],
+                digest=image["image_digest"],
+                endpoint=_registry_endpoint(image["image_reference"], ref),
             )
         needs = image["min_driver_version"]
         if needs and drivers and not any(cluster_selectors.driver_satisfies(d, needs) for d in drivers):

@@ -27,6 +27,33 @@ def test_far_past_the_budget_keeps_exactly_the_last_5000_lines(tmp_path):
     assert meta.dropped_bytes == sum(len(f"line {i}\n") for i in range(1, 45_001))
 
 
+def test_stderr_is_kept_apart_numbered_as_in_the_merged_log_and_capped(tmp_path, monkeypatch):
+    writer = logstore.LogWriter(tmp_path, budget_bytes=10**9, budget_lines=1000)
+    for i in range(1, 3001):  # past the line budget: the merged log becomes a ring, stderr keeps its own file
+        writer.write_line(f"out {i}")
+        if i % 1000 == 0:
+            writer.write_line(f"err {i}", stream="stderr")
+    writer.close()
+    assert [(x.number, x.text) for x in logstore.stderr_lines(tmp_path)] == [
+        (1001, "err 1000"),
+        (2002, "err 2000"),
+        (3003, "err 3000"),
+    ]
+    assert [x.text for x in logstore.stderr_lines(tmp_path, tail=1)] == ["err 3000"]
+    merged, meta = logstore.read_lines(tmp_path, start=2002, limit=1)
+    assert merged[0].text == "err 2000" and meta.stderr_lines == 3 and meta.ring
+
+    monkeypatch.setattr(logstore, "STDERR_MAX_BYTES", 40)
+    capped = tmp_path / "capped"
+    writer = logstore.LogWriter(capped)
+    for i in range(10):
+        writer.write_line(f"error number {i}", stream="stderr")
+    writer.close()
+    meta = logstore.LogMeta.read(capped)
+    assert meta.stderr_lines == 2 and meta.stderr_dropped == 8 and meta.lines_seen == 10
+    assert len(logstore.read_lines(capped)[0]) == 10  # the merged log still has every line
+
+
 def test_byte_budget_and_cut_lines(tmp_path):
     writer = logstore.LogWriter(tmp_path, budget_bytes=1000, budget_lines=10**9)
     writer.write_line("x" * (logstore.MAX_LINE_BYTES + 100))

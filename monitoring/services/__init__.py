@@ -22,6 +22,7 @@ from monitoring.services.alerts import (
 from monitoring.services.business import business_metrics_report, business_metrics_scan
 from monitoring.services.common import WAIT_BUCKETS, alerts_lock
 from monitoring.services.health import gpu_probe_all, gpu_probe_one, gpu_return_to_service
+from monitoring.services.push import failure_mail, failures_push, push_settings_save
 from monitoring.services.scheduling import monitoring_prune, scheduling_sample
 from monitoring.services.telemetry import telemetry_collect
 from monitoring.services.usage import usage_collect

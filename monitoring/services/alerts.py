@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlparse
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -25,6 +27,7 @@ from monitoring.models import (
     AlertRule,
     Fault,
     Notification,
+    PushSettings,
     WebhookDelivery,
 )
 from monitoring.services.common import alerts_lock, at_or_now, health_event, log
@@ -292,12 +295,27 @@ def webhook_deliver(*, delivery_id: int) -> bool:
     delivery = WebhookDelivery.objects.select_related("alert__gpu__node").get(pk=delivery_id)
     if delivery.status == WebhookDelivery.Status.DELIVERED:
         return True
-    payload = webhook_payload(delivery.alert, delivery.event)
+    headers = {"User-Agent": f"trainyard/{settings.PLATFORM_VERSION}", "Content-Type": "application/json"}
+    from monitoring.services import push  # the user's own webhooks; imported here: push imports this module's peers
+
+    if delivery.user_id is not None:  # a user's own webhook: a failure notice, signed with their secret
+        body = json.dumps(push.failure_payload(delivery.alert)).encode()
+        wanted = PushSettings.objects.filter(user_id=delivery.user_id).first()
+        headers.update(push.signed_headers(wanted.webhook_secret if wanted else "", body))
+    else:
+        body = json.dumps(webhook_payload(delivery.alert, delivery.event)).encode()
     code, error = None, ""
+    if delivery.user_id is not None and not settings.TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE:
+        inside = push.private_address(urlparse(delivery.url).hostname or "")
+        if inside:  # looked up again when sending: a name may point inside since it was saved
+            WebhookDelivery.objects.filter(pk=delivery.pk).update(
+                attempts=F("attempts") + 1, status=WebhookDelivery.Status.FAILED,
+                error=f"refused: {inside} is inside the platform's network"[:300],
+            )  # fmt: skip
+            log.warning("user_webhook_refused", delivery=delivery.id, address=inside)
+            return True  # not worth a retry
     try:
-        response = httpx.post(
-            delivery.url, json=payload, timeout=10.0, headers={"User-Agent": f"trainyard/{settings.PLATFORM_VERSION}"}
-        )
+        response = httpx.post(delivery.url, content=body, timeout=10.0, headers=headers)
         code = response.status_code
         if code >= 300:
             error = f"HTTP {code}"

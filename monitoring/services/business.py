@@ -6,21 +6,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 
 from jobs import logstore
 from jobs.models import Attempt, Job
 from jobs.states import TERMINAL, AttemptState
 from kernel.errors import Conflict, ValidationFailed
 from kernel.sentences import stored
+from kernel.watch import watches_of
 from monitoring import business
 from monitoring.models import (
     Alert,
     BusinessMetric,
     LogScanCursor,
 )
-from monitoring.services.common import at_or_now, log
+from monitoring.services.common import alerts_lock, at_or_now, log
 from monitoring.services.usage import job_alert
 
 
@@ -85,7 +88,7 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
     attempts = (
         Attempt.objects.filter(Q(state__in=[AttemptState.STARTING, AttemptState.RUNNING]) | Q(ended_at__gte=recent))
         .exclude(metric_cursor__done=True)
-        .select_related("job")
+        .select_related("job__team")
         .order_by("id")
     )
     report = ScanReport()
@@ -94,8 +97,8 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
         cursor = LogScanCursor.objects.filter(attempt=attempt).first() or LogScanCursor(attempt=attempt)
         position = business.ReadPosition(cursor.next_line, cursor.byte_offset, cursor.inode)
         folder = logstore.attempt_dir(str(attempt.job_id), attempt.number)
-        watch = tuple(w["pattern"] for w in attempt.job.watch or ())
-        result = business.read_new_tagged_lines(folder, position, watch)
+        watches = watches_of(attempt.job.watch, attempt.job.team.watch)
+        result = business.read_new_tagged_lines(folder, position, tuple(w["pattern"] for w in watches))
         if result is None:
             continue
         rows, malformed = [], 0
@@ -138,14 +141,18 @@ def business_metrics_scan(*, now: datetime | None = None) -> ScanReport:
         if rows:
             _metrics_changed(str(attempt.job_id))
         if result.watched:
-            _log_watch_alerts(attempt, result.watched, now=moment)
+            _log_watch_alerts(attempt, result.watched, watches, now=moment)
             report.watched += len(result.watched)
     return report
 
 
-def _log_watch_alerts(attempt: Attempt, matches: list[tuple[int, str, int]], *, now: datetime) -> None:
-    """A watched text in the job's log: one alert per (job, text) while it lasts, at the level the job asked for,
-    with the first line that held it; later lines only count (`value`) and move `last_seen_at`."""
+def _log_watch_alerts(
+    attempt: Attempt, matches: list[tuple[int, str, int]], watches: list[dict], *, now: datetime
+) -> None:
+    """A watched text (the job's own or its team's default) in the job's log: one alert per (job, text) while it
+    lasts, at the level asked for, with the first line that held it and a link to that line; later lines only count
+    (`value`). Rate-limited: once resolved, the same text on the same job opens a new alert only
+    TRAINYARD_LOG_WATCH_REOPEN_S after the last one opened (until then its lines count on the last one)."""
     job = attempt.job
     counts: dict[int, int] = {}
     first: dict[int, tuple[int, str]] = {}
@@ -153,19 +160,30 @@ def _log_watch_alerts(attempt: Attempt, matches: list[tuple[int, str, int]], *, 
         counts[k] = counts.get(k, 0) + 1
         first.setdefault(k, (number, text))
     for k, count in counts.items():
-        watch = job.watch[k]
+        watch = watches[k]
         number, text = first[k]
+        name = f"log-watch: {watch['pattern']}"[:100]
         with transaction.atomic():
+            alerts_lock()
+            fingerprint = f"{name}:{job.id}"[:200]
+            last = Alert.objects.filter(fingerprint=fingerprint).order_by("-started_at", "-id").first()
+            reopen_after = timedelta(seconds=settings.TRAINYARD_LOG_WATCH_REOPEN_S)
+            if last is not None and not last.is_open and now - last.started_at < reopen_after:
+                Alert.objects.filter(pk=last.pk).update(value=Coalesce(F("value"), 0.0) + count, last_seen_at=now)
+                continue
+            # The job's page, and its log from that line on (the log API pages from any line number).
+            link = f"/jobs/{job.id}/ — /api/v1/jobs/{job.id}/logs/?attempt={attempt.number}&start={number}"
             alert = job_alert(
                 job=job,
-                name=f"log-watch: {watch['pattern']}"[:100],
+                name=name,
                 summary=stored(
-                    "%(job)s logged '%(pattern)s' (attempt %(attempt)s, line %(line)s): %(text)s",
+                    "%(job)s logged '%(pattern)s' (attempt %(attempt)s, line %(line)s): %(text)s — %(link)s",
                     job=job.name,
                     pattern=watch["pattern"],
                     attempt=attempt.number,
                     line=number,
                     text=text.strip()[:300],
+                    link=link,
                 ),
                 value=None,
                 now=now,
