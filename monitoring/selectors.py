@@ -13,11 +13,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Count, JSONField, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
-from jobs.models import Job
+from jobs.models import COMMAND_KEY, LABELS_KEY, Job, command_key, labels_key
 from jobs.states import ATTEMPT_FINISHED
 from kernel.errors import ValidationFailed
 from kernel.sentences import stored
@@ -458,19 +458,30 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 # ------------------------------------------------------------------------------------------- right-sizing
 
 
-def _similar_runs(job: Job, *, owner_only: bool) -> QuerySet:
+def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
-    newest first: the user's own, or the whole team's."""
-    qs = Job.objects.filter(team_id=job.team_id, state="succeeded", image_reference=job.image_reference).exclude(
+    newest first, at most `limit`: the user's own, or the whole team's. Each likeness is read from its own index
+    (jobs.models: job_similar_*), newest first and `limit` deep, and the two merged, so a submission costs the
+    same with ten runs in the team's history or a million."""
+    qs = Job.objects.filter(state="succeeded", image_reference=job.image_reference, team_id=job.team_id).exclude(
         pk=job.pk
     )
-    same = Q(command=job.command, args=job.args)
-    if job.labels:
-        same |= Q(labels=job.labels)
-    qs = qs.filter(same)
     if owner_only:
         qs = qs.filter(owner_id=job.owner_id)
-    return qs.order_by("-finished_at")
+    same_command = (
+        qs.alias(key=COMMAND_KEY)
+        .filter(key=command_key(Value(job.command, JSONField()), Value(job.args, JSONField())))
+        .filter(command=job.command, args=job.args)  # the key's own check: two commands may share an md5
+    )
+    found = list(same_command.order_by("-finished_at")[:limit])
+    if job.labels:
+        same_labels = (
+            qs.alias(key=LABELS_KEY).filter(key=labels_key(Value(job.labels, JSONField()))).filter(labels=job.labels)
+        )
+        seen = {j.pk for j in found}
+        found += [j for j in same_labels.order_by("-finished_at")[:limit] if j.pk not in seen]
+        found.sort(key=lambda j: j.finished_at, reverse=True)
+    return found[:limit]
 
 
 def _runs_of(jobs: list[Job]) -> list[rightsizing.Run]:
@@ -555,9 +566,9 @@ def recommendation_for(job: Job) -> dict | None:
     """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
     the job's request is never changed."""
     history = settings.TRAINYARD_RIGHTSIZE_HISTORY
-    runs, scope = _runs_of(list(_similar_runs(job, owner_only=True)[:history])), "user"
+    runs, scope = _runs_of(similar_runs(job, owner_only=True, limit=history)), "user"
     if not runs:
-        runs, scope = _runs_of(list(_similar_runs(job, owner_only=False)[:history])), "team"
+        runs, scope = _runs_of(similar_runs(job, owner_only=False, limit=history)), "team"
     rec = _recommend(job, runs, scope=scope, replicas=job.replicas)
     if rec is None:
         return None
