@@ -68,13 +68,14 @@ def trace_present(trace_dir: Path, benchmark: str) -> bool:
     return not missing
 
 
-def own_database(url_name: str) -> str:
-    """A database of the benchmark's own (``<db>_bench_<url_name>``, created afresh) and Celery queues nobody
-    else consumes (nothing starts the admitted attempts: the benchmark plays the backend, or none is needed).
-    Returns the database URL, also set as DATABASE_URL."""
+def own_database(url_name: str, *, fresh: bool = True) -> str:
+    """A database of the benchmark's own (``<db>_bench_<url_name>``, created afresh unless `fresh` is False) and
+    Celery queues nobody else consumes (nothing starts the admitted attempts: the benchmark plays the backend, or
+    none is needed). Returns the database URL, also set as DATABASE_URL."""
     configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
     url = bench_database_url(configured, f"{(configured.rsplit('/', 1)[-1] or 'trainyard')}_bench_{url_name}")
-    recreate_database(url)
+    if fresh:
+        recreate_database(url)
     os.environ["DATABASE_URL"] = url
     os.environ["TRAINYARD_START_QUEUE"] = f"bench-{url_name}-starts"
     os.environ["TRAINYARD_CELERY_QUEUE"] = f"bench-{url_name}-{os.getpid()}"
@@ -678,6 +679,41 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bo
     }
 
 
+def estimates_only(args) -> int:
+    """The estimates phase again on the fleet an earlier run kept (`--keep-database`): the fixture costs minutes to
+    build, a page's profile seconds. The database is migrated first, so new indexes are measured too."""
+    import psycopg
+
+    from bench.api import _admin_conninfo
+
+    url = own_database(url_name="scheduler", fresh=False)
+    name = url.rsplit("/", 1)[-1]
+    with psycopg.connect(_admin_conninfo(url), autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            raise SystemExit(f"bench: no database {name}; run once with --keep-database first")
+    setup_django()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    user = get_user_model().objects.get(username="demo")
+    results = {
+        "benchmark": "scheduler (live path), the estimates phase only, on the database a run kept",
+        "estimates": estimates(
+            user, total_jobs=100_000, holders=6900, requests=10 if args.quick else 30, profile=args.profile_estimates
+        ),
+    }
+    results["environment"] = {
+        "python": py_platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "quick": args.quick,
+    }
+    write_json(args.output, results)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def worker_command(environ=os.environ) -> list[str]:
     from ops import processes
 
@@ -802,7 +838,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--profile-estimates", action="store_true", help="print a profile of each estimate page")
+    parser.add_argument(
+        "--estimates-only",
+        action="store_true",
+        help="only the estimates phase, on the database an earlier run left with --keep-database (migrated first)",
+    )
     args = parser.parse_args(argv)
+    if args.estimates_only:
+        return estimates_only(args)
 
     trace_dir = trace_dir_from_env()
     if not trace_present(trace_dir, "scheduler"):
