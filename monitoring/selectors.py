@@ -468,18 +468,23 @@ def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     )
     if owner_only:
         qs = qs.filter(owner_id=job.owner_id)
-    same_command = (
-        qs.alias(key=COMMAND_KEY)
-        .filter(key=command_key(Value(job.command, JSONField()), Value(job.args, JSONField())))
-        .filter(command=job.command, args=job.args)  # the key's own check: two commands may share an md5
-    )
-    found = list(same_command.order_by("-finished_at")[:limit])
+    # Only the key in SQL: with the values compared there too, PostgreSQL took the two tests for independent,
+    # expected a handful of rows where thousands share a key, and sorted them all rather than walk the index.
+    # The values are compared here instead (two commands may share an md5).
+    key = command_key(Value(job.command, JSONField()), Value(job.args, JSONField()))
+    found = [
+        j
+        for j in qs.alias(key=COMMAND_KEY).filter(key=key).order_by("-finished_at")[:limit]
+        if j.command == job.command and j.args == job.args
+    ]
     if job.labels:
-        same_labels = (
-            qs.alias(key=LABELS_KEY).filter(key=labels_key(Value(job.labels, JSONField()))).filter(labels=job.labels)
-        )
+        key = labels_key(Value(job.labels, JSONField()))
         seen = {j.pk for j in found}
-        found += [j for j in same_labels.order_by("-finished_at")[:limit] if j.pk not in seen]
+        found += [
+            j
+            for j in qs.alias(key=LABELS_KEY).filter(key=key).order_by("-finished_at")[:limit]
+            if j.labels == job.labels and j.pk not in seen
+        ]
         found.sort(key=lambda j: j.finished_at, reverse=True)
     return found[:limit]
 
@@ -569,6 +574,8 @@ def recommendation_for(job: Job) -> dict | None:
     runs, scope = _runs_of(similar_runs(job, owner_only=True, limit=history)), "user"
     if not runs:
         runs, scope = _runs_of(similar_runs(job, owner_only=False, limit=history)), "team"
+    if not runs:  # no evidence: no advice, and no need to read the queue's specs for it
+        return None
     rec = _recommend(job, runs, scope=scope, replicas=job.replicas)
     if rec is None:
         return None

@@ -155,5 +155,7 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
         for scan in scans:
             assert scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0) <= 10, json.dumps(scan)
             used.add(scan["Index Name"])
+    # The command's runs through the index of the scope asked for (the teammate's 2,000 would fill the other's
+    # first entries); the labels, which no run has, through either.
     scope = "user" if owner_only else "team"
-    assert used == {f"job_similar_command_{scope}", f"job_similar_labels_{scope}"}
+    assert f"job_similar_command_{scope}" in used and all(name.startswith("job_similar_") for name in used), used
