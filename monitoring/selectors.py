@@ -458,13 +458,19 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 # ------------------------------------------------------------------------------------------- right-sizing
 
 
+# What the lookup and `_runs_of` read of each run (a job row has some 60 columns, several of them JSON).
+SIMILAR_FIELDS = ("id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
+
+
 def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
     newest first, at most `limit`: the user's own, or the whole team's. Each likeness is read from its own index
     (jobs.models: job_similar_*), newest first and `limit` deep, and the two merged, so a submission costs the
     same with ten runs in the team's history or a million."""
-    qs = Job.objects.filter(state="succeeded", image_reference=job.image_reference, team_id=job.team_id).exclude(
-        pk=job.pk
+    qs = (
+        Job.objects.filter(state="succeeded", image_reference=job.image_reference, team_id=job.team_id)
+        .exclude(pk=job.pk)
+        .only(*SIMILAR_FIELDS)
     )
     if owner_only:
         qs = qs.filter(owner_id=job.owner_id)
