@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s bench-submit lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -88,6 +88,11 @@ bench-rightsizing: venv
 
 bench-storage: venv
 	@$(BIN)/python -m bench.storage
+
+# Submission on a 100,000-job database next to a minimal authenticated GET, through the real web server and workers
+# (bench/submit.py; ARGS=--keep-db keeps the database for the next run). Not part of `make bench`.
+bench-submit: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.submit $(ARGS)
 
 # ASHA vs random search through the real platform (worker, beat, sandboxed trials); ARGS=--quick for a short run.
 bench-experiments: venv

@@ -4,7 +4,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q, TextField
+from django.db.models.functions import MD5, Cast, Concat
 
 from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 
@@ -12,6 +13,19 @@ from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
 FINISHED_VALUES = sorted(s.value for s in ATTEMPT_FINISHED)
 LIVE_VALUES = sorted(s.value for s in AttemptState if s not in ATTEMPT_FINISHED)
+
+
+def command_key(command, args) -> MD5:
+    """The md5 of a command and its arguments as JSON text (columns or values): what right-sizing looks up."""
+    return MD5(Concat(Cast(command, TextField()), Cast(args, TextField())))
+
+
+def labels_key(labels) -> MD5:
+    return MD5(Cast(labels, TextField()))
+
+
+COMMAND_KEY = command_key(F("command"), F("args"))
+LABELS_KEY = labels_key(F("labels"))
 
 
 class Job(models.Model):
@@ -136,11 +150,22 @@ class Job(models.Model):
             models.Index(fields=["id"], condition=Q(state="pending"), name="job_waiting"),
             # Whether any preemptible job holds cards: read after every dispatch pass that leaves jobs waiting.
             models.Index(fields=["id"], condition=Q(preemptible=True, reserved=True), name="job_preemptible_holding"),
-            # Right-sizing at submission: the team's succeeded runs of an image, newest first (monitoring.selectors).
-            models.Index(
-                fields=["team", "image_reference", "-finished_at"],
-                condition=Q(state="succeeded"),
-                name="job_succeeded_by_image",
+            # Right-sizing at submission (monitoring.selectors.similar_runs): the succeeded runs of one image and
+            # one command (or one set of labels), the team's or the user's, newest first, found without walking
+            # the rest of the history. The JSON values are indexed by their md5: a long command must not fail
+            # the insert. Not partial: PostgreSQL reads the statistics of an indexed expression only from a whole
+            # index, and without them it expected a handful of runs per key, sorted thousands and walked no index.
+            *(
+                models.Index(
+                    F(scope),
+                    F("image_reference"),
+                    key,
+                    F("state"),
+                    F("finished_at").desc(),
+                    name=f"job_similar_{kind}_{name}",
+                )
+                for scope, name in (("team", "team"), ("owner", "user"))
+                for kind, key in (("command", COMMAND_KEY), ("labels", LABELS_KEY))
             ),
         ]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Count, JSONField, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
-from jobs.models import Job
+from jobs.models import COMMAND_KEY, LABELS_KEY, Job, command_key, labels_key
 from jobs.states import ATTEMPT_FINISHED
 from kernel.errors import ValidationFailed
 from kernel.sentences import stored
@@ -458,19 +458,41 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 # ------------------------------------------------------------------------------------------- right-sizing
 
 
-def _similar_runs(job: Job, *, owner_only: bool) -> QuerySet:
+# What the lookup and `_runs_of` read of each run (a job row has some 60 columns, several of them JSON).
+SIMILAR_FIELDS = ("id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
+
+
+def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
-    newest first: the user's own, or the whole team's."""
-    qs = Job.objects.filter(team_id=job.team_id, state="succeeded", image_reference=job.image_reference).exclude(
-        pk=job.pk
+    newest first, at most `limit`: the user's own, or the whole team's. Each likeness is read from its own index
+    (jobs.models: job_similar_*), newest first and `limit` deep, and the two merged, so a submission costs the
+    same with ten runs in the team's history or a million."""
+    qs = (
+        Job.objects.filter(state="succeeded", image_reference=job.image_reference, team_id=job.team_id)
+        .exclude(pk=job.pk)
+        .only(*SIMILAR_FIELDS)
     )
-    same = Q(command=job.command, args=job.args)
-    if job.labels:
-        same |= Q(labels=job.labels)
-    qs = qs.filter(same)
     if owner_only:
         qs = qs.filter(owner_id=job.owner_id)
-    return qs.order_by("-finished_at")
+    # Only the key in SQL: with the values compared there too, PostgreSQL took the two tests for independent,
+    # expected a handful of rows where thousands share a key, and sorted them all rather than walk the index.
+    # The values are compared here instead (two commands may share an md5).
+    key = command_key(Value(job.command, JSONField()), Value(job.args, JSONField()))
+    found = [
+        j
+        for j in qs.alias(key=COMMAND_KEY).filter(key=key).order_by("-finished_at")[:limit]
+        if j.command == job.command and j.args == job.args
+    ]
+    if job.labels:
+        key = labels_key(Value(job.labels, JSONField()))
+        seen = {j.pk for j in found}
+        found += [
+            j
+            for j in qs.alias(key=LABELS_KEY).filter(key=key).order_by("-finished_at")[:limit]
+            if j.labels == job.labels and j.pk not in seen
+        ]
+        found.sort(key=lambda j: j.finished_at, reverse=True)
+    return found[:limit]
 
 
 def _runs_of(jobs: list[Job]) -> list[rightsizing.Run]:
@@ -555,9 +577,11 @@ def recommendation_for(job: Job) -> dict | None:
     """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
     the job's request is never changed."""
     history = settings.TRAINYARD_RIGHTSIZE_HISTORY
-    runs, scope = _runs_of(list(_similar_runs(job, owner_only=True)[:history])), "user"
+    runs, scope = _runs_of(similar_runs(job, owner_only=True, limit=history)), "user"
     if not runs:
-        runs, scope = _runs_of(list(_similar_runs(job, owner_only=False)[:history])), "team"
+        runs, scope = _runs_of(similar_runs(job, owner_only=False, limit=history)), "team"
+    if not runs:  # no evidence: no advice, and no need to read the queue's specs for it
+        return None
     rec = _recommend(job, runs, scope=scope, replicas=job.replicas)
     if rec is None:
         return None

@@ -256,16 +256,18 @@ class QueueDetailSerializer(QueueSerializer):
         waits, shown = usage.line_rows(queue, line, first=limit)
         position = {entry.id: i for i, entry in enumerate(line, start=1)}
         visible = set(selectors.visible_teams(user).values_list("id", flat=True))
-        rows = []
         for job in shown:
-            i = position[job.id]
-            job.queue_position = job.queue_position or i
+            job.queue_position = job.queue_position or position[job.id]
             estimate = waits.get(job.id)
             job.estimated_start = estimate.as_dict() if estimate else None
             job.estimated_wait_s = job.estimated_start["mid_s"] if estimate else None
-            data = WaitingJobSerializer(job).data
+        # One serializer for the whole page: a serializer per row copies its fields per row (most of a 100-row
+        # page's time).
+        rows = WaitingJobSerializer(shown, many=True).data
+        for k, job in enumerate(shown):
             if job.team_id not in visible:  # others' jobs show as anonymous places in the line
-                data = {
+                data = rows[k]
+                rows[k] = {
                     "position": data["position"],
                     "estimated_wait_s": data["estimated_wait_s"],
                     "estimated_start": data["estimated_start"],
@@ -273,8 +275,7 @@ class QueueDetailSerializer(QueueSerializer):
                     "submitted_at": data["submitted_at"],
                     "team": None,
                 }
-            rows.append(data)
-        return rows
+        return list(rows)
 
 
 class QueueViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -384,6 +384,10 @@ def test_queue_detail_shows_order_positions_and_waits(world):
     for bad in ("0", "x", "10001"):
         answer = demo.get(f"/api/v1/queues/debug/?limit={bad}")
         assert answer.status_code == 400 and answer.json()["code"] == "invalid_parameter", bad
+    # Someone of another team sees the same places in the line, anonymous: no name, owner or team.
+    theirs = client_for("outsider").get("/api/v1/queues/debug/").json()["jobs"]
+    assert [j["position"] for j in theirs] == [1, 2, 3] and all(j["team"] is None and "name" not in j for j in theirs)
+    assert [j["estimated_start"] for j in theirs] == [j["estimated_start"] for j in queue["jobs"]]
     listing = demo.get("/api/v1/queues/").json()
     assert {q["name"] for q in listing} == {"debug", "train", "distributed"}
 

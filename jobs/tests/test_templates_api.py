@@ -161,6 +161,50 @@ def test_jobs_are_found_by_the_short_id_the_portal_shows():
     assert short.status_code == 400 and short.json()["code"] == "invalid_id_prefix"
 
 
+def test_the_short_id_search_reads_the_primary_key_index_on_a_long_table():
+    """20,000 jobs: a prefix is a range of the primary key, answered by its index (the rows visited are the rows
+    found), and it finds exactly the visible jobs whose id starts so."""
+    import json
+    import random
+    import uuid
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    demo = client_for("demo")
+    first = Job.objects.get(pk=demo.post("/api/v1/jobs/", body(), format="json").json()["id"])
+    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at", "idempotency_key"}]
+    rng = random.Random(4)
+    clones = [
+        Job(**{f: getattr(first, f) for f in names}, id=uuid.UUID(int=rng.getrandbits(128)), idempotency_key=None)
+        for _ in range(20_000)
+    ]
+    Job.objects.bulk_create(clones, batch_size=2000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    ids = [str(j) for j in Job.objects.values_list("id", flat=True)]
+    for probe in rng.sample(ids, 20):
+        for length in (8, 13, 36):
+            prefix = probe[:length]
+            with CaptureQueriesContext(connection) as captured:
+                found = demo.get("/api/v1/jobs/", {"id_prefix": prefix, "page_size": 50}).json()["results"]
+            assert sorted(j["id"] for j in found) == sorted(i for i in ids if i.startswith(prefix))
+    [listing] = [q["sql"] for q in captured if 'FROM "jobs_job"' in q["sql"] and '"jobs_job"."id" >=' in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + listing)
+        raw = cursor.fetchone()[0]
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    scans = [n for n in nodes(plan) if n.get("Relation Name") == "jobs_job"]
+    assert [n["Index Name"] for n in scans] == ["jobs_job_pkey"], json.dumps(plan)
+    assert scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0) <= 2
+
+
 def test_odd_ids_and_bodies_are_4xx_not_errors():
     demo = client_for("demo")
     assert demo.get("/api/v1/templates/99999999999999/").status_code == 404

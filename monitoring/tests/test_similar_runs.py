@@ -1,0 +1,161 @@
+"""Right-sizing's lookup of earlier runs at submission: the same runs as the plain query over the whole history
+(same image and command, or same labels; the user's or the team's; newest first), read through the indexes kept
+for it, so that the rows PostgreSQL visits do not grow with the team's history."""
+
+import json
+import random
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from jobs import services as jobs
+from jobs.models import Job
+from monitoring.selectors import similar_runs
+from quotas.models import Membership, Team
+
+pytestmark = [pytest.mark.django_db]
+
+COMMANDS = [["python3", "train.py"], ["python3", "train.py", "--big"], ["python3", "eval.py"]]
+ARGS = [[], ["--lr", "0.1"]]
+LABELS = [{}, {"project": "vision"}, {"project": "speech"}]
+IMAGES = ["python-3.11", "pytorch-2.5-cuda12.4"]
+
+
+def submitted(user, **extra):
+    data = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "python-3.11", "command": ["true"]}
+    job, _ = jobs.job_submit(user=user, data={**data, **extra})
+    return job
+
+
+def history(template, owners, n, rng, images=(), **fixed):
+    """`n` succeeded copies of `template` over the last 30 days, each with a command, arguments, labels, image
+    reference (of `images`, else the template's) and owner drawn from the lists above (or `fixed`)."""
+    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at"}]
+    now = timezone.now()
+    rows = []
+    for _ in range(n):
+        job = Job(**{f: getattr(template, f) for f in names})
+        job.id, job.idempotency_key, job.queue_position = uuid.uuid4(), None, None
+        job.state, job.reserved, job.reason = "succeeded", False, ""
+        job.command, job.args, job.labels = rng.choice(COMMANDS), rng.choice(ARGS), rng.choice(LABELS)
+        job.image_reference = rng.choice(images) if images else template.image_reference
+        job.owner = rng.choice(owners)
+        job.finished_at = now - timedelta(seconds=rng.uniform(60, 30 * 86400))
+        for key, value in fixed.items():
+            setattr(job, key, value)
+        rows.append(job)
+    Job.objects.bulk_create(rows, batch_size=2000)
+
+
+def the_plain_query(job, *, owner_only, limit):
+    """What the lookup answered before it had indexes: one OR over the whole history, newest first."""
+    qs = Job.objects.filter(team_id=job.team_id, state="succeeded", image_reference=job.image_reference).exclude(
+        pk=job.pk
+    )
+    same = Q(command=job.command, args=job.args)
+    if job.labels:
+        same |= Q(labels=job.labels)
+    if owner_only:
+        qs = qs.filter(owner_id=job.owner_id)
+    return [j.pk for j in qs.filter(same).order_by("-finished_at")[:limit]]
+
+
+@pytest.fixture
+def teammate(db_platform):
+    mate = get_user_model().objects.create_user(username="mate", password="x-pass-123456")
+    Membership.objects.create(user=mate, team=Team.objects.get(slug="demo"), role="member")
+    return mate
+
+
+def test_the_runs_found_are_those_of_the_plain_query(db_platform, teammate):
+    rng = random.Random(5)
+    template = submitted(db_platform)
+    references = [submitted(db_platform, image=image).image_reference for image in IMAGES]
+    assert len(set(references)) == 2
+    history(template, [db_platform, teammate], 600, rng, images=references)
+    probes = [
+        submitted(db_platform, image=image, command=command, args=args, labels=labels)
+        for image in IMAGES
+        for command in COMMANDS[:2]
+        for args in ARGS
+        for labels in LABELS
+    ]
+    probes.append(submitted(db_platform, command=["python3", "never-ran.py"], labels={"project": "vision"}))
+    probes.append(submitted(db_platform, command=["python3", "never-ran.py"]))
+    sizes = []
+    for probe in probes:
+        for owner_only in (True, False):
+            for limit in (1, 10, 50):
+                found = [j.pk for j in similar_runs(probe, owner_only=owner_only, limit=limit)]
+                sizes.append(len(found))
+                assert found == the_plain_query(probe, owner_only=owner_only, limit=limit), (
+                    probe.command,
+                    probe.args,
+                    probe.labels,
+                    owner_only,
+                    limit,
+                )
+    assert sizes.count(50) > 10 and 0 < sizes.count(0) < len(sizes) / 4  # most probes have history, a few none
+    # The probes' own team only: another team's identical runs are not evidence.
+    other = Team.objects.create(slug="other", name="Other", namespace="other")
+    Job.objects.filter(pk__in=[j.pk for j in similar_runs(probes[0], owner_only=False, limit=5)]).update(team=other)
+    assert all(j.team_id == probes[0].team_id for j in similar_runs(probes[0], owner_only=False, limit=50))
+
+
+def plans_of(captured):
+    """EXPLAIN (ANALYZE) of each SELECT the lookup sent, as PostgreSQL's JSON plans."""
+    plans = []
+    with connection.cursor() as cursor:
+        for query in captured:
+            if query["sql"].startswith("SELECT"):
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query["sql"])
+                raw = cursor.fetchone()[0]
+                plans.append((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
+    return plans
+
+
+def nodes(plan):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+@pytest.mark.parametrize("owner_only", [True, False])
+def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, owner_only):
+    """12,000 succeeded runs of the same image in the team, most of them other commands, and 2,000 of the rare
+    command by the teammate: each lookup is an index scan on its own index that stops after the rows it returns
+    (the user's 3 runs, or the team's newest 10), whatever lies behind them."""
+    rng = random.Random(9)
+    template = submitted(db_platform)
+    history(template, [db_platform, teammate], 12_000, rng)
+    rare = ["python3", "rare.py"]
+    common = {"command": rare, "args": [], "labels": {}}
+    history(template, [teammate], 2_000, rng, **common)
+    history(template, [db_platform], 3, rng, **common)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    probe = submitted(db_platform, command=rare, labels={"project": "rare"})
+    with CaptureQueriesContext(connection) as captured:
+        found = similar_runs(probe, owner_only=owner_only, limit=10)
+    assert len(found) == (3 if owner_only else 10) and all(j.command == rare for j in found)
+    assert not owner_only or all(j.owner_id == db_platform.pk for j in found)
+    plans = plans_of(captured)
+    assert len(plans) == 2  # one per likeness: the command, the labels
+    used = set()
+    for plan in plans:
+        assert not [n for n in nodes(plan) if n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")], json.dumps(plan)
+        scans = [n for n in nodes(plan) if "Index Name" in n]
+        assert scans, json.dumps(plan)
+        for scan in scans:
+            assert scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0) <= 10, json.dumps(scan)
+            used.add(scan["Index Name"])
+    # The command's runs through the index of the scope asked for (the teammate's 2,000 would fill the other's
+    # first entries); the labels, which no run has, through either.
+    scope = "user" if owner_only else "team"
+    assert f"job_similar_command_{scope}" in used and all(name.startswith("job_similar_") for name in used), used
