@@ -480,8 +480,9 @@ PROCESS_MODEL = "one process: scheduler.policy.Allocator in memory, no dispatche
 
 
 def write_json(path: Path, payload: dict[str, object]) -> None:
-    """Write a result file, stamped with `provenance()` at the end of the run."""
-    payload = {**payload, "process_model": PROCESS_MODEL, "provenance": provenance()}
+    """Write a result file, stamped with `provenance()` at the end of the run; a result that names its own process
+    model (the scheduler's, with worker and dispatcher processes) keeps it."""
+    payload = {"process_model": PROCESS_MODEL, **payload, "provenance": provenance()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
