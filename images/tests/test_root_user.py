@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from images import registry, scan, services
 from images.models import ScanPolicy
-from images.tests.conftest import podman
+from images.tests.conftest import auth_args, podman
 from images.tests.test_builds import built, define_base
 from jobs.models import Job
 from ops.seed import seed
@@ -39,12 +39,13 @@ def push(build_root, tmp_path, reference: str, containerfile: str) -> str:
     context = tmp_path / name
     context.mkdir()
     (context / "Containerfile").write_text(containerfile)
-    made = podman(build_root, "build", "--isolation", "chroot", "--tls-verify=false", "-t", f"localhost/{name}",
-                  str(context))  # fmt: skip
+    auth = auth_args(tmp_path, reference.split("/", 1)[0])  # the session's registry wants its password
+    made = podman(build_root, "build", "--isolation", "chroot", "--tls-verify=false", *auth, "-t",
+                  f"localhost/{name}", str(context))  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     digestfile = tmp_path / f"{name}.digest"
     pushed = podman(
-        build_root, "push", "--tls-verify=false", "--digestfile", str(digestfile), f"localhost/{name}", reference
+        build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), f"localhost/{name}", reference
     )
     assert pushed.returncode == 0, pushed.stderr
     return digestfile.read_text().strip()
