@@ -21,7 +21,7 @@ from django.db import connection
 
 from images import services
 from images.models import ImageBuild
-from images.tests.conftest import _copy_with_libraries, images_env, podman, upstream  # noqa: F401 - fixtures
+from images.tests.conftest import _copy_with_libraries, auth_args, images_env, podman, upstream  # noqa: F401 - fixtures
 from kernel import proctree
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -38,7 +38,8 @@ def sleepy_upstream(images_env, registry_url, build_root, tmp_path):  # noqa: F8
     reference = f"{urlparse(registry_url).netloc}/upstream/sleepy:1"
     made = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-sleepy", str(tmp_path))
     assert made.returncode == 0, made.stdout + made.stderr
-    pushed = podman(build_root, "push", "--tls-verify=false", "localhost/upstream-sleepy", reference)
+    auth = auth_args(tmp_path, urlparse(registry_url).netloc)  # the session's registry wants its password
+    pushed = podman(build_root, "push", "--tls-verify=false", *auth, "localhost/upstream-sleepy", reference)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     return reference
 
