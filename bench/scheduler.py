@@ -725,12 +725,7 @@ def estimates_only(args) -> int:
             user, total_jobs=100_000, holders=6900, requests=10 if args.quick else 30, profile=args.profile_estimates
         ),
     }
-    results["environment"] = {
-        "python": py_platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-        "quick": args.quick,
-    }
+    results["environment"] = _environment(args)
     write_json(args.output, results)
     print(f"wrote {args.output}")
     return 0
@@ -854,6 +849,15 @@ def format_table(results: dict) -> str:
     return "\n".join(out)
 
 
+def _environment(args) -> dict:
+    return {
+        "python": py_platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "quick": args.quick,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 2,000-job replay and smaller backlogs")
@@ -936,12 +940,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload_refresh_s": float(os.environ.get("TRAINYARD_WORKLOAD_REFRESH_S", "300")),
     }
     results["targets"]["ledger_overbooked_met"] = not results["ledger_overbooked"] and not r.get("ledger_overbooked")
-    results["environment"] = {
-        "python": py_platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-        "quick": args.quick,
-    }
+    results["environment"] = _environment(args)
     write_json(args.output, results)
     print(format_table(results))
     print(f"wrote {args.output}")

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the seeded platform's fixture is imported from test_submission and used as an argument
 """The `runs_as_root` finding and its queue gate, on real images: podman builds one image whose config says
 `USER 1000` and one that names no USER, pushes both to the session's registry; the platform reads each config
 from the registry (a build's record, or at submission for an image it did not build) and a queue whose scan
@@ -6,31 +7,16 @@ policy refuses root turns the second away with 400 `image_runs_as_root`."""
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
-from rest_framework.test import APIClient
 
 from images import registry, scan, services
 from images.models import ScanPolicy
 from images.tests.conftest import auth_args, podman
 from images.tests.test_builds import built, define_base
+from images.tests.test_submission import body, world  # noqa: F401 - the same seeded platform and request
 from jobs.models import Job
-from ops.seed import seed
 from quotas.models import Queue
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def world(settings, images_env):
-    settings.TRAINYARD_BACKEND = "local"
-    settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
-    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
-    client = APIClient()
-    client.force_authenticate(get_user_model().objects.get(username="demo"))
-    return client
-
-
-def body(image):
-    return {"team": "demo", "queue": "train", "spec": "shared", "image": image, "command": ["python", "train.py"]}
 
 
 def push(build_root, tmp_path, reference: str, containerfile: str) -> str:
