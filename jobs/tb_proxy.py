@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from jobs.models import TensorBoardRoute
 from jobs.selectors import jobs_visible_to
-from jobs.tensorboard import link_age
+from jobs.tensorboard import link_age, route_relaunch_if_dead
 from kernel import listeners
 
 log = structlog.get_logger(__name__)
@@ -112,6 +112,7 @@ def tensorboard_proxy(request, job_id, path=""):
             },
             status=404,
         )
+    route = route_relaunch_if_dead(route)
     refused = _not_ours(route)
     if refused is not None:
         return refused

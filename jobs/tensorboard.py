@@ -74,38 +74,64 @@ def route_issue(*, job_id) -> TensorBoardRoute | None:
                 route = TensorBoardRoute.objects.create(job=job, backend="local", logdir=logdir, port=port)
         except IntegrityError:
             continue  # the port (or the job's route) was claimed at the same moment: try another port
-        argv = sandbox.wrap(
-            sandbox.service_plan(job_id=str(job.id), readable=[Path(logdir)]),
-            [
-                sys.executable,
-                "-m",
-                "tensorboard.main",
-                "--logdir",
-                logdir,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--path_prefix",
-                route_path(job.id).rstrip("/"),
-                "--reload_interval",
-                "15",
-            ],
-        )
-        proc = subprocess.Popen(
-            argv,
-            # None of the platform's own environment (database and Redis URLs with their passwords).
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        TensorBoardRoute.objects.filter(pk=route.pk).update(pid=proc.pid)
-        route.pid = proc.pid
+        _launch(route)
         log.info("tensorboard_issued", job_id=str(job.id), port=port)
         return route
     raise RuntimeError("could not claim a free port for TensorBoard")
+
+
+def _launch(route: TensorBoardRoute) -> None:
+    """Start the route's TensorBoard on its port and record its pid."""
+    argv = sandbox.wrap(
+        sandbox.service_plan(job_id=str(route.job_id), readable=[Path(route.logdir)]),
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            route.logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(route.port),
+            "--path_prefix",
+            route_path(route.job_id).rstrip("/"),
+            "--reload_interval",
+            "15",
+        ],
+    )
+    proc = subprocess.Popen(
+        argv,
+        # None of the platform's own environment (database and Redis URLs with their passwords).
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    TensorBoardRoute.objects.filter(pk=route.pk).update(pid=proc.pid)
+    route.pid = proc.pid
+
+
+def route_relaunch_if_dead(route: TensorBoardRoute) -> TensorBoardRoute:
+    """A local route whose TensorBoard exited (it lost its port to another process between the port being
+    chosen and bound, or it crashed) gets a fresh process on a fresh port under the same route, so the page,
+    shared links and their cookies keep working. The route is returned as it now is; a live one is untouched."""
+    if route.backend != "local" or not route.pid or _alive(route.pid):
+        return route
+    with transaction.atomic():
+        locked = TensorBoardRoute.objects.select_for_update().filter(pk=route.pk, state="active").first()
+        if locked is None or locked.pid != route.pid:
+            return locked or route  # revoked meanwhile, or another request relaunched it already
+        for _ in range(5):
+            port = _free_port()
+            if not TensorBoardRoute.objects.filter(state="active", port=port).exists():
+                break
+        locked.port, locked.issued_at = port, timezone.now()
+        locked.save(update_fields=["port", "issued_at"])
+        _launch(locked)
+    log.warning("tensorboard_relaunched", job_id=str(route.job_id), port=port, dead_pid=route.pid)
+    return locked
 
 
 def route_expire(*, job_id) -> None:

@@ -176,6 +176,14 @@ def test_the_proxy_refuses_a_port_that_another_process_took_after_tensorboard_di
     impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(route.port)], stdout=subprocess.PIPE)
     try:
         assert impostor.stdout.readline() == b"listening\n"
+        # Its TensorBoard is gone: the visit starts a fresh one on another port; the impostor is never served.
+        answer = member.get(f"/tb/{job.id}/")
+        assert b"IMPOSTOR" not in answer.content
+        relaunched = TensorBoardRoute.objects.get(pk=route.pk)
+        assert relaunched.port != route.port and relaunched.pid != route.pid
+        assert b"IMPOSTOR" not in _get_until_ok(member, f"/tb/{job.id}/").content
+        # A live TensorBoard whose port someone else holds (it lost the bind race) is refused, never forwarded.
+        TensorBoardRoute.objects.filter(pk=route.pk).update(port=route.port)
         answer = member.get(f"/tb/{job.id}/")
         assert answer.status_code == 502 and answer.json()["code"] == "tensorboard_not_verified"
         assert b"IMPOSTOR" not in answer.content and b"<script" not in answer.content
@@ -232,3 +240,39 @@ def test_a_member_revokes_the_links_over_the_api(platform):
     tensorboard.routes_stop_all()
     gone = api.post(f"/api/v1/jobs/{job.id}/tensorboard/revoke-links/")
     assert gone.status_code == 404 and gone.json()["code"] == "tensorboard_not_running"
+
+
+def test_a_tensorboard_that_exited_is_started_again_under_the_same_route_on_the_next_visit(platform):
+    """Its port can be taken between being chosen and being bound (or the process crashes): the next visit
+    relaunches it on a fresh port under the same route, so shared links keep working and nobody waits on 503."""
+    job = services.job_submit(
+        user=platform,
+        data={
+            "team": "demo",
+            "queue": "train",
+            "spec": "shared",
+            "image": "python-3.11",
+            "command": ["true"],
+            "tensorboard": True,
+            "name": "crashes",
+        },
+    )[0]
+    route = tensorboard.route_issue(job_id=job.id)
+    link = tensorboard.signed_link(job.id)
+    os.killpg(route.pid, 9)
+    deadline = time.monotonic() + 10
+    while _alive(route.pid) and time.monotonic() < deadline:
+        try:
+            os.waitpid(route.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        time.sleep(0.1)
+
+    member = Client()
+    member.force_login(platform)
+    page = _get_until_ok(member, f"/tb/{job.id}/")
+    assert page.status_code == 200 and b"TensorBoard" in page.content
+    again = TensorBoardRoute.objects.get(pk=route.pk)
+    assert again.state == "active" and again.pid != route.pid and _alive(again.pid)
+    assert Client().get(link).status_code == 200  # the link made before the crash still opens it
+    tensorboard.route_revoke(route_id=route.pk)
