@@ -85,6 +85,42 @@ ERROR_SCHEMA = {
     "required": ["code"],
     "additionalProperties": True,
 }
+# Any operation can meet an outage of PostgreSQL or Redis (or of the registry, store or cluster it needs): a 503 with
+# Retry-After. A submission whose write was made names what it made, so a client never sends it twice blindly.
+UNAVAILABLE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {
+            "type": "string",
+            "description": "database_unavailable, broker_unavailable, or the unavailable service's own code",
+        },
+        "detail": {"type": "string"},
+        "retry_after": {"type": "integer", "description": "seconds; the Retry-After header says the same"},
+        "job_id": {
+            "type": "string",
+            "format": "uuid",
+            "description": "a submission's job, when the outage came after its write was made",
+        },
+        "job_ids": {
+            "type": "array",
+            "items": {"type": "string", "format": "uuid"},
+            "description": "a batch submission's jobs, when the outage came after their write was made",
+        },
+        "job_exists": {
+            "type": "boolean",
+            "nullable": True,
+            "description": "true: the named job(s) were kept, do not submit again; null: the outage came during "
+            "the commit, so GET the job (404: it was not kept) or resend with the same Idempotency-Key",
+        },
+    },
+    "required": ["code", "detail"],
+    "additionalProperties": True,
+}
+UNAVAILABLE_RESPONSE = {
+    "description": "an outage: try again after Retry-After seconds (a submission's answer names what it made)",
+    "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait"}},
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Unavailable"}}},
+}
 ERROR_WORDS = {
     "400": "invalid input (the code says which rule, `fields` which field)",
     "401": "not authenticated",
@@ -99,9 +135,11 @@ ERROR_WORDS = {
 
 def schema_declare_errors(result, generator, request, public):
     """drf-spectacular postprocessing hook: declare on every operation the 4xx it can answer (with the shared Error
-    body), and `additionalProperties: false` on request bodies whose serializer refuses unknown fields."""
+    body) and the 503 of an outage (with Retry-After and what a submission made), and `additionalProperties:
+    false` on request bodies whose serializer refuses unknown fields."""
     components = result.setdefault("components", {}).setdefault("schemas", {})
     components["Error"] = ERROR_SCHEMA
+    components["Unavailable"] = UNAVAILABLE_SCHEMA
     for path, methods in result.get("paths", {}).items():
         if not path.startswith("/api/v1/"):
             continue
@@ -124,6 +162,7 @@ def schema_declare_errors(result, generator, request, public):
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
                     },
                 )
+            responses.setdefault("503", UNAVAILABLE_RESPONSE)
     for component in generator.registry._components.values():
         if component.type != "schemas" or not component.name.endswith("Request"):
             continue

@@ -19,6 +19,22 @@ def test_every_operation_declares_its_auth_and_throttle_answers_with_the_error_b
                 assert {"400", "404", "409"} <= set(declared), (method, path)
             ref = declared["403"]["content"]["application/json"]["schema"]["$ref"]
             assert ref == "#/components/schemas/Error"
+            assert "Retry-After" in declared["503"]["headers"], (method, path)
+            assert (
+                declared["503"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/Unavailable"
+            )
+
+
+def test_the_outage_answer_of_a_submission_is_in_the_schema_as_the_api_sends_it():
+    """The 503 body's fields a client acts on (job_id, job_ids, job_exists) are declared, as sent by the API."""
+    from kernel.errors import OutageAfterWrite, exception_handler
+
+    unavailable = schema()["components"]["schemas"]["Unavailable"]
+    sent = exception_handler(OutageAfterWrite("database_unavailable", "gone", job_id="x", job_exists=None), {})
+    assert set(sent.data) <= set(unavailable["properties"])
+    assert {"job_ids", "job_exists", "retry_after"} <= set(unavailable["properties"])
+    assert unavailable["properties"]["job_exists"]["nullable"] is True
+    assert sent["Retry-After"]
 
 
 @pytest.mark.django_db

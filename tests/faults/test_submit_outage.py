@@ -154,6 +154,45 @@ def test_cli_submit_that_cannot_get_through_names_the_job_and_the_key(cli, tmp_p
     assert Job.objects.count() == 1
 
 
+def test_cli_run_sends_again_with_its_own_key_and_makes_one_job(cli, tmp_path, monkeypatch):  # noqa: F811
+    """`trainyard run` (pack the folder, submit, follow) resends as `submit` does: one job, the user's command once."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    with _end_session_during_commit():
+        result = cli("run", "--team", "demo", "--queue", "train", "--spec", "shared", "--detach", "--", "true")
+    assert result.code == 0, result.err
+    assert "sending it again with the same Idempotency-Key" in result.err
+    job = Job.objects.get()
+    assert result.out.strip() == str(job.id) and job.idempotency_key.startswith("cli-")
+    assert job.code_digest.startswith("sha256:")
+
+
+def test_portal_form_names_the_job_it_may_have_made_when_the_database_goes_during_the_commit(platform):
+    """The page cannot know whether the row was kept: it names the job and says so; the same form sent again
+    makes the job once (here the first commit did not go through)."""
+    from django.test import Client
+
+    client = Client()
+    assert client.login(username="demo", password="demo-pass-123")
+    form = {
+        "team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": "true",
+        "max_retries": "0", "idempotency_key": "form-during-commit",
+    }  # fmt: skip
+    with _end_session_during_commit():
+        response = client.post("/jobs/new/", form)
+    connection.close()
+    assert response.status_code == 503, response.content[:2000]
+    assert response["Retry-After"] == "5"
+    page = response.content.decode()
+    assert "not known whether it was kept" in page and "never makes a second job" in page
+    assert not Job.objects.exists()
+    again = client.post("/jobs/new/", form)
+    assert again.status_code == 302, again.content[:2000]
+    job = Job.objects.get()
+    assert again["Location"].endswith(f"/jobs/{job.id}/")
+    assert client.post("/jobs/new/", form).status_code == 302 and Job.objects.count() == 1
+
+
 def test_portal_form_names_the_job_when_the_database_goes_after_the_commit(platform):
     from django.test import Client
 
