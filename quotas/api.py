@@ -76,9 +76,10 @@ class TeamSerializer(serializers.ModelSerializer):
 class TeamDetailSerializer(TeamSerializer):
     members = MemberSerializer(source="memberships", many=True, read_only=True)
     usage_by_spec = serializers.SerializerMethodField()
+    watch = serializers.JSONField(read_only=True, help_text="log texts watched in every job of the team")
 
     class Meta(TeamSerializer.Meta):
-        fields = [*TeamSerializer.Meta.fields, "members", "usage_by_spec"]
+        fields = [*TeamSerializer.Meta.fields, "members", "usage_by_spec", "watch"]
 
     def get_usage_by_spec(self, team) -> list:
         return usage.team_usage_by_spec(team)
@@ -100,6 +101,12 @@ class QuotaUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     )
     checkpoint_keep_last = serializers.IntegerField(min_value=0, max_value=1000, required=False)
     checkpoint_retention_days = serializers.IntegerField(min_value=0, max_value=36500, required=False)
+
+
+class TeamWatchSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    watch = serializers.JSONField(
+        help_text='up to 8 {"pattern": text, "level": "warning" or "critical"}; [] watches nothing'
+    )
 
 
 class MembershipInputSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -129,6 +136,19 @@ class TeamViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMode
         payload.is_valid(raise_exception=True)
         with transaction.atomic(durable=True):
             team = services.team_quota_update(team=team, changes=payload.validated_data, actor=request.user)
+        return Response(TeamDetailSerializer(team).data)
+
+    @extend_schema(request=TeamWatchSerializer, responses=TeamDetailSerializer)
+    @action(detail=True, methods=["put"])
+    def watch(self, request, slug=None):
+        """Set the log texts watched in every job of the team (maintainers or staff); audited."""
+        team = self.get_object()
+        if not selectors.is_maintainer(request.user, team):
+            raise Forbidden("only the team's maintainers set the team's log watches")
+        payload = TeamWatchSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        with transaction.atomic(durable=True):
+            team = services.team_watch_set(team=team, watch=payload.validated_data["watch"], actor=request.user)
         return Response(TeamDetailSerializer(team).data)
 
     @extend_schema(request=MembershipInputSerializer, responses=MemberSerializer)

@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from kernel.errors import NotFound, ValidationFailed
+from kernel.watch import watch_validate
 from quotas import signals
 from quotas.models import Membership, Queue, QuotaChange, Team
 from quotas.selectors import VECTOR_FIELDS
@@ -40,6 +41,16 @@ def team_quota_update(*, team: Team, changes: dict, actor) -> Team:
             team.save()
             _redispatch_all()
             team_announce(team=team)
+    return team
+
+
+def team_watch_set(*, team: Team, watch, actor) -> Team:
+    """Replace the texts watched in every job of the team (running jobs' next log lines included); audited."""
+    value = watch_validate(watch)
+    with transaction.atomic():
+        team = Team.objects.select_for_update().get(pk=team.pk)
+        if _apply(team, {"watch": value}, ("watch",), actor, team=team):
+            team.save(update_fields=["watch"])
     return team
 
 

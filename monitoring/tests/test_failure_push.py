@@ -268,6 +268,38 @@ def test_a_team_watch_that_cannot_work_is_refused_by_the_admin_console(platform,
     assert form.cleaned_data["watch"] == [{"pattern": "nan loss", "level": "warning"}]
 
 
+def test_a_teams_maintainer_sets_its_watches_over_the_api_and_a_member_cannot(platform):  # noqa: F811
+    from quotas.models import Membership, QuotaChange
+    from quotas.tests.factories import UserFactory
+
+    maintainer = APIClient()
+    maintainer.force_authenticate(platform)  # demo maintains the demo team
+    url = "/api/v1/teams/demo/watch/"
+    answer = maintainer.put(url, {"watch": ["nan loss", {"pattern": "CUDA error", "level": "critical"}]}, format="json")
+    assert answer.status_code == 200, answer.content
+    expected = [{"pattern": "nan loss", "level": "warning"}, {"pattern": "CUDA error", "level": "critical"}]
+    assert answer.json()["watch"] == expected
+    assert Team.objects.get(slug="demo").watch == expected
+    assert maintainer.get("/api/v1/teams/demo/").json()["watch"] == expected
+    assert QuotaChange.objects.filter(field="watch", team__slug="demo", actor=platform).count() == 1
+
+    for bad in ("nan", [{"pattern": "x"}], [{"pattern": "nan loss", "level": "fatal"}], ["ab"] * 9):
+        refused = maintainer.put(url, {"watch": bad}, format="json")
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_watch", bad
+    assert maintainer.put(url, {"watch": [], "extra": 1}, format="json").json()["code"] == "unknown_field"
+    assert Team.objects.get(slug="demo").watch == expected  # nothing refused changed anything
+
+    member = UserFactory(username="member-only")
+    Membership.objects.create(team=Team.objects.get(slug="demo"), user=member, role=Membership.Role.MEMBER)
+    plain = APIClient()
+    plain.force_authenticate(member)
+    assert plain.put(url, {"watch": []}, format="json").status_code == 403
+    stranger = APIClient()
+    stranger.force_authenticate(UserFactory(username="elsewhere"))
+    assert stranger.put(url, {"watch": []}, format="json").status_code == 404
+    assert maintainer.put(url, {"watch": []}, format="json").json()["watch"] == []
+
+
 def _team_form_data(team):
     from django.forms.models import model_to_dict
 
