@@ -439,6 +439,8 @@ TRAINYARD_FATAL_XIDS = env.list(
     "TRAINYARD_FATAL_XIDS", cast=int, default=[48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
 )
 TRAINYARD_ALERT_WEBHOOK_URL = env.str("TRAINYARD_ALERT_WEBHOOK_URL", default="")
+# HMAC-SHA256 key of alert-rule webhooks (X-Trainyard-Timestamp, X-Trainyard-Signature); empty: unsigned.
+TRAINYARD_ALERT_WEBHOOK_SECRET = env.str("TRAINYARD_ALERT_WEBHOOK_SECRET", default="")
 TRAINYARD_ALERT_EVALUATE_INTERVAL_S = env.float("TRAINYARD_ALERT_EVALUATE_INTERVAL_S", default=30.0)
 TRAINYARD_METRIC_SCAN_INTERVAL_S = env.float("TRAINYARD_METRIC_SCAN_INTERVAL_S", default=10.0)
 # Mail (a failed attempt's push to its owner): an smtp:// or smtp+tls:// URL; by default printed to the console.

@@ -304,6 +304,8 @@ def webhook_deliver(*, delivery_id: int) -> bool:
         headers.update(push.signed_headers(wanted.webhook_secret if wanted else "", body))
     else:
         body = json.dumps(webhook_payload(delivery.alert, delivery.event)).encode()
+        if settings.TRAINYARD_ALERT_WEBHOOK_SECRET:  # an alert rule's webhook: signed with the platform's secret
+            headers.update(push.signed_headers(settings.TRAINYARD_ALERT_WEBHOOK_SECRET, body))
     code, error = None, ""
     if delivery.user_id is not None and not settings.TRAINYARD_PUSH_WEBHOOK_ALLOW_PRIVATE:
         inside = push.private_address(urlparse(delivery.url).hostname or "")

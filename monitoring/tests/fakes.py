@@ -193,7 +193,12 @@ class _WebhookHandler(_QuietHandler):
         server: WebhookReceiver = self.server.owner  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length") or 0)
         server.received.append(
-            {"body": json.loads(self.rfile.read(length) or b"{}"), "content_type": self.headers.get("Content-Type", "")}
+            {
+                "body": json.loads(raw := self.rfile.read(length) or b"{}"),
+                "raw": raw,
+                "headers": dict(self.headers.items()),
+                "content_type": self.headers.get("Content-Type", ""),
+            }
         )
         server.event.set()
         self._json(server.status, {"ok": server.status < 300})

@@ -242,6 +242,27 @@ def test_a_failed_webhook_is_recorded_for_retry(hot_job, webhook, settings):
     assert (delivery.status, delivery.attempts) == ("delivered", 2)
 
 
+def test_an_alert_rules_webhook_is_signed_with_the_platforms_secret_when_one_is_set(hot_job, webhook, settings):
+    import hashlib
+    import hmac
+
+    settings.TRAINYARD_ALERT_WEBHOOK_URL = webhook.url
+    services.telemetry_collect(now=T0)
+    services.alerts_evaluate(now=T0)
+    delivery = WebhookDelivery.objects.get()
+    assert services.webhook_deliver(delivery_id=delivery.id) is True
+    assert "X-Trainyard-Signature" not in webhook.received[0]["headers"]  # no secret set: unsigned, as documented
+
+    settings.TRAINYARD_ALERT_WEBHOOK_SECRET = "alert-secret"
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(status="pending")
+    assert services.webhook_deliver(delivery_id=delivery.id) is True
+    got = webhook.received[1]
+    stamp = got["headers"]["X-Trainyard-Timestamp"]
+    wanted = hmac.new(b"alert-secret", stamp.encode() + b"." + got["raw"], hashlib.sha256).hexdigest()
+    assert got["headers"]["X-Trainyard-Signature"] == f"sha256={wanted}"
+    assert got["body"]["event"] == "firing"
+
+
 def test_quarantine_action_takes_the_card_out_of_placement(hot_job):
     AlertRule.objects.filter(name="gpu-temperature").update(quarantine_gpu=True)
     services.telemetry_collect(now=T0)
