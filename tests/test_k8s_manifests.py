@@ -149,7 +149,8 @@ def test_volcano_queues_match_the_seeded_platform_queues():
     from ops.seed import QUEUES
 
     queues = {q["metadata"]["name"]: q for q in kind("Queue")}
-    assert set(queues) == {f"trainyard-{q['name']}" for q in QUEUES}
+    assert set(queues) == {f"trainyard-{q['name']}" for q in QUEUES} | {render.BORROWED_QUEUE}
+    assert queues.pop(render.BORROWED_QUEUE) == render.render_borrowed_queue()  # what every queue sync keeps
     for data in QUEUES:
         vector = {k: data[k] for k in ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")}
         expected = render.render_queue(

@@ -943,7 +943,8 @@ class VolcanoBackend:
         return self._volcano_version
 
     def queue_sync(self, queue: Any) -> JSON:
-        """Create or update the Volcano Queue of a platform queue, and open or close it to match."""
+        """Create or update the Volcano Queue of a platform queue, and open or close it to match; and make sure
+        the queue that borrowed (preemptible) work rides in is there (render.BORROWED_QUEUE)."""
         wanted = render.render_queue(
             name=queue.volcano_name,
             vector=queue.vector(),
@@ -955,13 +956,21 @@ class VolcanoBackend:
             volcano_version=self.volcano_version(),
             shared_resource=self.config.render.shared_resource,
         )
+        current = self._queue_apply(wanted, want_open=queue.state == "open")
+        log.info(
+            "volcano_queue_synced", queue=queue.volcano_name, capability=wanted["spec"]["capability"], state=queue.state
+        )
+        self._queue_apply(render.render_borrowed_queue(), want_open=True)
+        return current
+
+    def _queue_apply(self, wanted: JSON, *, want_open: bool) -> JSON:
+        """Create the Volcano Queue, or bring its spec and labels to `wanted`; then open or close it."""
+        name = wanted["metadata"]["name"]
         group, version, plural = render.QUEUE_API
         current: JSON | None = None
         for _ in range(5):
             try:
-                current = self._call(
-                    "get_queue", self.custom.get_cluster_custom_object, group, version, plural, queue.volcano_name
-                )
+                current = self._call("get_queue", self.custom.get_cluster_custom_object, group, version, plural, name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -973,7 +982,7 @@ class VolcanoBackend:
                 except ApiException as exc2:
                     if exc2.status == 409:
                         continue
-                    raise VolcanoError(f"Kubernetes refused queue {queue.volcano_name}: {_message(exc2)}") from None
+                    raise VolcanoError(f"Kubernetes refused queue {name}: {_message(exc2)}") from None
             spec = dict(current.get("spec") or {})
             desired = {**spec, **wanted["spec"]}
             labels = {**(current["metadata"].get("labels") or {}), **wanted["metadata"]["labels"]}
@@ -982,31 +991,21 @@ class VolcanoBackend:
             current["spec"], current["metadata"]["labels"] = desired, labels
             try:
                 current = self._call(
-                    "replace_queue",
-                    self.custom.replace_cluster_custom_object,
-                    group,
-                    version,
-                    plural,
-                    queue.volcano_name,
-                    current,
+                    "replace_queue", self.custom.replace_cluster_custom_object, group, version, plural, name, current
                 )
                 break
             except ApiException as exc:
                 if exc.status != 409:  # 409 here is a stale resourceVersion: read again and retry
-                    raise VolcanoError(f"Kubernetes refused queue {queue.volcano_name}: {_message(exc)}") from None
+                    raise VolcanoError(f"Kubernetes refused queue {name}: {_message(exc)}") from None
         else:
-            raise VolcanoError(f"queue {queue.volcano_name} kept changing under us")
+            raise VolcanoError(f"queue {name} kept changing under us")
         assert current is not None
         volcano_state = (current.get("status") or {}).get("state") or "Open"
-        want_open = queue.state == "open"
         uid = current["metadata"]["uid"]
         if want_open and volcano_state != "Open":
-            self._queue_command(queue.volcano_name, uid, "OpenQueue")
+            self._queue_command(name, uid, "OpenQueue")
         elif not want_open and volcano_state not in ("Closed", "Closing"):
-            self._queue_command(queue.volcano_name, uid, "CloseQueue")
-        log.info(
-            "volcano_queue_synced", queue=queue.volcano_name, capability=wanted["spec"]["capability"], state=queue.state
-        )
+            self._queue_command(name, uid, "CloseQueue")
         return current
 
     def _queue_command(self, queue: str, uid: str, action: str) -> None:

@@ -300,7 +300,9 @@ def render_job(
         plugins = {}
     spec: JSON = {
         "schedulerName": VOLCANO_SCHEDULER,
-        "queue": desc.volcano_queue,
+        # Borrowed work rides in the queue without a capability: its platform queue's capability is the quota it
+        # runs beyond.
+        "queue": BORROWED_QUEUE if desc.priority_class == "preemptible" else desc.volcano_queue,
         "minAvailable": desc.replicas,
         # Volcano's admission webhook rewrites a maxRetry of 0 to 3 (0 reads as "unset"). It only bounds Restart*
         # actions, which no policy here names: whatever maxRetry ends up as, Volcano never restarts the job.
@@ -1042,6 +1044,22 @@ def queue_capability(
         capability["volcano.sh/vgpu-number"] = str(milli // SMALLEST_SHARE_MILLI)  # a device per share or card
         capability["volcano.sh/vgpu-cores"] = str(milli // 10)  # percent of a card: 1000 milli is 100
     return capability
+
+
+# Preemptible (borrowed) work holds no quota: the platform admits it onto idle cards beyond its queue's hard quota.
+# In its platform queue's Volcano Queue, whose capability is that quota, Volcano would keep it pending; it rides in
+# this queue instead, with no capability (nothing the platform lends is capped here: the platform's own admission
+# is the bound) and the lowest weight. A dot keeps the name apart from every `trainyard-<queue>`.
+BORROWED_QUEUE = "trainyard.borrowed"
+
+
+def render_borrowed_queue() -> JSON:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": BORROWED_QUEUE, "labels": {MANAGED_BY: MANAGER}},
+        "spec": {"weight": 1, "reclaimable": True, "capability": {}},
+    }
 
 
 def render_queue(

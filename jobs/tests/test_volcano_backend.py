@@ -576,6 +576,13 @@ def test_queue_sync_creates_updates_closes_and_reopens(kube, backend):
     kube.controller.tick()
     assert kube.get(QUEUES, "trainyard-train")["status"]["state"] == "Open"
 
+    # The queue borrowed work rides in: no capability (the platform's admission bounds it), repaired on a sync.
+    borrowed = kube.get(QUEUES, render.BORROWED_QUEUE)
+    assert borrowed["spec"]["capability"] in ({}, None) and borrowed["spec"]["weight"] == 1
+    kube.mutate(QUEUES, render.BORROWED_QUEUE, None, lambda q: q["spec"].update(capability={"nvidia.com/gpu": "1"}))
+    backend.queue_sync(queue)
+    assert kube.get(QUEUES, render.BORROWED_QUEUE)["spec"]["capability"] in ({}, None)
+
 
 def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backend):
     kube.add_node("cpu-node", gpus=0)

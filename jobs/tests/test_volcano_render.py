@@ -560,6 +560,9 @@ def test_each_admission_class_gets_its_priority_class_and_a_borrower_its_notice(
     validate_everywhere(job, volcano_crds)
     name = job["spec"]["priorityClassName"]
     assert name == f"trainyard-{admission_class}"
+    # A borrower holds no quota: it never rides in the queue whose capability is the quota it runs beyond.
+    wanted_queue = render.BORROWED_QUEUE if admission_class == "preemptible" else describe().volcano_queue
+    assert job["spec"]["queue"] == wanted_queue
     shipped = {d["metadata"]["name"]: d for d in yaml.safe_load_all((K8S / "priority-classes.yaml").read_text())}
     assert name in shipped  # the object the job names is one k8s/ creates
     values = [shipped[f"trainyard-{c}"]["value"] for c in ("inference", "training", "preemptible")]

@@ -270,6 +270,46 @@ def test_a_node_that_blinks_leaves_placement_and_returns_with_its_cards(platform
     _drive(lambda: check() or Node.objects.get(name=name).state == Node.State.READY, timeout=30)
 
 
+def test_a_node_lost_past_the_deadline_ends_the_attempt_as_node_lost_and_the_retry_runs_on_another_node(
+    platform, admin, settings, celery_worker_thread
+):
+    """The node of a running job goes NotReady and stays so past TRAINYARD_K8S_NODE_LOST_S: the attempt ends
+    NodeLost (the platform's failure, a retry used), the node leaves placement, the retry is bound elsewhere by
+    Volcano, and no card is quarantined or alerted on (an unreachable node is not a broken GPU)."""
+    from django.core.cache import cache
+
+    from cluster.models import GPU
+    from jobs.backends import reset_backends
+    from monitoring.models import Alert
+
+    settings.TRAINYARD_K8S_NODE_LOST_S = 3
+    reset_backends()
+    job = submit(platform["user"], max_retries=1)
+    job = _drive(lambda: _state(job, "running"))
+    lost = job.attempts.get().node.name
+    admin["core"].patch_node(lost, {"metadata": {"annotations": {"kwok.trainyard.io/ready": "false"}}})
+    try:
+
+        def retried():
+            cache.delete("trainyard:node-check")
+            lifecycle.nodes_reachability_check()
+            fresh = reload(job)
+            second = fresh.attempts.filter(number=2).first()
+            return fresh if fresh.state == "running" and second is not None else None
+
+        job = _drive(retried, timeout=150)
+        first, second = job.attempts.order_by("number")
+        assert (first.state, first.reason, first.failure_class) == ("failed", "NodeLost", "platform")
+        assert any(f"node {lost} is not ready" in e.message for e in job.events.filter(attempt=first))
+        assert second.node.name != lost
+        assert [p.spec.node_name for p in _pods(admin, job)] == [second.node.name]
+        assert job.retries_used == 1
+        assert not GPU.objects.filter(quarantined=True).exists() and not Alert.objects.exists()
+    finally:
+        admin["core"].patch_node(lost, {"metadata": {"annotations": {"kwok.trainyard.io/ready": None}}})
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
+
+
 def test_queue_sync_is_accepted_by_volcanos_own_validation_with_every_gpu_resource_capped(platform, admin):
     from quotas.models import Queue
 
@@ -329,6 +369,39 @@ def test_a_distributed_job_is_one_gang_bound_where_the_platform_placed_each_repl
     assert stored["spec"]["minAvailable"] == 2 and stored["spec"]["queue"] == "trainyard-distributed"
     _outcome(admin, job, "succeed")
     assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
+def test_preemptible_jobs_borrow_beyond_the_quota_and_the_owner_takes_a_node_back(
+    platform, admin, settings, celery_worker_thread
+):
+    """Borrowers beyond the queue's hard quota are bound by Volcano on idle nodes (its queue capability is the
+    quota, so they cannot ride in that queue); a job that holds quota and finds no free card gets the youngest
+    borrower's node: that borrower's pods go, its attempt ends `preempted` with no retry used, it waits again."""
+    from jobs.backends import reset_backends
+    from quotas.models import Queue
+
+    settings.TRAINYARD_PREEMPT_GRACE_S = 1
+    reset_backends()
+    nodes = _gpu_nodes(admin)
+    Queue.objects.filter(name="train").update(gpu_milli=8000, gpu_memory_mib=8 * 81559, allow_preemptible=True)
+    platform["backend"].queue_sync(Queue.objects.get(name="train"))
+    borrowers = [submit(platform["user"], gpus=8, preemptible=True, name=f"borrow{i}") for i in range(len(nodes))]
+    for job in borrowers:
+        _drive(lambda job=job: _state(job, "running"), timeout=150)
+    bound = {_pods(admin, job)[0].spec.node_name for job in borrowers}
+    assert bound == set(nodes)  # every node lent, the quota of one node notwithstanding
+
+    owner = submit(platform["user"], gpus=8, name="owner")
+    owner = _drive(lambda: _state(owner, "running"), timeout=150)
+    yielded = [job for job in borrowers if reload(job).state != "running"]
+    assert len(yielded) == 1 and yielded[0].pk == borrowers[-1].pk  # the youngest
+    first = reload(yielded[0]).attempts.order_by("number").first()
+    assert first.state == "preempted" and reload(yielded[0]).retries_used == 0
+    assert reload(yielded[0]).state == "pending"
+    owner_node = owner.attempts.get().node.name
+    assert [p.spec.node_name for p in _pods(admin, owner)] == [owner_node]
+    for job in [*borrowers, owner]:
+        lifecycle.job_cancel(job_id=job.id, actor="demo")
 
 
 def test_a_full_volcano_queue_keeps_the_job_waiting_with_volcanos_reason(platform, admin, celery_worker_thread):
