@@ -459,7 +459,7 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 
 
 # What the lookup and `_runs_of` read of each run (a job row has some 60 columns, several of them JSON).
-SIMILAR_FIELDS = ("id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
+SIMILAR_FIELDS = ("id", "owner_id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
 
 
 def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
@@ -577,9 +577,17 @@ def recommendation_for(job: Job) -> dict | None:
     """What earlier runs like this job say it needs (docs/rightsizing.md); None without evidence. Advice only:
     the job's request is never changed."""
     history = settings.TRAINYARD_RIGHTSIZE_HISTORY
-    runs, scope = _runs_of(similar_runs(job, owner_only=True, limit=history)), "user"
+    # The team's runs first: with none (a command never run in the team, what most submissions are) there is no
+    # evidence at either scope, and the user's own lookup is not made.
+    team = similar_runs(job, owner_only=False, limit=history)
+    if not team:
+        return None
+    mine = [j for j in team if j.owner_id == job.owner_id]
+    if len(team) >= history and len(mine) < history:  # the team's newest `history` may hide older ones of mine
+        mine = similar_runs(job, owner_only=True, limit=history)
+    runs, scope = _runs_of(mine), "user"
     if not runs:
-        runs, scope = _runs_of(similar_runs(job, owner_only=False, limit=history)), "team"
+        runs, scope = _runs_of(team), "team"
     if not runs:  # no evidence: no advice, and no need to read the queue's specs for it
         return None
     rec = _recommend(job, runs, scope=scope, replicas=job.replicas)

@@ -159,3 +159,37 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
     # first entries); the labels, which no run has, through either.
     scope = "user" if owner_only else "team"
     assert f"job_similar_command_{scope}" in used and all(name.startswith("job_similar_") for name in used), used
+
+
+def test_the_recommendation_weighs_the_users_own_runs_first_and_asks_once_when_the_team_has_none(
+    db_platform, teammate, monkeypatch
+):
+    """The user's runs when there are any (even older than the team's newest), else the team's; a command the
+    team never ran costs one lookup, not one per scope."""
+    from monitoring import selectors
+
+    seen = []
+    monkeypatch.setattr(selectors, "_runs_of", lambda jobs: seen.append([j.owner_id for j in jobs]) or [])
+    rng = random.Random(3)
+    template = submitted(db_platform)
+    cmd = {"command": ["python3", "sweep.py"], "args": [], "labels": {}}
+    fresh = submitted(db_platform, command=["python3", "never.py"])
+    with CaptureQueriesContext(connection) as captured:
+        assert selectors.recommendation_for(fresh) is None
+    assert len([q for q in captured if q["sql"].startswith("SELECT")]) == 1 and seen == []
+
+    history(template, [db_platform], 2, rng, **cmd)
+    history(template, [teammate], 60, rng, **cmd)  # the team's newest runs are all the teammate's ...
+    Job.objects.filter(owner=db_platform, command=cmd["command"]).update(
+        finished_at=timezone.now() - timedelta(days=60)
+    )  # ... and the user's own are older than every one of them
+    probe = submitted(db_platform, **cmd)
+    selectors.recommendation_for(probe)
+    assert seen[0] == [db_platform.pk] * 2  # the user's own first
+    assert seen[1] == [teammate.pk] * settings_history()  # none of them had numbers: the team's
+
+
+def settings_history():
+    from django.conf import settings
+
+    return settings.TRAINYARD_RIGHTSIZE_HISTORY
