@@ -127,6 +127,8 @@ def route_relaunch_if_dead(route: TensorBoardRoute) -> TensorBoardRoute:
             port = _free_port()
             if not TensorBoardRoute.objects.filter(state="active", port=port).exists():
                 break
+        else:
+            raise RuntimeError("could not claim a free port for TensorBoard")
         locked.port, locked.issued_at = port, timezone.now()
         locked.save(update_fields=["port", "issued_at"])
         _launch(locked)

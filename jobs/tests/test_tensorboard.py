@@ -37,6 +37,18 @@ def _port_free(port):
     return True
 
 
+def _kill(pid):
+    """SIGKILL the TensorBoard's process group and reap it (it is this process's child)."""
+    os.killpg(pid, 9)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        time.sleep(0.1)
+
+
 def _get_until_ok(client, url, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -118,14 +130,7 @@ def test_the_platform_stopping_stops_every_tensorboard_and_a_dead_one_is_replace
     assert _alive(first.pid) and _alive(second.pid)
 
     # Its process died (a crash, a reboot): the reaper revokes the route, and the next visit starts a fresh one.
-    os.killpg(first.pid, 9)
-    deadline = time.monotonic() + 10
-    while _alive(first.pid) and time.monotonic() < deadline:
-        try:
-            os.waitpid(first.pid, os.WNOHANG)
-        except ChildProcessError:
-            break
-        time.sleep(0.1)
+    _kill(first.pid)
     TensorBoardRoute.objects.update(issued_at=timezone.now() - timedelta(minutes=5))
     assert tensorboard.routes_reap() == 1
     assert TensorBoardRoute.objects.get(pk=first.pk).state == "revoked"
@@ -245,28 +250,10 @@ def test_a_member_revokes_the_links_over_the_api(platform):
 def test_a_tensorboard_that_exited_is_started_again_under_the_same_route_on_the_next_visit(platform):
     """Its port can be taken between being chosen and being bound (or the process crashes): the next visit
     relaunches it on a fresh port under the same route, so shared links keep working and nobody waits on 503."""
-    job = services.job_submit(
-        user=platform,
-        data={
-            "team": "demo",
-            "queue": "train",
-            "spec": "shared",
-            "image": "python-3.11",
-            "command": ["true"],
-            "tensorboard": True,
-            "name": "crashes",
-        },
-    )[0]
+    job = _tb_job(platform, "crashes")
     route = tensorboard.route_issue(job_id=job.id)
     link = tensorboard.signed_link(job.id)
-    os.killpg(route.pid, 9)
-    deadline = time.monotonic() + 10
-    while _alive(route.pid) and time.monotonic() < deadline:
-        try:
-            os.waitpid(route.pid, os.WNOHANG)
-        except ChildProcessError:
-            break
-        time.sleep(0.1)
+    _kill(route.pid)
 
     member = Client()
     member.force_login(platform)

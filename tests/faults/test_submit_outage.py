@@ -167,17 +167,23 @@ def test_cli_run_sends_again_with_its_own_key_and_makes_one_job(cli, tmp_path, m
     assert job.code_digest.startswith("sha256:")
 
 
-def test_portal_form_names_the_job_it_may_have_made_when_the_database_goes_during_the_commit(platform):
-    """The page cannot know whether the row was kept: it names the job and says so; the same form sent again
-    makes the job once (here the first commit did not go through)."""
+def _portal_form(key):
+    """The demo user's browser session and a submit form carrying its idempotency key."""
     from django.test import Client
 
     client = Client()
     assert client.login(username="demo", password="demo-pass-123")
     form = {
         "team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": "true",
-        "max_retries": "0", "idempotency_key": "form-during-commit",
+        "max_retries": "0", "idempotency_key": key,
     }  # fmt: skip
+    return client, form
+
+
+def test_portal_form_names_the_job_it_may_have_made_when_the_database_goes_during_the_commit(platform):
+    """The page cannot know whether the row was kept: it names the job and says so; the same form sent again
+    makes the job once (here the first commit did not go through)."""
+    client, form = _portal_form("form-during-commit")
     with _end_session_during_commit():
         response = client.post("/jobs/new/", form)
     connection.close()
@@ -194,14 +200,7 @@ def test_portal_form_names_the_job_it_may_have_made_when_the_database_goes_durin
 
 
 def test_portal_form_names_the_job_when_the_database_goes_after_the_commit(platform):
-    from django.test import Client
-
-    client = Client()
-    assert client.login(username="demo", password="demo-pass-123")
-    form = {
-        "team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": "true",
-        "max_retries": "0", "idempotency_key": "form-after-commit",
-    }  # fmt: skip
+    client, form = _portal_form("form-after-commit")
     with _end_backend_after_commit():
         response = client.post("/jobs/new/", form)
     connection.close()
