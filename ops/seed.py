@@ -166,18 +166,25 @@ def _user(username: str, *, staff: bool, password: str | None, report: SeedRepor
     return user
 
 
-def _sized_to(info, data: dict, *, share: float = 1.0) -> dict:
+def _sized_to(info, data: dict, *, share: float = 1.0, specs: list[dict] = SPECS) -> dict:
     """A queue's or team's first capability: the defaults, or the largest node's cards where they hold more (an
     8-GPU or an H200 node would otherwise start with queues too small for one whole card), and never less than
-    one whole card of the largest kind, whatever the share."""
+    one whole card of the largest kind, whatever the share. Host CPU and memory follow the GPU capability: enough
+    for jobs of the most demanding of `specs` filling it (a 256 GiB default refused a two-replica gang of four
+    guaranteed cards, 64 GiB each, on an 8-card node)."""
     if info is None or not info.gpus:
         return data
     cards = len(info.gpus)
     largest = max(g.memory_mib for g in info.gpus)
+    gpu_milli = max(data["gpu_milli"], int(1000 * cards * share), 1000)
+    cpu_per_milli = max(s["cpu_milli_per_gpu"] / s["gpu_milli"] for s in specs)
+    memory_per_milli = max(s["memory_mib_per_gpu"] / s["gpu_milli"] for s in specs)
     return {
         **data,
-        "gpu_milli": max(data["gpu_milli"], int(1000 * cards * share), 1000),
+        "gpu_milli": gpu_milli,
         "gpu_memory_mib": max(data["gpu_memory_mib"], int(sum(g.memory_mib for g in info.gpus) * share), largest),
+        "cpu_milli": max(data["cpu_milli"], int(gpu_milli * cpu_per_milli)),
+        "memory_mib": max(data["memory_mib"], int(gpu_milli * memory_per_milli)),
     }
 
 
@@ -238,7 +245,12 @@ def seed(
         for data in QUEUES:
             data = dict(data)
             spec_names = data.pop("specs")
-            data = _sized_to(info, data, share=0.5 if data["name"] == "debug" else 1.0)
+            data = _sized_to(
+                info,
+                data,
+                share=0.5 if data["name"] == "debug" else 1.0,
+                specs=[s for s in SPECS if s["name"] in spec_names],
+            )
             queue, created = Queue.objects.get_or_create(name=data["name"], defaults=data)
             if created:
                 queue.specs.set([specs[n] for n in spec_names])

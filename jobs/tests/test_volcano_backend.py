@@ -961,6 +961,10 @@ def test_seeded_quotas_hold_a_whole_card_of_the_clusters_largest_node(settings, 
     team = Team.objects.get(slug="demo")
     assert team.gpu_memory_mib >= 81559 and team.gpu_milli >= 1000
     assert all(q.gpu_memory_mib >= 81559 for q in Queue.objects.all())
+    # Host CPU and memory follow the GPU capability (8 whole cards of 64 GiB each in `distributed`).
+    distributed = Queue.objects.get(name="distributed")
+    assert distributed.gpu_milli == 8000 and distributed.memory_mib >= 8 * 64 * 1024
+    assert distributed.cpu_milli >= 8 * 8000
 
 
 class _RefusePods:

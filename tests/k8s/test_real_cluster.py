@@ -322,11 +322,20 @@ def test_queue_sync_is_accepted_by_volcanos_own_validation_with_every_gpu_resour
 
 def test_seeded_quotas_are_sized_from_the_real_inventory(platform):
     from cluster.models import GPU
-    from quotas.models import Team
+    from quotas.models import Queue, ResourceSpec, Team
 
     largest = max(GPU.objects.values_list("memory_mib", flat=True))
     assert "kwok-gpu" in platform["seed"].inventory
     assert Team.objects.get(slug="demo").gpu_memory_mib >= largest  # a guaranteed job fits on one whole card
+    # Host CPU and memory follow the GPU capability: jobs of the queue's most demanding spec can fill its cards
+    # (the 256 GiB default refused a two-replica gang of four whole cards, 64 GiB each, on these 8-card nodes).
+    for holder in [*Queue.objects.prefetch_related("specs"), Team.objects.get(slug="demo")]:
+        specs = holder.specs.all() if isinstance(holder, Queue) else ResourceSpec.objects.all()
+        for spec in specs:
+            need_cpu = holder.gpu_milli * spec.cpu_milli_per_gpu // spec.gpu_milli
+            need_memory = holder.gpu_milli * spec.memory_mib_per_gpu // spec.gpu_milli
+            assert holder.cpu_milli >= need_cpu and holder.memory_mib >= need_memory, (holder, spec.name)
+    assert Queue.objects.get(name="distributed").gpu_milli >= 8000  # the 8-card node's cards, whole
 
 
 def _vcjobs(admin) -> list[dict]:
