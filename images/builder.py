@@ -41,6 +41,13 @@ class BuilderUnavailable(Exception):
     """The machine lacks what an isolated build needs; the message says what to install."""
 
 
+def short_run_root(root: Path) -> Path:
+    """podman refuses a run root longer than 50 characters: a short one in /tmp named after the storage `root`.
+    Never under $TMPDIR: podman's storage records its run root and refuses another one later ('database
+    configuration mismatch' after a restart with another TMPDIR), and a build user may not write in a private one."""
+    return Path("/tmp") / f"trainyard-podman-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+
+
 @dataclass(frozen=True)
 class Builder:
     """The identity and storage one build runs with."""
@@ -56,9 +63,7 @@ class Builder:
 
     @property
     def runroot(self) -> Path:
-        # podman refuses a run root longer than 50 characters; a short path named after the storage instead.
-        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"trainyard-podman-{digest}"
+        return short_run_root(self.root)
 
     def podman(self, *args: str) -> list[str]:
         base = ["podman", "--root", str(self.root / "storage"), "--runroot", str(self.runroot), *args]
@@ -119,7 +124,14 @@ def builder_for(who: str) -> Builder:
     home.chmod(0o700)
     (root / "rootless").chmod(0o711)
     _traversable(home)
-    return Builder(name=name, uid=entry.pw_uid, gid=entry.pw_gid, root=home)
+    builder = Builder(name=name, uid=entry.pw_uid, gid=entry.pw_gid, root=home)
+    # Made here, the build user's own (a run root another user made first would refuse it).
+    run = builder.runroot
+    run.mkdir(mode=0o700, exist_ok=True)
+    if run.stat().st_uid != entry.pw_uid:
+        os.chown(run, entry.pw_uid, entry.pw_gid)
+    _traversable(run)
+    return builder
 
 
 def context_dir(builder: Builder, build_id: int) -> Path:

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,7 +24,7 @@ from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
 from images import build_limits, host_rootfs, k8s_build, registry, scan
-from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed
+from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed, short_run_root
 from images.models import (
     SEVERITY_RANK,
     Advisory,
@@ -388,7 +387,7 @@ def podman_command(root: Path, *args: str) -> list[str]:
     named after `root` so that every build of one platform shares it."""
     run = root / "run"
     if len(str(run)) > 50:
-        run = Path(tempfile.gettempdir()) / f"trainyard-podman-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+        run = short_run_root(root)
     return ["podman", "--root", str(root / "storage"), "--runroot", str(run), *args]
 
 

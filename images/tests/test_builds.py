@@ -88,6 +88,24 @@ def test_a_failing_build_keeps_its_log_and_pushes_nothing(images_env):
         registry.resolve(f"{registry.platform_registry()}/trainyard/nlp/broken:latest")
 
 
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="builds are isolated when the platform runs as root")
+def test_a_build_works_whatever_the_platforms_temporary_folder(images_env, monkeypatch, tmp_path):
+    """`make run` started with TMPDIR at a folder only root may write in: podman, as the team's build user, could
+    not make its run root there ('mkdir …/trainyard-podman-…: permission denied') and the offline base never
+    built; and a restart with another TMPDIR met storage that recorded the old run root ('database configuration
+    mismatch'). The run root no longer follows TMPDIR."""
+    import tempfile
+
+    base = define_base(images_env, name="tmpdir-base")
+    assert built(base).status == "succeeded"
+    private = tmp_path / "private-tmp"
+    private.mkdir(mode=0o700)  # root's alone
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    build = built(base)  # the same storage, another temporary folder
+    assert build.status == "succeeded", build.log
+    assert not any(private.iterdir())
+
+
 def test_a_build_waits_for_a_registry_that_is_down_and_says_so(images_env, settings):
     from ops.embedded import free_port
 
