@@ -44,6 +44,7 @@ class BuildSummarySerializer(serializers.ModelSerializer):
             "size_bytes",
             "registry_waits",
             "scanned_at",
+            "scan_feed",
             "warnings",
             "findings",
             "config_user",
@@ -55,8 +56,16 @@ class BuildSummarySerializer(serializers.ModelSerializer):
         read_only=True, allow_null=True, help_text="its config starts it as root (null: config not read)"
     )
 
+    scan_feed = serializers.SerializerMethodField(
+        help_text="the vulnerability feed its last scan ran against: source, loaded_at, entries (null for an imported "
+        "report), age_s and stale now; null: never scanned"
+    )
+
     def get_image(self, build) -> str:
         return str(build.image)
+
+    def get_scan_feed(self, build) -> dict | None:
+        return services.scan_feed_reading(build)
 
     def get_findings(self, build) -> dict[str, int]:
         return selectors.severity_counts(build)
@@ -74,6 +83,9 @@ class CompatibilityMixin(serializers.Serializer):
     compatible_nodes = serializers.SerializerMethodField()
     incompatible_nodes = serializers.SerializerMethodField()
     last_build = serializers.SerializerMethodField()
+    scan_status = serializers.SerializerMethodField(
+        help_text="unscanned, passed, failed, or stale (passed against a feed that has gone stale since)"
+    )
 
     def _nodes(self):
         if "nodes" not in self.context:
@@ -98,6 +110,10 @@ class CompatibilityMixin(serializers.Serializer):
     def get_last_build(self, image) -> dict | None:
         build = selectors.last_build(image)
         return BuildSummarySerializer(build).data if build else None
+
+    def get_scan_status(self, image) -> str:
+        """As it reads now: `stale` for a stored `passed` whose scan's feed has gone stale since."""
+        return services.scan_status_now(image, selectors.last_build(image))
 
 
 class BaseImageSerializer(CompatibilityMixin, serializers.ModelSerializer):

@@ -164,6 +164,11 @@ class ImageBuild(models.Model):
         help_text='the USER its image config names ("": none, so root); null: not read',
     )
     scanned_at = models.DateTimeField(null=True, blank=True)
+    scan_feed = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the feed its last scan ran against: {source, loaded_at, entries} ({}: not scanned; entries 0: none)",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from kubernetes.client.exceptions import ApiException
 
 from images import build_limits, host_rootfs, k8s_build, registry, scan
@@ -1068,9 +1069,45 @@ def build_scan(*, build: ImageBuild) -> list[Finding]:
                     )
                 )
     Finding.objects.bulk_create(findings)
+    feed = feed_state()
     build.scanned_at = timezone.now()
-    build.save(update_fields=["scanned_at"])
+    build.scan_feed = {
+        "source": feed["source"],
+        "loaded_at": feed["loaded_at"].isoformat() if feed["loaded_at"] else None,
+        "entries": feed["entries"],
+    }
+    build.save(update_fields=["scanned_at", "scan_feed"])
     return findings
+
+
+def scan_feed_reading(build: ImageBuild | None) -> dict[str, Any] | None:
+    """The feed a build's last scan ran against, as shown beside its result: source, when it was loaded, entries,
+    its age now and whether it is stale now (none loaded, or older than TRAINYARD_SCAN_FEED_MAX_AGE_S). None when
+    the build was never scanned (or was scanned before the platform recorded the feed)."""
+    if build is None or not build.scan_feed:
+        return None
+    recorded = build.scan_feed
+    loaded_at = parse_datetime(recorded["loaded_at"]) if recorded.get("loaded_at") else None
+    age = (timezone.now() - loaded_at).total_seconds() if loaded_at else None
+    return {
+        "source": recorded.get("source", ""),
+        "loaded_at": loaded_at,
+        "entries": recorded.get("entries", 0),
+        "age_s": age,
+        # entries None: an imported report (its own database); 0: the feed was empty, which proves nothing.
+        "stale": recorded.get("entries") == 0 or age is None or age > settings.TRAINYARD_SCAN_FEED_MAX_AGE_S,
+    }
+
+
+def scan_status_now(image, build: ImageBuild | None) -> str:
+    """An image's scan status as it reads now: a stored `passed` whose scan ran against a feed that has gone stale
+    since (or whose feed was never recorded) reads `stale`; every other status as stored."""
+    if image.scan_status != "passed":
+        return image.scan_status
+    if build is None or build.digest != image.digest:  # the newest build failed or is running: the one that made it
+        build = image.builds.filter(digest=image.digest).exclude(scanned_at=None).order_by("-id").first()
+    reading = scan_feed_reading(build)
+    return "stale" if reading is None or reading["stale"] else "passed"
 
 
 def _variants(names: set[str]) -> set[str]:
@@ -1102,7 +1139,9 @@ def trivy_import(*, build: ImageBuild, document: Any) -> int:
         build.findings.filter(source="trivy").delete()
         Finding.objects.bulk_create([Finding(build=build, source="trivy", **row) for row in rows])
         build.scanned_at = build.scanned_at or timezone.now()
-        build.save(update_fields=["scanned_at"])
+        # An imported report is a scan against the importer's own database, as of now.
+        build.scan_feed = {"source": "imported Trivy report", "loaded_at": timezone.now().isoformat(), "entries": None}
+        build.save(update_fields=["scanned_at", "scan_feed"])
         image = build.image
         if image.digest == build.digest:
             image.scan_status = "failed" if build.findings.exists() else "passed"  # an imported Trivy report is a scan

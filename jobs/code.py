@@ -4,10 +4,12 @@
 where it is a git work tree, so `.gitignore` holds; `.trainyardignore` patterns on top), and uploads it with
 `PUT /api/v1/code/sha256:<hex>/?team=<slug>` unless `HEAD` says the team already has it. The platform checks the
 digest, the sizes and every member (regular files and folders only, relative paths that stay inside), and keeps it
-under `TRAINYARD_CODE_ROOT/<team>/`. A submission names it (`code: sha256:…`); the job records the digest (and so
+in the object store (`code/<team>/<hex>.tar.gz`) where one is configured, the source of truth every web replica and
+worker reads, with `TRAINYARD_CODE_ROOT/<team>/` on each machine a cache filled from it on a miss (without a store,
+that folder is the only copy). A submission names it (`code: sha256:…`); the job records the digest (and so
 do its reproduce record, Run again and Reproduce), and the first attempt starts with a copy of those bytes as its
-working directory (a retry finds it as the earlier attempt left it, like any job's work folder). On Kubernetes the
-submission publishes it to the object store and each pod's init container fetches it (jobs/backends/code_fetch.py).
+working directory (a retry finds it as the earlier attempt left it, like any job's work folder). On Kubernetes
+each pod's init container fetches it from the store (jobs/backends/code_fetch.py).
 The portal makes snapshots too: from an uploaded archive or a git commit the platform fetches (re-packed as the
 CLI packs a folder). Each team's snapshots count against its code quota, and an hourly task applies its retention
 (`snapshots_prune`).
@@ -40,7 +42,7 @@ from django.utils import timezone
 
 from jobs.models import CodeSnapshot, Job
 from jobs.states import TERMINAL
-from kernel.errors import NotFound, ValidationFailed
+from kernel.errors import DomainError, NotFound, ValidationFailed
 from kernel.sentences import stored
 from quotas.models import Team
 
@@ -68,7 +70,117 @@ def _check_digest(digest: str, field: str = "code") -> str:
 
 
 def snapshot_get(*, team: Team, digest: str) -> CodeSnapshot | None:
-    return CodeSnapshot.objects.filter(team=team, digest=_check_digest(digest, "digest")).first()
+    """The team's snapshot `digest` when the platform still holds its bytes (in the object store, or this machine's
+    cache where there is no store), else None: a client then uploads it again."""
+    digest = _check_digest(digest, "digest")
+    snapshot = CodeSnapshot.objects.filter(team=team, digest=digest).first()
+    if snapshot is None or not _held(team.slug, digest):
+        return None
+    return snapshot
+
+
+class CodeStoreUnavailable(DomainError):
+    """The object store, where snapshots are kept, does not answer now (503, with Retry-After)."""
+
+    code = "object_store_unavailable"
+    http_status = 503
+
+
+def _store():
+    """(config, client) of the object store that holds every snapshot, or None where none is configured (then
+    TRAINYARD_CODE_ROOT on this machine is the only copy)."""
+    from jobs.checkpoints import store_config
+    from kernel import objectstore
+
+    config = store_config()
+    if config is None:
+        return None
+    return config, objectstore.client(config, timeout_s=30.0, attempts=2)
+
+
+def _unavailable(exc: BaseException) -> CodeStoreUnavailable:
+    from kernel import objectstore
+
+    return CodeStoreUnavailable(
+        stored(
+            "the object store that keeps code snapshots cannot be reached now (%(why)s); try again",
+            why=objectstore.describe_error(exc),
+        ),
+        field="body",
+    )
+
+
+def _missing(exc: BaseException) -> bool:
+    text = str(exc)
+    return "404" in text or "Not Found" in text or "NoSuchKey" in text
+
+
+def _held(team_slug: str, digest: str) -> bool:
+    """Whether the snapshot's bytes are kept: in the store where there is one (this machine's cached copy is put
+    there when the store lacks it: a snapshot from before uploads went to the store), else on this machine."""
+    local = snapshot_path(team_slug, digest)
+    store = _store()
+    if store is None:
+        return local.exists()
+    config, s3 = store
+    key = store_key(team_slug, digest)
+    try:
+        try:
+            s3.head_object(Bucket=config.bucket, Key=key)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a 404 is the usual answer; anything else is an outage
+            if not _missing(exc):
+                raise
+        if not local.exists():
+            return False
+        _put(store, key, local)
+        return True
+    except Exception as exc:  # noqa: BLE001
+        raise _unavailable(exc) from None
+
+
+def _put(store, key: str, path: Path) -> None:
+    from kernel import objectstore
+
+    config, s3 = store
+    objectstore.ensure_bucket(config, s3)
+    s3.upload_file(str(path), config.bucket, key)
+
+
+def cached(team_slug: str, digest: str) -> Path:
+    """The snapshot's archive on this machine: TRAINYARD_CODE_ROOT is a cache, filled from the object store on a
+    miss (the bytes checked against the digest). NotFound (`code_missing`) when the store does not have it either,
+    CodeStoreUnavailable when the store does not answer."""
+    path = snapshot_path(team_slug, digest)
+    if path.exists():
+        return path
+    store = _store()
+    if store is None:
+        raise NotFound(f"code snapshot {digest} is no longer kept", code="code_missing")
+    config, s3 = store
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=UPLOAD_PREFIX)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                s3.download_fileobj(config.bucket, store_key(team_slug, digest), out)
+            except Exception as exc:  # noqa: BLE001
+                if _missing(exc):
+                    raise NotFound(f"code snapshot {digest} is no longer kept", code="code_missing") from None
+                raise _unavailable(exc) from None
+        hasher = hashlib.sha256()
+        with tmp.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                hasher.update(chunk)
+        if "sha256:" + hasher.hexdigest() != digest:
+            raise NotFound(f"the object store's copy of code snapshot {digest} is damaged", code="code_missing")
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("code_snapshot_cached", team=team_slug, digest=digest)
+    return path
 
 
 def _check_members(archive: Path) -> tuple[int, int]:
@@ -109,7 +221,7 @@ def snapshot_store(*, team: Team, digest: str, body: IO[bytes], user) -> tuple[C
     """Keep an uploaded archive as the team's snapshot `digest`; (snapshot, created). Idempotent per digest."""
     digest = _check_digest(digest, "digest")
     existing = CodeSnapshot.objects.filter(team=team, digest=digest).first()
-    if existing is not None and snapshot_path(team.slug, digest).exists():
+    if existing is not None and _held(team.slug, digest):
         return existing, False
     _check_quota(team, digest, 1)  # already full: refused before the body is read
     folder = _root() / team.slug
@@ -138,7 +250,17 @@ def snapshot_store(*, team: Team, digest: str, body: IO[bytes], user) -> tuple[C
         _check_quota(team, digest, size)
         files, unpacked = _check_members(tmp)
         tmp.chmod(0o600)
-        os.replace(tmp, snapshot_path(team.slug, digest))
+        store = _store()
+        if store is not None:
+            # The store is where snapshots are kept (every web replica and worker reads it); this folder caches.
+            try:
+                _put(store, store_key(team.slug, digest), tmp)
+            except Exception as exc:  # noqa: BLE001
+                raise _unavailable(exc) from None
+        if store is None or settings.TRAINYARD_BACKEND == "local":
+            os.replace(tmp, snapshot_path(team.slug, digest))
+        # else: pods fetch from the store and nothing here reads the archive again; a web replica's cache volume
+        # keeps only uploads in flight.
     finally:
         tmp.unlink(missing_ok=True)
     try:
@@ -199,7 +321,7 @@ def snapshots_prune(*, now: datetime | None = None) -> dict[str, int]:
         .annotate(last=Max(Coalesce("finished_at", "submitted_at")))
         .order_by()
     }
-    report = {"removed": 0, "bytes": 0, "kept_live": 0, "orphans": 0}
+    report = {"removed": 0, "bytes": 0, "kept_live": 0, "orphans": 0, "store_orphans": 0}
     kept: set[tuple[str, str]] = set()
     for snapshot in CodeSnapshot.objects.select_related("team").iterator(chunk_size=2000):
         team, key = snapshot.team, (snapshot.team_id, snapshot.digest)
@@ -242,7 +364,38 @@ def snapshots_prune(*, now: datetime | None = None) -> dict[str, int]:
             if path.name.startswith(UPLOAD_PREFIX) or not named:
                 path.unlink(missing_ok=True)
                 report["orphans"] += 1
+    report["store_orphans"] = _prune_store(now)
     return report
+
+
+def _prune_store(now: datetime) -> int:
+    """Remove the store's copies that no snapshot row names once they are a day old (an upload whose row was
+    never written: the process died between the two), so the store holds what the quota counts. A store that
+    does not answer is logged and tried again on the next pass."""
+    store = _store()
+    if store is None:
+        return 0
+    config, s3 = store
+    named = set(CodeSnapshot.objects.values_list("team__slug", "digest"))
+    removed = 0
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=config.bucket, Prefix="code/"):
+            for item in page.get("Contents", []):
+                parts = item["Key"].split("/")
+                if len(parts) != 3 or not parts[2].endswith(".tar.gz"):
+                    continue
+                digest = "sha256:" + parts[2].removesuffix(".tar.gz")
+                if (parts[1], digest) in named or item["LastModified"] >= now - timedelta(days=1):
+                    continue
+                if CodeSnapshot.objects.filter(team__slug=parts[1], digest=digest).exists():
+                    continue  # uploaded since the list above was read
+                s3.delete_object(Bucket=config.bucket, Key=item["Key"])
+                removed += 1
+                log.info("code_snapshot_orphan_removed", key=item["Key"])
+    except Exception as exc:  # noqa: BLE001
+        if not _missing(exc):  # no bucket yet: nothing to remove
+            log.warning("code_snapshot_store_prune_failed", error=str(exc)[:200])
+    return removed
 
 
 def resolve(value, *, team: Team, backend: str) -> str:
@@ -320,8 +473,22 @@ def _publish(team_slug: str, digest: str) -> None:
         except Exception as exc:  # noqa: BLE001 - a 404 is the usual answer; anything else shows on the put
             if "404" not in str(exc) and "Not Found" not in str(exc) and "NoSuchKey" not in str(exc):
                 raise
+        local = snapshot_path(team_slug, digest)
+        if not local.exists():  # neither the store nor this machine has it: gone, upload it again
+            raise ValidationFailed(
+                stored(
+                    "code snapshot %(digest)s is no longer kept: upload it again (trainyard run, or PUT "
+                    "/api/v1/code/%(digest)s/?team=%(team)s)",
+                    digest=digest,
+                    team=team_slug,
+                ),
+                code="unknown_code",
+                field="code",
+            )
         objectstore.ensure_bucket(config, s3)
-        s3.upload_file(str(snapshot_path(team_slug, digest)), config.bucket, key)
+        s3.upload_file(str(local), config.bucket, key)
+    except ValidationFailed:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ValidationFailed(
             stored(
@@ -340,9 +507,7 @@ def unpack(*, team_slug: str, digest: str, into: Path, owner: int | None = None)
     marker = into / MARKER
     if marker.exists() and marker.read_text().strip() == digest:
         return
-    archive = snapshot_path(team_slug, digest)
-    if not archive.exists():
-        raise NotFound(f"code snapshot {digest} is no longer kept", code="code_missing")
+    archive = cached(team_slug, digest)
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:gz") as tar:
         tar.extractall(into, filter="data")

@@ -279,6 +279,7 @@ def job_parameters(job: Job) -> dict[str, str]:
         "timeout_s": str(job.timeout_s),
         "max_retries": str(job.max_retries),
         "working_dir": job.working_dir,
+        "code": job.code_digest or "none",
     }
     for key, value in sorted(job.env.items()):
         params[f"env.{key}"] = str(value)

@@ -515,9 +515,13 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
 REGISTRY_BINARY = "/usr/bin/docker-registry"
 
 
-def registry_binary() -> Path | None:
-    """Debian's `docker-registry` (the CNCF distribution registry), or None when it is not installed."""
-    found = shutil.which("docker-registry") or (REGISTRY_BINARY if os.access(REGISTRY_BINARY, os.X_OK) else None)
+def registry_binary(name: str | None = None) -> Path | None:
+    """Debian's `docker-registry` (the CNCF distribution registry; TRAINYARD_REGISTRY_BINARY names another), or
+    None when it is not installed."""
+    name = name or os.environ.get("TRAINYARD_REGISTRY_BINARY") or "docker-registry"
+    found = shutil.which(name)
+    if found is None and name == "docker-registry" and os.access(REGISTRY_BINARY, os.X_OK):
+        found = REGISTRY_BINARY  # a PATH without /usr/bin
     return Path(found) if found else None
 
 

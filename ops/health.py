@@ -44,15 +44,25 @@ def missing_tools() -> list[tuple[str, str]]:
     import os
     import shutil
 
+    from ops.embedded import registry_binary
+
     needed: list[tuple[str, str]] = []
     sandboxed = str(settings.TRAINYARD_SANDBOX).lower() not in {"off", "0", "false", "no"}
     if settings.TRAINYARD_BACKEND == "local" and sandboxed:
+        # slirp4netns too: any queue may be given outbound network, and its jobs would then fail to start.
         needed.append((settings.TRAINYARD_SANDBOX_BWRAP, "bubblewrap"))
+        needed.append((settings.TRAINYARD_SANDBOX_SLIRP4NETNS, "slirp4netns"))
     if settings.TRAINYARD_IMAGE_BUILDER == "podman":
         needed.append(("podman", "podman"))
         if os.geteuid() == 0:
             needed += [("newuidmap", "uidmap"), ("newgidmap", "uidmap")]
-    return [(tool, package) for tool, package in needed if shutil.which(tool) is None]
+        if settings.TRAINYARD_BUILD_NETWORK == "outbound":
+            needed.append((settings.TRAINYARD_SANDBOX_SLIRP4NETNS, "slirp4netns"))
+    missing = [(tool, package) for tool, package in dict.fromkeys(needed) if shutil.which(tool) is None]
+    if not settings.TRAINYARD_REGISTRY_URL and registry_binary(settings.TRAINYARD_REGISTRY_BINARY) is None:
+        # No registry configured: the embedded one (Debian's docker-registry) holds every image built here.
+        missing.append((settings.TRAINYARD_REGISTRY_BINARY, "docker-registry"))
+    return missing
 
 
 def _check_tools() -> None:

@@ -6,9 +6,11 @@
 #   uidmap                   newuidmap/newgidmap: builds run rootless as a user of their team (images/builder.py)
 #   python3                  Debian's Python, what the offline base image python-local is assembled from
 #   chromium, fonts-noto-cjk the portal's browser tests (Playwright drives Debian's Chromium; never a downloaded one)
-# As root it installs them with apt-get; as another user it prints the one command to run and carries on, since
-# `make run` works without them (a job then fails saying which piece is missing). Set TRAINYARD_SYSTEM_PACKAGES=off
-# to skip the check entirely (a machine managed some other way).
+# As root it installs them with apt-get; as another user it prints the one command to run and carries on (so
+# `make venv` and the tests that need none of them still work). `make run` does not start without the ones its
+# configuration needs (bwrap, slirp4netns, podman, newuidmap/newgidmap, docker-registry while no registry is
+# configured): it stops before "ready" naming the apt-get line (ops/health.py missing_tools), and /readyz fails
+# while one is missing. Set TRAINYARD_SYSTEM_PACKAGES=off to skip this script (a machine managed some other way).
 set -uo pipefail
 [ "${TRAINYARD_SYSTEM_PACKAGES:-on}" = off ] && exit 0
 declare -A provides=(

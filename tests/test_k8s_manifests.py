@@ -137,6 +137,19 @@ def test_pods_are_locked_down():
     assert kind("ConfigMap")[0]["data"]["TRAINYARD_K8S_BUILD_NAMESPACE"] == BUILD_NS
 
 
+def test_the_web_has_a_writable_code_root_of_its_own():
+    """Uploads of code snapshots are checked on the replica's disk before they go to the object store: with a
+    read-only root, TRAINYARD_CODE_ROOT (under the image's TRAINYARD_VAR_DIR) must be a volume, one per replica."""
+    var = re.search(r"TRAINYARD_VAR_DIR=(\S+)", (K8S.parent / "Dockerfile").read_text()).group(1)
+    code_root = kind("ConfigMap")[0]["data"].get("TRAINYARD_CODE_ROOT", f"{var}/code")
+    spec = deployment("web")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    assert code_root in mounts, mounts
+    volume = next(v for v in spec["volumes"] if v["name"] == mounts[code_root])
+    assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
+    assert deployment("web")["spec"]["replicas"] >= 2  # why it must not be the only copy: the store is
+
+
 def test_configmap_sets_only_documented_settings():
     documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", (K8S.parent / ".env.example").read_text(), re.M))
     data = kind("ConfigMap")[0]["data"]

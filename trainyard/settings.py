@@ -473,6 +473,9 @@ TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)
 # Images (docs/images.md): the registry builds are pushed to and tags are resolved against. `make run` / `make test`
 # start an embedded one (Debian's docker-registry) when this is unset.
 TRAINYARD_REGISTRY_URL = env.str("TRAINYARD_REGISTRY_URL", default="")
+# The embedded registry's program: needed (and checked by /readyz and `make run`) while TRAINYARD_REGISTRY_URL
+# is unset.
+TRAINYARD_REGISTRY_BINARY = env.str("TRAINYARD_REGISTRY_BINARY", default="docker-registry")
 # Its user and password (basic auth; the embedded one's are generated into var/registry.password). Only the
 # platform's own processes hold them: builds get them in a file for their pull and push steps alone, jobs never.
 TRAINYARD_REGISTRY_USERNAME = env.str("TRAINYARD_REGISTRY_USERNAME", default="")

@@ -143,3 +143,33 @@ def test_a_failed_job_has_a_retry_button_that_submits_a_new_job(portal):
     assert answer.status_code == 302
     new = Job.objects.exclude(pk=job.pk).get()
     assert answer["Location"].endswith(f"/jobs/{new.id}/") and new.name == "flaky"
+
+
+def test_the_code_snapshot_is_a_parameter_and_a_reproduce_row_short_with_the_whole_digest_on_hover(portal):
+    from jobs.models import CodeSnapshot, Job
+    from quotas.models import Team
+
+    digests = ["sha256:" + c * 64 for c in "ab"]
+    for digest in digests:
+        CodeSnapshot.objects.create(team=Team.objects.get(slug="demo"), digest=digest, size_bytes=10)
+    a, b = (submit(portal.demo, name=f"code-{i}", code=d) for i, d in enumerate(digests))
+    plain = submit(portal.demo, name="no-code")
+    assert (
+        api(portal.demo)
+        .get("/api/v1/monitoring/compare/", {"job": [str(a.id), str(plain.id)]})
+        .json()["jobs"][0]["parameters"]["code"]
+        == digests[0]
+    )
+    body = login(portal.demo).get(f"/jobs/compare/?job={a.id}&job={b.id}&job={plain.id}").content.decode()
+    row = re.search(r'<tr data-param="code" class="differs">(.*?)</tr>', body, re.S).group(1)
+    assert f'<code title="{digests[0]}">sha256:aaaaaaaaaaaa</code>' in row
+    assert f'<mark><code title="{digests[1]}">sha256:bbbbbbbbbbbb</code></mark>' in row
+    assert "<mark><code>none</code></mark>" in row
+    # The job page's reproduce record names the snapshot the attempt ran in.
+    Job.objects.filter(pk=a.pk).update(reproduce={"code_digest": digests[0], "backend": "local"})
+    page = login(portal.demo).get(f"/jobs/{a.id}/").content.decode()
+    cell = re.search(r"<th scope=\"row\">Code snapshot</th><td>(.*?)</td>", page, re.S).group(1)
+    assert cell == f'<code title="{digests[0]}" data-digest="{digests[0]}">sha256:aaaaaaaaaaaa</code>'
+    Job.objects.filter(pk=plain.pk).update(reproduce={"code_digest": None, "backend": "local"})
+    page = login(portal.demo).get(f"/jobs/{plain.id}/").content.decode()
+    assert re.search(r"<th scope=\"row\">Code snapshot</th><td><code>none</code></td>", page)

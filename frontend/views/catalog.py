@@ -27,6 +27,8 @@ from quotas.models import Queue
 def image_list(request: HttpRequest) -> HttpResponse:
     nodes = list(Node.objects.order_by("name"))
     team_ids = list(quota.visible_teams(request.user).values_list("id", flat=True))
+    from images.services import feed_state, scan_status_now
+
     catalog: list[BaseImage | ProjectImage] = [
         *BaseImage.objects.prefetch_related(image_selectors.RECENT_BUILDS),
         *ProjectImage.objects.filter(team_id__in=team_ids)
@@ -56,13 +58,12 @@ def image_list(request: HttpRequest) -> HttpResponse:
                 "cells": cells,
                 "usable": any(c["runs"] for c in cells) or not nodes,
                 "build": build,
+                "scan_status": scan_status_now(image, build),
                 "findings": [(s, n) for s, n in image_selectors.severity_counts(build).items() if n] if build else [],
                 "age_days": (now - image.last_rebuilt).days if image.last_rebuilt else None,
                 "can_build": project or (request.user.is_staff and bool(image.containerfile)),
             }
         )
-    from images.services import feed_state
-
     feed = feed_state()
     return render(request, "frontend/image_list.html", {"nav": "images", "rows": rows, "nodes": nodes, "feed": feed})
 
@@ -92,11 +93,18 @@ def image_build(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
 
 @login_required
 def image_build_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    from images.services import scan_feed_reading
+
     build = get_object_or_404(image_selectors.builds_visible_to(request.user).prefetch_related("findings"), pk=pk)
     return render(
         request,
         "frontend/image_build.html",
-        {"nav": "images", "build": build, "findings": list(build.findings.all())},
+        {
+            "nav": "images",
+            "build": build,
+            "findings": list(build.findings.all()),
+            "scan_feed": scan_feed_reading(build),
+        },
     )
 
 

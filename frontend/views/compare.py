@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
+from frontend.templatetags.portal import short_digest
 from jobs import selectors
 from jobs.models import Job
 from kernel.errors import ValidationFailed
@@ -30,6 +31,7 @@ def _parameter_label(name: str) -> str:
         "timeout_s": _("Time limit (seconds)"),
         "max_retries": _("Retries on platform failures"),
         "working_dir": _("Working directory"),
+        "code": _("Code snapshot"),
     }
     return labels.get(name, name)
 
@@ -84,7 +86,15 @@ def job_compare(request: HttpRequest) -> HttpResponse:
         for row in rows:
             row["label"] = _parameter_label(row["name"])
             first = row["values"][0]
-            row["cells"] = [{"value": v, "changed": row["differs"] and v != first} for v in row["values"]]
+            row["cells"] = [
+                {
+                    "value": v,
+                    "changed": row["differs"] and v != first,
+                    # A digest is shown short, the whole of it on hover.
+                    "short": short_digest(v) if v and v.startswith("sha256:") else "",
+                }
+                for v in row["values"]
+            ]
         now = timezone.now()
         final_rows = []
         for job in jobs:

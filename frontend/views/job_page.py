@@ -20,6 +20,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from frontend import wording
+from frontend.templatetags.portal import short_digest
 from frontend.views.common import JOBS_PER_PAGE, LOG_DOWNLOAD_PAGE, LOG_TAIL, portal_runtime, visible_job
 from jobs import lifecycle, logstore, selectors, services
 from jobs.backends import sandbox
@@ -65,6 +66,11 @@ def _without(message: str, repeated: str) -> str:
     return message.replace(repeated, "").strip().rstrip(".").strip()
 
 
+def _digest_cell(digest: str | None) -> dict[str, str] | None:
+    """A digest as a table cell shows it: short, the whole of it on hover (and for a copy)."""
+    return {"short": short_digest(digest), "full": digest} if digest else None
+
+
 def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
     record = job.reproduce or {}
     if not record:
@@ -107,6 +113,7 @@ def _reproduce_rows(job: Job) -> list[tuple[str, Any]]:
         (_("GPUs emulated"), _("yes") if record.get("emulated_gpus") else _("no")),
         (_("Placement"), placement),
         (_("Working directory"), record.get("working_dir")),
+        (_("Code snapshot"), _digest_cell(record.get("code_digest")) or _("none")),
         (_("Backend"), record.get("backend")),
         (_("Platform version"), record.get("platform_version")),
         (_("Attempt"), record.get("attempt")),

@@ -296,7 +296,8 @@ def test_a_clean_scan_passes_only_against_a_loaded_fresh_feed(images_env, settin
     from images.models import Advisory
 
     base = define_base(images_env)
-    assert built(base).status == "succeeded"
+    first = built(base)
+    assert first.status == "succeeded", first.log
     base.refresh_from_db()
     assert base.scan_status == "unscanned"  # no feed loaded: a scan that matched nothing proves nothing
     unrelated = [
@@ -306,11 +307,37 @@ def test_a_clean_scan_passes_only_against_a_loaded_fresh_feed(images_env, settin
         }
     ]
     services.feed_load(document=unrelated, source="a feed naming other packages")
-    assert built(base).status == "succeeded"
+    build = built(base)
+    assert build.status == "succeeded"
     base.refresh_from_db()
     assert base.scan_status == "passed"
     assert services.feed_state()["entries"] == Advisory.objects.count() and not services.feed_state()["stale"]
+    # The build records the feed its scan ran against; the API and the build page show it beside the result.
+    assert build.scan_feed["source"] == "a feed naming other packages" and build.scan_feed["entries"] == 1
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    staff = get_user_model().objects.create_user("feed-staff", password="x", is_staff=True)
+    api, web = APIClient(), Client()
+    api.force_authenticate(staff)
+    web.force_login(staff)
+    row = api.get("/api/v1/images/tiny-base/").json()
+    assert row["scan_status"] == "passed", row
+    assert row["last_build"]["scan_feed"]["source"] == "a feed naming other packages"
+    assert row["last_build"]["scan_feed"]["entries"] == 1 and row["last_build"]["scan_feed"]["stale"] is False
+    page = web.get(f"/images/builds/{build.pk}/").content.decode()
+    assert "the vulnerability feed of 1 entry from a feed naming other packages, loaded" in page
+    assert "no longer counts as passed" not in page
+    # The feed goes stale: the stored "passed" now reads "stale", without a rebuild.
     Advisory.objects.update(loaded_at=timezone.now() - timedelta(seconds=settings.TRAINYARD_SCAN_FEED_MAX_AGE_S + 60))
+    build.scan_feed["loaded_at"] = Advisory.objects.get().loaded_at.isoformat()  # what it ran against, aged
+    build.save(update_fields=["scan_feed"])
+    row = api.get("/api/v1/images/tiny-base/").json()
+    assert row["scan_status"] == "stale" and row["last_build"]["scan_feed"]["stale"] is True, row
+    assert "stale: this result no longer counts as passed" in web.get(f"/images/builds/{build.pk}/").content.decode()
+    listing = web.get("/images/").content.decode()
+    assert 'data-role="scan-status"><span class="tag tag-warn"' in listing
     assert built(base).status == "succeeded"
     base.refresh_from_db()
     assert base.scan_status == "unscanned"  # a stale feed never yields "passed"

@@ -93,6 +93,13 @@ def test_a_registry_that_is_down_at_submission_is_a_503(world, settings):
     assert response.status_code == 503 and response.json()["code"] == "registry_unavailable"
     assert int(response["Retry-After"]) >= 1  # every 503 says when to come back
     assert not Job.objects.exists()
+    # With other errors, sending it again cannot help: a 400 with every problem, the registry's among them.
+    bad = {**body(f"{registry.platform_registry()}/upstream/tiny:1"), "command": [], "env": {"1BAD": "x"}}
+    response = world.post("/api/v1/jobs/", bad, format="json")
+    assert response.status_code == 400, response.json()
+    codes = {field: [e["code"] for e in errors] for field, errors in response.json()["fields"].items()}
+    assert codes == {"image": ["registry_unavailable"], "env": ["invalid_env_name"], "command": ["empty_command"]}
+    assert "Retry-After" not in response and not Job.objects.exists()
 
 
 def test_a_catalog_image_runs_its_built_digest_and_an_unbuilt_one_is_refused(world, images_env):

@@ -440,30 +440,34 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
                 field="timeout_s",
             )
     image: dict[str, Any] = {}
+    unreachable: image_services.RegistryUnavailableError | None = None
     with problems.check():
-        if not data.get("image"):
-            raise ValidationFailed(stored("an image is required"), code="unknown_image", field="image")
-        image = _resolve_image(str(data["image"]), team, ref)
-        policy = ref.scan_policies.get(queue.pk) if queue is not None else None
-        if policy is not None:
-            image_services.image_admit(
-                policy=policy,
-                queue=queue,
-                reference=image["image_reference"],
-                digest=image["image_digest"],
-                endpoint=_registry_endpoint(image["image_reference"], ref),
-            )
-        needs = image["min_driver_version"]
-        if needs and drivers and not any(cluster_selectors.driver_satisfies(d, needs) for d in drivers):
-            raise ValidationFailed(
-                stored(
-                    "the image needs NVIDIA driver >= %(needs)s; the newest node has %(newest)s",
-                    needs=image["min_driver_version"],
-                    newest=max(drivers, key=cluster_selectors.version_tuple),
-                ),
-                code="image_incompatible_with_all_nodes",
-                field="image",
-            )
+        try:
+            if not data.get("image"):
+                raise ValidationFailed(stored("an image is required"), code="unknown_image", field="image")
+            image = _resolve_image(str(data["image"]), team, ref)
+            policy = ref.scan_policies.get(queue.pk) if queue is not None else None
+            if policy is not None:
+                image_services.image_admit(
+                    policy=policy,
+                    queue=queue,
+                    reference=image["image_reference"],
+                    digest=image["image_digest"],
+                    endpoint=_registry_endpoint(image["image_reference"], ref),
+                )
+            needs = image["min_driver_version"]
+            if needs and drivers and not any(cluster_selectors.driver_satisfies(d, needs) for d in drivers):
+                raise ValidationFailed(
+                    stored(
+                        "the image needs NVIDIA driver >= %(needs)s; the newest node has %(newest)s",
+                        needs=image["min_driver_version"],
+                        newest=max(drivers, key=cluster_selectors.version_tuple),
+                    ),
+                    code="image_incompatible_with_all_nodes",
+                    field="image",
+                )
+        except image_services.RegistryUnavailableError as exc:
+            unreachable = exc  # a 503 only when nothing else is wrong: trying again cannot fix the rest
     env: dict[str, str] = {}
     with problems.check():
         env = _validate_env(data.get("env"))
@@ -516,6 +520,10 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
     preemptible = False
     with problems.check():
         preemptible = _preemptible(data.get("preemptible"), queue)
+    if unreachable is not None and problems.found:
+        problems.found.append(ValidationFailed(unreachable.detail, code=unreachable.code, field="image"))
+    elif unreachable is not None:
+        raise unreachable
     problems.raise_any()
     assert queue is not None and request is not None and paths is not None and timeout is not None
     name = (data.get("name") or command[0].rsplit("/", 1)[-1])[:120]

@@ -74,6 +74,24 @@ def test_a_bare_name_outside_the_catalog_is_a_400_listing_the_catalog(world):
     assert "docker.io/library/pytorch-9.9" in answer["detail"]
 
 
+def test_an_unknown_catalog_name_is_reported_with_every_other_error_of_the_submission(world):
+    bad = body(image="pytorch-9.9", env={"1BAD": "x"}, command=[], timeout_s="soon", max_retries=99, spec="nope")
+    response = client_for("demo").post("/api/v1/jobs/", bad, format="json")
+    assert response.status_code == 400, response.json()
+    answer = response.json()
+    codes = {field: [e["code"] for e in errors] for field, errors in answer["fields"].items()}
+    assert codes == {
+        "spec": ["unknown_spec"],
+        "timeout_s": ["invalid"],
+        "image": ["unknown_image"],
+        "env": ["invalid_env_name"],
+        "command": ["empty_command"],
+        "max_retries": ["invalid_max_retries"],
+    }, answer
+    assert "python-3.11" in answer["fields"]["image"][0]["message"]
+    assert not Job.objects.exists()
+
+
 def test_the_seeded_catalog_claims_no_digest_and_no_scan(world):
     from images.models import BaseImage
 

@@ -179,6 +179,27 @@ def test_submit_shows_each_rejected_field_with_its_line_and_code(cli, tmp_path, 
     assert not Job.objects.exists()
 
 
+def test_submit_of_a_file_with_a_mistyped_image_and_five_more_errors_prints_them_all(cli, tmp_path):
+    text = (
+        "team: demo\nqueue: train\nspec: nope\nimage: pytorch-9.9\ncommand: []\ntimeout_s: soon\n"
+        "max_retries: 99\nenv:\n  1BAD: x\n"
+    )
+    result = cli("submit", write(tmp_path, text))
+    assert result.code == 4, result.err  # the validation exit code, never 6 "server unreachable"
+    assert "job.yaml: the server rejected the job (6 errors):" in result.err, result.err
+    for line in (
+        "job.yaml:3: spec: ",
+        "job.yaml:4: image: 'pytorch-9.9' is not in the image catalog",
+        "(unknown_image)",
+        "job.yaml:5: command: ",
+        "job.yaml:6: timeout_s: ",
+        "job.yaml:7: max_retries: ",
+        "job.yaml:8: env: ",
+    ):
+        assert line in result.err, (line, result.err)
+    assert "cannot reach" not in result.err and not Job.objects.exists()
+
+
 def test_submit_shows_service_errors_on_the_nested_field(cli, tmp_path):
     text = JOB_YAML.replace("queue: train", "queue: debug").replace("spec: shared", "spec: guaranteed")
     result = cli("submit", write(tmp_path, text))

@@ -235,30 +235,71 @@ def test_errors_outside_a_view_are_never_an_html_error_page(rf, path, raised, st
         assert response["Content-Type"].startswith("text/plain") and b"database" in response.content
 
 
-def test_readyz_names_a_missing_program_and_the_package_that_brings_it(client, settings):
+def _hidden_from_path(tmp_path, program: str) -> dict[str, str]:
+    """A PATH that has every program of this one but `program` (links in a folder of its own)."""
+    import os
+
+    folder = tmp_path / "path"
+    folder.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not directory or not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            link = folder / name
+            if name != program and not link.exists() and not link.is_symlink():
+                link.symlink_to(os.path.join(directory, name))
+    return {"PATH": str(folder)}
+
+
+# (program as named in the message, the Debian package, what makes it missing here)
+MISSING = [
+    ("bwrap-that-is-not-installed", "bubblewrap", {"TRAINYARD_SANDBOX_BWRAP": "bwrap-that-is-not-installed"}),
+    ("slirp-not-installed", "slirp4netns", {"TRAINYARD_SANDBOX_SLIRP4NETNS": "slirp-not-installed"}),
+    # Only while no registry is configured: then the embedded one is the platform's registry.
+    (
+        "registry-not-installed",
+        "docker-registry",
+        {"TRAINYARD_REGISTRY_BINARY": "registry-not-installed", "TRAINYARD_REGISTRY_URL": ""},
+    ),  # fmt: skip
+    ("podman", "podman", "hide"),
+]
+
+
+@pytest.mark.parametrize(("program", "package", "how"), MISSING, ids=[m[1] for m in MISSING])
+def test_readyz_names_a_missing_program_and_the_package_that_brings_it(
+    client, settings, tmp_path, monkeypatch, program, package, how
+):
     from ops import loops
 
     settings.TRAINYARD_READY_TIMEOUT = 0.5
     settings.TRAINYARD_BACKEND = "local"
     settings.TRAINYARD_SANDBOX = "on"
-    settings.TRAINYARD_SANDBOX_BWRAP = "bwrap-that-is-not-installed"
+    settings.TRAINYARD_IMAGE_BUILDER = "podman"
+    for name, value in (_hidden_from_path(tmp_path, program) if how == "hide" else how).items():
+        if name == "PATH":
+            monkeypatch.setenv(name, value)
+        else:
+            setattr(settings, name, value)
     loops.loop_ran(loops.HEARTBEAT)
     body = client.get("/readyz").json()
     assert "tools" in body["failed"]
-    assert "bwrap-that-is-not-installed" in body["checks"]["tools"]["error"]
-    assert "apt-get install bubblewrap" in body["checks"]["tools"]["error"]
+    assert f"missing {program}:" in body["checks"]["tools"]["error"]
+    assert f"apt-get install {package}" in body["checks"]["tools"]["error"]
 
 
-def test_make_run_stops_before_ready_when_a_program_is_missing(tmp_path):
+@pytest.mark.parametrize(("program", "package", "how"), MISSING, ids=[m[1] for m in MISSING])
+def test_make_run_stops_before_ready_when_a_program_is_missing(tmp_path, program, package, how):
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "TRAINYARD_SANDBOX_BWRAP": "bwrap-that-is-not-installed", "TRAINYARD_VAR_DIR": str(tmp_path)}
+    env = {**os.environ, "TRAINYARD_VAR_DIR": str(tmp_path), "TRAINYARD_BACKEND": "local"}
+    env.pop("TRAINYARD_IMAGE_BUILDER", None)  # podman, the local backend's default
+    env.update(_hidden_from_path(tmp_path, program) if how == "hide" else how)
     done = subprocess.run([sys.executable, "-m", "ops.standalone"], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
-    assert done.returncode == 1
-    assert "bwrap-that-is-not-installed missing" in done.stderr and "apt-get install -y bubblewrap" in done.stderr
+    assert done.returncode == 1, done.stderr
+    assert f"{program} missing" in done.stderr and f"apt-get install -y {package}" in done.stderr, done.stderr
     assert "ready" not in done.stdout.lower()
 
 
