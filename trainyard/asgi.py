@@ -20,6 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
+from kernel.login_guard import LoginSlowdown  # noqa: E402
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -48,7 +49,7 @@ if settings.TRAINYARD_GC_FREEZE:
 
 application = ProtocolTypeRouter(
     {
-        "http": WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS),
+        "http": LoginSlowdown(WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

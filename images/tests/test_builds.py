@@ -217,8 +217,8 @@ def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_fil
 
     from images.builder import _traversable, builder_for, context_dir, jailed
 
-    base = define_base(images_env)
-    assert built(base).status == "succeeded"
+    base = built(define_base(images_env))
+    assert base.status == "succeeded", base.log
     alpha, beta = TeamFactory(slug="alpha"), TeamFactory(slug="beta")
     image = services.project_image_define(team=alpha, name="probe", base="tiny-base", containerfile=ISOLATION_PROBE)
     build = built(image)
