@@ -47,6 +47,10 @@ if settings.TRAINYARD_GC_FREEZE:
     gctune.freeze_after_startup()
     django_wsgi = gctune.RefreezeAfterWarmup(django_wsgi)
 
+from kernel.guards import trusted_proxies_check  # noqa: E402
+
+trusted_proxies_check()  # a placeholder or a typo there trusts no proxy: say so at start
+
 application = ProtocolTypeRouter(
     {
         "http": LoginSlowdown(WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),

@@ -132,6 +132,24 @@ def test_the_asgi_app_pauses_a_slowed_name_and_still_logs_its_owner_in(settings)
         assert status == 302 and took < 1.0
     finally:
         cache.delete_many(keys)
+        _close_connections_of(application.application_mapping["http"].app.executor)
+
+
+def _close_connections_of(executor) -> None:
+    """Close the database connections the ASGI app's request threads keep (else the test database cannot be
+    dropped): one task per thread, held at a barrier so that each thread runs one."""
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(executor._max_workers)
+
+    def close():
+        connections.close_all()
+        barrier.wait(timeout=10)
+
+    for future in [executor.submit(close) for _ in range(executor._max_workers)]:
+        future.result(timeout=20)
 
 
 def test_a_success_clears_the_count(users, settings):
@@ -179,3 +197,20 @@ def test_the_web_process_believes_x_forwarded_for_only_from_configured_proxies(m
     monkeypatch.setenv("TRAINYARD_TRUSTED_PROXIES", "10.0.0.5")
     argv = processes.command("web")
     assert argv[argv.index("--forwarded-allow-ips") + 1] == "10.0.0.5" and "--no-proxy-headers" not in argv
+
+
+def test_a_request_through_a_proxy_that_is_not_trusted_is_logged_once(monkeypatch):
+    from django.test import RequestFactory
+    from structlog.testing import capture_logs
+
+    from kernel import guards
+
+    monkeypatch.setattr(guards, "_warned_untrusted_proxy", False)
+    factory = RequestFactory()
+    direct = factory.get("/", REMOTE_ADDR="10.0.0.9")
+    believed = factory.get("/", REMOTE_ADDR="203.0.113.5", HTTP_X_FORWARDED_FOR="203.0.113.5, 10.0.0.9")
+    behind = factory.get("/", REMOTE_ADDR="10.244.1.3", HTTP_X_FORWARDED_FOR="203.0.113.5")
+    with capture_logs() as logs:
+        assert not guards.untrusted_proxy_check(direct) and not guards.untrusted_proxy_check(believed)
+        assert guards.untrusted_proxy_check(behind) and guards.untrusted_proxy_check(behind)
+    assert [(e["event"], e["peer"]) for e in logs] == [("untrusted_proxy", "10.244.1.3")]
