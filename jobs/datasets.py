@@ -181,9 +181,13 @@ def _clash(a: str, b: str) -> bool:
     return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
-def resolve(value: Any, *, team: Team | None, backend: str, mounts: list[dict]) -> list[dict]:
+def resolve(value: Any, *, team: Team | None, backend: str, mounts: list[dict], user) -> list[dict]:
     """The `datasets` of a submission: each `{name, version?, path}` becomes the dataset it names (the latest
-    version when none is given), readable by the team, at an absolute path that clashes with no other mount."""
+    version when none is given), readable by the team, at an absolute path that clashes with no other mount.
+
+    A dataset the submitting user may not see (another team's, not shared with any of theirs) is answered exactly
+    like one that does not exist, `team` and `version` included: the answer never tells which names, teams or
+    versions exist elsewhere. Only a dataset the user sees but the job's team may not read says so."""
     if value in (None, []):
         return []
     if not isinstance(value, list) or len(value) > MAX_DATASETS:
@@ -241,13 +245,15 @@ def resolve(value: Any, *, team: Team | None, backend: str, mounts: list[dict]) 
         dataset = readable.select_related("team").order_by("-version", "team__slug").first()
         label = f"{name}" + (f" version {version}" if version not in (None, "") else "")
         if dataset is None:
-            if candidates.exists():
+            if visible_to(user).filter(pk__in=candidates.values("pk")).exists():
                 raise ValidationFailed(
                     f"dataset {label} is not shared with team {team.slug}: ask its owners to share it",
                     code="dataset_not_readable",
                     field="datasets",
                 )
-            raise ValidationFailed(f"there is no dataset {label}", code="unknown_dataset", field="datasets")
+            raise ValidationFailed(
+                f"there is no dataset {label} (or none your teams may read)", code="unknown_dataset", field="datasets"
+            )
         if dataset.claim and backend == "local":
             raise ValidationFailed(
                 f"dataset {label} is a PersistentVolumeClaim: only the Kubernetes backend can mount it",

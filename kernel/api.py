@@ -127,6 +127,7 @@ ERROR_WORDS = {
     "403": "not allowed (or the token lacks the scope: token_scope)",
     "404": "no such object, or not yours to see",
     "409": "the object's state forbids it now",
+    "406": "no representation the Accept header allows (the API answers JSON)",
     "413": "request body too large",
     "415": "unsupported media type",
     "429": "throttled: retry after Retry-After seconds",
@@ -146,13 +147,12 @@ def schema_declare_errors(result, generator, request, public):
         for method, operation in methods.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
-            codes = {"401", "403", "429"}
-            if "{" in path:
-                codes |= {"400", "404"}  # 400: a path value no route could hold (a NUL byte, say)
+            # Every operation: 400 a NUL byte in the path or query string, 404 an unknown `?format=` (or a path or
+            # query naming what is not there or not yours), 406 an Accept nothing renders, 413 a Content-Length over
+            # the limit (even on a GET); and 401, 403, 429.
+            codes = {"400", "401", "403", "404", "406", "413", "429"}
             if method in {"post", "put", "patch", "delete"}:
-                codes |= {"400", "404", "409", "413", "415"}  # 404: a body naming a team or object not yours
-            elif any(p.get("in") == "query" for p in operation.get("parameters", [])):
-                codes |= {"400", "404"}  # 404: a query naming an object that is not there, or not yours (?team=)
+                codes |= {"409", "415"}
             responses = operation["responses"]
             for code in sorted(codes):
                 responses.setdefault(

@@ -4,20 +4,69 @@
   `DATA_UPLOAD_MAX_MEMORY_SIZE` (`TRAINYARD_MAX_BODY_BYTES`) is a 413, both as JSON with a code.
 - `ContentSecurityPolicyMiddleware`: a Content-Security-Policy on every response (scripts from the platform
   only); the API docs page and TensorBoard, which need inline scripts, get a looser one.
+- `untrusted_proxy_check` (in `RequestGuardMiddleware`) and `trusted_proxies_check` (at start): log once when
+  requests arrive through a proxy whose `X-Forwarded-For` is not believed, or when `TRAINYARD_TRUSTED_PROXIES`
+  holds something that is not an address or network (the manifests' placeholder): then every client has the
+  proxy's address, and the per-address login lockout locks them out together.
 - `StrictJSONParser`: JSON nested deeper than `MAX_JSON_DEPTH`, or holding a NUL byte in any key or string, is a
   400 (PostgreSQL cannot store NUL in text, and nothing a job takes needs 64 levels).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import unquote_to_bytes
 
+import structlog
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
 MAX_JSON_DEPTH = 64
+log = structlog.get_logger(__name__)
+_warned_untrusted_proxy = False
+
+
+def trusted_proxies_check(value: str | None = None) -> list[str]:
+    """The entries of `TRAINYARD_TRUSTED_PROXIES` that are neither an address nor a network (logged as a warning at
+    start: uvicorn would silently trust none of them)."""
+    value = settings.TRAINYARD_TRUSTED_PROXIES if value is None else value
+    bad = []
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            bad.append(entry)
+    if bad:
+        log.warning(
+            "trusted_proxies_invalid", entries=bad,
+            hint="set TRAINYARD_TRUSTED_PROXIES to the reverse proxy's addresses or network (an ingress "
+            "controller's pod CIDR); until then every client shares the proxy's address for the login lockout",
+        )  # fmt: skip
+    return bad
+
+
+def untrusted_proxy_check(request: HttpRequest) -> bool:
+    """Whether this request came through a proxy that is not trusted: it carries `X-Forwarded-For`, yet the peer
+    the web process saw is none of the addresses in it (a trusted proxy's header would have given one of them).
+    Logged once per process."""
+    global _warned_untrusted_proxy
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if not forwarded:
+        return False
+    peer = request.META.get("REMOTE_ADDR", "")
+    if peer in {part.strip() for part in forwarded.split(",")}:
+        return False
+    if not _warned_untrusted_proxy:
+        _warned_untrusted_proxy = True
+        log.warning(
+            "untrusted_proxy", peer=peer,
+            hint="a request came with X-Forwarded-For from an address not in TRAINYARD_TRUSTED_PROXIES: if the "
+            "platform runs behind a reverse proxy or an ingress, name it there, or all its clients share its "
+            "address for the login lockout and the rate limits",
+        )  # fmt: skip
+    return True
 
 
 def error_response(status: int, code: str, detail: str) -> JsonResponse:
@@ -29,6 +78,7 @@ class RequestGuardMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        untrusted_proxy_check(request)
         raw_path = request.path_info.encode("utf-8", "surrogateescape")
         query = request.META.get("QUERY_STRING", "")
         if b"\x00" in raw_path or b"\x00" in unquote_to_bytes(query):

@@ -158,6 +158,20 @@ def test_configmap_sets_only_documented_settings():
     assert data["TRAINYARD_K8S_NAMESPACE"] == SYSTEM_NS
 
 
+def test_the_web_tier_believes_x_forwarded_for_only_from_the_configured_ingress(settings):
+    """Behind the ingress every connection comes from the ingress controller's pods: without trusted proxies every
+    client would share their address, and 20 failed logins anywhere would lock the login for everyone."""
+    from kernel.guards import trusted_proxies_check
+
+    command = deployment("web")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--forwarded-allow-ips") + 1] == "$(TRAINYARD_TRUSTED_PROXIES)"
+    assert "--proxy-headers" in command and "--no-proxy-headers" not in command
+    placeholder = kind("ConfigMap")[0]["data"]["TRAINYARD_TRUSTED_PROXIES"]
+    assert placeholder.startswith("SET-ME")  # the operator must put the ingress controller's pod CIDR there
+    assert trusted_proxies_check(placeholder) == [placeholder]  # left as is, the web pods say so at start
+    assert trusted_proxies_check("10.244.0.0/16, 10.0.0.7") == []
+
+
 def test_volcano_queues_match_the_seeded_platform_queues():
     from ops.seed import QUEUES
 

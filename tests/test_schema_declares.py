@@ -52,3 +52,31 @@ def test_a_body_the_schema_closes_is_one_the_api_refuses_extras_in(settings):
     client.force_login(get_user_model().objects.get(username="demo"))
     answer = client.post("/api/v1/tokens/", {"name": "x", "surprise": 1}, format="json")
     assert answer.status_code == 400 and answer.json()["code"] == "unknown_field"
+
+
+@pytest.mark.django_db
+def test_the_edge_answers_every_operation_can_give_are_declared_on_every_operation(settings):
+    """A NUL in the query string (400), an unknown `?format=` (404), an Accept the API cannot render (406) and a
+    Content-Length over the limit (413) are answered before any view, on every route: the lists without a path or
+    query parameter once declared none of them."""
+    from django.contrib.auth import get_user_model
+
+    from ops.seed import seed
+
+    settings.TRAINYARD_BACKEND = "local"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    client = APIClient()
+    client.force_login(get_user_model().objects.get(username="demo"))
+    probes = [("?x=%00", {}, 400), ("?format=bogus", {}, 404), ("", {"HTTP_ACCEPT": "application/xml"}, 406),
+              ("", {"CONTENT_LENGTH": str(10**9)}, 413)]  # fmt: skip
+    checked = 0
+    for path, methods in schema()["paths"].items():
+        if not path.startswith("/api/v1/") or "{" in path or "get" not in methods:
+            continue
+        declared = set(methods["get"]["responses"])
+        for query, headers, status in probes:
+            answer = client.get(f"{path}{query}", **headers)
+            assert answer.status_code == status, (path, query, headers, answer.status_code)
+            assert str(status) in declared, (path, status)
+        checked += 1
+    assert checked >= 20

@@ -20,6 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
+from kernel.login_guard import LoginSlowdown  # noqa: E402
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -46,9 +47,13 @@ if settings.TRAINYARD_GC_FREEZE:
     gctune.freeze_after_startup()
     django_wsgi = gctune.RefreezeAfterWarmup(django_wsgi)
 
+from kernel.guards import trusted_proxies_check  # noqa: E402
+
+trusted_proxies_check()  # a placeholder or a typo there trusts no proxy: say so at start
+
 application = ProtocolTypeRouter(
     {
-        "http": WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS),
+        "http": LoginSlowdown(WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -225,11 +225,16 @@ if TRAINYARD_TLS:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes and scrapers inside the cluster
     if env.bool("TRAINYARD_BEHIND_TLS_PROXY", default=False):
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# Failed logins (kernel/login_guard.py): per user and address, per address, per user, within the window.
+# Failed logins (kernel/login_guard.py), within the window: an address is locked out (429) past its limits, per
+# user name and in all; a user name is slowed down (never locked) past TRAINYARD_LOGIN_SLOW_AFTER from anywhere.
 TRAINYARD_LOGIN_WINDOW_S = env.int("TRAINYARD_LOGIN_WINDOW_S", default=900)
 TRAINYARD_LOGIN_MAX_FAILURES = env.int("TRAINYARD_LOGIN_MAX_FAILURES", default=5)
 TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_CLIENT", default=20)
-TRAINYARD_LOGIN_MAX_FAILURES_PER_USER = env.int("TRAINYARD_LOGIN_MAX_FAILURES_PER_USER", default=50)
+TRAINYARD_LOGIN_SLOW_AFTER = env.int("TRAINYARD_LOGIN_SLOW_AFTER", default=10)
+TRAINYARD_LOGIN_MAX_DELAY_S = env.float("TRAINYARD_LOGIN_MAX_DELAY_S", default=4.0)
+# Reverse proxies whose X-Forwarded-For the web process believes (ops/processes.py passes it to uvicorn); read
+# here too, to warn when requests come through a proxy that is not among them (kernel/guards.py).
+TRAINYARD_TRUSTED_PROXIES = env.str("TRAINYARD_TRUSTED_PROXIES", default="")
 
 # Platform behaviour
 TRAINYARD_BACKEND = env.str("TRAINYARD_BACKEND", default="local")

@@ -593,3 +593,32 @@ def test_stored_sentences_and_seeded_descriptions_read_in_chinese(portal):
     assert "任意档位的单节点训练。" in form and "一块卡 1/4 的算力和 2/8 的显存" in form
     cluster = html.unescape(client.get("/monitoring/cluster/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode())
     assert "集群监控" in cluster and "资源池与队列" in cluster
+
+
+def test_no_page_or_list_a_member_reaches_names_another_teams_slug(portal):
+    """A member sees their own teams only: another team using the same queues (here `vision`, on every queue, with a
+    job waiting in one) is never named on the pickers, the queue pages or the API's lists."""
+    Queue.objects.filter(name="train").update(state="closed")
+    submit(portal.outsider, team="vision", name="their-job")
+    submit(portal.demo, name="my-job")
+    store.dispatch(queue_ids=[Queue.objects.get(name="train").id])
+    client = login(portal.demo)
+    submit_page = client.get("/jobs/new/").content.decode()
+    assert re.search(r'data-teams="[^"]*\bdemo\b', submit_page)  # the user's own team is still offered
+    pages = ["/jobs/new/", "/jobs/", "/queues/", "/queues/train/", "/gpus/", "/datasets/", "/teams/", "/images/"]
+    api = [
+        "queues/",
+        "queues/train/",
+        "teams/",
+        "jobs/",
+        "gpus/",
+        "nodes/",
+        "datasets/",
+        "project-images/",
+        "monitoring/usage/",
+    ]
+    for url in pages + [f"/api/v1/{path}" for path in api]:
+        response = client.get(url, follow=True)
+        assert response.status_code == 200, url
+        body = response.content.decode()
+        assert not re.search(r"\bvision\b|Vision team|olga", body), (url, re.findall(r".{60}\bvision\b.{20}", body))

@@ -42,6 +42,7 @@ def _submit_choices(user) -> dict[str, Any]:
     with the nodes whose drivers can run them."""
     teams = list(quota.visible_teams(user).order_by("name"))
     queues = list(Queue.objects.prefetch_related("specs", "teams").order_by("-priority", "name"))
+    mine = {t.id for t in teams}
     queue_rows = []
     fleet = selectors.estimate_fleet()
     for queue in queues:
@@ -53,7 +54,8 @@ def _submit_choices(user) -> dict[str, Any]:
                 "waiting": len(waiting),
                 "line_clears": selectors.line_clears(waiting, waits),
                 "specs": " ".join(s.name for s in queue.specs.all()),
-                "teams": " ".join(t.slug for t in queue.teams.all()),
+                # Only the user's own teams (staff: all): the page must not tell who else uses a queue.
+                "teams": " ".join(t.slug for t in queue.teams.all() if t.id in mine),
             }
         )
     card_mib = _card_mib()

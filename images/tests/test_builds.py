@@ -235,8 +235,8 @@ def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_fil
 
     from images.builder import _traversable, builder_for, context_dir, jailed
 
-    base = define_base(images_env)
-    assert built(base).status == "succeeded"
+    base = built(define_base(images_env))
+    assert base.status == "succeeded", base.log
     alpha, beta = TeamFactory(slug="alpha"), TeamFactory(slug="beta")
     image = services.project_image_define(team=alpha, name="probe", base="tiny-base", containerfile=ISOLATION_PROBE)
     build = built(image)
@@ -467,3 +467,115 @@ def test_a_stuck_build_step_ends_failed_at_its_time_limit_with_every_process_kil
             except OSError:
                 pass
     assert not left, left
+
+
+ESCAPE_TOOLS = ("/usr/bin/perl", "/usr/bin/curl", "/bin/cat", "/bin/ls")
+# Perl's builtins alone (no module): chroot into a subfolder while the working folder stays outside it, climb, and
+# chroot again at the real root; then read and write. Each prints PROBE <what>: <result>. (One RUN line: no ').
+ESCAPE_PERL = r"""
+sub probe { my ($what, $path) = @_; if (open(my $f, "<", $path)) { local $/; my $got = <$f>;
+    print "PROBE $what: READ [$got]\n" } else { print "PROBE $what: refused ($!)\n" } }
+sub put { my ($what, $path) = @_; if (open(my $f, ">", $path)) { print $f "escaped\n"; close $f;
+    print "PROBE $what: WROTE $path\n" } else { print "PROBE $what: refused ($!)\n" } }
+my ($var, $host, $registry_dir) = @ARGV;
+probe("absolute $_", "$var/$_") for ("secret_key", "postgres.password");
+probe("proc-root $_", "/proc/1/root$var/$_") for ("secret_key", "postgres.password");
+probe("climb $_", ("../" x 30) . "$var/$_") for ("secret_key", "postgres.password");
+put("proc-root write", "/proc/1/root$host/from-proc-root");
+mkdir "/jail"; chdir "/";
+if (chroot("/jail")) { chdir("..") for 1 .. 40;
+    print "PROBE chroot: ", (chroot(".") ? "escaped" : "refused ($!)"), "\n" }
+else { print "PROBE chroot: refused ($!)\n" }
+probe("after-chroot $_", "$var/$_") for ("secret_key", "postgres.password");
+put("after-chroot write", "$host/from-chroot");
+my $plant = "$registry_dir/docker/registry/v2/repositories/trainyard/beta";
+mkdir $plant; print "PROBE registry-dir: ", (-d $plant ? "PLANTED" : "refused ($!)"), "\n";
+"""
+
+
+def _escape_upstream(registry_url: str, build_root: Path, folder: Path) -> str:
+    """`<registry>/upstream/escape:1`: a rootfs with a shell, perl (its builtins need no module), curl, cat, ls."""
+    from urllib.parse import urlparse
+
+    from images.tests.conftest import _copy_with_libraries, auth_args, podman
+
+    rootfs = folder / "rootfs"
+    for tool in ("/bin/dash", *ESCAPE_TOOLS):
+        _copy_with_libraries(tool, rootfs)
+    (rootfs / "bin" / "dash").rename(rootfs / "bin" / "sh")
+    (rootfs / "tmp").mkdir(mode=0o1777)
+    (folder / "Containerfile").write_text("FROM scratch\nCOPY rootfs/ /\n")
+    reference = f"{urlparse(registry_url).netloc}/upstream/escape:1"
+    made = podman(build_root, "build", "--isolation", "chroot", "-t", "localhost/upstream-escape", str(folder))
+    assert made.returncode == 0, made.stdout + made.stderr
+    auth = auth_args(folder, urlparse(registry_url).netloc)
+    pushed = podman(build_root, "push", "--tls-verify=false", *auth, "localhost/upstream-escape", reference)
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    return reference
+
+
+def test_a_project_builds_run_steps_cannot_read_the_platforms_secrets_write_the_host_or_push(
+    images_env, settings, tmp_path, registry_url, build_root
+):
+    """A team's RUN steps try what escaped the old builds: read var/secret_key and var/postgres.password (by absolute
+    path, through /proc/1/root, by climbing ../, and after escaping the chroot), write on the host, plant a
+    repository in the registry's storage and push to another team's repository. Each fails; a normal build of the
+    same team in the same test still succeeds."""
+    import os
+    import shutil
+    import uuid
+
+    from kernel.paths import VAR_DIR
+
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("builds are isolated only when the platform runs as root: run the suite as root")
+        pytest.skip("builds are isolated when the platform runs as root")
+    if shutil.which("perl") is None or shutil.which("curl") is None:
+        pytest.fail("the escape probe needs perl and curl on the machine (apt-get install perl-base curl)")
+    secrets = {name: (VAR_DIR / name).read_text().strip() for name in ("secret_key", "postgres.password")}
+    assert all(len(value) >= 16 for value in secrets.values())  # ops.embedded made them; the probe looks for them
+    host = tmp_path / "host"
+    host.mkdir()
+    reference = _escape_upstream(registry_url, build_root, tmp_path / "escape")
+    base = services.base_image_define(
+        name="escape-base", containerfile=f"FROM {reference}\nRUN echo base > /base\n", cuda_version="12.4",
+        framework="none", min_driver_version="550.54",
+    )  # fmt: skip
+    built_base = built(base)
+    assert built_base.status == "succeeded", built_base.log
+    alpha = TeamFactory(slug="alpha")
+    TeamFactory(slug="beta")  # the other team, whose repository the steps try to write
+    repo = f"trainyard/beta/pushed-{uuid.uuid4().hex[:8]}"
+    push_url = f"{registry_url.rstrip('/')}/v2/{repo}/blobs/uploads/"
+    containerfile = (
+        "FROM escape-base\n"
+        f"RUN perl -e '{' '.join(ESCAPE_PERL.split())}' {VAR_DIR} {host} {VAR_DIR / 'registry'} 2>&1; true\n"
+        f'RUN echo "PROBE push: $(curl -sS -m 5 -X POST -u trainyard:x {push_url} 2>&1 || true)"; true\n'
+        "RUN ls -A /proc/1/root/ 2>&1; echo PROBES DONE\n"
+    )
+    image = services.project_image_define(team=alpha, name="escape", base="escape-base", containerfile=containerfile)
+    build = built(image)
+    log = build.log
+    assert build.status == "succeeded", log
+    results = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in log.splitlines() if line.startswith("PROBE ")}
+    assert "PROBES DONE" in log and len(results) == 13, log  # every probe ran and said what it got
+    for name, value in secrets.items():
+        assert value not in log, f"the build read var/{name}"
+    # The chroot itself may be left (the step is root in its own user namespace), but that leaves the team's
+    # unprivileged build user in the jail: every read, write and plant is refused all the same.
+    assert results.pop("PROBE chroot") in ("escaped", "refused (Operation not permitted)"), log
+    refused = {what: got for what, got in results.items() if what != "PROBE push"}
+    assert all(got.startswith("refused (") for got in refused.values()), refused
+    assert "Failed to connect" in results["PROBE push"] or "Could not resolve" in results["PROBE push"], log
+    assert "Permission denied" in log.split("STEP 4/4", 1)[1]  # ls /proc/1/root: the host's root is not listed
+    assert (
+        not any(host.iterdir()) and not (VAR_DIR / "registry/docker/registry/v2/repositories/trainyard/beta").exists()
+    )
+    with pytest.raises(registry.ManifestUnknown):
+        registry.resolve(f"{registry.platform_registry()}/{repo}:latest")
+    # The same team's ordinary build still works.
+    normal = services.project_image_define(
+        team=alpha, name="normal", base="escape-base", containerfile="FROM escape-base\nRUN echo ok > /ok\n"
+    )
+    assert built(normal).status == "succeeded"

@@ -504,6 +504,7 @@ def job_validate(*, user, data: dict[str, Any]) -> Resolved:
             team=team,
             backend=settings.TRAINYARD_BACKEND,
             mounts=paths.mounts if paths is not None else [],
+            user=user,
         )
     watch: list[dict] = []
     with problems.check():

@@ -230,6 +230,46 @@ def test_register_list_and_the_submission_400s(demo, checkpoint_store):
 
 
 @pytest.mark.django_db
+def test_another_teams_dataset_reads_exactly_like_one_that_does_not_exist(settings):
+    from django.contrib.auth import get_user_model
+
+    from ops.seed import seed
+    from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+    settings.TRAINYARD_BACKEND = "local"
+    settings.TRAINYARD_LOCAL_GPUS = "2x24GiB"
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    secret = TeamFactory(slug="secret")
+    for version in (1, 2):
+        Dataset.objects.create(team=secret, name="hidden", version=version, claim="hidden-data")
+    client = APIClient()
+    client.force_login(get_user_model().objects.get(username="demo"))
+    base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
+
+    def answer(item: dict) -> tuple[int, str, str]:
+        response = client.post("/api/v1/jobs/", {**base, "datasets": [{**item, "path": "/data"}]}, format="json")
+        body = response.json()
+        return response.status_code, body["code"], body["detail"].replace(item["name"], "NAME")
+
+    # Name alone, with the owning team's slug, with a version that exists there: each as for a name nowhere.
+    for exists, missing in [
+        ({"name": "hidden"}, {"name": "absent"}),
+        ({"name": "hidden", "team": "secret"}, {"name": "absent", "team": "secret"}),
+        ({"name": "hidden", "team": "secret"}, {"name": "hidden", "team": "no-such-team"}),
+        ({"name": "hidden", "version": 2}, {"name": "absent", "version": 2}),
+        ({"name": "hidden", "version": 2, "team": "secret"}, {"name": "absent", "version": 2, "team": "secret"}),
+    ]:
+        assert answer(exists) == answer(missing), (exists, missing)
+        assert answer(exists)[:2] == (400, "unknown_dataset")
+    # A user who sees it (a member of its team) is told that the job's team may not read it.
+    mallory = UserFactory(username="mallory")
+    MembershipFactory(team=secret, user=mallory)
+    MembershipFactory(team=get_user_model().objects.get(username="demo").memberships.get().team, user=mallory)
+    client.force_login(mallory)
+    assert answer({"name": "hidden", "team": "secret"})[:2] == (400, "dataset_not_readable")
+
+
+@pytest.mark.django_db
 def test_shared_with_never_tells_a_maintainer_which_teams_exist(settings):
     from django.contrib.auth import get_user_model
 
