@@ -372,6 +372,7 @@ TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
 # Job pods under the container runtime's default AppArmor profile. Off for nodes without AppArmor (SELinux hosts),
 # whose kubelet refuses pods that ask for a profile.
 TRAINYARD_K8S_APPARMOR = env.bool("TRAINYARD_K8S_APPARMOR", default=True)
+TRAINYARD_K8S_STDERR_WRAPPER = env.bool("TRAINYARD_K8S_STDERR_WRAPPER", default=True)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
 TRAINYARD_K8S_IMAGE_PULL_SECRETS = env.list("TRAINYARD_K8S_IMAGE_PULL_SECRETS", default=[])
 TRAINYARD_K8S_RACK_LABELS = env.list(
