@@ -311,6 +311,9 @@ TRAINYARD_LEND_BELOW_PERCENT = env.float("TRAINYARD_LEND_BELOW_PERCENT", default
 TRAINYARD_LEND_AFTER_S = env.float("TRAINYARD_LEND_AFTER_S", default=1800.0)
 # The node pool the local node joins when it first appears (docs/pools.md); an admin may move it afterwards.
 TRAINYARD_LOCAL_POOL = env.str("TRAINYARD_LOCAL_POOL", default="default")
+# Pools kept for the queues bound to them (docs/pools.md): no other queue's job is placed on their nodes, and on
+# Kubernetes only those queues' pods tolerate the pool's `trainyard.io/pool=<name>:NoSchedule` taint.
+TRAINYARD_DEDICATED_POOLS = env.list("TRAINYARD_DEDICATED_POOLS", default=[])
 # The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)

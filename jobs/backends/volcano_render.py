@@ -34,6 +34,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from cluster.inventory import POOL_LABEL
 from jobs.backends.base import AttemptDescription, Device
 
 JSON = dict[str, Any]
@@ -469,8 +470,13 @@ def _task(
         spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    tolerations: list[JSON] = []
     if options.gpu_toleration:
-        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    for name in desc.dedicated_pools:  # the taint that keeps every other queue's pods off a dedicated pool's nodes
+        tolerations.append({"key": POOL_LABEL, "operator": "Equal", "value": name, "effect": "NoSchedule"})
+    if tolerations:
+        spec["tolerations"] = tolerations
     affinity = _node_affinity(desc, devices, node_labels, options)
     if affinity:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": affinity}}

@@ -627,3 +627,13 @@ def test_the_wrappers_installer_of_a_guaranteed_pod_keeps_the_pod_guaranteed():
     pod = templates(job)["main"]["spec"]
     [installer] = pod["initContainers"]
     assert installer["resources"]["requests"] == installer["resources"]["limits"] == render.GUARANTEED_HELPER
+
+
+def test_a_queue_bound_to_a_dedicated_pool_tolerates_its_taint_and_no_other_pod_does():
+    kept = templates(render.render_job(describe(dedicated_pools=["secure"]), options()))["main"]["spec"]
+    assert kept["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "trainyard.io/pool", "operator": "Equal", "value": "secure", "effect": "NoSchedule"},
+    ]
+    plain = templates(render.render_job(describe(), options()))["main"]["spec"]
+    assert not any(t["key"] == "trainyard.io/pool" for t in plain["tolerations"])

@@ -680,6 +680,7 @@ def test_stderr_tagged_by_the_wrapper_is_kept_apart_and_pushed_when_the_job_fail
     attempt's stderr (`?stream=stderr`), and the failure push quotes them."""
     from datetime import UTC, datetime
 
+    from django.test import Client
     from rest_framework.test import APIClient
 
     from jobs.backends import volcano_render as render
@@ -719,10 +720,37 @@ def test_stderr_tagged_by_the_wrapper_is_kept_apart_and_pushed_when_the_job_fail
     alone = owner.get(f"/api/v1/jobs/{job.id}/logs/", {"stream": "stderr"}).json()
     assert [x["text"] for x in alone["lines"]] == stderr and alone["stderr_lines"] == 2
 
+    portal = Client()
+    portal.force_login(platform["user"])
+    shown = portal.get(f"/jobs/{job.id}/logs/download/", {"attempt": 1, "stream": "stderr"}).content.decode()
+    assert all(text in shown for text in stderr) and not any(text in shown for text in stdout)
+
     assert push.last_stderr(attempt) == ("stderr", stderr)
     assert services.failures_push() == 1
     note = Notification.objects.get(user=platform["user"])
     assert "ValueError: learning rate must be positive" in note.message and "epoch 1 step" not in note.message
+
+
+def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_server_computes_it(
+    platform, admin, celery_worker_thread
+):
+    """The API server, not the renderer, decides a pod's QoS class (`status.qosClass`, set when the pod is created):
+    a guaranteed job's pods are Guaranteed, with whole cores on the trainer (what the kubelet's static CPU manager
+    pins); a shared job's are Burstable."""
+    from kubernetes.utils import parse_quantity
+
+    for spec, qos in (("guaranteed", "Guaranteed"), ("shared", "Burstable")):
+        job = submit(platform["user"], spec=spec)
+        _drive(lambda job=job: _state(job, "running"))
+        pods = _pods(admin, job)
+        assert pods and {p.status.qos_class for p in pods} == {qos}, [p.status.qos_class for p in pods]
+        if qos == "Guaranteed":
+            for pod in pods:
+                [trainer] = pod.spec.containers
+                cpu = parse_quantity(trainer.resources.requests["cpu"])
+                assert cpu == int(cpu) and trainer.resources.limits["cpu"] == trainer.resources.requests["cpu"]
+        _outcome(admin, job, "succeed")
+        assert _drive(lambda job=job: _state(job, "succeeded", "failed")).state == "succeeded"
 
 
 def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_name_label(
