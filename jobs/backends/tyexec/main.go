@@ -197,7 +197,7 @@ func run(argv []string) int {
 			}
 		}
 	}
-	signal.Stop(signals)
+	// Signals still arrive while stderr drains: kept caught (and dropped), so ty-exec ends as its command did.
 	select {
 	case <-relayed:
 	case <-time.After(drainAfterExit):
