@@ -90,7 +90,7 @@ def test_a_dedicated_pools_tainted_node_runs_its_queues_jobs_and_no_other(platfo
         (pod,) = _pods(admin, kept)
         assert pod.spec.node_name == secure
         assert any((t.key, t.value, t.effect) == (POOL_LABEL, "secure", "NoSchedule") for t in pod.spec.tolerations)
-        other = submit(platform["user"], queue="debug", spec="shared")
+        other = submit(platform["user"], queue="distributed")  # bound to every pool
         _drive(lambda: _state(other, "running"), timeout=120)
         (pod,) = _pods(admin, other)
         assert pod.spec.node_name != secure

@@ -704,7 +704,7 @@ def test_stderr_tagged_by_the_wrapper_is_kept_apart_and_pushed_when_the_job_fail
         [pod] = _attempt_pods(admin, job)
         [trainer] = pod["spec"]["containers"]
         assert trainer["command"][:2] == ["/.trainyard-exec/ty-exec", "--"]  # as the API server stored the pod
-        assert [c["name"] for c in pod["spec"]["initContainers"]] == ["ty-exec"]
+        assert "ty-exec" in [c["name"] for c in pod["spec"]["initContainers"]]
         _outcome(admin, job, "fail", **{"kwok.trainyard.io/exit-code": "1"})
         job = _drive(lambda: _state(job, "failed", "succeeded", "pending"))
     finally:
@@ -735,22 +735,22 @@ def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_serve
     platform, admin, celery_worker_thread
 ):
     """The API server, not the renderer, decides a pod's QoS class (`status.qosClass`, set when the pod is created):
-    a guaranteed job's pods are Guaranteed, with whole cores on the trainer (what the kubelet's static CPU manager
-    pins); a shared job's are Burstable."""
+    a guaranteed job's pods, init containers and all (the stderr wrapper's installer too), are Guaranteed, with whole
+    cores on the trainer, what the kubelet's static CPU manager pins. (kwok's nodes offer no GPU shares: a shared
+    job cannot be placed here.)"""
     from kubernetes.utils import parse_quantity
 
-    for spec, qos in (("guaranteed", "Guaranteed"), ("shared", "Burstable")):
-        job = submit(platform["user"], spec=spec)
-        _drive(lambda job=job: _state(job, "running"))
-        pods = _pods(admin, job)
-        assert pods and {p.status.qos_class for p in pods} == {qos}, [p.status.qos_class for p in pods]
-        if qos == "Guaranteed":
-            for pod in pods:
-                [trainer] = pod.spec.containers
-                cpu = parse_quantity(trainer.resources.requests["cpu"])
-                assert cpu == int(cpu) and trainer.resources.limits["cpu"] == trainer.resources.requests["cpu"]
-        _outcome(admin, job, "succeed")
-        assert _drive(lambda job=job: _state(job, "succeeded", "failed")).state == "succeeded"
+    job = submit(platform["user"], spec="guaranteed")
+    _drive(lambda: _state(job, "running"))
+    pods = _pods(admin, job)
+    assert pods and [p.status.qos_class for p in pods] == ["Guaranteed"] * len(pods)
+    for pod in pods:
+        assert "ty-exec" in [c.name for c in pod.spec.init_containers]
+        [trainer] = pod.spec.containers
+        cpu = parse_quantity(trainer.resources.requests["cpu"])
+        assert cpu == int(cpu) and trainer.resources.limits["cpu"] == trainer.resources.requests["cpu"]
+    _outcome(admin, job, "succeed")
+    assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
 
 
 def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_name_label(
