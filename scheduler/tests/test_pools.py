@@ -106,6 +106,10 @@ def test_a_dedicated_pool_takes_only_the_jobs_of_queues_bound_to_it(platform, se
 
     assert tolerated(kept) == ["secure"] and tolerated(anywhere[0]) == []
 
+    # open-0 runs the unbound queue's job: it cannot join the dedicated pool while that job runs there.
+    refused = staff().post("/api/v1/nodes/open-0/move/", {"pool": "secure"}, format="json")
+    assert refused.status_code == 409 and refused.json()["code"] == "node_work_cannot_stay", refused.content
+
     # Only the dedicated pool's nodes left: an unbound queue's job says why it waits.
     fresh_pool(in_pool(node("secure-1", 2, A100), "secure"))
     scheduler.reset()
