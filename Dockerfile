@@ -1,9 +1,18 @@
 # Trainyard web / worker / beat image. Runs as an unprivileged user.
+
+# ty-exec (jobs/backends/tyexec): the static wrapper a Kubernetes trainer runs under so that its stderr is kept apart;
+# job pods copy it from this image (an init container) into an emptyDir. Standard library only: nothing to download.
+FROM golang:1.26 AS ty-exec
+WORKDIR /src
+COPY jobs/backends/tyexec/ ./
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ty-exec . && /out/ty-exec -- true
+
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TRAINYARD_VAR_DIR=/var/lib/trainyard
 RUN groupadd --system --gid 10001 trainyard && useradd --system --uid 10001 --gid trainyard --home /app trainyard
 WORKDIR /app
 # The runtime's pinned tree only (requirements.txt): no test or development tools in the image.
+COPY --from=ty-exec /out/ty-exec /usr/local/bin/ty-exec
 COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 COPY . .

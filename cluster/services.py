@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -183,7 +184,10 @@ def node_move(*, node_id: int, pool: str, actor: str) -> tuple[Node, bool]:
             .distinct()
         )
         bound = {q.id: q for q in Queue.objects.filter(id__in={queue for _, queue in held})}
-        stuck = sorted(str(job) for job, queue in held if bound[queue].pools and pool not in bound[queue].pools)
+        dedicated = pool in settings.TRAINYARD_DEDICATED_POOLS  # only its own queues' work may stay there
+        stuck = sorted(
+            str(job) for job, queue in held if (bound[queue].pools or dedicated) and pool not in bound[queue].pools
+        )
         if stuck:
             raise Conflict(
                 f"node {node.name} runs {len(stuck)} job(s) of queues not bound to pool {pool} "

@@ -125,6 +125,7 @@ def describe_attempt(attempt: Attempt) -> AttemptDescription:
         datasets=list(job.datasets),
         code=code_description(team_slug=job.team.slug, digest=job.code_digest) if job.code_digest else {},
         runtime_class=job.queue.runtime_class,
+        dedicated_pools=[p for p in job.queue.pools or [] if p in settings.TRAINYARD_DEDICATED_POOLS],
     )
 
 

@@ -397,9 +397,12 @@ def _place(
                 "the image needs driver >= %(driver)s; no healthy node has it", driver=job.min_driver
             )
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
-    if pools:
-        outside = pool.outside(pools, borrowing=job.preemptible)
+    dedicated = tuple(sorted(settings.TRAINYARD_DEDICATED_POOLS))
+    if pools or dedicated:
+        outside = pool.outside(pools, borrowing=job.preemptible, dedicated=dedicated)
         if len(outside) == len(pool.meta):
+            if not pools:
+                return NO_CAPACITY, stored("every node is in a pool dedicated to other queues")
             return NO_CAPACITY, stored("no node is in pool %(pools)s", pools=" or ".join(pools))
         masked_nodes += outside
     masked_gpus = [pool.gpu_by_uuid[u] for u in job.excluded_gpus if u in pool.gpu_by_uuid]

@@ -106,7 +106,7 @@ class Pool:
         self.allocator: policy.Allocator | None = None
         self.workload: policy.Workload | None = None
         self._too_old: dict[str, list[int]] = {}
-        self._outside: dict[tuple[tuple[str, ...], bool], list[int]] = {}
+        self._outside: dict[tuple[tuple[str, ...], bool, tuple[str, ...]], list[int]] = {}
         # MIG instances by profile, as (node position, card index): devices only jobs asking for that profile get.
         self.mig: dict[str, list[tuple[int, int]]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
@@ -319,15 +319,20 @@ class Pool:
         mine = set(self.mig.get(profile, ()))
         return [(i, index) for i, m in enumerate(self.meta) for index in m.cards if (i, index) not in mine]
 
-    def outside(self, pools: tuple[str, ...], *, borrowing: bool = False) -> list[int]:
-        """Positions of the nodes in none of `pools` (cached until the structure changes); `borrowing` (a
-        preemptible job): nodes lent to one of `pools` count as inside (jobs/lending.py)."""
-        hit = self._outside.get((pools, borrowing))
+    def outside(self, pools: tuple[str, ...], *, borrowing: bool = False, dedicated: tuple[str, ...] = ()) -> list[int]:
+        """Positions of the nodes a queue bound to `pools` (every pool when empty) may not use, cached until the
+        structure changes: those in none of `pools`, and those of a `dedicated` pool it is not bound to (lent or
+        not). `borrowing` (a preemptible job): nodes lent to one of `pools` count as inside (jobs/lending.py)."""
+        key = (pools, borrowing, dedicated)
+        hit = self._outside.get(key)
         if hit is None:
-            hit = self._outside[(pools, borrowing)] = [
+            hit = self._outside[key] = [
                 i
                 for i, m in enumerate(self.meta)
-                if node_pool(m.labels) not in pools and not (borrowing and m.labels.get(LENT_LABEL) in pools)
+                if (node_pool(m.labels) in dedicated and node_pool(m.labels) not in pools)
+                or (
+                    pools and node_pool(m.labels) not in pools and not (borrowing and m.labels.get(LENT_LABEL) in pools)
+                )
             ]
         return hit
 

@@ -316,6 +316,9 @@ TRAINYARD_LEND_BELOW_PERCENT = env.float("TRAINYARD_LEND_BELOW_PERCENT", default
 TRAINYARD_LEND_AFTER_S = env.float("TRAINYARD_LEND_AFTER_S", default=1800.0)
 # The node pool the local node joins when it first appears (docs/pools.md); an admin may move it afterwards.
 TRAINYARD_LOCAL_POOL = env.str("TRAINYARD_LOCAL_POOL", default="default")
+# Pools kept for the queues bound to them (docs/pools.md): no other queue's job is placed on their nodes, and on
+# Kubernetes only those queues' pods tolerate the pool's `trainyard.io/pool=<name>:NoSchedule` taint.
+TRAINYARD_DEDICATED_POOLS = env.list("TRAINYARD_DEDICATED_POOLS", default=[])
 # The lifecycle reconciler (jobs/lifecycle.py): how often it runs, and when a step counts as overdue.
 TRAINYARD_LIFECYCLE_RECONCILE_S = env.float("TRAINYARD_LIFECYCLE_RECONCILE_S", default=15.0)
 TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
@@ -377,6 +380,7 @@ TRAINYARD_K8S_RUN_AS_UID = env.int("TRAINYARD_K8S_RUN_AS_UID", default=1000)
 # Job pods under the container runtime's default AppArmor profile. Off for nodes without AppArmor (SELinux hosts),
 # whose kubelet refuses pods that ask for a profile.
 TRAINYARD_K8S_APPARMOR = env.bool("TRAINYARD_K8S_APPARMOR", default=True)
+TRAINYARD_K8S_STDERR_WRAPPER = env.bool("TRAINYARD_K8S_STDERR_WRAPPER", default=True)
 TRAINYARD_K8S_JOB_SERVICE_ACCOUNT = env.str("TRAINYARD_K8S_JOB_SERVICE_ACCOUNT", default="")
 TRAINYARD_K8S_IMAGE_PULL_SECRETS = env.list("TRAINYARD_K8S_IMAGE_PULL_SECRETS", default=[])
 TRAINYARD_K8S_RACK_LABELS = env.list(

@@ -69,6 +69,8 @@ class AttemptDescription:
     datasets: list[dict] = field(default_factory=list)
     code: dict = field(default_factory=dict)  # {"team", "digest"}: the code snapshot the work dir starts as
     runtime_class: str = ""  # the queue's Kubernetes RuntimeClass (a sandboxed runtime: kata, gvisor); "" = default
+    # The dedicated pools (TRAINYARD_DEDICATED_POOLS) the queue is bound to: its pods tolerate their nodes' taint.
+    dedicated_pools: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -82,6 +82,7 @@ STUCK_REASONS = frozenset(
 )
 SELECTOR = f"{render.MANAGED_BY}={render.MANAGER}"
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
+STDERR_TAG = render.STDERR_TAG  # a trainer's stderr line in the merged pod log (jobs/backends/tyexec)
 LOG_CLOCK_SLACK_S = 5  # the platform's and the nodes' clocks may disagree by this much (NTP keeps them closer)
 QUEUE_CRD = "queues.scheduling.volcano.sh"
 JOB_CRD = "jobs.batch.volcano.sh"
@@ -195,6 +196,7 @@ def config_from_settings() -> VolcanoConfig:
         dataset_cache_storage_class=settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS,
         dataset_fill_timeout_s=settings.TRAINYARD_DATASET_FILL_TIMEOUT_S,
         apparmor=settings.TRAINYARD_K8S_APPARMOR,
+        stderr_wrapper=settings.TRAINYARD_K8S_STDERR_WRAPPER,
         volcano_version=render.MIN_VOLCANO_VERSION if version == "auto" else render.parse_version(version),
     )
     config = VolcanoConfig(
@@ -735,7 +737,10 @@ class VolcanoBackend:
                     writer = writer or _CollectorWriter(folder)
                     prefix = f"[{_short_pod_name(pod)}] " if prefix_needed else ""
                     for text in lines:
-                        writer.write_line(prefix + text)
+                        stream = "stdout"
+                        if text.startswith(STDERR_TAG):  # a stderr line, through the trainer's ty-exec
+                            text, stream = text[len(STDERR_TAG) :], "stderr"
+                        writer.write_line(prefix + text, stream=stream)
                 if complete and "terminated" in main:
                     entry["done"] = True
             if final:

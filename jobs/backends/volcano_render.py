@@ -34,6 +34,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from cluster.inventory import POOL_LABEL
 from jobs.backends.base import AttemptDescription, Device
 
 JSON = dict[str, Any]
@@ -109,6 +110,12 @@ CHECKPOINT_SIDECAR = "checkpoint-sync"
 CODE_FETCHER = "code"  # the init container that lays the code snapshot out (jobs/backends/code_fetch.py)
 CODE_DIR = "/workspace"  # the trainer's working directory when the job brings code
 TERMINATION_LOG = "/dev/termination-log"
+# The trainer runs under ty-exec (jobs/backends/tyexec): an init container of the platform's image copies it into
+# an emptyDir, and each line the command writes to stderr reaches the pod log behind STDERR_TAG, which the log
+# collector strips and files as stderr (the pod log the kubelet serves merges the two streams).
+TY_EXEC = "ty-exec"
+TY_EXEC_DIR = "/.trainyard-exec"
+STDERR_TAG = "\x1f\x02"
 # Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
 SYNTHETIC_UUID_PREFIX = "K8S-"
 
@@ -163,6 +170,9 @@ class RenderOptions:
     # `securityContext.appArmorProfile` from Kubernetes 1.30, the per-container annotation before.
     apparmor: bool = True
     kubernetes_version: tuple[int, int] = (1, 29)
+    # The trainer's command under ty-exec, so that its stderr is kept apart (TRAINYARD_K8S_STDERR_WRAPPER; off for
+    # clusters that admit no extra init container or exec from an emptyDir: the pod log is then all stdout).
+    stderr_wrapper: bool = True
 
     def __post_init__(self) -> None:
         if self.sharing == "hami":
@@ -416,11 +426,15 @@ def _task(
     if desc.code:
         # Before every other container: the trainer's working directory starts as a copy of the snapshot.
         init_containers.insert(0, _code_fetcher(desc, options, pod_volumes, container_mounts))
+    command = list(desc.command)
+    if options.stderr_wrapper and command:  # no command: the image's entrypoint, which the pod cannot name
+        init_containers.append(_ty_exec_installer(options, pod_volumes, container_mounts))
+        command = [posixpath.join(TY_EXEC_DIR, TY_EXEC), "--", *command]
     container: JSON = {
         "name": MAIN_CONTAINER,
         "image": desc.image,
         "imagePullPolicy": "IfNotPresent" if "@sha256:" in desc.image else "Always",
-        "command": list(desc.command),
+        "command": command,
         "env": _env(desc, devices, tb_dir, rank=rank, master_addr=master_addr, extra=env_extra),
         "resources": _resources(desc, devices, options),
         # Writable: images write to their own paths (caches, /workspace); the sidecar below is read-only.
@@ -456,8 +470,13 @@ def _task(
         spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    tolerations: list[JSON] = []
     if options.gpu_toleration:
-        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    for name in desc.dedicated_pools:  # the taint that keeps every other queue's pods off a dedicated pool's nodes
+        tolerations.append({"key": POOL_LABEL, "operator": "Equal", "value": name, "effect": "NoSchedule"})
+    if tolerations:
+        spec["tolerations"] = tolerations
     affinity = _node_affinity(desc, devices, node_labels, options)
     if affinity:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": affinity}}
@@ -679,6 +698,18 @@ def _code_fetcher(desc: AttemptDescription, options: RenderOptions, volumes: lis
     )
     fetcher["volumeMounts"] = [{"name": "code", "mountPath": CODE_DIR}, {"name": "scratch", "mountPath": SCRATCH_DIR}]
     return fetcher
+
+
+def _ty_exec_installer(options: RenderOptions, volumes: list[JSON], mounts: list[JSON]) -> JSON:
+    """An init container of the platform's image that copies ty-exec (a static binary) into an emptyDir the trainer
+    mounts read-only; the trainer's command then starts with it."""
+    if any(_under(m["mountPath"], TY_EXEC_DIR) or _under(TY_EXEC_DIR, m["mountPath"]) for m in mounts):
+        raise ManifestError(f"a mount at or around {TY_EXEC_DIR} would hide the platform's stderr wrapper")
+    volumes.append({"name": TY_EXEC, "emptyDir": {"sizeLimit": "64Mi"}})
+    mounts.append({"name": TY_EXEC, "mountPath": TY_EXEC_DIR, "readOnly": True})
+    installer = _platform_container(TY_EXEC, options, [TY_EXEC, "--copy-to", TY_EXEC_DIR], [], store=False)
+    installer["volumeMounts"] = [{"name": TY_EXEC, "mountPath": TY_EXEC_DIR}]
+    return installer
 
 
 def _checkpoint_sidecar(desc: AttemptDescription, options: RenderOptions) -> JSON:

@@ -212,6 +212,22 @@ def test_success_with_logs_copied_once_in_order(kube, backend):
     assert len(pod_log_reads) >= 3  # copied incrementally while it ran, not once at the end
 
 
+def test_stderr_lines_of_the_wrapper_are_filed_as_stderr_and_the_rest_as_stdout(kube, backend):
+    """Lines ty-exec tagged (jobs/backends/tyexec) lose the tag and go to the attempt's stderr as well as its log;
+    untagged lines (a pod without the wrapper, the command's stdout) stay stdout."""
+    tag = render.STDERR_TAG
+    kube.controller.script(
+        "ty-", exit_code=1, logs=["loading", f"{tag}warning: slow disk", "step 1", f"{tag}Traceback", f"{tag}Boom"]
+    )
+    desc = describe()
+    ref = backend.submit(desc)
+    observe_until(kube, backend, ref, lambda o: o.finished)
+    assert log_lines(desc) == ["loading", "warning: slow disk", "step 1", "Traceback", "Boom"]
+    stderr = logstore.stderr_lines(logstore.attempt_dir(desc.job_id, 1))
+    assert [line.text for line in stderr] == ["warning: slow disk", "Traceback", "Boom"]
+    assert backend.log_tail(ref).endswith("Traceback\nBoom\n")
+
+
 @pytest.mark.parametrize(
     ("script", "expected"),
     [

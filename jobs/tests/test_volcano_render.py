@@ -226,7 +226,19 @@ def test_every_manifest_validates_and_keeps_the_platform_rules(spec, provider, r
             assert len(fields["nodeSelectorTerms"]) == 6
         else:
             assert "k8s.v1.cni.cncf.io/networks" not in annotations and len(fields["nodeSelectorTerms"]) == 1
-    sidecars = [c for t in templates(job).values() for c in t["spec"].get("initContainers", [])]
+        # The trainer runs under ty-exec, copied into an emptyDir by an init container of the platform's image.
+        assert main["command"] == ["/.trainyard-exec/ty-exec", "--", "python", "train.py"]
+        assert main["args"] == ["--epochs", "3"]
+        assert {"name": "ty-exec", "mountPath": "/.trainyard-exec", "readOnly": True} in main["volumeMounts"]
+        [installer] = [c for c in pod["initContainers"] if c["name"] == "ty-exec"]
+        assert installer["command"] == ["ty-exec", "--copy-to", "/.trainyard-exec"]
+        assert installer["securityContext"] == render._container_security(read_only_root=True)
+        assert installer["volumeMounts"] == [{"name": "ty-exec", "mountPath": "/.trainyard-exec"}]
+        assert not any(e["name"].startswith("TRAINYARD_S3") for e in installer["env"])  # no store keys
+        assert {"name": "ty-exec", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    sidecars = [
+        c for t in templates(job).values() for c in t["spec"].get("initContainers", []) if c["name"] != "ty-exec"
+    ]
     assert [c["name"] for c in sidecars] == (["tensorboard"] if extras else [])
 
 
@@ -422,7 +434,8 @@ def test_tensorboard_dir_outside_any_mount_gets_its_own_volume_and_a_sidecar_on_
     sidecar = master["spec"]["initContainers"][0]
     assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["containerPort"] == 6006
     assert master["metadata"]["labels"]["trainyard.io/tensorboard"] == "true"
-    assert "trainyard.io/tensorboard" not in worker["metadata"]["labels"] and "initContainers" not in worker["spec"]
+    assert "trainyard.io/tensorboard" not in worker["metadata"]["labels"]
+    assert [c["name"] for c in worker["spec"]["initContainers"]] == ["ty-exec"]
     env = {e["name"]: e["value"] for e in trainer(master)["env"]}
     assert env["TRAINYARD_TENSORBOARD_LOGDIR"] == render.DEFAULT_TB_DIR
     assert render.DEFAULT_TB_DIR in {m["mountPath"] for m in trainer(master)["volumeMounts"]}
@@ -586,3 +599,41 @@ def test_a_mig_job_requests_its_profile_on_kubernetes(profile, volcano_crds):
     assert resources["limits"][f"nvidia.com/mig-{profile}"] == "1"
     assert "nvidia.com/gpu" not in resources["limits"]
     validate_pod_template(template)
+
+
+# ------------------------------------------------------------------------------------------ stderr wrapper
+
+
+def test_the_stderr_wrapper_can_be_switched_off_and_is_left_out_without_a_command():
+    """TRAINYARD_K8S_STDERR_WRAPPER=false, or a job that runs its image's entrypoint (no command for the pod to put
+    behind ty-exec): the trainer's command is the job's, and no init container copies the wrapper."""
+    for desc, opts in [
+        (describe(), options(stderr_wrapper=False)),
+        (describe(command=[]), options()),
+    ]:
+        pod = templates(render.render_job(desc, opts))["main"]["spec"]
+        assert trainer({"spec": pod})["command"] == list(desc.command)
+        assert "initContainers" not in pod
+        assert not any(v["name"] == "ty-exec" for v in pod["volumes"])
+
+
+def test_a_mount_over_the_wrappers_folder_is_refused():
+    with pytest.raises(render.ManifestError, match="stderr wrapper"):
+        render.render_job(describe(mounts=[{"claim": "data", "path": "/.trainyard-exec"}]), options())
+
+
+def test_the_wrappers_installer_of_a_guaranteed_pod_keeps_the_pod_guaranteed():
+    job = render.render_job(describe("guaranteed"), options())
+    pod = templates(job)["main"]["spec"]
+    [installer] = pod["initContainers"]
+    assert installer["resources"]["requests"] == installer["resources"]["limits"] == render.GUARANTEED_HELPER
+
+
+def test_a_queue_bound_to_a_dedicated_pool_tolerates_its_taint_and_no_other_pod_does():
+    kept = templates(render.render_job(describe(dedicated_pools=["secure"]), options()))["main"]["spec"]
+    assert kept["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "trainyard.io/pool", "operator": "Equal", "value": "secure", "effect": "NoSchedule"},
+    ]
+    plain = templates(render.render_job(describe(), options()))["main"]["spec"]
+    assert not any(t["key"] == "trainyard.io/pool" for t in plain["tolerations"])

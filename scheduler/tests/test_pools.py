@@ -77,3 +77,43 @@ def test_the_portal_shows_each_pool_with_its_use_and_queues(platform):  # noqa: 
     inference = page.split('data-pool="inference"')[1].split("</tr>")[0]
     assert "1 / 2 (50%)" in whole and "train" in whole
     assert "0 / 2 (0%)" in inference and "train" not in inference and "debug" in inference
+
+
+def test_a_dedicated_pool_takes_only_the_jobs_of_queues_bound_to_it(platform, settings):  # noqa: F811
+    """A pool in TRAINYARD_DEDICATED_POOLS keeps its nodes for the queues bound to it: an unbound queue (every pool)
+    and a queue bound elsewhere wait rather than land there, even with its cards idle; the bound queue's pods
+    tolerate the pool's taint on Kubernetes, the others' do not."""
+    from jobs.lifecycle import describe_attempt
+    from scheduler import dispatch as scheduler
+
+    settings.TRAINYARD_DEDICATED_POOLS = ["secure"]
+    fresh_pool(in_pool(node("secure-0", 2, A100), "secure"), in_pool(node("open-0", 1, A100), "default"))
+    sensitive = open_up("train")
+    Queue.objects.filter(pk=sensitive.pk).update(pools=["secure"])
+    other = open_up("debug")
+    Queue.objects.get(pk=other.pk).specs.add(*Queue.objects.get(pk=sensitive.pk).specs.all())
+
+    anywhere = [submit(platform, queue="debug") for _ in range(2)]  # every pool but the dedicated one
+    assert store.dispatch().admitted == 1
+    assert placed_on(anywhere[0])[0][0] == "open-0"
+    waiting = Job.objects.get(pk=anywhere[1].pk)
+    assert waiting.state == "pending" and waiting.reason == "no_capacity"  # secure-0's two idle cards are not its
+    kept = submit(platform, queue="train")
+    assert store.dispatch().admitted == 1 and placed_on(kept)[0][0] == "secure-0"
+
+    def tolerated(job):
+        return describe_attempt(Job.objects.get(pk=job.pk).attempts.get()).dedicated_pools
+
+    assert tolerated(kept) == ["secure"] and tolerated(anywhere[0]) == []
+
+    # open-0 runs the unbound queue's job: it cannot join the dedicated pool while that job runs there.
+    refused = staff().post("/api/v1/nodes/open-0/move/", {"pool": "secure"}, format="json")
+    assert refused.status_code == 409 and refused.json()["code"] == "node_work_cannot_stay", refused.content
+
+    # Only the dedicated pool's nodes left: an unbound queue's job says why it waits.
+    fresh_pool(in_pool(node("secure-1", 2, A100), "secure"))
+    scheduler.reset()
+    late = submit(platform, queue="debug")
+    store.dispatch()
+    late = Job.objects.get(pk=late.pk)
+    assert late.state == "pending" and late.message == "every node is in a pool dedicated to other queues"

@@ -64,3 +64,36 @@ def test_a_queues_runtime_class_is_checked_against_the_cluster_and_reaches_the_p
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def test_a_dedicated_pools_tainted_node_runs_its_queues_jobs_and_no_other(platform, admin, settings,
+                                                                          celery_worker_thread):  # fmt: skip
+    """The operator taints a node of a dedicated pool (docs/pools.md); the platform places only the bound queue's
+    jobs there, and their pods carry the toleration, so Volcano binds them to it; another queue's job goes
+    elsewhere."""
+    from cluster.inventory import POOL_LABEL
+    from jobs.tests.test_volcano_backend import submit
+    from quotas.models import Queue
+
+    secure = "kwok-gpu-0"
+    settings.TRAINYARD_DEDICATED_POOLS = ["secure"]
+    staff = Client()
+    assert staff.login(username="admin", password="admin-pass-123")
+    moved = staff.post(f"/api/v1/nodes/{secure}/move/", {"pool": "secure"}, content_type="application/json")
+    assert moved.status_code == 200, moved.content
+    taint = {"key": POOL_LABEL, "value": "secure", "effect": "NoSchedule"}
+    admin["core"].patch_node(secure, {"spec": {"taints": [taint]}})
+    try:
+        Queue.objects.filter(name="train").update(pools=["secure"])
+        kept = submit(platform["user"])
+        _drive(lambda: _state(kept, "running"), timeout=120)
+        (pod,) = _pods(admin, kept)
+        assert pod.spec.node_name == secure
+        assert any((t.key, t.value, t.effect) == (POOL_LABEL, "secure", "NoSchedule") for t in pod.spec.tolerations)
+        other = submit(platform["user"], queue="distributed")  # bound to every pool
+        _drive(lambda: _state(other, "running"), timeout=120)
+        (pod,) = _pods(admin, other)
+        assert pod.spec.node_name != secure
+        assert not any(t.key == POOL_LABEL for t in pod.spec.tolerations or [])
+    finally:
+        admin["core"].patch_node(secure, {"spec": {"taints": None}})

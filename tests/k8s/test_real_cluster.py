@@ -680,6 +680,88 @@ def test_a_jobs_log_is_read_from_the_pods_through_the_api_server(platform, admin
     assert any("kwok: no container runs on this fake node" in text for text in lines), lines
 
 
+def test_stderr_tagged_by_the_wrapper_is_kept_apart_and_pushed_when_the_job_fails(
+    platform, admin, celery_worker_thread
+):
+    """The trainer runs under ty-exec (jobs/backends/tyexec), which writes each stderr line behind a tag into the
+    pod's one merged log. kwok runs no container: its stand-in log (the CRI file kwok serves for every container)
+    gets the lines ty-exec would write, stderr tagged. Read through the API server, the tagged lines alone are the
+    attempt's stderr (`?stream=stderr`), and the failure push quotes them."""
+    from datetime import UTC, datetime
+
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    from jobs.backends import volcano_render as render
+    from monitoring import services
+    from monitoring.models import Notification
+    from monitoring.services import push
+
+    stand_in = BASE_DIR / "var" / "cluster" / "kwok-container.log"
+    kept = stand_in.read_bytes()
+    stdout = ["epoch 1 step 1", "epoch 1 step 2"]
+    stderr = ["Traceback (most recent call last):", "ValueError: learning rate must be positive"]
+    lines = [("stdout", stdout[0]), ("stderr", stderr[0]), ("stdout", stdout[1]), ("stderr", stderr[1])]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    tagged = "".join(
+        f"{stamp} {stream} F {render.STDERR_TAG if stream == 'stderr' else ''}{text}\n" for stream, text in lines
+    )
+    try:
+        stand_in.write_bytes(kept + tagged.encode())
+        job = submit(platform["user"])
+        _drive(lambda: _state(job, "running"))
+        [pod] = _attempt_pods(admin, job)
+        [trainer] = pod["spec"]["containers"]
+        assert trainer["command"][:2] == ["/.trainyard-exec/ty-exec", "--"]  # as the API server stored the pod
+        assert "ty-exec" in [c["name"] for c in pod["spec"]["initContainers"]]
+        _outcome(admin, job, "fail", **{"kwok.trainyard.io/exit-code": "1"})
+        job = _drive(lambda: _state(job, "failed", "succeeded", "pending"))
+    finally:
+        stand_in.write_bytes(kept)
+    attempt = job.attempts.get()
+    assert job.state == "failed" and attempt.failure_class == "user"
+
+    owner = APIClient()
+    owner.force_authenticate(platform["user"])
+    merged = [x["text"] for x in owner.get(f"/api/v1/jobs/{job.id}/logs/").json()["lines"]]
+    assert [t for t in merged if t in stdout + stderr] == [text for _, text in lines]  # in order, tags stripped
+    assert not any(render.STDERR_TAG in t for t in merged)
+    alone = owner.get(f"/api/v1/jobs/{job.id}/logs/", {"stream": "stderr"}).json()
+    assert [x["text"] for x in alone["lines"]] == stderr and alone["stderr_lines"] == 2
+
+    portal = Client()
+    portal.force_login(platform["user"])
+    shown = portal.get(f"/jobs/{job.id}/logs/download/", {"attempt": 1, "stream": "stderr"}).content.decode()
+    assert all(text in shown for text in stderr) and not any(text in shown for text in stdout)
+
+    assert push.last_stderr(attempt) == ("stderr", stderr)
+    assert services.failures_push() == 1
+    note = Notification.objects.get(user=platform["user"])
+    assert "ValueError: learning rate must be positive" in note.message and "epoch 1 step" not in note.message
+
+
+def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_server_computes_it(
+    platform, admin, celery_worker_thread
+):
+    """The API server, not the renderer, decides a pod's QoS class (`status.qosClass`, set when the pod is created):
+    a guaranteed job's pods, init containers and all (the stderr wrapper's installer too), are Guaranteed, with whole
+    cores on the trainer, what the kubelet's static CPU manager pins. (kwok's nodes offer no GPU shares: a shared
+    job cannot be placed here.)"""
+    from kubernetes.utils import parse_quantity
+
+    job = submit(platform["user"], spec="guaranteed")
+    _drive(lambda: _state(job, "running"))
+    pods = _pods(admin, job)
+    assert pods and [p.status.qos_class for p in pods] == ["Guaranteed"] * len(pods)
+    for pod in pods:
+        assert "ty-exec" in [c.name for c in pod.spec.init_containers]
+        [trainer] = pod.spec.containers
+        cpu = parse_quantity(trainer.resources.requests["cpu"])
+        assert cpu == int(cpu) and trainer.resources.limits["cpu"] == trainer.resources.requests["cpu"]
+    _outcome(admin, job, "succeed")
+    assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
 def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_name_label(
     real_cluster,
     admin,

@@ -1,0 +1,3 @@
+module trainyard.io/tyexec
+
+go 1.22
