@@ -114,6 +114,7 @@ TERMINATION_LOG = "/dev/termination-log"
 # an emptyDir, and each line the command writes to stderr reaches the pod log behind STDERR_TAG, which the log
 # collector strips and files as stderr (the pod log the kubelet serves merges the two streams).
 TY_EXEC = "ty-exec"
+TY_EXEC_RESOURCES = {"cpu": "100m", "memory": "64Mi"}  # one copy of a 2 MiB file
 TY_EXEC_DIR = "/.trainyard-exec"
 STDERR_TAG = "\x1f\x02"
 # Cards the inventory had to name itself (the node publishes no UUIDs) cannot be pinned by UUID.
@@ -709,6 +710,9 @@ def _ty_exec_installer(options: RenderOptions, volumes: list[JSON], mounts: list
     mounts.append({"name": TY_EXEC, "mountPath": TY_EXEC_DIR, "readOnly": True})
     installer = _platform_container(TY_EXEC, options, [TY_EXEC, "--copy-to", TY_EXEC_DIR], [], store=False)
     installer["volumeMounts"] = [{"name": TY_EXEC, "mountPath": TY_EXEC_DIR}]
+    # Requests equal to limits: in every pod, it must not move the pod out of the Guaranteed QoS class its trainer
+    # asks for (a pod is Guaranteed only while each of its containers, init containers too, is).
+    installer["resources"] = {"requests": dict(TY_EXEC_RESOURCES), "limits": dict(TY_EXEC_RESOURCES)}
     return installer
 
 

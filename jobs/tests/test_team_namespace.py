@@ -108,6 +108,12 @@ def test_a_guaranteed_jobs_pods_are_guaranteed_qos_with_whole_cores_and_others_a
     for template in templates(render.render_job(shared, with_store())).values():
         sidecars = [c for c in template["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
         assert any(c["resources"]["requests"] != c["resources"]["limits"] for c in sidecars)  # Burstable: shares
+    # A job without sidecars stays Guaranteed whatever its spec: the stderr wrapper's installer asks what it limits.
+    plain = describe("shared")
+    for template in templates(render.render_job(plain, with_store())).values():
+        containers = [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]
+        assert render.TY_EXEC in {c["name"] for c in containers}
+        assert all(c["resources"]["requests"] == c["resources"]["limits"] for c in containers)
 
 
 @pytest.mark.django_db
