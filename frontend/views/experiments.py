@@ -23,6 +23,7 @@ from kernel.errors import DomainError
 from kernel.sentences import said
 from monitoring.charts import PALETTE, Series, line_chart
 
+OTHERS = tuple(c for c in PALETTE if c != charts.BEST)  # red is the best trial's alone
 MAX_CURVES = 64  # the learning-curve chart draws this many trials (the best first)
 MAX_DEFINITION_BYTES = 64 * 1024
 CODE_FIELDS = ("code_archive", "code_git_url", "code_git_commit")
@@ -180,7 +181,7 @@ def experiment_detail(request: HttpRequest, experiment_id) -> HttpResponse:
     curves = line_chart(
         _("%(metric)s by step, every trial") % {"metric": experiment.metric},
         [Series(f"#{t.number}", [(float(s), float(v)) for s, v in t.curve],
-                colour=charts.BEST if t.number == best_number else PALETTE[t.number % len(PALETTE)])
+                colour=charts.BEST if t.number == best_number else OTHERS[t.number % len(OTHERS)])
          for t in reversed(shown)],
         time_axis=False, y_min=None, width=760, height=260,
     )  # fmt: skip
