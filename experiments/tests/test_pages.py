@@ -208,3 +208,19 @@ def test_the_form_takes_the_code_as_the_job_form_does_an_archive_or_a_git_commit
     assert page.status_code == 400 and 'data-code="experiment_code_folder"' in page.content.decode()
     page = client.post("/experiments/new/", {"definition": definition, "code_digest": "sha256:" + "0" * 64})
     assert page.status_code == 400 and 'data-code="unknown_code"' in page.content.decode()
+
+
+def test_the_forms_code_fields_and_the_folder_error_read_in_chinese(demo):
+    import yaml
+
+    client = Client()
+    client.force_login(demo)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/experiments/"})
+    page = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(template={**TEMPLATE, "code": "."}))})
+    assert page.status_code == 400
+    html = page.content.decode()
+    assert 'data-code="experiment_code_folder"' in html and 'id="field-code"' in html
+    assert "template.code 指向你本机上的文件夹" in html and "每个试验都以它的副本作为工作目录" in html
+    assert "代码压缩包" in html
+    for english in ("which the portal cannot read", "Every trial runs in a copy", "Code archive"):
+        assert english not in html, english
