@@ -2,11 +2,11 @@
 search with the same budget, and the platform's overhead per trial (submit -> running) against a plain job's.
 
 Everything runs through the product, in the deployed shape: a fresh database, the seeded platform on the local
-backend with the emulated inventory (4 x 24 GiB cards), a real Celery worker and a real beat started as
-`make run` starts them (`ops.processes`), sandboxed trial processes. The periods of the loops are shortened
-(below, `LOOP_ENV`), as they would be for short trials; they are recorded with the results. The training script
-is `experiments/examples/train.py`: real minibatch SGD in plain Python that reports its validation loss through
-the platform's metric path (TRAINYARD_METRIC lines read from the job's log); each step also sleeps
+backend with the emulated inventory (4 x 24 GiB cards), a real Celery worker, the dispatcher and a real beat
+started as `make run` starts them (`ops.processes`), sandboxed trial processes. The periods of the loops are
+shortened (below, `LOOP_ENV`), as they would be for short trials; they are recorded with the results. The
+training script is `experiments/examples/train.py`: real minibatch SGD in plain Python that reports its validation
+loss through the platform's metric path (TRAINYARD_METRIC lines read from the job's log); each step also sleeps
 `--step-seconds`, which stands for an accelerator's step time (the arithmetic itself takes microseconds here).
 
 Same budget: both searches get the same max_trials, the same seed and so the same configurations (the adaptive
@@ -18,8 +18,10 @@ best either search found (the metric rows' own timestamps); none when it never g
 Plain jobs: the same script with fixed parameters submitted one at a time on the idle platform, before the
 sweeps (one more first, not counted, warms the worker's processes up). Overhead per trial: each trial job's
 submit -> running (both as the job's own timestamps; `running` is when an observe pass saw it run, so the
-observe period is inside both figures), and the refill gap: how long a
-freed slot waited for the experiment's pass to submit the next trial.
+observe period is inside both figures), split into submit -> admitted (the dispatcher) and admitted -> running
+(the start task, the sandbox, the process); the refill gap: how long a freed slot waited for the experiment's pass
+to submit the next trial; and how many trials ran at once (their run time over the search's wall time, and the
+peak).
 
 Run: `make bench-experiments` (64 trials per search), or `--quick` (16 trials) for CI-length runs.
 Results: `bench/results/experiments.json` (`experiments-quick.json` for --quick).
@@ -56,9 +58,10 @@ STEPS = 54
 STEP_S = 0.2
 PROCESS_MODEL = (
     "the benchmark process creates experiments (experiments.services) and submits plain jobs (jobs.services) on a "
-    "fresh database; a Celery worker (ops.processes 'worker', TRAINYARD_WORKER_CONCURRENCY) and beat (ops.processes "
-    "'beat') as separate processes run every loop; trials run as sandboxed local processes on the emulated "
-    "inventory"
+    "fresh database; as `make run` starts them, a Celery worker (ops.processes 'worker', "
+    "TRAINYARD_WORKER_CONCURRENCY children: the periodic passes and the attempt starts), the dispatcher "
+    "(ops.processes 'dispatcher': one solo-pool process consuming the dispatch queue) and beat (ops.processes "
+    "'beat') run as separate processes; trials run as sandboxed local processes on the emulated inventory"
 )
 
 
@@ -216,6 +219,16 @@ def measure(experiment_id: str, *, target: float | None, target_5: float | None 
             .values_list("at", flat=True)
         ).first()
     submit_to_running = [(j.started_at - j.submitted_at).total_seconds() for j in jobs if j.started_at]
+    # Where the wait is: for a slot (submit -> admitted: the dispatcher) or for a start (admitted -> running: the
+    # start task, the sandbox, the process).
+    to_admitted = [(j.admitted_at - j.submitted_at).total_seconds() for j in jobs if j.admitted_at]
+    to_started = [(j.started_at - j.admitted_at).total_seconds() for j in jobs if j.started_at and j.admitted_at]
+    ran = [(j.started_at, j.finished_at) for j in jobs if j.started_at and j.finished_at]
+    edges = sorted([(a, 1) for a, _ in ran] + [(b, -1) for _, b in ran])
+    running = peak = 0
+    for _, delta in edges:
+        running += delta
+        peak = max(peak, running)
     ends = sorted(j.finished_at for j in jobs if j.finished_at)
     refill = []
     for k, job in enumerate(jobs):
@@ -244,6 +257,12 @@ def measure(experiment_id: str, *, target: float | None, target_5: float | None 
         "trial_submit_to_running_mean_s": _round(statistics.fmean(submit_to_running)) if submit_to_running else None,
         "trial_submit_to_running_p50_s": _round(percentile(submit_to_running, 50)),
         "trial_submit_to_running_p95_s": _round(percentile(submit_to_running, 95)),
+        "trial_submit_to_admitted_mean_s": _round(statistics.fmean(to_admitted)) if to_admitted else None,
+        "trial_submit_to_admitted_p95_s": _round(percentile(to_admitted, 95)),
+        "trial_admitted_to_running_mean_s": _round(statistics.fmean(to_started)) if to_started else None,
+        "trial_admitted_to_running_p95_s": _round(percentile(to_started, 95)),
+        "trials_running_mean": _round(sum((b - a).total_seconds() for a, b in ran) / wall) if wall else None,
+        "trials_running_peak": peak,
         "refill_gap_mean_s": _round(statistics.fmean(refill)) if refill else None,
         "refill_gap_p95_s": _round(percentile(refill, 95)),
         "steps_run": sum((t.last_step or 0) for t in trials),
@@ -371,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("", "random", "adaptive")]
     for key in ("trials", "best_loss", "gpu_hours_total", "gpu_hours_to_reach_best", "gpu_hours_to_within_5pct",
                 "steps_run", "wall_s",
-                "trial_submit_to_running_mean_s", "refill_gap_mean_s"):  # fmt: skip
+                "trial_submit_to_running_mean_s", "trial_submit_to_admitted_mean_s",
+                "trial_admitted_to_running_mean_s", "trials_running_mean", "trials_running_peak",
+                "refill_gap_mean_s"):  # fmt: skip
         rows.append((key, str(random_[key]), str(adaptive[key])))
     rows.append(("stopped_early", str(random_["by_state"].get("stopped_early", 0)),
                  str(adaptive["by_state"].get("stopped_early", 0))))  # fmt: skip

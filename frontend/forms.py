@@ -55,6 +55,7 @@ FIELD_FOR: dict[str, str] = {
     "preemptible": "preemptible",
     "datasets": "datasets",
     "code": "code_archive",
+    "code_archive": "code_archive",
     "code_git_url": "code_git_url",
     "code_git_commit": "code_git_commit",
 }

@@ -1,8 +1,10 @@
 """The portal's experiment pages through Django's test client: what a user reads and can do on them."""
 
 import re
+import tarfile
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from experiments import services
@@ -108,7 +110,6 @@ def test_another_team_cannot_see_or_command_it(demo, experiment):
 
 def test_an_experiment_is_created_from_its_yaml_on_the_portal_and_every_bad_input_is_listed(demo):
     import yaml
-    from django.core.files.uploadedfile import SimpleUploadedFile
 
     client = Client()
     client.force_login(demo)
@@ -140,3 +141,86 @@ def test_an_experiment_is_created_from_its_yaml_on_the_portal_and_every_bad_inpu
     upload = SimpleUploadedFile("exp.yaml", yaml.safe_dump(body(name="uploaded")).encode(), "text/yaml")
     assert client.post("/experiments/new/", {"definition": "", "file": upload}).status_code == 302
     assert Experiment.objects.get(name="uploaded").owner == demo
+
+
+def test_the_form_takes_the_code_as_the_job_form_does_an_archive_or_a_git_commit(demo, tmp_path, settings):
+    """A `template.code` folder the portal cannot read is replaced by an archive uploaded on the form, or by a git
+    repository + commit the platform fetches (the job form's code handling); every trial runs in that snapshot."""
+    import yaml
+    from trainyard_cli.code import pack
+
+    from jobs import code
+    from jobs.models import CodeSnapshot
+    from trainyard.tests.test_code_portal import _project, _repo, _zip_of
+
+    client = Client()
+    client.force_login(demo)
+    definition = yaml.safe_dump(body(template={**TEMPLATE, "code": "./src"}))
+    folder = _project(tmp_path / "src")
+
+    # The file as the CLI takes it (`code: ./src`), and an archive of that folder: the CLI's digest, in the trials.
+    made = client.post("/experiments/new/", {"definition": definition, "code_archive": _zip_of(folder, "src")})
+    assert made.status_code == 302, made.content.decode()[-3000:]
+    experiment = Experiment.objects.get()
+    assert experiment.code_digest == pack(folder)[1] == experiment.template["code"]
+    assert services.trial_body(experiment, number=1, params={"lr": 0.01, "opt": "sgd"})["code"] == pack(folder)[1]
+    assert CodeSnapshot.objects.get().uploaded_by == "demo"
+
+    # A git commit fetched by the platform: that commit's files (not the branch's head), and the CI record.
+    settings.TRAINYARD_CODE_GIT_ALLOW_FILE = True
+    repo, first = _repo(tmp_path)
+    git = {"code_git_url": f"file://{repo}", "code_git_commit": first[:10]}
+    made = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(name="from-git")), **git})
+    assert made.status_code == 302, made.content.decode()[-3000:]
+    experiment = Experiment.objects.get(name="from-git")
+    with tarfile.open(code.snapshot_path("demo", experiment.code_digest), "r:gz") as tar:
+        assert tar.extractfile("config.json").read() == b'{"lr": 0.01}'
+    assert experiment.template["ci"] == {"git_url": f"file://{repo}", "git_commit": first}
+
+    # What cannot be used is listed with its field and code, nothing is made.
+    cases = [
+        ({"code_archive": _zip_of(folder, "src"), "code_git_url": f"file://{repo}"}, "code_archive", "code_twice"),
+        ({"code_git_url": f"file://{repo}", "code_git_commit": "0" * 40}, "code_git_commit",
+         "code_git_unknown_commit"),
+        ({"code_git_url": "http://git.example.com/r.git", "code_git_commit": "main"}, "code_git_url",
+         "code_git_scheme"),
+        ({"code_archive": SimpleUploadedFile("src.txt", b"not an archive")}, "code_archive", "invalid_code_archive"),
+    ]  # fmt: skip
+    for extra, field, code_ in cases:
+        page = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(name="bad")), **extra})
+        assert page.status_code == 400, (field, code_)
+        html = page.content.decode()
+        assert f'<li data-code="{code_}"><code>{field}</code>' in html, (code_, html[:3000])
+        assert f'id="err-{field}"' in html  # and at its field
+    assert not Experiment.objects.filter(name="bad").exists()
+
+    # A file with another problem comes back with the uploaded code kept: sent again, it is not asked for twice.
+    page = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(name="kept", colour="red")),
+                                             "code_archive": _zip_of(folder, "src")})  # fmt: skip
+    assert page.status_code == 400
+    kept = re.search(r'<input type="hidden" name="code_digest" value="([^"]+)">', page.content.decode()).group(1)
+    assert kept == pack(folder)[1]
+    made = client.post("/experiments/new/", {"definition": definition.replace("sweep", "kept"), "code_digest": kept})
+    assert made.status_code == 302, made.content.decode()[-3000:]
+    assert Experiment.objects.get(name="kept").code_digest == kept
+    # Without code on the form a folder is still refused, and a digest of another team's is the service's 400.
+    page = client.post("/experiments/new/", {"definition": definition})
+    assert page.status_code == 400 and 'data-code="experiment_code_folder"' in page.content.decode()
+    page = client.post("/experiments/new/", {"definition": definition, "code_digest": "sha256:" + "0" * 64})
+    assert page.status_code == 400 and 'data-code="unknown_code"' in page.content.decode()
+
+
+def test_the_forms_code_fields_and_the_folder_error_read_in_chinese(demo):
+    import yaml
+
+    client = Client()
+    client.force_login(demo)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/experiments/"})
+    page = client.post("/experiments/new/", {"definition": yaml.safe_dump(body(template={**TEMPLATE, "code": "."}))})
+    assert page.status_code == 400
+    html = page.content.decode()
+    assert 'data-code="experiment_code_folder"' in html and 'id="field-code"' in html
+    assert "template.code 指向你本机上的文件夹" in html and "每个试验都以它的副本作为工作目录" in html
+    assert "代码压缩包" in html
+    for english in ("which the portal cannot read", "Every trial runs in a copy", "Code archive"):
+        assert english not in html, english

@@ -104,7 +104,7 @@ def live_portal(
     tmp_path,
 ):
     """uvicorn serving the ASGI app on a free loopback port, sharing the test's database, Redis, Celery queue,
-    log root and work root."""
+    log, work, state and code roots."""
     port = _free_port()
     env = {
         **os.environ,
@@ -116,6 +116,7 @@ def live_portal(
         "TRAINYARD_LOG_ROOT": str(django_settings.TRAINYARD_LOG_ROOT),
         "TRAINYARD_WORK_ROOT": str(django_settings.TRAINYARD_WORK_ROOT),
         "TRAINYARD_STATE_ROOT": str(django_settings.TRAINYARD_STATE_ROOT),
+        "TRAINYARD_CODE_ROOT": str(django_settings.TRAINYARD_CODE_ROOT),  # code uploaded on a form, run by the worker
         "TRAINYARD_CANCEL_GRACE_S": str(django_settings.TRAINYARD_CANCEL_GRACE_S),
         "TRAINYARD_SERVE_STATIC": "true",
         "TRAINYARD_LOG_LEVEL": "WARNING",

@@ -4,6 +4,8 @@ metric), compare the best N, run the best again, pause/resume/cancel."""
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -16,12 +18,16 @@ from django.views.decorators.http import require_POST
 
 from experiments import charts, selectors, services
 from experiments.models import Experiment
+from frontend.views.common import code_from_form
 from kernel.errors import DomainError
 from kernel.sentences import said
 from monitoring.charts import PALETTE, Series, line_chart
 
+OTHERS = tuple(c for c in PALETTE if c != charts.BEST)  # red is the best trial's alone
 MAX_CURVES = 64  # the learning-curve chart draws this many trials (the best first)
 MAX_DEFINITION_BYTES = 64 * 1024
+CODE_FIELDS = ("code_archive", "code_git_url", "code_git_commit")
+CARRIED_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 EXAMPLE = """name: lr-sweep
 team: {team}
@@ -82,14 +88,37 @@ def _definition(request: HttpRequest) -> tuple[str, dict | None, list[dict]]:
     if not isinstance(data, dict):
         message = _("An experiment is a mapping of fields: name, team, template, space, searcher, metric, ...")
         return text, None, [{"field": "definition", "code": "invalid_experiment", "message": message}]
-    code = data.get("template", {}).get("code") if isinstance(data.get("template"), dict) else None
+    return text, data, []
+
+
+def _bring_code(request: HttpRequest, data: dict, *, carried: str) -> tuple[str, list[dict]]:
+    """The code given on the form, as on the job form (`code_from_form`: an archive, or a git repository + commit
+    the platform fetches), else the one an earlier try of this form brought (`carried`, its digest kept in the
+    page): it takes the place of the file's `template.code`. Returns the digest to carry on and what is wrong. A
+    `template.code` folder with no code on the form is refused: the portal cannot read the user's disk."""
+    template = data.get("template")
+    if not isinstance(template, dict):
+        return carried, []  # the service says what a template is
+    try:
+        brought = code_from_form(request, team_slug=str(data.get("team") or ""))
+    except DomainError as exc:
+        field = {"code": "code_archive", "body": "code_archive"}.get(exc.field or "code", exc.field)
+        return carried, [{"field": field, "code": exc.code, "message": said(exc.detail)}]
+    if brought is not None:
+        carried, ci = brought
+        if ci and "ci" not in template:
+            template["ci"] = ci
+    if carried:
+        template["code"] = carried
+    code = template.get("code")
     if code is not None and not (isinstance(code, str) and code.startswith("sha256:")):
         message = _(
-            "template.code names a folder on your machine, which the portal cannot read: create the experiment with "
-            "`trainyard experiment create`, which uploads it, or give the code snapshot's sha256 digest."
+            "template.code names a folder on your machine, which the portal cannot read: upload an archive of it or "
+            "name a git repository and commit below (they take its place), create the experiment with `trainyard "
+            "experiment create`, which uploads it, or give the code snapshot's sha256 digest."
         )
-        return text, None, [{"field": "template.code", "code": "experiment_code_folder", "message": message}]
-    return text, data, []
+        return carried, [{"field": "template.code", "code": "experiment_code_folder", "message": message}]
+    return carried, []
 
 
 @login_required
@@ -101,8 +130,13 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
     team = quota.visible_teams(request.user).order_by("name").first()
     text = EXAMPLE.format(team=team.slug if team else "your-team")
     errors: list[dict] = []
+    code_digest = ""
     if request.method == "POST":
         text, data, errors = _definition(request)
+        carried = request.POST.get("code_digest", "").strip()
+        code_digest = carried if CARRIED_DIGEST.match(carried) else ""
+        if not errors:
+            code_digest, errors = _bring_code(request, data, carried=code_digest)
         if not errors:
             try:
                 with transaction.atomic(durable=True):
@@ -116,7 +150,13 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
     response = render(
         request,
         "frontend/experiment_form.html",
-        {"nav": "experiments", "definition": text, "errors": errors},
+        {
+            "nav": "experiments",
+            "definition": text,
+            "errors": errors,
+            "code_errors": {e["field"]: [e] for e in errors if e["field"] in CODE_FIELDS},
+            "code_digest": code_digest,
+        },
     )
     if errors:
         response.status_code = 400
@@ -141,7 +181,7 @@ def experiment_detail(request: HttpRequest, experiment_id) -> HttpResponse:
     curves = line_chart(
         _("%(metric)s by step, every trial") % {"metric": experiment.metric},
         [Series(f"#{t.number}", [(float(s), float(v)) for s, v in t.curve],
-                colour=charts.BEST if t.number == best_number else PALETTE[t.number % len(PALETTE)])
+                colour=charts.BEST if t.number == best_number else OTHERS[t.number % len(OTHERS)])
          for t in reversed(shown)],
         time_axis=False, y_min=None, width=760, height=260,
     )  # fmt: skip

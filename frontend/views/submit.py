@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from cluster.models import GPU, Node
 from cluster.selectors import driver_satisfies
 from frontend.forms import CUSTOM_IMAGE, SubmitForm, initial_from_submission
-from frontend.views.common import portal_runtime, recommendation_message, visible_job
+from frontend.views.common import code_from_form, portal_runtime, recommendation_message, visible_job
 from images.models import BaseImage, ProjectImage
 from jobs import selectors, services
 from jobs.api import JobSubmitSerializer, submission_check
@@ -30,7 +30,7 @@ from jobs.models import Job, JobTemplate
 from kernel.errors import OUTAGE_RETRY_AFTER_S, Conflict, DomainError, NotFound, OutageAfterWrite, outage_code
 from kernel.sentences import said
 from quotas import selectors as quota
-from quotas.models import Queue, ResourceSpec, Team
+from quotas.models import Queue, ResourceSpec
 
 
 def _card_mib() -> int:
@@ -414,39 +414,20 @@ def job_import(request: HttpRequest) -> HttpResponse:
 
 
 def _bring_code(request: HttpRequest, form: SubmitForm, data: dict[str, Any]) -> bool:
-    """An archive or a git repository + commit given on the form: the platform makes it the team's code snapshot
-    and the submission names its digest. The digest is carried in the form from then on, so a form sent back for
-    another field's error does not ask for the upload again. False (with the error on the form) when it failed."""
-    from jobs import code
-
-    archive = request.FILES.get("code_archive")
-    url = (request.POST.get("code_git_url") or "").strip()
-    commit = (request.POST.get("code_git_commit") or "").strip()
-    if archive is None and not url and not commit:
-        return True
-    if archive is not None and (url or commit):
-        form.add_error(
-            "code_archive", ValidationError(_("Give an archive or a git repository, not both."), code="code_twice")
-        )
-        return False
-    team = Team.objects.filter(slug=data.get("team") or "").first()
-    if team is None or not quota.is_member(request.user, team):
-        form.add_error(
-            "team", ValidationError(_("Choose one of your teams: the code becomes that team's."), code="unknown_team")
-        )
-        return False
+    """An archive or a git repository + commit given on the form (`code_from_form`): the submission names the
+    snapshot's digest. The digest is carried in the form from then on, so a form sent back for another field's
+    error does not ask for the upload again. False (with the error on the form) when it failed."""
     try:
-        if archive is not None:
-            snapshot = code.snapshot_from_archive(team=team, upload=archive, filename=archive.name, user=request.user)
-        else:
-            snapshot, sha = code.snapshot_from_git(team=team, url=url, commit=commit, user=request.user)
-            if not data.get("ci"):
-                data["ci"] = {"git_url": code._redacted(url), "git_commit": sha}
+        brought = code_from_form(request, team_slug=data.get("team") or "")
     except DomainError as exc:
         form.add_service_error(exc.field or "code", exc.detail, exc.code)
         return False
-    data["code"] = snapshot.digest
-    carried = {**(form.cleaned_data.get("carried") or {}), "code": snapshot.digest}
+    if brought is None:
+        return True
+    data["code"], ci = brought
+    if ci and not data.get("ci"):
+        data["ci"] = ci
+    carried = {**(form.cleaned_data.get("carried") or {}), "code": data["code"]}
     if data.get("ci"):
         carried["ci"] = data["ci"]
     form.data = form.data.copy()
