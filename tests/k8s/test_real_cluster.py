@@ -389,8 +389,8 @@ def test_preemptible_jobs_borrow_beyond_the_quota_and_volcano_binds_them(
 ):
     """Borrowers beyond the queue's hard quota are bound by Volcano on idle cards: they ride in the queue without a
     capability (render.BORROWED_QUEUE), since their platform queue's capability is the quota they run beyond.
-    (Filling every card, 8 borrowers, left the 8th refused by Volcano's enqueue check; preemption on the real
-    cluster is not tested yet.)"""
+    (Filling every card, 8 borrowers, left the 8th refused by Volcano's enqueue check; preemption is tested on one
+    node below.)"""
     from jobs.backends import volcano_render as render
     from quotas.models import Queue
 
@@ -403,6 +403,51 @@ def test_preemptible_jobs_borrow_beyond_the_quota_and_volcano_binds_them(
     assert all(_pods(admin, job)[0].spec.node_name for job in borrowers)  # 16 cards bound, 4 times the quota
     for job in borrowers:
         lifecycle.job_cancel(job_id=job.id, actor="demo")
+
+
+def test_the_owner_takes_its_cards_back_from_a_borrower_on_the_real_cluster(
+    platform, admin, settings, celery_worker_thread
+):
+    """Preemption end to end on Volcano: two borrowers beyond the train queue's quota fill the one node left in
+    placement (the others cordoned by an admin); the queue's own job, within its quota, has the youngest borrower
+    told to yield: its Volcano job is deleted, it waits again without using a retry, and the owner's job is bound by
+    Volcano on the cards it freed."""
+    from cluster.models import Node
+    from cluster.services import node_cordon, node_uncordon
+    from jobs.models import JobEvent
+    from quotas.models import Queue
+
+    settings.TRAINYARD_PREEMPT_GRACE_S = 1.0
+    names = _gpu_nodes(admin)
+    keep, others = names[0], list(Node.objects.filter(name__in=names[1:]))
+    for node in others:
+        node_cordon(node_id=node.id, actor="test")
+    try:
+        Queue.objects.filter(name="train").update(gpu_milli=4000, gpu_memory_mib=4 * 81559, allow_preemptible=True)
+        platform["backend"].queue_sync(Queue.objects.get(name="train"))
+        borrowers = []
+        for i in range(2):  # one after the other: the younger is the one to yield
+            borrowers.append(submit(platform["user"], gpus=4, preemptible=True, name=f"lend{i}"))
+            _drive(lambda job=borrowers[-1]: _state(job, "running"), timeout=150)
+        assert {_pods(admin, job)[0].spec.node_name for job in borrowers} == {keep}  # the node is full
+
+        owner = submit(platform["user"], gpus=4, name="owner")
+        owner = _drive(lambda: _state(owner, "running"), timeout=240)
+        assert [p.spec.node_name for p in _pods(admin, owner)] == [keep]
+        older, younger = (reload(job) for job in borrowers)
+        assert older.state == "running"
+        assert younger.state == "pending" and younger.retries_used == 0, (younger.state, younger.message)
+        first = younger.attempts.order_by("number").first()
+        assert first.state == "preempted" and first.preempt_requested_at is not None
+        event = JobEvent.objects.get(job=younger, kind="preemption")
+        assert event.data["for_job"] == str(owner.id) and event.data["for_queue"] == "train"
+        gone = first.backend_ref.rsplit("/", 1)[-1]
+        _drive_plain(lambda: not [j for j in _vcjobs(admin) if j["metadata"]["name"] == gone], timeout=60)
+        for job in [*borrowers, owner]:
+            lifecycle.job_cancel(job_id=job.id, actor="demo")
+    finally:
+        for node in others:
+            node_uncordon(node_id=node.id, actor="test")
 
 
 def test_a_full_volcano_queue_keeps_the_job_waiting_with_volcanos_reason(platform, admin, celery_worker_thread):
