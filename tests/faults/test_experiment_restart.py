@@ -16,8 +16,8 @@ import pytest
 
 from kernel import proctree
 from ops import embedded
-from tests.faults.harness import Launcher, PrivatePostgres, PrivateRedis, http
-from tests.faults.test_outages import make_token, platform_env
+from tests.faults.harness import Launcher, http
+from tests.faults.test_outages import make_token, platform_env, servers  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -35,16 +35,6 @@ SCRIPT = (
 )
 
 
-@pytest.fixture
-def servers(tmp_path):
-    pg, redis = PrivatePostgres(tmp_path / "pg"), PrivateRedis(tmp_path / "redis")
-    pg.start()
-    redis.start()
-    yield pg, redis
-    redis.stop()
-    pg.stop()
-
-
 def _experiment(pg, experiment_id: str) -> tuple[str, list[tuple]]:
     state = pg.query("SELECT state FROM experiments_experiment WHERE id = %s", (experiment_id,))[0][0]
     trials = pg.query(
@@ -55,7 +45,7 @@ def _experiment(pg, experiment_id: str) -> tuple[str, list[tuple]]:
     return state, trials
 
 
-def test_an_experiment_completes_across_killed_worker_and_beat(servers, tmp_path):
+def test_an_experiment_completes_across_killed_worker_and_beat(servers, tmp_path):  # noqa: F811
     pg, redis = servers
     port = embedded.free_port()
     env = {
