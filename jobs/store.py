@@ -215,6 +215,77 @@ def _with_use(rules, teams, waiting, holders) -> scheduler.Backlog:
     )
 
 
+def first_reason_of(
+    job: scheduler.Waiting, queue: scheduler.QueueRules, team: scheduler.TeamRules
+) -> tuple[str, str] | None:
+    """What the next pass would first tell a job that just joined its line, as far as rules decide it: the queue's
+    and the team's quota (`scheduler.quota_check`, the check every pass makes), and, in a strictly FIFO queue, an
+    earlier job that the last pass left waiting. None when the rules let it through: then only the pass can tell
+    whether GPUs are free. Reads what the queue and the team hold (one aggregate) and, in a FIFO queue, the line."""
+    backlog = _with_use(
+        [queue],
+        {team.id: team},
+        {queue.id: [job]},
+        Job.objects.filter(Q(queue_id=queue.id) | Q(team_id=job.team_id), reserved=True),
+    )
+    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(scheduler.VECTOR, 0))
+    why = scheduler.quota_check(job, queue, backlog.teams[job.team_id], backlog, used)
+    if why is None and queue.fifo:
+        ahead = (
+            Job.objects.filter(queue_id=queue.id, state=JobState.PENDING)
+            .exclude(id=job.id)
+            .exclude(reason__in=(PendingReason.QUEUED, PendingReason.QUEUE_CLOSED))
+            .filter(_ahead_of(job))
+        )
+        if ahead.exists():
+            why = (scheduler.BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
+    return why
+
+
+def new_job_reason(job: Job) -> tuple[str, str] | None:
+    """`first_reason_of` for a job about to be inserted (its queue and team as the submission loaded them, its
+    place in line after every job already there): the reason can go in with the row instead of an update after."""
+    queue, team = job.queue, job.team
+    rules = scheduler.QueueRules(
+        id=queue.id,
+        name=queue.name,
+        open=queue.state == Queue.State.OPEN,
+        fifo=queue.ordering == Queue.Ordering.FIFO,
+        limit={k: int(getattr(queue, k) or 0) for k in scheduler.VECTOR},
+        pools=tuple(sorted(queue.pools or ())),
+    )
+    team_rules = scheduler.TeamRules(
+        id=team.id,
+        slug=team.slug,
+        limit={k: int(getattr(team, k) or 0) for k in scheduler.VECTOR},
+        max_running_jobs=team.max_running_jobs,
+        max_jobs_per_user=team.max_jobs_per_user,
+    )
+    waiting = scheduler.Waiting(
+        id=job.id,
+        queue_id=queue.id,
+        team_id=team.id,
+        owner_id=job.owner_id,
+        replicas=job.replicas,
+        gpu_count=job.gpu_count,
+        gpu_milli=job.gpu_milli,
+        gpu_memory_mib=job.gpu_memory_mib,
+        gpu_memory_eighths=job.gpu_memory_eighths or 0,
+        exclusive=job.exclusive,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        total={
+            "gpu_milli": job.total_gpu_milli,
+            "gpu_memory_mib": job.total_gpu_memory_mib,
+            "cpu_milli": job.total_cpu_milli,
+            "memory_mib": job.total_memory_mib,
+        },
+        preemptible=job.preemptible,
+        order=(job.preemptible, -job.priority, timezone.now().timestamp(), job.id),
+    )
+    return first_reason_of(waiting, rules, team_rules)
+
+
 class JobStore:
     """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
 
@@ -236,10 +307,8 @@ class JobStore:
         return _with_use(rules, _team_rules(team_ids), dict(waiting), Job.objects.filter(reserved=True))
 
     def first_reason(self, job_id) -> tuple[str, str] | None:
-        """What the next pass would first tell a job that just joined its line, as far as rules decide it: the
-        queue's and the team's quota (`scheduler.quota_check`, the check every pass makes), and, in a strictly
-        FIFO queue, an earlier job that the last pass left waiting. None when the rules let it through: then only
-        the pass can tell whether GPUs are free. Reads the one job, its queue, its team and what they hold."""
+        """What the next pass would first tell a job that just rejoined its line, as far as rules decide it
+        (`first_reason_of`); reads the one job, its queue and its team."""
         rows = _pending_rows("AND id = %s", [job_id])
         if not rows:
             return None
@@ -247,25 +316,8 @@ class JobStore:
         rules = _queue_rules(Queue.objects.filter(id=job.queue_id))
         if not rules:
             return None
-        queue = rules[0]
-        backlog = _with_use(
-            rules,
-            _team_rules({job.team_id}),
-            {queue.id: [job]},
-            Job.objects.filter(Q(queue_id=queue.id) | Q(team_id=job.team_id), reserved=True),
-        )
-        used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(scheduler.VECTOR, 0))
-        why = scheduler.quota_check(job, queue, backlog.teams[job.team_id], backlog, used)
-        if why is None and queue.fifo:
-            ahead = (
-                Job.objects.filter(queue_id=queue.id, state=JobState.PENDING)
-                .exclude(id=job.id)
-                .exclude(reason__in=(PendingReason.QUEUED, PendingReason.QUEUE_CLOSED))
-                .filter(_ahead_of(job))
-            )
-            if ahead.exists():
-                why = (scheduler.BEHIND, stored("waiting behind an earlier job (strict FIFO)"))
-        return why
+        team = _team_rules({job.team_id}).get(job.team_id)
+        return first_reason_of(job, rules[0], team) if team is not None else None
 
     def backlog_version(self) -> int:
         """Moves when a job leaves or re-enters a waiting line or changes its place (migration jobs/0008)."""

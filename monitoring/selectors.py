@@ -13,11 +13,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, JSONField, Max, Q, QuerySet, Sum, Value
+from django.db import connection
+from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
-from jobs.models import COMMAND_KEY, LABELS_KEY, Job, command_key, labels_key
+from jobs.models import Job
 from jobs.states import ATTEMPT_FINISHED
 from kernel.errors import ValidationFailed
 from kernel.sentences import stored
@@ -460,6 +461,15 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 
 # What the lookup and `_runs_of` read of each run (a job row has some 60 columns, several of them JSON).
 SIMILAR_FIELDS = ("id", "owner_id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
+# The two likenesses, each written as the expression of its index (jobs.models: job_similar_*, COMMAND_KEY and
+# LABELS_KEY) so PostgreSQL walks that index newest first and stops `limit` deep. Plain SQL: the ORM spent more CPU
+# building these statements (a JSON value cast, an md5, a three-table join of wide models) than the database spent
+# answering them, and this lookup runs in every submission.
+_SIMILAR_SQL = {
+    "command": "md5(COALESCE((command)::text, '') || COALESCE((args)::text, '')) "
+    "= md5(COALESCE((%s::jsonb)::text, '') || COALESCE((%s::jsonb)::text, ''))",
+    "labels": "md5((labels)::text) = md5((%s::jsonb)::text)",
+}
 
 
 def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
@@ -467,65 +477,72 @@ def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     newest first, at most `limit`: the user's own, or the whole team's. Each likeness is read from its own index
     (jobs.models: job_similar_*), newest first and `limit` deep, and the two merged, so a submission costs the
     same with ten runs in the team's history or a million."""
-    qs = (
-        Job.objects.filter(state="succeeded", image_reference=job.image_reference, team_id=job.team_id)
-        .exclude(pk=job.pk)
-        .only(*SIMILAR_FIELDS)
-    )
-    if owner_only:
-        qs = qs.filter(owner_id=job.owner_id)
     # Only the key in SQL: with the values compared there too, PostgreSQL took the two tests for independent,
     # expected a handful of rows where thousands share a key, and sorted them all rather than walk the index.
     # The values are compared here instead (two commands may share an md5).
-    key = command_key(Value(job.command, JSONField()), Value(job.args, JSONField()))
-    found = [
-        j
-        for j in qs.alias(key=COMMAND_KEY).filter(key=key).order_by("-finished_at")[:limit]
-        if j.command == job.command and j.args == job.args
-    ]
+    head = (
+        f"SELECT {', '.join(SIMILAR_FIELDS)} FROM jobs_job WHERE state = 'succeeded' AND image_reference = %s "
+        "AND team_id = %s AND id <> %s"
+    )
+    params: list[Any] = [job.image_reference, job.team_id, job.pk]
+    if owner_only:
+        head += " AND owner_id = %s"
+        params.append(job.owner_id)
+    likeness = [("command", [json.dumps(job.command), json.dumps(job.args)])]
     if job.labels:
-        key = labels_key(Value(job.labels, JSONField()))
-        seen = {j.pk for j in found}
-        found += [
-            j
-            for j in qs.alias(key=LABELS_KEY).filter(key=key).order_by("-finished_at")[:limit]
-            if j.labels == job.labels and j.pk not in seen
-        ]
-        found.sort(key=lambda j: j.finished_at, reverse=True)
-    return found[:limit]
+        likeness.append(("labels", [json.dumps(job.labels)]))
+    parts, values = [], []
+    for kind, key in likeness:
+        parts.append(f"({head} AND {_SIMILAR_SQL[kind]} ORDER BY finished_at DESC LIMIT %s)")
+        values += [*params, *key, limit]
+    found: dict[Any, Job] = {}
+    for j in Job.objects.raw(" UNION ALL ".join(parts), values):
+        same = (j.command == job.command and j.args == job.args) or (bool(job.labels) and j.labels == job.labels)
+        if same:
+            found.setdefault(j.pk, j)
+    return sorted(found.values(), key=lambda j: j.finished_at, reverse=True)[:limit]
 
 
 def _runs_of(jobs: list[Job]) -> list[rightsizing.Run]:
-    profiles = {}
-    for p in (
-        UsageProfile.objects.filter(job__in=jobs, gpu_memory_peak_mib__isnull=False, final=True)
-        .select_related("attempt")
-        .order_by("job", "-attempt__number")
-    ):
-        profiles.setdefault(p.job_id, p)  # each job's last attempt with GPU numbers
+    if not jobs:
+        return []
+    profiles: dict[Any, tuple] = {}
+    with connection.cursor() as cursor:
+        # Each job's last attempt with GPU numbers.
+        cursor.execute(
+            "SELECT DISTINCT ON (p.job_id) p.job_id, p.gpu_memory_peak_mib, p.gpu_memory_p95_mib, p.gpu_util_p95_pct "
+            "FROM monitoring_usageprofile p JOIN jobs_attempt a ON a.id = p.attempt_id "
+            "WHERE p.job_id = ANY(%s) AND p.final AND p.gpu_memory_peak_mib IS NOT NULL "
+            "ORDER BY p.job_id, a.number DESC",
+            [[j.pk for j in jobs]],
+        )
+        for row in cursor.fetchall():
+            profiles[row[0]] = row[1:]
     batches: dict[Any, float] = {}
-    for job_id, values in (
-        BusinessMetric.objects.filter(job__in=list(profiles), values__has_key="batch_size")
-        .order_by("job", "at", "id")
-        .values_list("job_id", "values")
-    ):
-        try:
-            batches[job_id] = float(values["batch_size"])
-        except (TypeError, ValueError):
-            continue
+    if profiles:
+        for job_id, values in (
+            BusinessMetric.objects.filter(job__in=list(profiles), values__has_key="batch_size")
+            .order_by("job", "at", "id")
+            .values_list("job_id", "values")
+        ):
+            try:
+                batches[job_id] = float(values["batch_size"])
+            except (TypeError, ValueError):
+                continue
     runs = []
     for job in jobs:
         p = profiles.get(job.pk)
         if p is None:
             continue
+        peak, p95, util_p95 = p
         runs.append(
             rightsizing.Run(
                 job_id=str(job.pk),
                 gpu_count=job.gpu_count,
                 gpu_memory_mib=job.gpu_memory_mib,
-                gpu_memory_peak_mib=p.gpu_memory_peak_mib,
-                gpu_memory_p95_mib=p.gpu_memory_p95_mib or p.gpu_memory_peak_mib,
-                gpu_util_p95_pct=p.gpu_util_p95_pct,
+                gpu_memory_peak_mib=peak,
+                gpu_memory_p95_mib=p95 or peak,
+                gpu_util_p95_pct=util_p95,
                 batch_size=batches.get(job.pk),
             )
         )

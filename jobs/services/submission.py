@@ -21,9 +21,8 @@ from images import services as image_services
 from jobs import reference, validation
 from jobs.models import Job, JobBatch, JobEvent
 from jobs.services.common import ENV_NAME, RESERVED_ENV_PREFIXES, log
-from jobs.services.transitions import event_record
 from jobs.states import JobState, PendingReason
-from jobs.store import reason_at_once
+from jobs.store import new_job_reason
 from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
 from kernel.sentences import stored
 from kernel.units import human_duration, human_resource, parse_duration
@@ -672,7 +671,7 @@ def job_submit(
             return _same_request_or_conflict(existing, fingerprint), False
     try:
         with transaction.atomic():
-            job = Job.objects.create(
+            job = Job(
                 **({"id": job_id} if job_id else {}),
                 owner=user,
                 idempotency_key=idempotency_key or None,
@@ -682,28 +681,44 @@ def job_submit(
                 reason=PendingReason.QUEUED,
                 **resolved.fields,
             )
-            JobEvent.objects.create(
-                job=job,
-                kind="submitted",
-                to_state=JobState.PENDING,
-                actor=user.username,
-                message=stored("submitted to queue %(queue)s", queue=job.queue.name),
-                data={"idempotency_key": idempotency_key} if idempotency_key else {},
-            )
-            if job.priority > job.queue.max_member_priority:
-                event_record(
-                    job,
-                    "priority_elevated",
+            # The dispatcher's own rules give the first reason, written with the row (its page and its queue's
+            # page say the same from the first second, not "waiting for the dispatcher" until the next pass).
+            why = new_job_reason(job)
+            if why is not None:
+                job.reason, job.message = why
+            job.save(force_insert=True)
+            events = [
+                JobEvent(
+                    job=job,
+                    kind="submitted",
+                    to_state=JobState.PENDING,
                     actor=user.username,
-                    message=stored(
-                        "priority %(priority)s, over queue %(queue)s's maximum of %(most)s for members",
-                        priority=job.priority,
-                        queue=job.queue.name,
-                        most=job.queue.max_member_priority,
-                    ),
-                    data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
+                    message=stored("submitted to queue %(queue)s", queue=job.queue.name),
+                    data={"idempotency_key": idempotency_key} if idempotency_key else {},
                 )
-            reason_at_once(job, actor="dispatcher")  # the dispatcher's own rules give the reason
+            ]
+            if job.priority > job.queue.max_member_priority:
+                events.append(
+                    JobEvent(
+                        job=job,
+                        kind="priority_elevated",
+                        actor=user.username,
+                        message=stored(
+                            "priority %(priority)s, over queue %(queue)s's maximum of %(most)s for members",
+                            priority=job.priority,
+                            queue=job.queue.name,
+                            most=job.queue.max_member_priority,
+                        ),
+                        data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
+                    )
+                )
+            if why is not None:
+                events.append(
+                    JobEvent(
+                        job=job, kind="waiting", actor="dispatcher", message=job.message, data={"reason": job.reason}
+                    )
+                )
+            JobEvent.objects.bulk_create(events)
     except IntegrityError:
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
         if existing is None:
