@@ -148,6 +148,13 @@ class Job(models.Model):
             models.Index(fields=["team"], condition=Q(reserved=True), name="job_reserved_by_team"),
             # The ids of the waiting jobs, read by every fast dispatch pass without touching the table.
             models.Index(fields=["id"], condition=Q(state="pending"), name="job_waiting"),
+            # The estimated starts' history (jobs.eta.History.load): the newest finished runs, read newest first
+            # until enough are found (without it, every estimate scanned the table and sorted a month of runs).
+            models.Index(
+                F("finished_at").desc(),
+                condition=Q(state__in=["succeeded", "failed"], started_at__isnull=False),
+                name="job_finished_runs",
+            ),
             # Whether any preemptible job holds cards: read after every dispatch pass that leaves jobs waiting.
             models.Index(fields=["id"], condition=Q(preemptible=True, reserved=True), name="job_preemptible_holding"),
             # Right-sizing at submission (monitoring.selectors.similar_runs): the succeeded runs of one image and

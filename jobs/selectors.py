@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import CharField, QuerySet
@@ -57,17 +58,39 @@ def queue_waiting(queue, *, ids=None) -> list[Job]:
     return list(qs.order_by("-priority", "submitted_at", "id"))
 
 
-def line_rows(queue, line: list, *, first: int, also=()) -> tuple[dict, list[Job]]:
-    """A long line shown in part: (the estimates of the whole `line` (`waiting_line`), the full rows of its `first`
-    jobs and of the jobs in `also`). The estimates need the whole line; pages and the API list a part of it."""
-    waits = estimated_waits(queue, line)
+class Place(NamedTuple):
+    """A waiting job's place in its line, as pages list and count it."""
+
+    id: uuid.UUID
+    owner_id: int
+
+
+def line_places(queue) -> list[Place]:
+    """The queue's waiting line in the dispatcher's order, ids and owners only: what a page counts and lists. The
+    estimates read their own columns (`eta.waiting_line`), and only when they are computed."""
+    rows = Job.objects.filter(queue=queue, state=JobState.PENDING).order_by("-priority", "submitted_at", "id")
+    return [Place(*row) for row in rows.values_list("id", "owner_id")]
+
+
+def line_ends(queue) -> tuple[int, uuid.UUID | None]:
+    """How many jobs wait in the queue, and the id of the last of them (None when none waits)."""
+    rows = Job.objects.filter(queue=queue, state=JobState.PENDING)
+    last = rows.order_by("priority", "-submitted_at", "-id").values_list("id", flat=True).first()
+    return (rows.count() if last is not None else 0), last
+
+
+def line_rows(queue, line: list, *, first: int, also=()) -> tuple[Mapping, list[Job]]:
+    """A long line shown in part: (the estimates of the whole line, the full rows of the `first` jobs of `line`
+    (`line_places`) and of the jobs in `also`). The estimates cover the whole line; pages and the API list a part
+    of it."""
+    waits = estimated_waits(queue)
     also = set(also)
     wanted = {j.id for j in line[:first]} | {j.id for j in line if j.id in also}
     return waits, queue_waiting(queue, ids=wanted) if wanted else []
 
 
 def waiting_line(queue) -> list:
-    """The waiting line with only what its estimates and its length need (jobs.eta.LineJob)."""
+    """The waiting line with only what its estimates need (jobs.eta.LineJob)."""
     from jobs import eta
 
     return eta.waiting_line(queue)
@@ -75,8 +98,8 @@ def waiting_line(queue) -> list:
 
 def estimated_waits(queue, waiting: list | None = None, *, fleet=None):
     """When each waiting job may start: job id -> jobs.eta.Estimate (a range, or unknown), a mapping. `waiting`:
-    the line already read (`queue_waiting`), else only the columns the estimate needs are read
-    (`eta.waiting_line`). `fleet`: a `jobs.eta.Fleet` shared by the queues of one page (`estimate_fleet`).
+    the line already read (`queue_waiting` or `waiting_line`), else the columns the estimate needs are read when
+    it is computed. `fleet`: a `jobs.eta.Fleet` shared by the queues of one page (`estimate_fleet`).
 
     A queue whose estimates took longer than `ESTIMATE_SLOW_S` to compute (a fleet's line) is answered from the
     kept estimates, aged by the time since, for up to `ESTIMATE_KEEP_S`, while a worker computes them again
@@ -211,9 +234,10 @@ def estimated_start(job: Job):
     return estimates_compute(job.queue).get(job.id)
 
 
-def line_clears(waiting: list[Job], waits: dict):
-    """When the last job of the line may start (the line has cleared), or None for an empty line."""
-    return waits.get(waiting[-1].id) if waiting else None
+def line_clears(last, waits: Mapping):
+    """When the last job of the line (its id: `line_ends`) may start (the line has cleared), or None for an empty
+    line."""
+    return waits.get(last) if last is not None else None
 
 
 MAX_COMPARED = 20

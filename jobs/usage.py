@@ -6,7 +6,7 @@ from django.db.models.functions import Coalesce
 
 from jobs.checkpoints import team_storage_used  # noqa: F401 - part of the source quotas.usage reads
 from jobs.models import Job
-from jobs.selectors import line_rows, waiting_line  # noqa: F401 - part of the source quotas.usage reads
+from jobs.selectors import line_places, line_rows  # noqa: F401 - part of the source quotas.usage reads
 from quotas.models import Queue, Team
 
 

@@ -263,7 +263,7 @@ class QueueDetailSerializer(QueueSerializer):
 
     def _line(self, queue) -> list:
         if getattr(self, "_line_of", None) is None or self._line_of[0] != queue.pk:
-            self._line_of = (queue.pk, usage.waiting_line(queue))
+            self._line_of = (queue.pk, usage.line_places(queue))
         return self._line_of[1]
 
     def get_jobs(self, queue) -> list:

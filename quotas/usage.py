@@ -14,7 +14,7 @@ class UsageSource(Protocol):
     def team_usage(self, team) -> dict[str, int]: ...
     def team_usage_by_spec(self, team) -> list[dict]: ...
     def team_storage_used(self, team_ids=None) -> dict[int, int]: ...
-    def waiting_line(self, queue) -> list: ...
+    def line_places(self, queue) -> list: ...
     def line_rows(self, queue, line, *, first: int) -> tuple[dict, list]: ...
 
 
@@ -48,9 +48,10 @@ def team_storage_used(team_ids=None) -> dict[int, int]:
     return _usage().team_storage_used(team_ids)
 
 
-def waiting_line(queue) -> list:
-    """The queue's waiting jobs in the order the dispatcher would take them (jobs.selectors.waiting_line)."""
-    return _usage().waiting_line(queue)
+def line_places(queue) -> list:
+    """The queue's waiting jobs (id, owner_id) in the order the dispatcher would take them
+    (jobs.selectors.line_places)."""
+    return _usage().line_places(queue)
 
 
 def line_rows(queue, line, *, first: int):

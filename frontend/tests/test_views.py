@@ -622,3 +622,78 @@ def test_no_page_or_list_a_member_reaches_names_another_teams_slug(portal):
         assert response.status_code == 200, url
         body = response.content.decode()
         assert not re.search(r"\bvision\b|Vision team|olga", body), (url, re.findall(r".{60}\bvision\b.{20}", body))
+
+
+def _copies(job, n: int) -> None:
+    import uuid
+
+    rows = []
+    for _ in range(n):
+        copy = Job.objects.get(pk=job.pk)
+        copy.pk, copy.idempotency_key = uuid.uuid4(), None
+        rows.append(copy)
+    Job.objects.bulk_create(rows)
+
+
+def test_the_queue_page_lists_the_head_of_the_holders_and_counts_the_rest(portal, monkeypatch):
+    """On a full fleet a queue holds thousands of jobs: its page lists the longest-running few, like the head of
+    its line, and counts the rest."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from frontend.views import queues as views
+
+    monkeypatch.setattr(views, "HOLDING_SHOWN", 2)
+    held = [submit(portal.demo, name=f"holder-{i}") for i in range(4)]
+    store.dispatch(queue_ids=[held[0].queue_id])
+    now = timezone.now()
+    for i, job in enumerate(held):  # holder-3 started first, holder-0 last
+        Job.objects.filter(pk=job.pk).update(started_at=now - timedelta(minutes=10 * i))
+    assert Job.objects.filter(reserved=True).count() == 4
+    body = login(portal.demo).get("/queues/train/").content.decode()
+    assert "holder-3" in body and "holder-2" in body and "holder-1" not in body and "holder-0" not in body
+    assert "2 more jobs hold capacity (the longest-running are listed)." in body
+
+
+def test_pages_that_show_estimates_read_as_many_queries_for_a_long_line_as_for_a_short_one(portal, monkeypatch):
+    """The queue page, the queue list, the submit form, the queue API, a waiting job's page and its API: the
+    same number of queries with 40 more jobs waiting and 40 more holding, whether the estimates are computed
+    for the request or read from the kept answer (a query per row would cost seconds on a fleet)."""
+    from jobs import selectors
+
+    Queue.objects.filter(name="train").update(gpu_milli=500)  # two shared slices: the rest wait for the quota
+    jobs = [submit(portal.demo, name=f"job-{i}") for i in range(4)]
+    store.dispatch(queue_ids=[jobs[0].queue_id])
+    holder = Job.objects.filter(reserved=True).first()
+    waiting = Job.objects.filter(state=JobState.PENDING).order_by("submitted_at").first()
+    assert holder is not None and waiting is not None
+    client = login(portal.demo)
+    api = APIClient()
+    api.force_authenticate(portal.demo)
+    pages = {
+        "queue page": (client, "/queues/train/"),
+        "queue list": (client, "/queues/"),
+        "submit form": (client, "/jobs/new/"),
+        "queue API": (api, "/api/v1/queues/train/"),
+        "waiting job page": (client, f"/jobs/{waiting.id}/"),
+        "job API": (api, f"/api/v1/jobs/{waiting.id}/"),
+    }
+
+    def counts() -> dict[str, int]:
+        out = {}
+        for label, (who, url) in pages.items():
+            selectors.estimates_compute(waiting.queue)  # a kept answer as fresh as the worker keeps it
+            who.get(url)  # first reads warm what a serving process has warm
+            with CaptureQueriesContext(connection) as seen:
+                assert who.get(url).status_code == 200, url
+            out[label] = len(seen)
+        return out
+
+    for slow in (False, True):  # computed for each request (a short line), then read from the kept answer
+        if slow:
+            monkeypatch.setattr(selectors, "ESTIMATE_SLOW_S", 0.0)
+        short = counts()
+        _copies(holder, 40)
+        _copies(waiting, 40)
+        assert counts() == short, slow

@@ -46,13 +46,13 @@ def _submit_choices(user) -> dict[str, Any]:
     queue_rows = []
     fleet = selectors.estimate_fleet()
     for queue in queues:
-        waiting = selectors.waiting_line(queue)
-        waits = selectors.estimated_waits(queue, waiting, fleet=fleet) if waiting else {}
+        waiting, last = selectors.line_ends(queue)
+        waits = selectors.estimated_waits(queue, fleet=fleet) if waiting else {}
         queue_rows.append(
             {
                 "queue": queue,
-                "waiting": len(waiting),
-                "line_clears": selectors.line_clears(waiting, waits),
+                "waiting": waiting,
+                "line_clears": selectors.line_clears(last, waits),
                 "specs": " ".join(s.name for s in queue.specs.all()),
                 # Only the user's own teams (staff: all): the page must not tell who else uses a queue.
                 "teams": " ".join(t.slug for t in queue.teams.all() if t.id in mine),

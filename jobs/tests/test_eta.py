@@ -1,6 +1,7 @@
 """Estimated starts (jobs/eta.py): ranges from evidence, "unknown" without it, team quota, never 0 when blocked."""
 
 import json
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -342,3 +343,82 @@ def test_a_slow_queue_is_answered_from_the_kept_estimates_while_a_worker_compute
     # A job's own page still gets its estimate when the kept answer predates it.
     fourth = _submit(platform, timeout_s=86400)
     assert selectors.estimated_start(Job.objects.get(pk=fourth.pk)) is not None
+
+
+def test_the_database_counts_seconds_as_timedelta_does(platform):  # noqa: F811
+    """The holders' run and deadline times and the history's run times are computed by PostgreSQL as float seconds
+    (Django parses timestamps in Python: most of reading 7,000 holders): the same figures, to the last bit, as
+    `timedelta.total_seconds()` of the timestamps, so the estimates do not change."""
+    now = timezone.now()
+    _open(queue_gpus=8, team_gpus=8)
+    _history(platform, now, [60, 61, 62])
+    finished = list(Job.objects.filter(state=JobState.SUCCEEDED))
+    for k, job in enumerate(finished):  # run times with microseconds, one of them (clock skew) negative
+        end = now - timedelta(hours=1, microseconds=k * 7919)
+        ran = timedelta(seconds=3600.123457 * (k + 1)) if k else -timedelta(seconds=0.25)
+        Job.objects.filter(pk=job.pk).update(started_at=end - ran, finished_at=end)
+    held = [_run(_submit(platform, timeout_s=86400), now - timedelta(seconds=s)) for s in (0.000001, 1234.567891, 9e4)]
+    Job.objects.filter(pk=held[0].pk).update(deadline=None)
+    Job.objects.filter(pk=held[1].pk).update(deadline=now + timedelta(seconds=77.777777))
+    Job.objects.filter(pk=held[2].pk).update(deadline=now - timedelta(seconds=5.5))  # past its deadline
+    admitted = _submit(platform, timeout_s=600)
+    dispatch(full=True)
+    assert Job.objects.get(pk=admitted.pk).state == JobState.ADMITTED
+    Job.objects.filter(pk=admitted.pk).update(admitted_at=now - timedelta(seconds=3.000003), deadline=None)
+
+    fleet = eta.Fleet(now)
+    rows = {j.pk: j for j in Job.objects.filter(reserved=True)}
+    assert {j.id for j, *_ in fleet.running} == set(rows) and len(rows) == 4
+    for holder, elapsed, left in fleet.running:
+        row = rows[holder.id]
+        began = row.started_at or row.admitted_at or now
+        expected_elapsed = max(0.0, (now - began).total_seconds())
+        expected_left = (
+            max(0.0, (row.deadline - now).total_seconds())
+            if row.deadline
+            else max(0.0, row.timeout_s - expected_elapsed)
+        )
+        assert (elapsed, left) == (expected_elapsed, expected_left), row.pk
+    queue = Queue.objects.get(name="train")
+    runs = sorted(
+        max(0.0, (j.finished_at - j.started_at).total_seconds()) for j in Job.objects.filter(state=JobState.SUCCEEDED)
+    )
+    assert runs[0] == 0.0 and fleet.history(queue.id).by[("queue", queue.id)] == runs
+
+
+def test_an_estimate_reads_the_same_few_queries_whatever_the_fleet(platform, django_assert_max_num_queries):  # noqa: F811
+    """Capacity, holders, history, the line and the teams' quotas: one query each, however many jobs hold, wait or
+    finished (a query per holder or per run would make a fleet's estimate take seconds)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    now = timezone.now()
+    _open(queue_gpus=3, team_gpus=3)
+    queue = Queue.objects.get(name="train")
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as seen:
+            eta.estimate_starts(queue, selectors.waiting_line(queue), now=timezone.now())
+        return len(seen)
+
+    _history(platform, now, [600])
+    running = _run(_submit(platform, timeout_s=86400), now - timedelta(minutes=1))
+    waiting = _submit(platform, timeout_s=86400)
+    small = queries()
+    # Many more of each, as copies of those rows: holders, finished runs of another script, waiting jobs.
+    finished = Job.objects.filter(state=JobState.SUCCEEDED).first()
+    copies = []
+    for template, n, fields in (
+        (running, 20, {}),
+        (finished, 30, {"command": ["python", "other.py"]}),
+        (waiting, 40, {}),
+    ):
+        for _ in range(n):
+            copy = Job.objects.get(pk=template.pk)
+            copy.pk, copy.idempotency_key = uuid.uuid4(), None
+            for key, value in fields.items():
+                setattr(copy, key, value)
+            copies.append(copy)
+    Job.objects.bulk_create(copies)
+    assert Job.objects.filter(reserved=True).count() == 21 and Job.objects.filter(state="pending").count() == 41
+    assert queries() == small <= 5, small
