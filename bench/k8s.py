@@ -218,6 +218,26 @@ def phase_summary(watch: PodWatch, starts: dict[str, float], t0: float) -> dict[
     }
 
 
+def stages(watch: PodWatch, starts: dict[str, float], marks: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Where each job's time to bound went, p50/p99 per step: the platform's own steps (`marks`: when the job was
+    admitted, when its Volcano job was created), then Volcano's (its controller makes the pod, its scheduler
+    binds it)."""
+    first_pod: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    for pod, job in watch.job_of.items():
+        if pod in watch.created:
+            first_pod[job] = min(first_pod.get(job, float("inf")), watch.created[pod])
+        if pod in watch.bound:
+            bound[job] = max(bound.get(job, 0.0), watch.bound[pod])
+    points = {"submitted": starts, **marks, "pod_created": first_pod, "bound": bound}
+    names = list(points)
+    out: dict[str, Any] = {}
+    for a, b in zip(names, names[1:], strict=False):
+        gaps = [points[b][j] - points[a][j] for j in starts if j in points[a] and j in points[b]]
+        out[f"{a}_to_{b}"] = {"p50_s": percentile(gaps, 50), "p99_s": percentile(gaps, 99), "n": len(gaps)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.k8s", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the first 64 trace nodes")
@@ -443,6 +463,14 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         observed_running_p99_s=percentile(observed, 99),
     )
     platform["job_states"] = dict(Counter(Job.objects.values_list("state", flat=True)))
+    marks: dict[str, dict[str, float]] = {"admitted": {}, "vcjob_created": {}}
+    # The job moves to starting once its Volcano job was created (the backend's submit returned).
+    for job_id, to_state, at in JobEvent.objects.filter(to_state__in=("admitted", "starting")).values_list(
+        "job_id", "to_state", "at"
+    ):
+        mark = marks["admitted" if to_state == "admitted" else "vcjob_created"]
+        mark.setdefault(str(job_id), at.timestamp())
+    platform["stages"] = stages(watch, starts, marks)
     log(f"platform: {platform}")
     workers = children[-2:]  # the worker and the dispatcher
     for process in workers:
@@ -508,6 +536,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(copies)} Volcano jobs created directly in {time.time() - t1:.1f} s")
     quiet = wait_quiet(watch, since=time.time(), quiet_s=QUIET_S, until=t1 + args.phase_limit_s)
     floor = phase_summary(watch, floor_starts, t1)
+    floor["stages"] = stages(watch, floor_starts, {})
     floor.update(completed=quiet, vcjobs_created=len(copies))
     log(f"floor: {floor}")
     watch.stop.set()
@@ -584,6 +613,9 @@ def print_table(r: dict) -> None:
           f"{'met' if r['met']['bind_overhead_pct'] else 'NOT met'}")  # fmt: skip
     print(f"API requests per job {r['api_requests']['per_job']} (target <= {TARGETS['api_requests_per_job']}): "
           f"{'met' if r['met']['api_requests_per_job'] else 'NOT met'}")  # fmt: skip
+    for phase in ("platform", "floor"):
+        steps = ", ".join(f"{k} {v['p50_s']}/{v['p99_s']}" for k, v in r[phase].get("stages", {}).items())
+        print(f"{phase} steps p50/p99 (s): {steps}")
     print(f"load average {r['load_average']}, commit {r['commit'][:10]}\n")
 
 

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import random
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -238,6 +239,7 @@ class VolcanoBackend:
         self.batch = k8s.BatchV1Api(api_client)
         self._volcano_version: tuple[int, int] | None = None
         self._cluster_checked = False
+        self._cluster_check_lock = threading.Lock()  # a start batch's threads check once, not once each
         self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
 
     @classmethod
@@ -317,7 +319,9 @@ class VolcanoBackend:
 
     def submit(self, desc: AttemptDescription) -> str:
         if not self._cluster_checked:
-            self.cluster_check()
+            with self._cluster_check_lock:
+                if not self._cluster_checked:
+                    self.cluster_check()
         nodes = sorted({d.node for d in desc.devices if d.node})
         node_labels = self._node_labels(nodes) if desc.replicas > 1 else {}
         manifest = render.render_job(desc, self.config.render, node_labels=node_labels)
@@ -680,8 +684,9 @@ class VolcanoBackend:
                 if _age_s(pod, now) >= self.config.start_timeout_s:
                     return Observation(phase="failed", reason="Unschedulable", message=detail[:1000])
                 return Observation(phase="pending", message=detail[:1000])
-        if len(pods) < _replicas(job):
-            # Volcano creates the pods; a pod the API server refused shows only as an event on the Volcano job.
+        if len(pods) < _replicas(job) and (context.enqueued(job) or context.podgroup(job) is None):
+            # Volcano creates the pods (once enqueued); a pod the API server refused shows only as an event on the
+            # Volcano job.
             refused = context.refusal(job)
             if refused:
                 return Observation(phase="failed", reason=PODS_REFUSED, message=refused[:1000])
@@ -1201,17 +1206,31 @@ class _NamespaceContext:
             found += self._events[name]
         return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
+    def podgroup(self, job: JSON) -> JSON | None:
+        """The job's PodGroup (Volcano names it `<job>-<uid>`), None before its controller made it."""
+        meta = job["metadata"]
+        return self.podgroups().get(f"{meta['name']}-{meta.get('uid', '')}")
+
+    def enqueued(self, job: JSON) -> bool:
+        """Whether Volcano's scheduler let the job into its queue (PodGroup past Pending). Its controller creates
+        the pods only then, so before it no pod can have been refused, and a queue's quota holds it no longer."""
+        phase = ((self.podgroup(job) or {}).get("status") or {}).get("phase") or ""
+        return phase not in ("", "Pending")
+
     def explain_pending(self, job: JSON) -> str:
-        """Why Volcano has not started the job: scheduler events on its PodGroup, then its conditions."""
+        """Why Volcano has not started the job: its PodGroup's Unschedulable condition; while it waits to be
+        enqueued, the scheduler's events on the PodGroup too (read only then: an enqueued job's older quota events
+        no longer hold it, and a pass would otherwise list events for every job being bound)."""
         meta = job["metadata"]
         queue = (job.get("spec") or {}).get("queue", "")
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
-        mine = self.events(pg_name, meta["name"])
+        podgroup = self.podgroup(job) or {}
+        # The job controller's own PodGroupPending warnings on the job repeat the PodGroup's conditions.
+        mine = [] if self.enqueued(job) else self.events(pg_name)
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
                 return f"waiting in Volcano queue {queue}: {wanted}"
-        podgroup = self.podgroups().get(pg_name) or {}
         for condition in (podgroup.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
                 return f"waiting in Volcano queue {queue}: {condition.get('message') or condition.get('reason')}"
