@@ -218,6 +218,41 @@ def phase_summary(watch: PodWatch, starts: dict[str, float], t0: float) -> dict[
     }
 
 
+def cpu_seconds(labelled: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the benchmark's cluster (each component, by process name), its
+    PostgreSQL backends and the platform's processes (`labelled`: a name for each parent pid, its children
+    counted with it). A phase's figure is the difference of two of these."""
+    import psutil
+
+    used: Counter = Counter()
+
+    def add(label: str, proc) -> None:
+        try:
+            times = proc.cpu_times()
+            used[label] += times.user + times.system
+        except psutil.Error:
+            pass
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(CLUSTER_DIR) in cmd and proc.pid != os.getpid():
+            add(proc.info["name"] or "?", proc)
+        elif (proc.info["name"] or "").startswith("postgres") and "_bench_k8s" in cmd:
+            add("postgres", proc)
+    for label, pid in labelled.items():
+        try:
+            parent = psutil.Process(pid)
+        except psutil.Error:
+            continue
+        for proc in [parent, *parent.children(recursive=True)]:
+            add(label, proc)
+    return dict(used)
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 1) for k in sorted(after, key=lambda k: -after[k])}
+
+
 def stages(watch: PodWatch, starts: dict[str, float], marks: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Where each job's time to bound went, p50/p99 per step: the platform's own steps (`marks`: when the job was
     admitted, when its Volcano job was created), then Volcano's (its controller makes the pod, its scheduler
@@ -395,18 +430,20 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     watch = PodWatch(admin_client)
     watch.start()
     stop_observing = threading.Event()
+    passes: list[tuple[float, float]] = []  # each observe pass: wall seconds, this thread's CPU seconds
 
     def observer() -> None:
         from django.db import close_old_connections
 
         every = float(os.environ.get("TRAINYARD_OBSERVE_EVERY_S", "2.0"))
         while not stop_observing.is_set():
-            began = time.monotonic()
+            began, cpu = time.monotonic(), time.thread_time()
             try:
                 observe_attempts()
             except Exception as exc:  # noqa: BLE001 - the next pass tries again, as beat's would
                 log(f"observe pass failed: {exc}")
             close_old_connections()
+            passes.append((time.monotonic() - began, time.thread_time() - cpu))
             stop_observing.wait(max(0.0, every - (time.monotonic() - began)))
 
     observing = threading.Thread(target=observer, daemon=True)
@@ -422,6 +459,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     starts: dict[str, float] = {}
     errors: list[str] = []
     headers = {"Authorization": f"Bearer {token}"}
+    platform_pids = dict(zip(("web", "worker", "dispatcher"), (c.pid for c in children), strict=True))
+    cpu_before = cpu_seconds(platform_pids)
     t0 = time.time()
     with httpx.Client(base_url=server.base_url, headers=headers, timeout=60) as http:
 
@@ -441,9 +480,19 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(starts)} jobs submitted in {submitted_s:.1f} s ({len(errors)} refused)")
     quiet = wait_quiet(watch, since=time.time(), quiet_s=QUIET_S, until=t0 + args.phase_limit_s)
     t_end = time.time()
+    cpu_after = cpu_seconds(platform_pids)
     stop_observing.set()
     observing.join(timeout=120)
     platform = phase_summary(watch, starts, t0)
+    walls = [w for w, _ in passes]
+    platform["cpu_s"] = {
+        **cpu_used(cpu_before, cpu_after),
+        "observe (this process)": round(sum(c for _, c in passes), 1),
+    }
+    platform["observe_passes"] = {
+        "n": len(passes), "wall_p50_s": percentile(walls, 50), "wall_max_s": round(max(walls, default=0.0), 2),
+        "cpu_p50_s": percentile([c for _, c in passes], 50),
+    }  # fmt: skip
     platform.update(
         completed=quiet,
         jobs_submitted=len(starts),
@@ -525,6 +574,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(made)} Volcano jobs of the platform deleted, pods gone in {time.monotonic() - t:.1f} s")
     watch.reset()
     floor_starts: dict[str, float] = {}
+    cpu_before = cpu_seconds({})
     t1 = time.time()
 
     def create(obj):
@@ -536,6 +586,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(copies)} Volcano jobs created directly in {time.time() - t1:.1f} s")
     quiet = wait_quiet(watch, since=time.time(), quiet_s=QUIET_S, until=t1 + args.phase_limit_s)
     floor = phase_summary(watch, floor_starts, t1)
+    floor["cpu_s"] = cpu_used(cpu_before, cpu_seconds({}))
     floor["stages"] = stages(watch, floor_starts, {})
     floor.update(completed=quiet, vcjobs_created=len(copies))
     log(f"floor: {floor}")
@@ -614,6 +665,7 @@ def print_table(r: dict) -> None:
     print(f"API requests per job {r['api_requests']['per_job']} (target <= {TARGETS['api_requests_per_job']}): "
           f"{'met' if r['met']['api_requests_per_job'] else 'NOT met'}")  # fmt: skip
     for phase in ("platform", "floor"):
+        print(f"{phase} CPU seconds: " + ", ".join(f"{k} {v}" for k, v in r[phase].get("cpu_s", {}).items()))
         steps = ", ".join(f"{k} {v['p50_s']}/{v['p99_s']}" for k, v in r[phase].get("stages", {}).items())
         print(f"{phase} steps p50/p99 (s): {steps}")
     print(f"load average {r['load_average']}, commit {r['commit'][:10]}\n")

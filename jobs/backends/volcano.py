@@ -98,6 +98,8 @@ PODS_REFUSED = "PodsRefused"
 VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
+PODGROUP_EVENT_PAGE_SIZE = 500
+PODGROUP_EVENT_PAGES = 10  # a namespace's Unschedulable PodGroup events: one per waiting job and message, kept 1 h
 NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
 RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
 # dataset_cache.DatasetError's reasons, and code_fetch's: an init container of the platform's that says why it failed
@@ -1134,6 +1136,7 @@ class _NamespaceContext:
         self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
         self._events: dict[str, list[JSON]] = {}
+        self._podgroup_events: dict[str, list[JSON]] | None = None
         self._fills: dict[str, JSON] | None = None
         self._fill_failures: dict[str, tuple[str, str]] = {}
 
@@ -1217,6 +1220,33 @@ class _NamespaceContext:
         phase = ((self.podgroup(job) or {}).get("status") or {}).get("phase") or ""
         return phase not in ("", "Pending")
 
+    def podgroup_events(self) -> dict[str, list[JSON]]:
+        """The scheduler's Unschedulable events on the namespace's PodGroups (where Volcano says why a job waits:
+        a queue's quota, an overused cluster) by PodGroup name, oldest first: one filtered list per pass, read in
+        pages, instead of one list per waiting job (each of which the API server answers by filtering all of the
+        namespace's events)."""
+        if self._podgroup_events is None:
+            found: dict[str, list[JSON]] = defaultdict(list)
+            token = None
+            for _ in range(PODGROUP_EVENT_PAGES):
+                page = self.backend._raw(
+                    "list_podgroup_events",
+                    self.backend.core.list_namespaced_event,
+                    self.namespace,
+                    field_selector="involvedObject.kind=PodGroup,reason=Unschedulable",
+                    limit=PODGROUP_EVENT_PAGE_SIZE,
+                    **({"_continue": token} if token else {}),
+                )
+                for event in page.get("items") or []:
+                    found[(event.get("involvedObject") or {}).get("name", "")].append(event)
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+            for items in found.values():
+                items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+            self._podgroup_events = dict(found)
+        return self._podgroup_events
+
     def explain_pending(self, job: JSON) -> str:
         """Why Volcano has not started the job: its PodGroup's Unschedulable condition; while it waits to be
         enqueued, the scheduler's events on the PodGroup too (read only then: an enqueued job's older quota events
@@ -1226,7 +1256,7 @@ class _NamespaceContext:
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
         podgroup = self.podgroup(job) or {}
         # The job controller's own PodGroupPending warnings on the job repeat the PodGroup's conditions.
-        mine = [] if self.enqueued(job) else self.events(pg_name)
+        mine = [] if self.enqueued(job) else self.podgroup_events().get(pg_name, [])
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
