@@ -512,6 +512,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         observed_running_p99_s=percentile(observed, 99),
     )
     platform["job_states"] = dict(Counter(Job.objects.values_list("state", flat=True)))
+    # Jobs the platform did not admit (whole cards left on no single node, when the cluster is full), and why.
+    platform["waiting_reasons"] = dict(Counter(Job.objects.filter(state="pending").values_list("reason", flat=True)))
     marks: dict[str, dict[str, float]] = {"admitted": {}, "vcjob_created": {}}
     # The job moves to starting once its Volcano job was created (the backend's submit returned).
     for job_id, to_state, at in JobEvent.objects.filter(to_state__in=("admitted", "starting")).values_list(

@@ -91,15 +91,20 @@ JOB_CRD = "jobs.batch.volcano.sh"
 # (how an image build finds its pod) exists from 1.27.
 MIN_KUBERNETES = (1, 29)
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
-# The reason of the warning event Volcano's job controller records on the Volcano job when the API server refuses
-# a pod it creates (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
-REFUSAL_REASONS = frozenset({"FailedCreate"})
 PODS_REFUSED = "PodsRefused"
 VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
-PODGROUP_EVENT_PAGE_SIZE = 500
-PODGROUP_EVENT_PAGES = 10  # a namespace's Unschedulable PodGroup events: one per waiting job and message, kept 1 h
+SELECTED_EVENT_PAGE_SIZE = 500
+SELECTED_EVENT_PAGES = 10  # one event per object and message (repeats are folded), kept an hour by the API server
+# Where Volcano's scheduler says why a job waits (a queue's quota, an overused cluster): events on its PodGroup.
+PODGROUP_WAITS = "involvedObject.kind=PodGroup,reason=Unschedulable"
+# The warning Volcano's job controller records on the Volcano job when the API server refuses a pod it creates
+# (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
+REFUSALS = (
+    f"involvedObject.kind=Job,involvedObject.apiVersion={render.JOB_API[0]}/{render.JOB_API[1]},"
+    "reason=FailedCreate,type=Warning"
+)
 NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
 RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
 # dataset_cache.DatasetError's reasons, and code_fetch's: an init container of the platform's that says why it failed
@@ -1136,7 +1141,7 @@ class _NamespaceContext:
         self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
         self._events: dict[str, list[JSON]] = {}
-        self._podgroup_events: dict[str, list[JSON]] | None = None
+        self._selected: dict[str, dict[str, list[JSON]]] = {}
         self._fills: dict[str, JSON] | None = None
         self._fill_failures: dict[str, tuple[str, str]] = {}
 
@@ -1220,21 +1225,20 @@ class _NamespaceContext:
         phase = ((self.podgroup(job) or {}).get("status") or {}).get("phase") or ""
         return phase not in ("", "Pending")
 
-    def podgroup_events(self) -> dict[str, list[JSON]]:
-        """The scheduler's Unschedulable events on the namespace's PodGroups (where Volcano says why a job waits:
-        a queue's quota, an overused cluster) by PodGroup name, oldest first: one filtered list per pass, read in
-        pages, instead of one list per waiting job (each of which the API server answers by filtering all of the
-        namespace's events)."""
-        if self._podgroup_events is None:
+    def selected_events(self, selector: str) -> dict[str, list[JSON]]:
+        """The namespace's events that `selector` (a field selector) picks, by the name of the object they are
+        about, oldest first: one list per selector per pass, read in pages, instead of one list per job (each of
+        which the API server answers by filtering all of the namespace's events)."""
+        if selector not in self._selected:
             found: dict[str, list[JSON]] = defaultdict(list)
             token = None
-            for _ in range(PODGROUP_EVENT_PAGES):
+            for _ in range(SELECTED_EVENT_PAGES):
                 page = self.backend._raw(
-                    "list_podgroup_events",
+                    "list_events",
                     self.backend.core.list_namespaced_event,
                     self.namespace,
-                    field_selector="involvedObject.kind=PodGroup,reason=Unschedulable",
-                    limit=PODGROUP_EVENT_PAGE_SIZE,
+                    field_selector=selector,
+                    limit=SELECTED_EVENT_PAGE_SIZE,
                     **({"_continue": token} if token else {}),
                 )
                 for event in page.get("items") or []:
@@ -1244,8 +1248,8 @@ class _NamespaceContext:
                     break
             for items in found.values():
                 items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-            self._podgroup_events = dict(found)
-        return self._podgroup_events
+            self._selected[selector] = dict(found)
+        return self._selected[selector]
 
     def explain_pending(self, job: JSON) -> str:
         """Why Volcano has not started the job: its PodGroup's Unschedulable condition; while it waits to be
@@ -1256,7 +1260,7 @@ class _NamespaceContext:
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
         podgroup = self.podgroup(job) or {}
         # The job controller's own PodGroupPending warnings on the job repeat the PodGroup's conditions.
-        mine = [] if self.enqueued(job) else self.podgroup_events().get(pg_name, [])
+        mine = [] if self.enqueued(job) else self.selected_events(PODGROUP_WAITS).get(pg_name, [])
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
@@ -1274,11 +1278,7 @@ class _NamespaceContext:
     def refusal(self, job: JSON) -> str:
         """Why the API server refused a pod Volcano tried to create for the job ('' when it refused none): the
         job controller records each refusal as a warning event on the Volcano job."""
-        said = [
-            str(e.get("message") or "")
-            for e in self.events(job["metadata"]["name"])
-            if e.get("reason") in REFUSAL_REASONS and (e.get("type") or "Warning") == "Warning"
-        ]
+        said = [str(e.get("message") or "") for e in self.selected_events(REFUSALS).get(job["metadata"]["name"], [])]
         return f"the cluster refused to create the job's pods: {said[-1]}" if said else ""
 
     def pods_preempted(self, job: JSON) -> bool:
