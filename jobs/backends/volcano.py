@@ -227,6 +227,18 @@ def config_from_settings() -> VolcanoConfig:
     return config
 
 
+# The Kubernetes client's API classes a backend instance builds; the client imports each on first use.
+API_CLASSES = ("CustomObjectsApi", "CoreV1Api", "NetworkingV1Api", "ApiextensionsV1Api", "BatchV1Api", "VersionApi")
+
+
+def preload() -> None:
+    """Import the client's API classes (about half a second of CPU, CoreV1Api most of it; seconds on a busy
+    machine), so that a worker's parent pays it once before forking its pool instead of every child at the first
+    start it is given, when a burst of admissions arrives."""
+    for name in API_CLASSES:
+        getattr(k8s, name)
+
+
 class VolcanoBackend:
     name = "volcano"
     # Starts of one batch run this many at once (jobs.start_attempts): each is a few API round trips.
