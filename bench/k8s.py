@@ -218,6 +218,61 @@ def phase_summary(watch: PodWatch, starts: dict[str, float], t0: float) -> dict[
     }
 
 
+def cpu_seconds(labelled: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the benchmark's cluster (each component, by process name), its
+    PostgreSQL backends and the platform's processes (`labelled`: a name for each parent pid, its children
+    counted with it). A phase's figure is the difference of two of these."""
+    import psutil
+
+    used: Counter = Counter()
+
+    def add(label: str, proc) -> None:
+        try:
+            times = proc.cpu_times()
+            used[label] += times.user + times.system
+        except psutil.Error:
+            pass
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(CLUSTER_DIR) in cmd and proc.pid != os.getpid():
+            add(proc.info["name"] or "?", proc)
+        elif (proc.info["name"] or "").startswith("postgres") and "_bench_k8s" in cmd:
+            add("postgres", proc)
+    for label, pid in labelled.items():
+        try:
+            parent = psutil.Process(pid)
+        except psutil.Error:
+            continue
+        for proc in [parent, *parent.children(recursive=True)]:
+            add(label, proc)
+    return dict(used)
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 1) for k in sorted(after, key=lambda k: -after[k])}
+
+
+def stages(watch: PodWatch, starts: dict[str, float], marks: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Where each job's time to bound went, p50/p99 per step: the platform's own steps (`marks`: when the job was
+    admitted, when its Volcano job was created), then Volcano's (its controller makes the pod, its scheduler
+    binds it)."""
+    first_pod: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    for pod, job in watch.job_of.items():
+        if pod in watch.created:
+            first_pod[job] = min(first_pod.get(job, float("inf")), watch.created[pod])
+        if pod in watch.bound:
+            bound[job] = max(bound.get(job, 0.0), watch.bound[pod])
+    points = {"submitted": starts, **marks, "pod_created": first_pod, "bound": bound}
+    names = list(points)
+    out: dict[str, Any] = {}
+    for a, b in zip(names, names[1:], strict=False):
+        gaps = [points[b][j] - points[a][j] for j in starts if j in points[a] and j in points[b]]
+        out[f"{a}_to_{b}"] = {"p50_s": percentile(gaps, 50), "p99_s": percentile(gaps, 99), "n": len(gaps)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.k8s", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the first 64 trace nodes")
@@ -375,18 +430,20 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     watch = PodWatch(admin_client)
     watch.start()
     stop_observing = threading.Event()
+    passes: list[tuple[float, float]] = []  # each observe pass: wall seconds, this thread's CPU seconds
 
     def observer() -> None:
         from django.db import close_old_connections
 
         every = float(os.environ.get("TRAINYARD_OBSERVE_EVERY_S", "2.0"))
         while not stop_observing.is_set():
-            began = time.monotonic()
+            began, cpu = time.monotonic(), time.thread_time()
             try:
                 observe_attempts()
             except Exception as exc:  # noqa: BLE001 - the next pass tries again, as beat's would
                 log(f"observe pass failed: {exc}")
             close_old_connections()
+            passes.append((time.monotonic() - began, time.thread_time() - cpu))
             stop_observing.wait(max(0.0, every - (time.monotonic() - began)))
 
     observing = threading.Thread(target=observer, daemon=True)
@@ -402,6 +459,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     starts: dict[str, float] = {}
     errors: list[str] = []
     headers = {"Authorization": f"Bearer {token}"}
+    platform_pids = dict(zip(("web", "worker", "dispatcher"), (c.pid for c in children), strict=True))
+    cpu_before = cpu_seconds(platform_pids)
     t0 = time.time()
     with httpx.Client(base_url=server.base_url, headers=headers, timeout=60) as http:
 
@@ -421,9 +480,19 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(starts)} jobs submitted in {submitted_s:.1f} s ({len(errors)} refused)")
     quiet = wait_quiet(watch, since=time.time(), quiet_s=QUIET_S, until=t0 + args.phase_limit_s)
     t_end = time.time()
+    cpu_after = cpu_seconds(platform_pids)
     stop_observing.set()
     observing.join(timeout=120)
     platform = phase_summary(watch, starts, t0)
+    walls = [w for w, _ in passes]
+    platform["cpu_s"] = {
+        **cpu_used(cpu_before, cpu_after),
+        "observe (this process)": round(sum(c for _, c in passes), 1),
+    }
+    platform["observe_passes"] = {
+        "n": len(passes), "wall_p50_s": percentile(walls, 50), "wall_max_s": round(max(walls, default=0.0), 2),
+        "cpu_p50_s": percentile([c for _, c in passes], 50),
+    }  # fmt: skip
     platform.update(
         completed=quiet,
         jobs_submitted=len(starts),
@@ -443,6 +512,16 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         observed_running_p99_s=percentile(observed, 99),
     )
     platform["job_states"] = dict(Counter(Job.objects.values_list("state", flat=True)))
+    # Jobs the platform did not admit (whole cards left on no single node, when the cluster is full), and why.
+    platform["waiting_reasons"] = dict(Counter(Job.objects.filter(state="pending").values_list("reason", flat=True)))
+    marks: dict[str, dict[str, float]] = {"admitted": {}, "vcjob_created": {}}
+    # The job moves to starting once its Volcano job was created (the backend's submit returned).
+    for job_id, to_state, at in JobEvent.objects.filter(to_state__in=("admitted", "starting")).values_list(
+        "job_id", "to_state", "at"
+    ):
+        mark = marks["admitted" if to_state == "admitted" else "vcjob_created"]
+        mark.setdefault(str(job_id), at.timestamp())
+    platform["stages"] = stages(watch, starts, marks)
     log(f"platform: {platform}")
     workers = children[-2:]  # the worker and the dispatcher
     for process in workers:
@@ -497,6 +576,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(made)} Volcano jobs of the platform deleted, pods gone in {time.monotonic() - t:.1f} s")
     watch.reset()
     floor_starts: dict[str, float] = {}
+    cpu_before = cpu_seconds({})
     t1 = time.time()
 
     def create(obj):
@@ -508,6 +588,8 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     log(f"{len(copies)} Volcano jobs created directly in {time.time() - t1:.1f} s")
     quiet = wait_quiet(watch, since=time.time(), quiet_s=QUIET_S, until=t1 + args.phase_limit_s)
     floor = phase_summary(watch, floor_starts, t1)
+    floor["cpu_s"] = cpu_used(cpu_before, cpu_seconds({}))
+    floor["stages"] = stages(watch, floor_starts, {})
     floor.update(completed=quiet, vcjobs_created=len(copies))
     log(f"floor: {floor}")
     watch.stop.set()
@@ -584,6 +666,10 @@ def print_table(r: dict) -> None:
           f"{'met' if r['met']['bind_overhead_pct'] else 'NOT met'}")  # fmt: skip
     print(f"API requests per job {r['api_requests']['per_job']} (target <= {TARGETS['api_requests_per_job']}): "
           f"{'met' if r['met']['api_requests_per_job'] else 'NOT met'}")  # fmt: skip
+    for phase in ("platform", "floor"):
+        print(f"{phase} CPU seconds: " + ", ".join(f"{k} {v}" for k, v in r[phase].get("cpu_s", {}).items()))
+        steps = ", ".join(f"{k} {v['p50_s']}/{v['p99_s']}" for k, v in r[phase].get("stages", {}).items())
+        print(f"{phase} steps p50/p99 (s): {steps}")
     print(f"load average {r['load_average']}, commit {r['commit'][:10]}\n")
 
 

@@ -2,7 +2,7 @@
 
 import structlog
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_before_create_process, worker_ready
 from django.db import DatabaseError
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -153,6 +153,18 @@ def _reconcile_on_worker_start(**_kwargs) -> None:
     except Exception:  # noqa: BLE001 - the broker may be down; beat's pass will do it
         log.warning("reconcile_on_start_not_sent")
     _check_cluster()
+
+
+@worker_before_create_process.connect
+def _preload_backend(**_kwargs) -> None:
+    # In the prefork parent, before each child is forked: the child inherits the Kubernetes client's imported API
+    # classes instead of importing them at its first start (a child's first start batch waited seconds for it).
+    from django.conf import settings
+
+    if settings.TRAINYARD_BACKEND == "volcano":
+        from jobs.backends import volcano
+
+        volcano.preload()
 
 
 def _check_cluster() -> None:

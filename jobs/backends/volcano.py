@@ -27,6 +27,7 @@ import json
 import math
 import os
 import random
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -90,13 +91,20 @@ JOB_CRD = "jobs.batch.volcano.sh"
 # (how an image build finds its pod) exists from 1.27.
 MIN_KUBERNETES = (1, 29)
 PREEMPTION_REASONS = frozenset({"Evict", "Preempted", "Preempting"})
-# The reason of the warning event Volcano's job controller records on the Volcano job when the API server refuses
-# a pod it creates (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
-REFUSAL_REASONS = frozenset({"FailedCreate"})
 PODS_REFUSED = "PodsRefused"
 VGPU_ASSIGNED_ANNOTATION = "volcano.sh/vgpu-ids-new"  # written by Volcano's scheduler (deviceshare, vGPU)
 EVENT_PAGE_SIZE = 200
 EVENT_PAGES = 5  # Kubernetes folds repeats of an event into one with a count: one object rarely fills a page
+SELECTED_EVENT_PAGE_SIZE = 500
+SELECTED_EVENT_PAGES = 10  # one event per object and message (repeats are folded), kept an hour by the API server
+# Where Volcano's scheduler says why a job waits (a queue's quota, an overused cluster): events on its PodGroup.
+PODGROUP_WAITS = "involvedObject.kind=PodGroup,reason=Unschedulable"
+# The warning Volcano's job controller records on the Volcano job when the API server refuses a pod it creates
+# (ResourceQuota, PodSecurity, a missing service account, an invalid spec).
+REFUSALS = (
+    f"involvedObject.kind=Job,involvedObject.apiVersion={render.JOB_API[0]}/{render.JOB_API[1]},"
+    "reason=FailedCreate,type=Warning"
+)
 NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
 RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
 # dataset_cache.DatasetError's reasons, and code_fetch's: an init container of the platform's that says why it failed
@@ -219,6 +227,18 @@ def config_from_settings() -> VolcanoConfig:
     return config
 
 
+# The Kubernetes client's API classes a backend instance builds; the client imports each on first use.
+API_CLASSES = ("CustomObjectsApi", "CoreV1Api", "NetworkingV1Api", "ApiextensionsV1Api", "BatchV1Api", "VersionApi")
+
+
+def preload() -> None:
+    """Import the client's API classes (about half a second of CPU, CoreV1Api most of it; seconds on a busy
+    machine), so that a worker's parent pays it once before forking its pool instead of every child at the first
+    start it is given, when a burst of admissions arrives."""
+    for name in API_CLASSES:
+        getattr(k8s, name)
+
+
 class VolcanoBackend:
     name = "volcano"
     # Starts of one batch run this many at once (jobs.start_attempts): each is a few API round trips.
@@ -238,6 +258,7 @@ class VolcanoBackend:
         self.batch = k8s.BatchV1Api(api_client)
         self._volcano_version: tuple[int, int] | None = None
         self._cluster_checked = False
+        self._cluster_check_lock = threading.Lock()  # a start batch's threads check once, not once each
         self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
 
     @classmethod
@@ -317,7 +338,9 @@ class VolcanoBackend:
 
     def submit(self, desc: AttemptDescription) -> str:
         if not self._cluster_checked:
-            self.cluster_check()
+            with self._cluster_check_lock:
+                if not self._cluster_checked:
+                    self.cluster_check()
         nodes = sorted({d.node for d in desc.devices if d.node})
         node_labels = self._node_labels(nodes) if desc.replicas > 1 else {}
         manifest = render.render_job(desc, self.config.render, node_labels=node_labels)
@@ -680,8 +703,9 @@ class VolcanoBackend:
                 if _age_s(pod, now) >= self.config.start_timeout_s:
                     return Observation(phase="failed", reason="Unschedulable", message=detail[:1000])
                 return Observation(phase="pending", message=detail[:1000])
-        if len(pods) < _replicas(job):
-            # Volcano creates the pods; a pod the API server refused shows only as an event on the Volcano job.
+        if len(pods) < _replicas(job) and (context.enqueued(job) or context.podgroup(job) is None):
+            # Volcano creates the pods (once enqueued); a pod the API server refused shows only as an event on the
+            # Volcano job.
             refused = context.refusal(job)
             if refused:
                 return Observation(phase="failed", reason=PODS_REFUSED, message=refused[:1000])
@@ -1129,6 +1153,7 @@ class _NamespaceContext:
         self.nodes = nodes
         self._podgroups: dict[str, JSON] | None = None
         self._events: dict[str, list[JSON]] = {}
+        self._selected: dict[str, dict[str, list[JSON]]] = {}
         self._fills: dict[str, JSON] | None = None
         self._fill_failures: dict[str, tuple[str, str]] = {}
 
@@ -1201,17 +1226,57 @@ class _NamespaceContext:
             found += self._events[name]
         return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
+    def podgroup(self, job: JSON) -> JSON | None:
+        """The job's PodGroup (Volcano names it `<job>-<uid>`), None before its controller made it."""
+        meta = job["metadata"]
+        return self.podgroups().get(f"{meta['name']}-{meta.get('uid', '')}")
+
+    def enqueued(self, job: JSON) -> bool:
+        """Whether Volcano's scheduler let the job into its queue (PodGroup past Pending). Its controller creates
+        the pods only then, so before it no pod can have been refused, and a queue's quota holds it no longer."""
+        phase = ((self.podgroup(job) or {}).get("status") or {}).get("phase") or ""
+        return phase not in ("", "Pending")
+
+    def selected_events(self, selector: str) -> dict[str, list[JSON]]:
+        """The namespace's events that `selector` (a field selector) picks, by the name of the object they are
+        about, oldest first: one list per selector per pass, read in pages, instead of one list per job (each of
+        which the API server answers by filtering all of the namespace's events)."""
+        if selector not in self._selected:
+            found: dict[str, list[JSON]] = defaultdict(list)
+            token = None
+            for _ in range(SELECTED_EVENT_PAGES):
+                page = self.backend._raw(
+                    "list_events",
+                    self.backend.core.list_namespaced_event,
+                    self.namespace,
+                    field_selector=selector,
+                    limit=SELECTED_EVENT_PAGE_SIZE,
+                    **({"_continue": token} if token else {}),
+                )
+                for event in page.get("items") or []:
+                    found[(event.get("involvedObject") or {}).get("name", "")].append(event)
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+            for items in found.values():
+                items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+            self._selected[selector] = dict(found)
+        return self._selected[selector]
+
     def explain_pending(self, job: JSON) -> str:
-        """Why Volcano has not started the job: scheduler events on its PodGroup, then its conditions."""
+        """Why Volcano has not started the job: its PodGroup's Unschedulable condition; while it waits to be
+        enqueued, the scheduler's events on the PodGroup too (read only then: an enqueued job's older quota events
+        no longer hold it, and a pass would otherwise list events for every job being bound)."""
         meta = job["metadata"]
         queue = (job.get("spec") or {}).get("queue", "")
         pg_name = f"{meta['name']}-{meta.get('uid', '')}"
-        mine = self.events(pg_name, meta["name"])
+        podgroup = self.podgroup(job) or {}
+        # The job controller's own PodGroupPending warnings on the job repeat the PodGroup's conditions.
+        mine = [] if self.enqueued(job) else self.selected_events(PODGROUP_WAITS).get(pg_name, [])
         messages = [str(e.get("message") or "") for e in mine]
         for wanted in QUEUE_SCALE_MESSAGES:
             if any(wanted in m for m in messages):
                 return f"waiting in Volcano queue {queue}: {wanted}"
-        podgroup = self.podgroups().get(pg_name) or {}
         for condition in (podgroup.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
                 return f"waiting in Volcano queue {queue}: {condition.get('message') or condition.get('reason')}"
@@ -1225,11 +1290,7 @@ class _NamespaceContext:
     def refusal(self, job: JSON) -> str:
         """Why the API server refused a pod Volcano tried to create for the job ('' when it refused none): the
         job controller records each refusal as a warning event on the Volcano job."""
-        said = [
-            str(e.get("message") or "")
-            for e in self.events(job["metadata"]["name"])
-            if e.get("reason") in REFUSAL_REASONS and (e.get("type") or "Warning") == "Warning"
-        ]
+        said = [str(e.get("message") or "") for e in self.selected_events(REFUSALS).get(job["metadata"]["name"], [])]
         return f"the cluster refused to create the job's pods: {said[-1]}" if said else ""
 
     def pods_preempted(self, job: JSON) -> bool:
