@@ -571,7 +571,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
         # The bases are pulled first, as the build's user with the network; the build then runs with none.
         for source in _pull_sources(containerfile):
             _append(build, f"$ podman pull --tls-verify=false {source}\n")
-            with _registry_auth(who, context, host) as auth:
+            with _registry_auth(who, context, host, build) as auth:
                 result = _run(who.podman("pull", "--tls-verify=false", *auth, "--quiet", source))
             _append(build, result.stdout)
             if result.returncode != 0:
@@ -596,7 +596,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
             destinations.append(f"{target}:inputs-{inputs_key(image, layout)}")
         for destination in destinations:
             _append(build, f"$ podman push --tls-verify=false {destination}\n")
-            with _registry_auth(who, context, host) as auth:
+            with _registry_auth(who, context, host, build) as auth:
                 result = _run(
                     who.podman("push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), local, destination)
                 )
@@ -741,12 +741,13 @@ def _registry_check(build: ImageBuild) -> None:
 
 
 @contextlib.contextmanager
-def _registry_auth(who, context: Path, host: str):
+def _registry_auth(who, context: Path, host: str, build: ImageBuild):
     """`--authfile FILE` for one pull or push at the platform's registry: the file (0600, the build's user's) holds
-    its credentials only while that step runs, beside the context, so the build step itself never has it."""
+    the build's own credential (push to its repository alone, pull what its team may; registry.build_credential)
+    only while that step runs, beside the context, so the build step itself never has it."""
     path = context.parent / f"{context.name}.auth.json"
     try:
-        if not registry.write_authfile(path, host):
+        if not registry.write_authfile(path, host, _build_credential(build)):
             yield []
             return
         if who.isolated:
@@ -754,6 +755,12 @@ def _registry_auth(who, context: Path, host: str):
         yield ["--authfile", str(path)]
     finally:
         path.unlink(missing_ok=True)
+
+
+def _build_credential(build: ImageBuild) -> tuple[str, str] | None:
+    image = build.image
+    team = None if isinstance(image, BaseImage) else image.team.slug
+    return registry.build_credential(build_id=build.pk, repository=repository_of(image), team=team)
 
 
 def _pull_sources(containerfile: str) -> list[str]:

@@ -489,6 +489,14 @@ TRAINYARD_REGISTRY_BINARY = env.str("TRAINYARD_REGISTRY_BINARY", default="docker
 # platform's own processes hold them: builds get them in a file for their pull and push steps alone, jobs never.
 TRAINYARD_REGISTRY_USERNAME = env.str("TRAINYARD_REGISTRY_USERNAME", default="")
 TRAINYARD_REGISTRY_PASSWORD = env.str("TRAINYARD_REGISTRY_PASSWORD", default="")
+# The token service's signing key (images/registry_tokens.py; the embedded registry's is var/registry-token.key).
+# Set, the platform hands out scoped credentials: a team's jobs pull only their team's images and the shared
+# bases, a build pushes only to its own repository. Unset (an external registry the platform does not control),
+# builds get the user and password above, and the registry itself keeps no team from another's images.
+TRAINYARD_REGISTRY_TOKEN_KEY = env.str("TRAINYARD_REGISTRY_TOKEN_KEY", default="")
+# How long a build's push credential works from when it is handed out (a Kubernetes build holds it for its whole
+# Job, a local build gets a fresh one for each pull and push).
+TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S = env.int("TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S", default=0)
 TRAINYARD_REGISTRY_TIMEOUT_S = env.float("TRAINYARD_REGISTRY_TIMEOUT_S", default=5.0)
 TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
@@ -496,6 +504,7 @@ TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR 
 # Live (unrevoked, unexpired) API tokens one user may hold.
 TRAINYARD_MAX_TOKENS_PER_USER = env.int("TRAINYARD_MAX_TOKENS_PER_USER", default=50)
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S = TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S or TRAINYARD_BUILD_TIMEOUT_S + 600
 # A local build step's memory (MiB, swap included), CPU (milli-CPUs) and processes, held by a control group around
 # its whole process tree (images/build_limits.py); `auto` takes what the machine offers (cgroup2, cgroup1), `off`
 # bounds it in time only.
