@@ -70,9 +70,7 @@ def ensure_key(key_path: Path) -> Path:
         key_path.chmod(0o600)
         return crt
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainyard registry token signer")])
     now = datetime.now(UTC)
     cert = (
@@ -195,9 +193,8 @@ def allowed(holder: Holder, kind: str, name: str, actions: list[str]) -> list[st
         return []  # the catalog (`registry:catalog:*`) is the platform's alone
     out = []
     for action in actions:
-        if action == "pull" and may_pull(holder, name):
-            out.append(action)
-        elif action == "push" and holder.push and name == holder.push:
+        pull = action == "pull" and may_pull(holder, name)
+        if pull or (action == "push" and holder.push and name == holder.push):
             out.append(action)
     return out
 

@@ -623,6 +623,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
 def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[dict]:
     """The build as a ConfigMap and a rootless BuildKit Job that push `<registry>/<repository>:b<id>`."""
     containerfile, files, _ = render_build(build)
+    credential = _build_credential(build)
     return k8s_build.render_build_job(
         build_id=build.pk,
         containerfile=containerfile,
@@ -631,6 +632,7 @@ def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[d
         namespace=namespace or settings.TRAINYARD_K8S_BUILD_NAMESPACE,
         insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
         timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
+        push_auth=registry.docker_config(registry.platform_registry(), credential) if credential else "",
     )
 
 

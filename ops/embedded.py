@@ -545,6 +545,8 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
         raise ServiceError("the docker-registry program is missing: apt-get install docker-registry")
     storage = var / "registry"
     storage.mkdir(parents=True, exist_ok=True)
+    # Its blobs are every team's layers: var/ lets others through (0711 as root), so the folder itself is closed.
+    storage.chmod(0o700)
     (port,) = kept_ports(var, "registry", 1)
     (token_port,) = kept_ports(var, "registry-tokens", 1)
     user, password = registry_credentials(var)

@@ -5,6 +5,7 @@ wrong password gets no token; an expired or foreign token is refused."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -76,10 +77,10 @@ def service() -> tuple[str, str]:
 
 @pytest.fixture
 def images(token_registry):
-    """trainyard/alpha/app:1, trainyard/beta/secret:1 and the shared trainyard/base/shared:1, pushed by the
+    """trainyard/amber/app:1, trainyard/cobalt/secret:1 and the shared trainyard/base/shared:1, pushed by the
     platform's own credential."""
     url = token_registry
-    for repository in ("trainyard/alpha/app", "trainyard/beta/secret", "trainyard/base/shared"):
+    for repository in ("trainyard/amber/app", "trainyard/cobalt/secret", "trainyard/base/shared"):
         pushed = push_image(url, bearer(url, service(), f"repository:{repository}:pull,push"), repository, "1")
         assert pushed.status_code == 201, pushed.text
     return url
@@ -92,22 +93,22 @@ def manifest_status(url: str, credential: tuple[str, str], repository: str) -> i
 
 
 def test_a_teams_credential_pulls_its_own_images_and_the_shared_bases_and_the_registry_refuses_another_teams(images):
-    alpha, beta = registry.team_credential("alpha"), registry.team_credential("beta")
-    assert alpha[0] == "team.alpha" and beta[0] == "team.beta"
-    assert manifest_status(images, alpha, "trainyard/alpha/app") == 200
-    assert manifest_status(images, alpha, "trainyard/base/shared") == 200
-    assert manifest_status(images, beta, "trainyard/base/shared") == 200
-    assert manifest_status(images, beta, "trainyard/beta/secret") == 200
+    amber, cobalt = registry.team_credential("amber"), registry.team_credential("cobalt")
+    assert amber[0] == "team.amber" and cobalt[0] == "team.cobalt"
+    assert manifest_status(images, amber, "trainyard/amber/app") == 200
+    assert manifest_status(images, amber, "trainyard/base/shared") == 200
+    assert manifest_status(images, cobalt, "trainyard/base/shared") == 200
+    assert manifest_status(images, cobalt, "trainyard/cobalt/secret") == 200
     # The token is issued (with no action on that repository); the registry itself says no.
-    assert manifest_status(images, beta, "trainyard/alpha/app") == 401
-    assert manifest_status(images, alpha, "trainyard/beta/secret") == 401
+    assert manifest_status(images, cobalt, "trainyard/amber/app") == 401
+    assert manifest_status(images, amber, "trainyard/cobalt/secret") == 401
     # Nor by a name that merely starts like it, nor the catalog (the platform's alone).
-    assert manifest_status(images, registry.team_credential("alph"), "trainyard/alpha/app") == 401
-    catalog = httpx.get(f"{images}/v2/_catalog", headers=bearer(images, alpha, "registry:catalog:*"), timeout=10)
+    assert manifest_status(images, registry.team_credential("ambe"), "trainyard/amber/app") == 401
+    catalog = httpx.get(f"{images}/v2/_catalog", headers=bearer(images, amber, "registry:catalog:*"), timeout=10)
     assert catalog.status_code == 401
     # A team's credential never pushes, not even to its own repository.
-    pushed = push_image(images, bearer(images, alpha, "repository:trainyard/alpha/app:pull,push"),
-                        "trainyard/alpha/app", "2")  # fmt: skip
+    pushed = push_image(images, bearer(images, amber, "repository:trainyard/amber/app:pull,push"),
+                        "trainyard/amber/app", "2")  # fmt: skip
     assert pushed.status_code == 401
 
 
@@ -121,33 +122,33 @@ def test_podman_pulls_with_a_teams_credential_only_what_that_team_may(images, bu
         return podman(build_root, "pull", "--tls-verify=false", "--authfile", str(authfile), "--quiet",
                       f"{host}/{repository}:1")  # fmt: skip
 
-    for team, repository in (("alpha", "trainyard/alpha/app"), ("beta", "trainyard/base/shared")):
+    for team, repository in (("amber", "trainyard/amber/app"), ("cobalt", "trainyard/base/shared")):
         pulled = pull(team, repository)
         assert pulled.returncode == 0, pulled.stderr
-    refused = pull("beta", "trainyard/alpha/app")
+    refused = pull("cobalt", "trainyard/amber/app")
     assert refused.returncode != 0 and "unauthorized" in refused.stderr.lower(), refused.stderr
 
 
 def test_a_builds_credential_pushes_to_its_own_repository_only(images):
-    credential = registry.build_credential(build_id=7, repository="trainyard/alpha/model", team="alpha")
+    credential = registry.build_credential(build_id=7, repository="trainyard/amber/model", team="amber")
     assert credential[0] == "build.7"
-    own = push_image(images, bearer(images, credential, "repository:trainyard/alpha/model:pull,push"),
-                     "trainyard/alpha/model", "b7")  # fmt: skip
+    own = push_image(images, bearer(images, credential, "repository:trainyard/amber/model:pull,push"),
+                     "trainyard/amber/model", "b7")  # fmt: skip
     assert own.status_code == 201, own.text
-    for other in ("trainyard/beta/secret", "trainyard/alpha/app", "trainyard/base/shared", "upstream/tiny"):
+    for other in ("trainyard/cobalt/secret", "trainyard/amber/app", "trainyard/base/shared", "upstream/tiny"):
         refused = push_image(images, bearer(images, credential, f"repository:{other}:pull,push"), other, "evil")
         assert refused.status_code == 401, (other, refused.status_code)
     # What it builds on: its team's images and the shared bases, never another team's.
-    assert manifest_status(images, credential, "trainyard/alpha/app") == 200
+    assert manifest_status(images, credential, "trainyard/amber/app") == 200
     assert manifest_status(images, credential, "trainyard/base/shared") == 200
-    assert manifest_status(images, credential, "trainyard/beta/secret") == 401
+    assert manifest_status(images, credential, "trainyard/cobalt/secret") == 401
 
 
 def test_a_wrong_password_an_expired_build_credential_or_no_credential_gets_no_token(token_registry):
     url = token_registry
-    scope = "repository:trainyard/alpha/app:pull"
-    user, password = registry.team_credential("alpha")
-    for credential in [(user, password + "x"), ("team.beta", password), (service()[0], "wrong"), ("build.1", "a.b")]:
+    scope = "repository:trainyard/amber/app:pull"
+    user, password = registry.team_credential("amber")
+    for credential in [(user, password + "x"), ("team.cobalt", password), (service()[0], "wrong"), ("build.1", "a.b")]:
         answer = token_for(url, credential, scope)
         assert answer.status_code == 401 and answer.json()["code"] == "registry_credentials_invalid", credential
         assert "token" not in answer.json()
@@ -155,21 +156,21 @@ def test_a_wrong_password_an_expired_build_credential_or_no_credential_gets_no_t
     anonymous = httpx.get(params["realm"], params={"service": params["service"], "scope": scope}, timeout=10)
     assert anonymous.status_code == 401 and anonymous.json()["code"] == "registry_credentials_missing"
     expired = registry_tokens.build_credential(settings.TRAINYARD_REGISTRY_TOKEN_KEY, build_id=3,
-                                               repository="trainyard/alpha/app", team="alpha", ttl_s=-1)  # fmt: skip
+                                               repository="trainyard/amber/app", team="amber", ttl_s=-1)  # fmt: skip
     answer = token_for(url, expired, scope)
     assert answer.status_code == 401 and answer.json()["code"] == "registry_credentials_expired"
     # The build's repository is signed into its password: changing it breaks the signature.
-    user, password = registry.build_credential(build_id=3, repository="trainyard/alpha/app", team="alpha")
+    user, password = registry.build_credential(build_id=3, repository="trainyard/amber/app", team="amber")
     body, _, mac = password.rpartition(".")
-    forged = registry_tokens._b64(json.dumps({"r": "trainyard/beta/secret", "t": "beta", "e": 2**40}).encode())
+    forged = registry_tokens._b64(json.dumps({"r": "trainyard/cobalt/secret", "t": "cobalt", "e": 2**40}).encode())
     assert token_for(url, (user, f"{forged}.{mac}"), scope).status_code == 401
 
 
 def test_the_registry_refuses_an_expired_token_and_one_signed_by_another_key(images, tmp_path):
     key = settings.TRAINYARD_REGISTRY_TOKEN_KEY
-    holder = registry_tokens.Holder(subject="team.alpha", team="alpha")
-    scope = ["repository:trainyard/alpha/app:pull"]
-    path = f"{images}/v2/trainyard/alpha/app/manifests/1"
+    holder = registry_tokens.Holder(subject="team.amber", team="amber")
+    scope = ["repository:trainyard/amber/app:pull"]
+    path = f"{images}/v2/trainyard/amber/app/manifests/1"
 
     def status(token: str) -> int:
         return httpx.get(path, headers={"Authorization": f"Bearer {token}", "Accept": MANIFEST_TYPE},
@@ -188,3 +189,19 @@ def test_the_signing_key_is_private_and_the_registry_config_names_its_certificat
     key = Path(settings.TRAINYARD_REGISTRY_TOKEN_KEY)
     assert key.stat().st_mode & 0o077 == 0
     assert registry_tokens.cert_path(key).read_text().startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_the_web_route_issues_the_same_tokens_for_a_registry_pointed_at_the_platform(images, client):
+    """/registry/token on the platform's web server (for a registry an operator runs with `auth: token`)."""
+    amber = registry.team_credential("amber")
+    scope = {"service": registry_tokens.SERVICE, "scope": "repository:trainyard/amber/app:pull"}
+    basic = "Basic " + base64.b64encode(f"{amber[0]}:{amber[1]}".encode()).decode()
+    answer = client.get("/registry/token", scope, HTTP_AUTHORIZATION=basic)
+    assert answer.status_code == 200
+    headers = {"Authorization": f"Bearer {answer.json()['token']}", "Accept": MANIFEST_TYPE}
+    assert httpx.get(f"{images}/v2/trainyard/amber/app/manifests/1", headers=headers, timeout=10).status_code == 200
+    wrong = client.get("/registry/token", scope, HTTP_AUTHORIZATION=basic[:-4] + "AAA=")
+    assert wrong.status_code == 401 and wrong.json()["code"] == "registry_credentials_invalid"
+    assert wrong["WWW-Authenticate"].startswith("Basic ")
+    other = client.get("/registry/token", {**scope, "service": "elsewhere"}, HTTP_AUTHORIZATION=basic)
+    assert other.status_code == 400 and other.json()["code"] == "registry_service_unknown"

@@ -29,6 +29,23 @@ def test_every_object_validates(version):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+@pytest.mark.parametrize("version", ["1.29", kubernetes_validate.latest_version()])
+def test_the_teams_registry_pull_secret_validates_and_a_changed_credential_is_drift(version):
+    config = '{"auths": {"registry.local": {"username": "team.vision", "password": "p"}}}'
+    rendered = tn.render_team_namespace(TEAM, sharing="whole", shared_resource="nvidia.com/gpu.shared",
+                                        service_account="trainyard", system_namespace="trainyard",
+                                        pull_config=config)  # fmt: skip
+    secret = rendered[-1]
+    kubernetes_validate.validate(secret, version, strict=True)
+    assert (secret["kind"], secret["metadata"]["name"], secret["type"]) == (
+        "Secret", tn.PULL_SECRET, "kubernetes.io/dockerconfigjson",
+    )  # fmt: skip
+    assert tn.drifted(secret, secret) == []
+    other = tn.render_pull_secret(TEAM, config.replace('"p"', '"q"'))
+    assert tn.drifted(secret, other) == ["data"]
+    assert [o["kind"] for o in objects()].count("Secret") == 0  # no token service: no Secret
+
+
 def test_the_quota_follows_the_team_and_the_sharing_provider():
     whole = objects("whole")[1]["spec"]["hard"]
     assert (whole["requests.nvidia.com/gpu"], whole["requests.nvidia.com/gpu.shared"]) == ("2", "10")
