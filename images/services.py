@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import structlog
 from django.conf import settings
@@ -197,6 +198,7 @@ def base_image_define(*, name: str, containerfile: str, user=None, **facts: Any)
         raise ValidationFailed("a base image needs a Containerfile", code="empty_containerfile", field="containerfile")
     if not FROM_LINE.search(containerfile):
         raise ValidationFailed("the Containerfile has no FROM line", code="containerfile_without_from")
+    check_build_hosts(containerfile)
     with transaction.atomic():
         existing = BaseImage.objects.select_for_update().filter(name=name).first()
         if existing is None and BaseImage.objects.count() >= settings.TRAINYARD_MAX_BASE_IMAGES:
@@ -212,6 +214,55 @@ def base_image_define(*, name: str, containerfile: str, user=None, **facts: Any)
         image.full_clean(exclude=["reference", "digest"])
         image.save()
     return image
+
+
+def _endpoint(host: str, default_port: int) -> str:
+    """`host:port` as the allow-list writes it: lowercase, the port spelled out."""
+    host = host.lower()
+    if host.startswith("["):  # [v6]:port
+        return host if "]:" in host else f"{host}:{default_port}"
+    return host if ":" in host else f"{host}:{default_port}"
+
+
+def build_host_allowed(endpoint: str) -> bool:
+    """A build may reach the platform's own registry and what TRAINYARD_BUILD_ALLOWED_HOSTS names."""
+    mine = registry.platform_registry()
+    return endpoint in settings.TRAINYARD_BUILD_ALLOWED_HOSTS or bool(mine and endpoint == _endpoint(mine, 443))
+
+
+def check_build_hosts(containerfile: str) -> None:
+    """Every host a build would reach on its own, a FROM on another registry (`docker.io` when no host is written)
+    and an ADD <url>, is the platform's registry or an admin-allowed `host:port` (TRAINYARD_BUILD_ALLOWED_HOSTS);
+    400 `build_host_not_allowed` otherwise."""
+    stages: set[str] = set()
+    reached: list[tuple[str, str]] = []
+    for match in FROM_LINE.finditer(containerfile):
+        image = match.group("image")
+        if image.lower() not in stages and image.lower() != "scratch" and _catalog_base(image) is None:
+            host = registry.parse(image).host
+            reached.append((f"FROM {image}", _endpoint("registry-1.docker.io" if host == "docker.io" else host, 443)))
+        alias = ALIAS.search(match.group("rest") or "")
+        if alias:
+            stages.add(alias.group(1).lower())
+    for match in ADD_LINE.finditer(containerfile):
+        words = [w for w in match.group("args").split() if not w.startswith("--")]
+        for word in words[:-1]:
+            url = urlparse(word)
+            if url.scheme in ("http", "https") and url.hostname:
+                port = url.port or (443 if url.scheme == "https" else 80)
+                host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+                reached.append((f"ADD {word}", f"{host.lower()}:{port}"))
+            elif "://" in word or word.startswith("git@"):
+                reached.append((f"ADD {word}", word))
+    for what, endpoint in reached:
+        if not build_host_allowed(endpoint):
+            allowed = ", ".join(settings.TRAINYARD_BUILD_ALLOWED_HOSTS) or "none but the platform's registry"
+            raise ValidationFailed(
+                f"{what}: a build may reach only the hosts an admin allows (TRAINYARD_BUILD_ALLOWED_HOSTS: "
+                f"{allowed}); {endpoint} is not one of them",
+                code="build_host_not_allowed",
+                field="containerfile",
+            )
 
 
 def _catalog_base(image: str) -> BaseImage | None:
@@ -277,12 +328,15 @@ def check_sources(containerfile: str, *, stages: set[str], count: int) -> None:
     for match in ADD_LINE.finditer(containerfile):
         words = [w for w in match.group("args").split() if not w.startswith("--")]
         if any("://" in w or w.startswith("git@") for w in words[:-1]):
-            raise ValidationFailed(
-                "ADD <url>: a build fetches nothing from URLs; put the file in the image's context (or download it "
-                "in a RUN step where the platform's build network allows)",
-                code="add_url_not_allowed",
-                field="containerfile",
-            )
+            try:
+                check_build_hosts(match.group(0))
+            except ValidationFailed:
+                raise ValidationFailed(
+                    "ADD <url>: a build fetches only from the hosts an admin allows (TRAINYARD_BUILD_ALLOWED_HOSTS); "
+                    "put the file in the image's context instead",
+                    code="add_url_not_allowed",
+                    field="containerfile",
+                ) from None
 
 
 def project_image_define(
@@ -401,6 +455,7 @@ def render_build(build: ImageBuild) -> tuple[str, dict[str, str], str]:
     and the base digest it builds on ("" for a base image)."""
     image = build.image
     if isinstance(image, BaseImage):
+        check_build_hosts(image.containerfile)  # the allow-list may have changed since it was defined
         return image.containerfile, {}, ""
     base = image.base
     if not base.digest or not base.reference:

@@ -1,5 +1,6 @@
 """Django settings, read from the environment (see `.env.example`) with safe local defaults."""
 
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -530,6 +531,14 @@ TRAINYARD_SCAN_FEED_MAX_AGE_S = env.float("TRAINYARD_SCAN_FEED_MAX_AGE_S", defau
 TRAINYARD_BUILD_NETWORK = env.str("TRAINYARD_BUILD_NETWORK", default="none")
 if TRAINYARD_BUILD_NETWORK not in ("none", "outbound"):
     raise ValueError("TRAINYARD_BUILD_NETWORK must be 'none' or 'outbound'")
+# The hosts a build may reach on its own besides the platform's registry (docs/security.md, "Build hosts"):
+# `host:port` pairs, e.g. `registry-1.docker.io:443,deb.debian.org:80`. A base image's FROM on another registry
+# (Docker Hub is registry-1.docker.io:443) and an ADD <url> must name one; anything else is 400
+# `build_host_not_allowed` (`add_url_not_allowed` in a project image). Empty: the platform's registry only.
+TRAINYARD_BUILD_ALLOWED_HOSTS = [h.strip().lower() for h in env.list("TRAINYARD_BUILD_ALLOWED_HOSTS", default=[])]
+for _host in TRAINYARD_BUILD_ALLOWED_HOSTS:
+    if not re.fullmatch(r"(?:\[[0-9a-f:.]+\]|[a-z0-9]([a-z0-9.-]*[a-z0-9])?):[0-9]{1,5}", _host):
+        raise ValueError(f"TRAINYARD_BUILD_ALLOWED_HOSTS: {_host!r} is not host:port")
 TRAINYARD_BUILD_REGISTRY_RETRY_S = env.float("TRAINYARD_BUILD_REGISTRY_RETRY_S", default=30.0)
 TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", default=20)
 # Where builds run: `podman` on the worker, or `kubernetes`: a rootless BuildKit Job per build in
