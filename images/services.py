@@ -455,7 +455,6 @@ def render_build(build: ImageBuild) -> tuple[str, dict[str, str], str]:
     and the base digest it builds on ("" for a base image)."""
     image = build.image
     if isinstance(image, BaseImage):
-        check_build_hosts(image.containerfile)  # the allow-list may have changed since it was defined
         return image.containerfile, {}, ""
     base = image.base
     if not base.digest or not base.reference:
@@ -595,6 +594,11 @@ def _build_run(*, build_id: int) -> ImageBuild:
             client.ping()
     except registry.RegistryError as exc:
         _wait(build, str(exc))
+    if isinstance(image, BaseImage) and not build.containerfile:  # not started yet (a cluster build's Job: not made)
+        try:
+            check_build_hosts(image.containerfile)  # the allow-list may have shrunk since the image was defined
+        except ValidationFailed as exc:
+            return _finish(build, ok=False, message=f"{exc.detail}\n")
     host = registry.platform_registry()
     repository = repository_of(image)
     target = f"{host}/{repository}"

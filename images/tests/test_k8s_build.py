@@ -109,6 +109,7 @@ def push_as_buildkit(build_root, build, cluster) -> str:
     digestfile = build_root / f"digest-{build.pk}"
     auth = auth_args(build_root, registry.platform_registry())
     secret = cluster.try_get("secrets", job_name(build), "builds")
+    assert (secret is not None) == bool(settings.TRAINYARD_REGISTRY_TOKEN_KEY)
     if secret is not None:
         data = secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
         authfile = build_root / f"push-{build.pk}.json"
