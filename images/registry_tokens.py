@@ -194,7 +194,9 @@ def allowed(holder: Holder, kind: str, name: str, actions: list[str]) -> list[st
     out = []
     for action in actions:
         pull = action == "pull" and may_pull(holder, name)
-        if pull or (action == "push" and holder.push and name == holder.push):
+        # A team's build never writes the shared bases, even a team whose slug is the shared folder's name.
+        shared = holder.team is not None and name.startswith(SHARED_PREFIX)
+        if pull or (action == "push" and holder.push and name == holder.push and not shared):
             out.append(action)
     return out
 

@@ -138,6 +138,11 @@ def test_a_builds_credential_pushes_to_its_own_repository_only(images):
     for other in ("trainyard/cobalt/secret", "trainyard/amber/app", "trainyard/base/shared", "upstream/tiny"):
         refused = push_image(images, bearer(images, credential, f"repository:{other}:pull,push"), other, "evil")
         assert refused.status_code == 401, (other, refused.status_code)
+    # A team whose slug is the shared folder's name does not get to overwrite a shared base.
+    base_team = registry.build_credential(build_id=8, repository="trainyard/base/shared", team="base")
+    refused = push_image(images, bearer(images, base_team, "repository:trainyard/base/shared:pull,push"),
+                         "trainyard/base/shared", "evil")  # fmt: skip
+    assert refused.status_code == 401
     # What it builds on: its team's images and the shared bases, never another team's.
     assert manifest_status(images, credential, "trainyard/amber/app") == 200
     assert manifest_status(images, credential, "trainyard/base/shared") == 200
