@@ -682,7 +682,9 @@ def _build_run(*, build_id: int) -> ImageBuild:
 def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[dict]:
     """The build as a ConfigMap and a rootless BuildKit Job that push `<registry>/<repository>:b<id>`."""
     containerfile, files, _ = render_build(build)
-    credential = _build_credential(build)
+    # Only a credential scoped to this build's repository goes into the pod (its RUN steps can likely reach it):
+    # without the token service there is only the platform's shared one, and that stays out.
+    credential = _build_credential(build) if settings.TRAINYARD_REGISTRY_TOKEN_KEY else None
     return k8s_build.render_build_job(
         build_id=build.pk,
         containerfile=containerfile,

@@ -72,6 +72,8 @@ def test_the_manifest_command_prints_a_project_build_pinned_to_its_base(images_e
     configmap, *secrets, job = list(yaml.safe_load_all(out.getvalue()))
     if settings.TRAINYARD_REGISTRY_TOKEN_KEY:  # the build's push credential, mounted where BuildKit reads it
         assert [s["kind"] for s in secrets] == ["Secret"] and "build." in secrets[0]["stringData"]["config.json"]
+    else:  # the platform's shared credential never goes into a build pod
+        assert secrets == []
     assert configmap["data"]["Containerfile"].startswith(f"FROM {base.reference.rsplit(':', 1)[0]}@{base.digest}")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"/trainyard/vision/trainer:b{build.pk},push=true,registry.insecure=true" in args[-1]
@@ -236,3 +238,14 @@ def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, b
     build = services.build_run(build_id=build.pk)
     assert build.status == "succeeded" and build.digest == digest
     assert build.log.count("#6 pushing layers done") == 1
+
+
+@pytest.mark.django_db
+def test_without_the_token_service_no_credential_goes_into_the_build_pod(images_env, settings):
+    """Shared mode (an external registry): the only credential is the platform's, which reaches every team's images;
+    it stays out of the BuildKit pod, whose RUN steps could likely read it."""
+    settings.TRAINYARD_REGISTRY_TOKEN_KEY = ""
+    settings.TRAINYARD_REGISTRY_USERNAME, settings.TRAINYARD_REGISTRY_PASSWORD = "platform", "shared-secret"
+    build = services.build_request(image=define_base(images_env))
+    objects = services.build_manifest(build)
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Job"] and "shared-secret" not in str(objects)
