@@ -44,9 +44,11 @@ def render_build_job(
     insecure_registry: bool,
     timeout_s: int,
     builder_image: str = BUILDKIT_IMAGE,
+    push_auth: str = "",
 ) -> list[JSON]:
-    """[ConfigMap, Job] building `containerfile` (with `files` beside it) and pushing it to `destination`
-    (`host/repo:tag`)."""
+    """[ConfigMap, (Secret,) Job] building `containerfile` (with `files` beside it) and pushing it to `destination`
+    (`host/repo:tag`). `push_auth` (a Docker config.json holding the build's own credential, which may push to that
+    repository alone) becomes a Secret of the build's name, mounted where BuildKit looks for it."""
     name = build_name(build_id)
     labels = {"app.kubernetes.io/managed-by": "trainyard", BUILD_LABEL: str(build_id)}
     output = f"type=image,name={destination},push=true" + (",registry.insecure=true" if insecure_registry else "")
@@ -85,9 +87,12 @@ def render_build_job(
         "volumeMounts": [
             {"name": "workspace", "mountPath": "/workspace", "readOnly": True},
             {"name": "buildkitd", "mountPath": "/home/user/.local/share/buildkit"},
+            *([{"name": "push-auth", "mountPath": "/home/user/.docker", "readOnly": True}] if push_auth else []),
         ],
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
     }
+    # Readable by BuildKit's user (the pod holds nothing else); it may push to this build's repository alone.
+    push_volume = [{"name": "push-auth", "secret": {"secretName": name, "defaultMode": 0o444}}] if push_auth else []
     job: JSON = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -108,12 +113,22 @@ def render_build_job(
                     "volumes": [
                         {"name": "workspace", "configMap": {"name": name}},
                         {"name": "buildkitd", "emptyDir": {}},
+                        *push_volume,
                     ],
                 },
             },
         },
     }
-    return [configmap, job]
+    if not push_auth:
+        return [configmap, job]
+    secret: JSON = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "type": "Opaque",
+        "stringData": {"config.json": push_auth},
+    }
+    return [configmap, secret, job]
 
 
 class ClusterUnavailable(Exception):
@@ -159,15 +174,21 @@ class BuildJobs:
             raise ClusterUnavailable(f"the Kubernetes API did not answer ({type(exc).__name__})") from None
 
     def create(self, build_id: int, objects: list[JSON]) -> bool:
-        """Create the ConfigMap and the Job; False when the Job already existed for this build (adopted)."""
-        configmap, job = objects
-        try:
-            self._call(self.core.create_namespaced_config_map, self.namespace, configmap)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            existing = self._call(self.core.read_namespaced_config_map, configmap["metadata"]["name"], self.namespace)
-            self._check_owner(build_id, existing.metadata)
+        """Create the ConfigMap (and push Secret) and the Job; False when the Job already existed for this build
+        (adopted)."""
+        *before, job = objects
+        for body in before:
+            create, read = {
+                "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
+                "Secret": (self.core.create_namespaced_secret, self.core.read_namespaced_secret),
+            }[body["kind"]]
+            try:
+                self._call(create, self.namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                existing = self._call(read, body["metadata"]["name"], self.namespace)
+                self._check_owner(build_id, existing.metadata)
         try:
             self._call(self.batch.create_namespaced_job, self.namespace, job)
         except ApiException as exc:
@@ -226,11 +247,12 @@ class BuildJobs:
             raise
 
     def delete(self, build_id: int) -> None:
-        """Delete the Job (its pods with it) and the ConfigMap; already gone is fine."""
+        """Delete the Job (its pods with it), the ConfigMap and the push Secret; already gone is fine."""
         name = build_name(build_id)
         for fn, kwargs in (
             (self.batch.delete_namespaced_job, {"propagation_policy": "Background"}),
             (self.core.delete_namespaced_config_map, {}),
+            (self.core.delete_namespaced_secret, {}),
         ):
             try:
                 self._call(fn, name, self.namespace, **kwargs)

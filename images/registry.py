@@ -2,8 +2,10 @@
 layer blobs, delete a manifest. No container daemon is involved.
 
 The platform's own registry (TRAINYARD_REGISTRY_URL, embedded by `make run` when unset) is spoken to at that URL,
-with its user and password (TRAINYARD_REGISTRY_USERNAME / _PASSWORD); any other registry at https://<host>, with
-the anonymous bearer-token handshake public registries ask for, and never with the platform's credentials.
+with its user and password (TRAINYARD_REGISTRY_USERNAME / _PASSWORD), sent to the token service its challenge
+names (images/registry_tokens.py) or, for a registry with basic auth, to the registry; any other registry at
+https://<host>, with the anonymous bearer-token handshake public registries ask for, and never with the platform's
+credentials. Teams and builds get credentials of their own (team_credential, build_credential).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from urllib.parse import urlparse
 
 import httpx
 from django.conf import settings
+
+from images import registry_tokens
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -89,20 +93,47 @@ def credentials_for(endpoint: str) -> tuple[str, str] | None:
     return settings.TRAINYARD_REGISTRY_USERNAME, settings.TRAINYARD_REGISTRY_PASSWORD
 
 
-def write_authfile(path, host: str) -> bool:
-    """A podman/containers auth file (0600) holding the platform registry's credentials for `host`; False (and no
-    file) when there are none to give."""
+def team_credential(slug: str) -> tuple[str, str] | None:
+    """What a team's jobs pull with: `team.<slug>` (its images and the shared bases only) when the platform runs
+    the registry's token service, else the platform's shared user (an external registry: no isolation there)."""
+    if settings.TRAINYARD_REGISTRY_TOKEN_KEY:
+        return registry_tokens.team_credential(settings.TRAINYARD_REGISTRY_TOKEN_KEY, slug)
+    return credentials_for(settings.TRAINYARD_REGISTRY_URL)
+
+
+def build_credential(*, build_id: int, repository: str, team: str | None) -> tuple[str, str] | None:
+    """What one build pulls and pushes with: `build.<id>`, which may push to `repository` alone and pull what its
+    team may, for TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S; the shared user where no token service is configured."""
+    if settings.TRAINYARD_REGISTRY_TOKEN_KEY:
+        return registry_tokens.build_credential(
+            settings.TRAINYARD_REGISTRY_TOKEN_KEY,
+            build_id=build_id,
+            repository=repository,
+            team=team,
+            ttl_s=settings.TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S,
+        )
+    return credentials_for(settings.TRAINYARD_REGISTRY_URL)
+
+
+def docker_config(host: str, credential: tuple[str, str]) -> str:
+    """A containers/Docker auth file's JSON (`auths`) holding one credential for `host`."""
     import base64
-    import json
+
+    token = base64.b64encode(f"{credential[0]}:{credential[1]}".encode()).decode()
+    return json.dumps({"auths": {host: {"username": credential[0], "password": credential[1], "auth": token}}})
+
+
+def write_authfile(path, host: str, credential: tuple[str, str] | None = None) -> bool:
+    """A podman/containers auth file (0600) holding `credential` (by default the platform's own) for `host`; False
+    (and no file) when there is none to give."""
     import os
 
-    creds = credentials_for(f"http://{host}")
-    if creds is None:
+    credential = credential or credentials_for(f"http://{host}")
+    if credential is None:
         return False
-    token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"auths": {host: {"auth": token}}}))
+        f.write(docker_config(host, credential))
     return True
 
 
@@ -120,8 +151,9 @@ class Client:
         self.http = httpx.Client(
             timeout=timeout or settings.TRAINYARD_REGISTRY_TIMEOUT_S,
             follow_redirects=True,
-            auth=credentials_for(self.endpoint),
         )
+        self.credentials = credentials_for(self.endpoint)
+        self.basic = False  # a registry that takes the credentials itself (basic auth) rather than tokens
         self.token: str | None = None
 
     @classmethod
@@ -140,15 +172,16 @@ class Client:
     def _request(self, method: str, path: str, *, headers: dict | None = None, stream: bool = False) -> httpx.Response:
         headers = dict(headers or {})
         url = f"{self.endpoint}/v2/{path}"
-        for _ in range(2):
+        for attempt in range(2):
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             try:
                 request = self.http.build_request(method, url, headers=headers)
-                response = self.http.send(request, stream=stream)
+                response = self.http.send(request, stream=stream, auth=self.credentials if self.basic else None)
             except httpx.HTTPError as exc:
                 raise RegistryUnavailable(f"cannot reach the registry at {self.endpoint}: {exc}") from None
-            if response.status_code == 401 and not self.token and self._login(response):
+            # A token is for the scope it was asked with: another repository (or an expired token) asks again.
+            if response.status_code == 401 and attempt == 0 and self._login(response):
                 response.close()
                 continue
             break
@@ -158,8 +191,12 @@ class Client:
         return response
 
     def _login(self, challenge: httpx.Response) -> bool:
-        """Anonymous token for a `Bearer realm=…,service=…,scope=…` challenge (how public registries answer)."""
+        """A token for a `Bearer realm=…,service=…,scope=…` challenge: with the platform's credentials from its own
+        registry's token service, anonymous from a public registry's."""
         header = challenge.headers.get("WWW-Authenticate", "")
+        if header.lower().startswith("basic ") and self.credentials and not self.basic:
+            self.basic = True
+            return True
         if not header.lower().startswith("bearer "):
             return False
         params = dict(re.findall(r'(\w+)="([^"]*)"', header))
@@ -167,7 +204,7 @@ class Client:
         if not realm:
             return False
         try:
-            answer = self.http.get(realm, params=params)
+            answer = self.http.get(realm, params=params, auth=self.credentials)
         except httpx.HTTPError as exc:
             raise RegistryUnavailable(f"cannot reach the registry's token service: {exc}") from None
         if answer.status_code != 200:

@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import structlog
 from django.conf import settings
@@ -197,6 +198,7 @@ def base_image_define(*, name: str, containerfile: str, user=None, **facts: Any)
         raise ValidationFailed("a base image needs a Containerfile", code="empty_containerfile", field="containerfile")
     if not FROM_LINE.search(containerfile):
         raise ValidationFailed("the Containerfile has no FROM line", code="containerfile_without_from")
+    check_build_hosts(containerfile)
     with transaction.atomic():
         existing = BaseImage.objects.select_for_update().filter(name=name).first()
         if existing is None and BaseImage.objects.count() >= settings.TRAINYARD_MAX_BASE_IMAGES:
@@ -212,6 +214,55 @@ def base_image_define(*, name: str, containerfile: str, user=None, **facts: Any)
         image.full_clean(exclude=["reference", "digest"])
         image.save()
     return image
+
+
+def _endpoint(host: str, default_port: int) -> str:
+    """`host:port` as the allow-list writes it: lowercase, the port spelled out."""
+    host = host.lower()
+    if host.startswith("["):  # [v6]:port
+        return host if "]:" in host else f"{host}:{default_port}"
+    return host if ":" in host else f"{host}:{default_port}"
+
+
+def build_host_allowed(endpoint: str) -> bool:
+    """A build may reach the platform's own registry and what TRAINYARD_BUILD_ALLOWED_HOSTS names."""
+    mine = registry.platform_registry()
+    return endpoint in settings.TRAINYARD_BUILD_ALLOWED_HOSTS or bool(mine and endpoint == _endpoint(mine, 443))
+
+
+def check_build_hosts(containerfile: str) -> None:
+    """Every host a build would reach on its own, a FROM on another registry (`docker.io` when no host is written)
+    and an ADD <url>, is the platform's registry or an admin-allowed `host:port` (TRAINYARD_BUILD_ALLOWED_HOSTS);
+    400 `build_host_not_allowed` otherwise."""
+    stages: set[str] = set()
+    reached: list[tuple[str, str]] = []
+    for match in FROM_LINE.finditer(containerfile):
+        image = match.group("image")
+        if image.lower() not in stages and image.lower() != "scratch" and _catalog_base(image) is None:
+            host = registry.parse(image).host
+            reached.append((f"FROM {image}", _endpoint("registry-1.docker.io" if host == "docker.io" else host, 443)))
+        alias = ALIAS.search(match.group("rest") or "")
+        if alias:
+            stages.add(alias.group(1).lower())
+    for match in ADD_LINE.finditer(containerfile):
+        words = [w for w in match.group("args").split() if not w.startswith("--")]
+        for word in words[:-1]:
+            url = urlparse(word)
+            if url.scheme in ("http", "https") and url.hostname:
+                port = url.port or (443 if url.scheme == "https" else 80)
+                host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+                reached.append((f"ADD {word}", f"{host.lower()}:{port}"))
+            elif "://" in word or word.startswith("git@"):
+                reached.append((f"ADD {word}", word))
+    for what, endpoint in reached:
+        if not build_host_allowed(endpoint):
+            allowed = ", ".join(settings.TRAINYARD_BUILD_ALLOWED_HOSTS) or "none but the platform's registry"
+            raise ValidationFailed(
+                f"{what}: a build may reach only the hosts an admin allows (TRAINYARD_BUILD_ALLOWED_HOSTS: "
+                f"{allowed}); {endpoint} is not one of them",
+                code="build_host_not_allowed",
+                field="containerfile",
+            )
 
 
 def _catalog_base(image: str) -> BaseImage | None:
@@ -277,12 +328,15 @@ def check_sources(containerfile: str, *, stages: set[str], count: int) -> None:
     for match in ADD_LINE.finditer(containerfile):
         words = [w for w in match.group("args").split() if not w.startswith("--")]
         if any("://" in w or w.startswith("git@") for w in words[:-1]):
-            raise ValidationFailed(
-                "ADD <url>: a build fetches nothing from URLs; put the file in the image's context (or download it "
-                "in a RUN step where the platform's build network allows)",
-                code="add_url_not_allowed",
-                field="containerfile",
-            )
+            try:
+                check_build_hosts(match.group(0))
+            except ValidationFailed:
+                raise ValidationFailed(
+                    "ADD <url>: a build fetches only from the hosts an admin allows (TRAINYARD_BUILD_ALLOWED_HOSTS); "
+                    "put the file in the image's context instead",
+                    code="add_url_not_allowed",
+                    field="containerfile",
+                ) from None
 
 
 def project_image_define(
@@ -540,6 +594,11 @@ def _build_run(*, build_id: int) -> ImageBuild:
             client.ping()
     except registry.RegistryError as exc:
         _wait(build, str(exc))
+    if isinstance(image, BaseImage) and not build.containerfile:  # not started yet (a cluster build's Job: not made)
+        try:
+            check_build_hosts(image.containerfile)  # the allow-list may have shrunk since the image was defined
+        except ValidationFailed as exc:
+            return _finish(build, ok=False, message=f"{exc.detail}\n")
     host = registry.platform_registry()
     repository = repository_of(image)
     target = f"{host}/{repository}"
@@ -571,7 +630,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
         # The bases are pulled first, as the build's user with the network; the build then runs with none.
         for source in _pull_sources(containerfile):
             _append(build, f"$ podman pull --tls-verify=false {source}\n")
-            with _registry_auth(who, context, host) as auth:
+            with _registry_auth(who, context, host, build) as auth:
                 result = _run(who.podman("pull", "--tls-verify=false", *auth, "--quiet", source))
             _append(build, result.stdout)
             if result.returncode != 0:
@@ -596,7 +655,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
             destinations.append(f"{target}:inputs-{inputs_key(image, layout)}")
         for destination in destinations:
             _append(build, f"$ podman push --tls-verify=false {destination}\n")
-            with _registry_auth(who, context, host) as auth:
+            with _registry_auth(who, context, host, build) as auth:
                 result = _run(
                     who.podman("push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), local, destination)
                 )
@@ -623,6 +682,9 @@ def _build_run(*, build_id: int) -> ImageBuild:
 def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[dict]:
     """The build as a ConfigMap and a rootless BuildKit Job that push `<registry>/<repository>:b<id>`."""
     containerfile, files, _ = render_build(build)
+    # Only a credential scoped to this build's repository goes into the pod (its RUN steps can likely reach it):
+    # without the token service there is only the platform's shared one, and that stays out.
+    credential = _build_credential(build) if settings.TRAINYARD_REGISTRY_TOKEN_KEY else None
     return k8s_build.render_build_job(
         build_id=build.pk,
         containerfile=containerfile,
@@ -631,6 +693,7 @@ def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[d
         namespace=namespace or settings.TRAINYARD_K8S_BUILD_NAMESPACE,
         insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
         timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
+        push_auth=registry.docker_config(registry.platform_registry(), credential) if credential else "",
     )
 
 
@@ -741,12 +804,13 @@ def _registry_check(build: ImageBuild) -> None:
 
 
 @contextlib.contextmanager
-def _registry_auth(who, context: Path, host: str):
+def _registry_auth(who, context: Path, host: str, build: ImageBuild):
     """`--authfile FILE` for one pull or push at the platform's registry: the file (0600, the build's user's) holds
-    its credentials only while that step runs, beside the context, so the build step itself never has it."""
+    the build's own credential (push to its repository alone, pull what its team may; registry.build_credential)
+    only while that step runs, beside the context, so the build step itself never has it."""
     path = context.parent / f"{context.name}.auth.json"
     try:
-        if not registry.write_authfile(path, host):
+        if not registry.write_authfile(path, host, _build_credential(build)):
             yield []
             return
         if who.isolated:
@@ -754,6 +818,12 @@ def _registry_auth(who, context: Path, host: str):
         yield ["--authfile", str(path)]
     finally:
         path.unlink(missing_ok=True)
+
+
+def _build_credential(build: ImageBuild) -> tuple[str, str] | None:
+    image = build.image
+    team = None if isinstance(image, BaseImage) else image.team.slug
+    return registry.build_credential(build_id=build.pk, repository=repository_of(image), team=team)
 
 
 def _pull_sources(containerfile: str) -> list[str]:

@@ -7,9 +7,10 @@ set and stops what it started when CMD ends.
 
 Every embedded server wants a password: PostgreSQL with scram-sha-256 (never trust), Redis with `requirepass`,
 SeaweedFS's S3 gateway with an access key and secret (its other ports are in a network namespace of its own),
-the registry with a user and password (htpasswd). They are generated once into `var/postgres.password`,
-`var/redis.password`, `var/s3.password` and `var/registry.password` (0600, like `var/secret_key`); var/ itself is
-closed to other users, and sandboxed jobs never see it.
+the registry a token from the platform's token service (signed by `var/registry-token.key`). They are generated
+once into `var/postgres.password`, `var/redis.password`, `var/s3.password`, `var/registry.password` and
+`var/registry-token.key` (0600, like `var/secret_key`); var/ itself is closed to other users, and sandboxed jobs
+never see it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from kernel.host import ServiceError, private_file, system_user
-from kernel.paths import VAR_DIR
+from kernel.paths import BASE_DIR, VAR_DIR
 
 PG_SYSTEM_USER = "trainyard-pg"
 
@@ -77,6 +78,7 @@ STOP = {
     "redis": (signal.SIGINT, 20.0),
     "seaweedfs": (signal.SIGTERM, 8.0),
     "registry": (signal.SIGTERM, 5.0),
+    "registry-tokens": (signal.SIGTERM, 5.0),
     "store-forward": (signal.SIGTERM, 2.0),
 }
 
@@ -409,7 +411,6 @@ def start_seaweedfs(var: Path, running: Embedded) -> dict[str, str]:
     import json
 
     from kernel import objectstore
-    from kernel.paths import BASE_DIR
 
     weed = weed_binary()
     data = var / "seaweedfs"
@@ -530,39 +531,40 @@ def registry_credentials(var: Path) -> tuple[str, str]:
     return _kept_pair(var / "registry.password", f"trainyard:{secrets.token_urlsafe(32)}")
 
 
-def bcrypt_hash(password: str) -> str:
-    """A bcrypt hash for an htpasswd file (the only kind the distribution registry takes), by the C library's
-    crypt(3) (libxcrypt: `$2b$`), so no extra package is needed."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("crypt")
-    if name is None:
-        raise ServiceError("the embedded registry's password needs libcrypt (bcrypt): apt-get install libcrypt1")
-    libcrypt = ctypes.CDLL(name)
-    libcrypt.crypt.restype = ctypes.c_char_p
-    libcrypt.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-    alphabet = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-    salt = "$2b$10$" + "".join(secrets.choice(alphabet) for _ in range(22))
-    hashed = libcrypt.crypt(password.encode(), salt.encode())
-    if not hashed or not hashed.startswith(b"$2b$"):
-        raise ServiceError("this C library's crypt(3) cannot make bcrypt hashes, which the embedded registry needs")
-    return hashed.decode()
-
-
 def start_registry(var: Path, running: Embedded) -> dict[str, str]:
     """A distribution registry on a free loopback port, config generated into var/registry.yml, blobs under
-    var/registry; deleting manifests is enabled so retention can drop unused project images. Every request needs
-    the user and password of var/registry.password (htpasswd, bcrypt): an anonymous pull or push is a 401."""
+    var/registry; deleting manifests is enabled so retention can drop unused project images. Its auth is the
+    platform's token service (images/registry_tokens.py), started beside it on a loopback port of its own: every
+    request needs a token signed by var/registry-token.key (0600; made here once, with its certificate
+    var/registry-token.crt, the registry's `rootcertbundle`), and the token grants per repository only what the
+    credential it was asked with may do. The platform's own credential is var/registry.password."""
+    from images import registry_tokens
+
     binary = registry_binary()
     if binary is None:
         raise ServiceError("the docker-registry program is missing: apt-get install docker-registry")
     storage = var / "registry"
     storage.mkdir(parents=True, exist_ok=True)
+    # Its blobs are every team's layers: var/ lets others through (0711 as root), so the folder itself is closed.
+    storage.chmod(0o700)
     (port,) = kept_ports(var, "registry", 1)
+    (token_port,) = kept_ports(var, "registry-tokens", 1)
     user, password = registry_credentials(var)
-    htpasswd = var / "registry.htpasswd"
-    private_file(htpasswd, f"{user}:{bcrypt_hash(password)}\n")
+    key = var / "registry-token.key"
+    cert = registry_tokens.ensure_key(key)
+    (var / "registry.htpasswd").unlink(missing_ok=True)  # the basic-auth file of earlier versions
+    log = var / "registry.log"
+    logf = open(log, "ab")  # noqa: SIM115
+    tokens = subprocess.Popen(
+        [sys.executable, "-m", "images.registry_tokens", "127.0.0.1", str(token_port), str(key),
+         str(var / "registry.password")],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        cwd=BASE_DIR,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGTERM),
+    )  # fmt: skip
+    running.procs.append(("registry-tokens", tokens))
     config = var / "registry.yml"
     private_file(
         config,
@@ -572,11 +574,12 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
         f"  filesystem:\n    rootdirectory: {storage}\n"
         "  delete:\n    enabled: true\n"
         "  maintenance:\n    uploadpurging:\n      enabled: false\n"
-        f"auth:\n  htpasswd:\n    realm: trainyard\n    path: {htpasswd}\n"
+        "auth:\n  token:\n"
+        f"    realm: http://127.0.0.1:{token_port}/registry/token\n"
+        f"    service: {registry_tokens.SERVICE}\n    issuer: {registry_tokens.ISSUER}\n"
+        f"    rootcertbundle: {cert}\n"
         f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n",
     )
-    log = var / "registry.log"
-    logf = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [str(binary), "serve", str(config)],
         stdout=logf,
@@ -588,15 +591,17 @@ def start_registry(var: Path, running: Embedded) -> dict[str, str]:
     running.procs.append(("registry", proc))
 
     def ready() -> bool:
-        if proc.poll() is not None:
-            raise ServiceError(f"embedded registry exited with status {proc.returncode} (see {log})")
-        return port_open("127.0.0.1", port)
+        for name, p in (("registry", proc), ("registry token service", tokens)):
+            if p.poll() is not None:
+                raise ServiceError(f"embedded {name} exited with status {p.returncode} (see {log})")
+        return port_open("127.0.0.1", port) and port_open("127.0.0.1", token_port)
 
     _wait_for(ready, seconds=15, what="embedded registry", log=log)
     return {
         "TRAINYARD_REGISTRY_URL": f"http://127.0.0.1:{port}",
         "TRAINYARD_REGISTRY_USERNAME": user,
         "TRAINYARD_REGISTRY_PASSWORD": password,
+        "TRAINYARD_REGISTRY_TOKEN_KEY": str(key),
     }
 
 

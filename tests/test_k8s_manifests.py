@@ -327,6 +327,13 @@ def describe(replicas: int) -> AttemptDescription:
 def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
     crds.require()
     settings.TRAINYARD_LOG_ROOT = tmp_path
+    # The registry's token service: the team namespace holds the team's pull Secret, a build its push Secret.
+    from images import registry_tokens
+
+    registry_tokens.ensure_key(tmp_path / "registry-token.key")
+    settings.TRAINYARD_REGISTRY_TOKEN_KEY = str(tmp_path / "registry-token.key")
+    settings.TRAINYARD_REGISTRY_URL = "https://registry.example"
+    settings.TRAINYARD_K8S_MANAGE_NAMESPACES = True
     with FakeKubernetes(nodes=2) as kube:
         for namespace in (TEAM_NS, SYSTEM_NS, BUILD_NS):
             kube.create("namespaces", {"metadata": {"name": namespace}})
@@ -373,6 +380,12 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
             lambda o: o["roleRef"].update(name="edit"),
         )
         assert backend.team_namespace_sync(team) == ["repaired RoleBinding trainyard-team (roleRef)"]  # made again
+        kube.mutate(
+            "secrets", "trainyard-registry-pull", NEW_TEAM_NS, lambda o: o.update(data={".dockerconfigjson": "e30="})
+        )
+        assert backend.team_namespace_sync(team) == ["repaired Secret trainyard-registry-pull (data)"]
+        kube.mutate("secrets", "trainyard-registry-pull", NEW_TEAM_NS, lambda o: o.update(type="Opaque"))
+        assert backend.team_namespace_sync(team) == ["repaired Secret trainyard-registry-pull (type)"]  # made again
         team.cpu_milli = 8000  # the team's quota changed: its ResourceQuota and LimitRange follow
         assert backend.team_namespace_sync(team) == [
             "repaired ResourceQuota trainyard-quota (spec)",
@@ -383,6 +396,7 @@ def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
         objects = k8s_build.render_build_job(
             build_id=1, containerfile="FROM registry.local/b@sha256:" + "1" * 64 + "\n", files={},
             destination="registry.local/t:b1", namespace=BUILD_NS, insecure_registry=False, timeout_s=600,
+            push_auth='{"auths": {}}',
         )  # fmt: skip
         builds.create(1, objects)
         assert builds.create(1, objects) is False  # 409s: reads what exists

@@ -89,7 +89,12 @@ def test_embedded_registry_serves_the_distribution_api():
     assert httpx.get(f"{url}/v2/", timeout=5).status_code == 401  # anonymous: refused
     user, _, password = (var / "registry.password").read_text().strip().partition(":")
     assert (os.environ["TRAINYARD_REGISTRY_USERNAME"], os.environ["TRAINYARD_REGISTRY_PASSWORD"]) == (user, password)
-    assert httpx.get(f"{url}/v2/", auth=(user, password), timeout=5).status_code == 200
-    for name in ["registry.yml", "registry.password", "registry.htpasswd"]:
+    assert os.environ["TRAINYARD_REGISTRY_TOKEN_KEY"] == str(var / "registry-token.key")
+    from images import registry
+
+    with registry.Client(url) as client:  # the platform's credential, through the token service the registry names
+        client.ping()
+        assert client.token
+    for name in ["registry.yml", "registry.password", "registry-token.key"]:
         assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
     assert (var / "registry").is_dir()

@@ -1,5 +1,6 @@
 """Django settings, read from the environment (see `.env.example`) with safe local defaults."""
 
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -489,6 +490,14 @@ TRAINYARD_REGISTRY_BINARY = env.str("TRAINYARD_REGISTRY_BINARY", default="docker
 # platform's own processes hold them: builds get them in a file for their pull and push steps alone, jobs never.
 TRAINYARD_REGISTRY_USERNAME = env.str("TRAINYARD_REGISTRY_USERNAME", default="")
 TRAINYARD_REGISTRY_PASSWORD = env.str("TRAINYARD_REGISTRY_PASSWORD", default="")
+# The token service's signing key (images/registry_tokens.py; the embedded registry's is var/registry-token.key).
+# Set, the platform hands out scoped credentials: a team's jobs pull only their team's images and the shared
+# bases, a build pushes only to its own repository. Unset (an external registry the platform does not control),
+# builds get the user and password above, and the registry itself keeps no team from another's images.
+TRAINYARD_REGISTRY_TOKEN_KEY = env.str("TRAINYARD_REGISTRY_TOKEN_KEY", default="")
+# How long a build's push credential works from when it is handed out (a Kubernetes build holds it for its whole
+# Job, a local build gets a fresh one for each pull and push).
+TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S = env.int("TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S", default=0)
 TRAINYARD_REGISTRY_TIMEOUT_S = env.float("TRAINYARD_REGISTRY_TIMEOUT_S", default=5.0)
 TRAINYARD_MAX_BASE_IMAGES = env.int("TRAINYARD_MAX_BASE_IMAGES", default=8)
 TRAINYARD_IMAGE_REBUILD_S = env.int("TRAINYARD_IMAGE_REBUILD_S", default=7 * 24 * 3600)  # weekly base rebuilds
@@ -496,6 +505,7 @@ TRAINYARD_BUILD_ROOT = Path(env.str("TRAINYARD_BUILD_ROOT", default=str(VAR_DIR 
 # Live (unrevoked, unexpired) API tokens one user may hold.
 TRAINYARD_MAX_TOKENS_PER_USER = env.int("TRAINYARD_MAX_TOKENS_PER_USER", default=50)
 TRAINYARD_BUILD_TIMEOUT_S = env.int("TRAINYARD_BUILD_TIMEOUT_S", default=3600)
+TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S = TRAINYARD_REGISTRY_PUSH_CREDENTIAL_S or TRAINYARD_BUILD_TIMEOUT_S + 600
 # A local build step's memory (MiB, swap included), CPU (milli-CPUs) and processes, held by a control group around
 # its whole process tree (images/build_limits.py); `auto` takes what the machine offers (cgroup2, cgroup1), `off`
 # bounds it in time only.
@@ -521,6 +531,14 @@ TRAINYARD_SCAN_FEED_MAX_AGE_S = env.float("TRAINYARD_SCAN_FEED_MAX_AGE_S", defau
 TRAINYARD_BUILD_NETWORK = env.str("TRAINYARD_BUILD_NETWORK", default="none")
 if TRAINYARD_BUILD_NETWORK not in ("none", "outbound"):
     raise ValueError("TRAINYARD_BUILD_NETWORK must be 'none' or 'outbound'")
+# The hosts a build may reach on its own besides the platform's registry (docs/security.md, "Build hosts"):
+# `host:port` pairs, e.g. `registry-1.docker.io:443,deb.debian.org:80`. A base image's FROM on another registry
+# (Docker Hub is registry-1.docker.io:443) and an ADD <url> must name one; anything else is 400
+# `build_host_not_allowed` (`add_url_not_allowed` in a project image). Empty: the platform's registry only.
+TRAINYARD_BUILD_ALLOWED_HOSTS = [h.strip().lower() for h in env.list("TRAINYARD_BUILD_ALLOWED_HOSTS", default=[])]
+for _host in TRAINYARD_BUILD_ALLOWED_HOSTS:
+    if not re.fullmatch(r"(?:\[[0-9a-f:.]+\]|[a-z0-9]([a-z0-9.-]*[a-z0-9])?):[0-9]{1,5}", _host):
+        raise ValueError(f"TRAINYARD_BUILD_ALLOWED_HOSTS: {_host!r} is not host:port")
 TRAINYARD_BUILD_REGISTRY_RETRY_S = env.float("TRAINYARD_BUILD_REGISTRY_RETRY_S", default=30.0)
 TRAINYARD_BUILD_REGISTRY_RETRIES = env.int("TRAINYARD_BUILD_REGISTRY_RETRIES", default=20)
 # Where builds run: `podman` on the worker, or `kubernetes`: a rootless BuildKit Job per build in

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from images.token_view import registry_token
 from jobs.tb_proxy import tensorboard_proxy
 from monitoring.metrics import metrics_view
 from ops import health
@@ -16,6 +17,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("trainyard.api_urls")),
     path("metrics", metrics_view, name="metrics"),
+    path("registry/token", registry_token, name="registry-token"),
     path("monitoring/", include("monitoring.urls")),
     path("tb/<uuid:job_id>/", tensorboard_proxy, name="tensorboard"),
     path("tb/<uuid:job_id>/<path:path>", tensorboard_proxy, name="tensorboard-path"),

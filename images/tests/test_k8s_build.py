@@ -6,6 +6,7 @@ import io
 import kubernetes_validate
 import pytest
 import yaml
+from django.conf import settings
 from django.core.management import call_command
 
 from images import k8s_build, registry, services
@@ -44,16 +45,35 @@ def test_the_build_job_validates_and_runs_rootless(insecure):
     assert configmap["data"]["requirements.txt"] == "numpy\n" and job["spec"]["backoffLimit"] == 0
 
 
+def test_the_push_credential_is_a_secret_of_the_builds_own_mounted_where_buildkit_reads_it():
+    configmap, secret, job = render(push_auth='{"auths": {}}')
+    for version in K8S_VERSIONS:
+        for obj in (configmap, secret, job):
+            kubernetes_validate.validate(obj, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    assert secret["metadata"]["name"] == job["metadata"]["name"] and secret["stringData"]["config.json"]
+    assert {"name": "push-auth", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o444}} in (
+        pod["volumes"]
+    )
+    mount = {"name": "push-auth", "mountPath": "/home/user/.docker", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"] and pod["automountServiceAccountToken"] is False
+
+
 @pytest.mark.django_db
 def test_the_manifest_command_prints_a_project_build_pinned_to_its_base(images_env):
     base = built(define_base(images_env))
+    assert base.status == "succeeded", base.log
     image = services.project_image_define(
         team=TeamFactory(slug="vision"), name="trainer", base="tiny-base", containerfile="FROM tiny-base\nRUN true\n"
     )
     build = services.build_request(image=image)
     out = io.StringIO()
     call_command("image_build_manifest", str(build.pk), stdout=out)
-    configmap, job = list(yaml.safe_load_all(out.getvalue()))
+    configmap, *secrets, job = list(yaml.safe_load_all(out.getvalue()))
+    if settings.TRAINYARD_REGISTRY_TOKEN_KEY:  # the build's push credential, mounted where BuildKit reads it
+        assert [s["kind"] for s in secrets] == ["Secret"] and "build." in secrets[0]["stringData"]["config.json"]
+    else:  # the platform's shared credential never goes into a build pod
+        assert secrets == []
     assert configmap["data"]["Containerfile"].startswith(f"FROM {base.reference.rsplit(':', 1)[0]}@{base.digest}")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"/trainyard/vision/trainer:b{build.pk},push=true,registry.insecure=true" in args[-1]
@@ -80,13 +100,23 @@ def cluster(settings, images_env):
         assert kube.internal_errors == []
 
 
-def push_as_buildkit(build_root, build) -> str:
-    """What the Job's BuildKit would have pushed: an image under the build's tag; its digest."""
+def push_as_buildkit(build_root, build, cluster) -> str:
+    """What the Job's BuildKit would have pushed, with the credential of the build's Secret (the platform's own
+    where no token service is configured): an image under the build's tag; its digest."""
+    import base64
+
     from images.tests.conftest import auth_args, podman
 
     destination = f"{registry.platform_registry()}/{services.repository_of(build.image)}:b{build.pk}"
     digestfile = build_root / f"digest-{build.pk}"
     auth = auth_args(build_root, registry.platform_registry())
+    secret = cluster.try_get("secrets", job_name(build), "builds")
+    assert (secret is not None) == bool(settings.TRAINYARD_REGISTRY_TOKEN_KEY)
+    if secret is not None:
+        data = secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        authfile = build_root / f"push-{build.pk}.json"
+        authfile.write_text(data["config.json"])
+        auth = ["--authfile", str(authfile)]
     pushed = podman(
         build_root, "push", "--tls-verify=false", *auth, "--digestfile", str(digestfile), "localhost/upstream-tiny",
         destination,
@@ -118,7 +148,7 @@ def test_a_build_on_kubernetes_runs_as_a_job_and_records_log_and_digest(cluster,
     cluster.controller.tick(2)
     build = services.build_run(build_id=build.pk)
     assert build.status == "running" and build.log.rstrip().endswith(": running")
-    digest = push_as_buildkit(build_root, build)
+    digest = push_as_buildkit(build_root, build, cluster)
     cluster.controller.run_until(
         lambda: any(
             c["type"] == "Complete"
@@ -135,6 +165,7 @@ def test_a_build_on_kubernetes_runs_as_a_job_and_records_log_and_digest(cluster,
     # The finished Job, its pod and the ConfigMap are gone.
     assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is None
     assert cluster.try_get("configmaps", job_name(build), "builds") is None
+    assert cluster.try_get("secrets", job_name(build), "builds") is None
     cluster.controller.tick()
     assert cluster.list("pods", "builds") == []
 
@@ -168,7 +199,7 @@ def test_a_job_created_before_is_adopted_and_another_builds_is_refused(cluster, 
     build = services.build_request(image=base)
     # A try whose create went through but whose answer was lost: the objects are there already.
     for obj in services.build_manifest(build):
-        cluster.create("configmaps" if obj["kind"] == "ConfigMap" else "batch/v1/jobs", obj)
+        cluster.create({"ConfigMap": "configmaps", "Secret": "secrets"}.get(obj["kind"], "batch/v1/jobs"), obj)
     build = services.build_run(build_id=build.pk)
     assert build.status == "running" and "adopted the existing build Job" in build.log
     assert len(cluster.list("batch/v1/jobs", "builds")) == 1
@@ -179,7 +210,7 @@ def test_a_job_created_before_is_adopted_and_another_builds_is_refused(cluster, 
     jobs.close()
     # An object of the same name made for another build (another platform sharing the namespace) is not adopted.
     other = services.build_request(image=define_base(images_env, name="other-base"))
-    configmap, job = services.build_manifest(other)
+    *_, job = services.build_manifest(other)
     job["metadata"]["labels"]["trainyard.io/image-build"] = "999"
     cluster.create("batch/v1/jobs", job)
     other = services.build_run(build_id=other.pk)
@@ -194,7 +225,7 @@ def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, b
     build = services.build_request(image=base)
     cluster.controller.script("trainyard-image-build-", logs="#6 pushing layers done")
     build = services.build_run(build_id=build.pk)
-    digest = push_as_buildkit(build_root, build)
+    digest = push_as_buildkit(build_root, build, cluster)
     cluster.controller.tick(3)
     good = settings.TRAINYARD_REGISTRY_URL
     settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
@@ -207,3 +238,14 @@ def test_a_finished_job_waits_for_a_registry_that_is_down(cluster, images_env, b
     build = services.build_run(build_id=build.pk)
     assert build.status == "succeeded" and build.digest == digest
     assert build.log.count("#6 pushing layers done") == 1
+
+
+@pytest.mark.django_db
+def test_without_the_token_service_no_credential_goes_into_the_build_pod(images_env, settings):
+    """Shared mode (an external registry): the only credential is the platform's, which reaches every team's images;
+    it stays out of the BuildKit pod, whose RUN steps could likely read it."""
+    settings.TRAINYARD_REGISTRY_TOKEN_KEY = ""
+    settings.TRAINYARD_REGISTRY_USERNAME, settings.TRAINYARD_REGISTRY_PASSWORD = "platform", "shared-secret"
+    build = services.build_request(image=define_base(images_env))
+    objects = services.build_manifest(build)
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Job"] and "shared-secret" not in str(objects)

@@ -17,18 +17,25 @@ def test_the_embedded_registry_starts_on_a_free_loopback_port_and_stops_within_i
     url = urls["TRAINYARD_REGISTRY_URL"]
     try:
         assert url.startswith("http://127.0.0.1:")
-        assert httpx.get(f"{url}/v2/", timeout=5).status_code == 401  # it wants its password
+        challenge = httpx.get(f"{url}/v2/", timeout=5)
+        assert challenge.status_code == 401  # it wants a token of the platform's token service
+        realm = challenge.headers["WWW-Authenticate"].split('realm="', 1)[1].split('"', 1)[0]
+        assert realm.startswith("http://127.0.0.1:") and realm.endswith("/registry/token")
         creds = (urls["TRAINYARD_REGISTRY_USERNAME"], urls["TRAINYARD_REGISTRY_PASSWORD"])
-        assert httpx.get(f"{url}/v2/", auth=creds, timeout=5).status_code == 200
+        token = httpx.get(realm, params={"service": "trainyard-registry"}, auth=creds, timeout=5).json()["token"]
+        assert httpx.get(f"{url}/v2/", headers={"Authorization": f"Bearer {token}"}, timeout=5).status_code == 200
         config = (tmp_path / "registry.yml").read_text()
         assert f"rootdirectory: {tmp_path / 'registry'}" in config and "addr: 127.0.0.1:" in config
         assert (tmp_path / "registry.yml").stat().st_mode & 0o077 == 0
-        proc = running.procs[0][1]
+        procs = [proc for _, proc in running.procs]
+        token_port = int(realm.split(":")[2].split("/")[0])
     finally:
         started = time.monotonic()
         running.stop()
     assert time.monotonic() - started < embedded.STOP["registry"][1] + 1
-    assert proc.poll() is not None and not embedded.port_open("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    assert all(proc.poll() is not None for proc in procs) and len(procs) == 2
+    for port in (int(url.rsplit(":", 1)[1]), token_port):
+        assert not embedded.port_open("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(

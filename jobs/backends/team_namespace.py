@@ -12,7 +12,10 @@ For every team the Volcano backend keeps, in the team's namespace (created when 
 - a RoleBinding `trainyard-team` of the ClusterRole `trainyard-team` to the platform's service account;
 - NetworkPolicies: `trainyard-default-deny` (no ingress to any pod), `trainyard-job-peers` (the pods of the team's
   Volcano jobs reach each other on every port: a gang's master and workers, torch.distributed and NCCL) and
-  `trainyard-tensorboard` (the TensorBoard port of a job's master pod, from any namespace: the ingress controller).
+  `trainyard-tensorboard` (the TensorBoard port of a job's master pod, from any namespace: the ingress controller);
+- with the registry's token service (TRAINYARD_REGISTRY_TOKEN_KEY), a Secret `trainyard-registry-pull`
+  (kubernetes.io/dockerconfigjson): the team's own registry credential, the imagePullSecret of its job pods, which
+  pulls the team's `trainyard/<team>/…` and the shared bases and nothing of another team's.
 
 `sync` is level-triggered: it reads each object, creates what is missing, replaces what drifted (a deleted quota, a
 changed limit, a removed label) and leaves alone what matches; it returns what it changed. Objects others add to
@@ -43,6 +46,7 @@ TEAM_ROLE = "trainyard-team"  # the ClusterRole of k8s/rbac.yaml
 POLICY_DENY = "trainyard-default-deny"
 POLICY_PEERS = "trainyard-job-peers"
 POLICY_TENSORBOARD = "trainyard-tensorboard"
+PULL_SECRET = "trainyard-registry-pull"  # the team's credential at the platform's registry (an imagePullSecret)
 JOB_NAME_LABEL = "volcano.sh/job-name"  # Volcano's label on every pod of a Volcano job
 POD_SECURITY = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")} | {
     "pod-security.kubernetes.io/enforce-version": "latest"
@@ -151,21 +155,33 @@ def render_network_policies(team: TeamSpace) -> list[JSON]:
     ]
 
 
+def render_pull_secret(team: TeamSpace, docker_config: str) -> JSON:
+    """The team's imagePullSecret: the team's own registry credential (its images and the shared bases only)."""
+    import base64
+
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(PULL_SECRET, team),
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": base64.b64encode(docker_config.encode()).decode()}}  # fmt: skip
+
+
 def render_namespace(team: TeamSpace) -> JSON:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team.namespace,
             "labels": {**_labels(team), **POD_SECURITY}}}  # fmt: skip
 
 
 def render_team_namespace(
-    team: TeamSpace, *, sharing: str, shared_resource: str, service_account: str, system_namespace: str
-) -> list[JSON]:
-    """Every object the team's namespace must hold, the namespace first."""
+    team: TeamSpace, *, sharing: str, shared_resource: str, service_account: str, system_namespace: str,
+    pull_config: str = "",
+) -> list[JSON]:  # fmt: skip
+    """Every object the team's namespace must hold, the namespace first (the pull Secret when `pull_config`, a
+    Docker config.json with the team's registry credential, is given)."""
     return [
         render_namespace(team),
         render_quota(team, sharing=sharing, shared_resource=shared_resource),
         render_limit_range(team),
         render_role_binding(team, service_account=service_account, system_namespace=system_namespace),
         *render_network_policies(team),
+        *([render_pull_secret(team, pull_config)] if pull_config else []),
     ]
 
 
@@ -188,7 +204,7 @@ def _normal(value: Any) -> Any:
 
 
 BODY_FIELDS = {"ResourceQuota": ("spec",), "LimitRange": ("spec",), "NetworkPolicy": ("spec",),
-               "RoleBinding": ("roleRef", "subjects")}  # fmt: skip
+               "RoleBinding": ("roleRef", "subjects"), "Secret": ("type", "data")}  # fmt: skip
 
 
 def drifted(want: JSON, have: JSON) -> list[str]:
@@ -226,6 +242,7 @@ class NamespaceSync:
             "LimitRange": (self.core, "limit_range"),
             "RoleBinding": (self.rbac, "role_binding"),
             "NetworkPolicy": (self.networking, "network_policy"),
+            "Secret": (self.core, "secret"),
         }[kind]
         return tuple(getattr(api, f"{verb}_namespaced_{noun}") for verb in ("read", "create", "replace", "delete"))
 
@@ -285,7 +302,7 @@ class NamespaceSync:
         fields = drifted(want, have)
         if not fields:
             return []
-        if "roleRef" in fields:  # immutable: the binding is made again
+        if "roleRef" in fields or "type" in fields:  # immutable: the object is made again
             self._call(f"delete_{kind}", delete, name, namespace)
             self._call(f"create_{kind}", create, namespace, want)
         else:

@@ -179,6 +179,23 @@ def _attempt_of(name: str) -> tuple[str, int]:
     return str(uuid.UUID(hex=hex_id)), int(number)
 
 
+def _team_pull_secrets() -> bool:
+    """Job pods pull with their team's own Secret when the platform runs the registry's token service and keeps
+    the team namespaces (where that Secret is)."""
+    return bool(settings.TRAINYARD_REGISTRY_TOKEN_KEY and settings.TRAINYARD_REGISTRY_URL
+                and settings.TRAINYARD_K8S_MANAGE_NAMESPACES)  # fmt: skip
+
+
+def _team_pull_config(slug: str) -> str:
+    """The Docker config.json of a team's pull Secret ("" when there is none to keep)."""
+    if not _team_pull_secrets():
+        return ""
+    from images import registry
+
+    credential = registry.team_credential(slug)
+    return registry.docker_config(registry.platform_registry(), credential) if credential else ""
+
+
 def config_from_settings() -> VolcanoConfig:
     """The backend's configuration; raises `render.ManifestError` with the setting named when it cannot work
     (the `jobs` system check reports the same at startup)."""
@@ -190,7 +207,8 @@ def config_from_settings() -> VolcanoConfig:
         grace_s=math.ceil(settings.TRAINYARD_CANCEL_GRACE_S),
         run_as_uid=settings.TRAINYARD_K8S_RUN_AS_UID,
         service_account=settings.TRAINYARD_K8S_JOB_SERVICE_ACCOUNT,
-        image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS),
+        image_pull_secrets=tuple(settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS)
+        + ((team_namespace.PULL_SECRET,) if _team_pull_secrets() else ()),
         shared_resource=settings.TRAINYARD_K8S_SHARED_RESOURCE,
         tensorboard_image=settings.TRAINYARD_TB_IMAGE,
         rack_labels=tuple(settings.TRAINYARD_K8S_RACK_LABELS),
@@ -1060,6 +1078,7 @@ class VolcanoBackend:
             shared_resource=options.shared_resource,
             service_account=self.config.service_account,
             system_namespace=self.config.system_namespace,
+            pull_config=_team_pull_config(team.slug),
         )
         try:
             changes = team_namespace.NamespaceSync(self.api_client, self._call).sync(objects)

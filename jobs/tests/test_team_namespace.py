@@ -29,6 +29,23 @@ def test_every_object_validates(version):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+@pytest.mark.parametrize("version", ["1.29", kubernetes_validate.latest_version()])
+def test_the_teams_registry_pull_secret_validates_and_a_changed_credential_is_drift(version):
+    config = '{"auths": {"registry.local": {"username": "team.vision", "password": "p"}}}'
+    rendered = tn.render_team_namespace(TEAM, sharing="whole", shared_resource="nvidia.com/gpu.shared",
+                                        service_account="trainyard", system_namespace="trainyard",
+                                        pull_config=config)  # fmt: skip
+    secret = rendered[-1]
+    kubernetes_validate.validate(secret, version, strict=True)
+    assert (secret["kind"], secret["metadata"]["name"], secret["type"]) == (
+        "Secret", tn.PULL_SECRET, "kubernetes.io/dockerconfigjson",
+    )  # fmt: skip
+    assert tn.drifted(secret, secret) == []
+    other = tn.render_pull_secret(TEAM, config.replace('"p"', '"q"'))
+    assert tn.drifted(secret, other) == ["data"]
+    assert [o["kind"] for o in objects()].count("Secret") == 0  # no token service: no Secret
+
+
 def test_the_quota_follows_the_team_and_the_sharing_provider():
     whole = objects("whole")[1]["spec"]["hard"]
     assert (whole["requests.nvidia.com/gpu"], whole["requests.nvidia.com/gpu.shared"]) == ("2", "10")
@@ -133,3 +150,21 @@ def test_a_guaranteed_request_is_admitted_in_whole_cores(settings):
     assert job.cpu_milli == 3000
     shared, _ = services.job_submit(user=user, data={**data, "spec": "shared"})
     assert shared.cpu_milli % 1000 or shared.cpu_milli == ResourceSpec.objects.get(name="shared").cpu_milli_per_gpu
+
+
+def test_job_pods_pull_with_their_teams_secret_only_where_the_platform_keeps_it(settings, tmp_path):
+    from images import registry_tokens
+    from jobs.backends import volcano
+
+    key = tmp_path / "registry-token.key"
+    registry_tokens.ensure_key(key)
+    settings.TRAINYARD_K8S_IMAGE_PULL_SECRETS = ["site-wide"]
+    settings.TRAINYARD_REGISTRY_URL = "https://registry.example"
+    settings.TRAINYARD_K8S_MANAGE_NAMESPACES = True
+    settings.TRAINYARD_REGISTRY_TOKEN_KEY = str(key)
+    assert volcano.config_from_settings().render.image_pull_secrets == ("site-wide", tn.PULL_SECRET)
+    config = volcano._team_pull_config("vision")
+    assert '"username": "team.vision"' in config and "registry.example" in config
+    settings.TRAINYARD_REGISTRY_TOKEN_KEY = ""  # shared mode: the site-wide secrets only, no team Secret to keep
+    assert volcano.config_from_settings().render.image_pull_secrets == ("site-wide",)
+    assert volcano._team_pull_config("vision") == ""

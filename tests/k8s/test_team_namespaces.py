@@ -8,11 +8,14 @@ and the job says so. The admin kubeconfig only sets the scene and inspects.
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 import uuid
 
 import pytest
 import yaml
+from django.conf import settings
 from django.test import Client
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
@@ -163,6 +166,14 @@ def test_drift_is_repaired_by_the_beat_pass(platform, admin, rbac_of_this_checko
         assert core.read_namespaced_resource_quota("trainyard-quota", namespace).spec.hard["requests.nvidia.com/gpu"]
         assert core.read_namespace(namespace).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
         assert core.read_namespaced_limit_range("trainyard-limits", namespace).spec.limits[0].max["cpu"] == "4"
+        # The team's registry pull credential (with the platform's token service): its own, made again when lost.
+        if settings.TRAINYARD_REGISTRY_TOKEN_KEY and settings.TRAINYARD_REGISTRY_URL:
+            secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
+            assert secret.type == "kubernetes.io/dockerconfigjson"
+            auths = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"]
+            assert [a["username"] for a in auths.values()] == ["team.drift"]
+            core.delete_namespaced_secret("trainyard-registry-pull", namespace)
+            assert sync_team_namespaces()[namespace] == ["created Secret trainyard-registry-pull"]
     finally:
         _drop_namespace(admin, namespace)
         _managed_objects_removed(admin, TEAM_NS)  # the pass kept the demo team's namespace too

@@ -84,6 +84,8 @@ def test_only_the_s3_gateway_of_the_embedded_store_is_reachable_and_it_wants_its
 
 
 def test_the_embedded_registry_refuses_anonymous_pulls_and_pushes(tmp_path):
+    import re
+
     import httpx
 
     running = embedded.Embedded()
@@ -91,20 +93,27 @@ def test_the_embedded_registry_refuses_anonymous_pulls_and_pushes(tmp_path):
         urls = embedded.start_registry(tmp_path, running)
         url, user, password = (urls[k] for k in ("TRAINYARD_REGISTRY_URL", "TRAINYARD_REGISTRY_USERNAME",
                                                   "TRAINYARD_REGISTRY_PASSWORD"))  # fmt: skip
-        for name in ("registry.password", "registry.htpasswd", "registry.yml"):
+        for name in ("registry.password", "registry-token.key", "registry.yml"):
             assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
-        assert password not in (tmp_path / "registry.htpasswd").read_text()  # a bcrypt hash, not the password
+        assert urls["TRAINYARD_REGISTRY_TOKEN_KEY"] == str(tmp_path / "registry-token.key")
+        assert stat.S_IMODE((tmp_path / "registry").stat().st_mode) == 0o700  # every team's layers
+        config = (tmp_path / "registry.yml").read_text()
+        assert f"rootcertbundle: {tmp_path / 'registry-token.crt'}" in config and "htpasswd" not in config
         anonymous = [
             httpx.get(f"{url}/v2/"),
             httpx.get(f"{url}/v2/_catalog"),
             httpx.get(f"{url}/v2/trainyard/alpha/app/manifests/latest"),
             httpx.post(f"{url}/v2/trainyard/alpha/app/blobs/uploads/"),
             httpx.put(f"{url}/v2/trainyard/alpha/app/manifests/latest", content=b"{}"),
-            httpx.get(f"{url}/v2/", auth=(user, "wrong")),
+            httpx.get(f"{url}/v2/", auth=(user, password)),  # the registry takes tokens only, not the password
         ]
         assert [r.status_code for r in anonymous] == [401] * 6
-        assert httpx.get(f"{url}/v2/", auth=(user, password)).status_code == 200
-        upload = httpx.post(f"{url}/v2/trainyard/alpha/app/blobs/uploads/", auth=(user, password))
+        realm = re.search(r'realm="([^"]+)"', anonymous[3].headers["WWW-Authenticate"]).group(1)
+        scope = {"service": "trainyard-registry", "scope": "repository:trainyard/alpha/app:pull,push"}
+        assert httpx.get(realm, params=scope, auth=(user, "wrong")).status_code == 401
+        token = httpx.get(realm, params=scope, auth=(user, password)).json()["token"]
+        bearer = {"Authorization": f"Bearer {token}"}
+        upload = httpx.post(f"{url}/v2/trainyard/alpha/app/blobs/uploads/", headers=bearer)
         assert upload.status_code == 202
     finally:
         running.stop()
