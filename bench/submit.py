@@ -68,6 +68,11 @@ BENCH_RATE = "100000/s"  # no 429s: the throttle still runs on every request
 # A command no job of the filled history ran: the right-sizing lookup has nothing to find.
 BODY = {**SUBMIT_BODY, "name": "bench-submit", "command": ["python", "train.py", "--epochs", "5"]}
 GET_URL = "/api/v1/specs/shared/"
+PROCESS_MODEL = (
+    "the web server (ops.processes 'web': uvicorn, one process per core), the prefork Celery worker and the "
+    "solo-pool dispatcher as `make run` starts them; load from bench._load in a process of its own; PostgreSQL and "
+    "Redis on the same machine"
+)
 
 
 def database_ready(url: str) -> bool:
@@ -226,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     reuse = database_ready(db_url)
     setup_django()
     started = time.time()
-    results: dict[str, Any] = {"benchmark": "submit (a 100,000-job database, the real web server and workers)"}
+    results: dict[str, Any] = {
+        "benchmark": "submit (a 100,000-job database, the real web server and workers)",
+        "process_model": PROCESS_MODEL,
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-submit-") as tmp:
             workdir = Path(tmp)
