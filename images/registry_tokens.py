@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from kernel.host import private_file
+
 ISSUER = "trainyard"
 SERVICE = "trainyard-registry"
 SHARED_PREFIX = "trainyard/base/"  # the catalog's bases (images.services.SHARED_NAMESPACE): every team's
@@ -84,12 +86,7 @@ def ensure_key(key_path: Path) -> Path:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    tmp = key_path.with_name(key_path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    os.replace(tmp, key_path)
+    private_file(key_path, pem.decode())
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))  # public: the registry reads it
     _signer.cache_clear()
     return crt
