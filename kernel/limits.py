@@ -21,6 +21,7 @@ attempt falls back to `rlimit` and says so in its log.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import time
@@ -333,6 +334,9 @@ class AttemptLimits:
         self.v1 = {}
 
 
+RMDIR_TRIES, RMDIR_PAUSE_S = 30, 0.1
+
+
 def remove_folders(folders: list[str]) -> None:
     """Remove an attempt's cgroup folders its supervisor left (it was killed); only paths under the cgroup mounts,
     and only empty ones (rmdir refuses a cgroup that still holds processes)."""
@@ -340,8 +344,19 @@ def remove_folders(folders: list[str]) -> None:
         path = Path(text)
         if not path.is_relative_to(CGROUP_ROOT) or ".." in path.parts:
             continue
+        # A process killed a moment ago still counts in its cgroup until the kernel has finished its exit: on a busy
+        # machine that is tens of milliseconds, and nobody would try again once the attempt is reported lost.
+        for _ in range(RMDIR_TRIES):
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    break
+                time.sleep(RMDIR_PAUSE_S)
         try:
-            path.rmdir()
             if path.parent.name == "trainyard":
                 path.parent.rmdir()  # cgroup v1's shared folder, once no attempt uses it
         except OSError:
