@@ -546,6 +546,13 @@ def _clone_jobs(template, n: int, rng: random.Random, **fields) -> int:
     return written
 
 
+# What runs the estimates phase: the pages' and APIs' own views, middleware and templates, in the benchmark's process.
+ESTIMATES_PROCESS_MODEL = (
+    "the pages and APIs through Django's test client in the benchmark's process (the views, middleware, templates and "
+    "Redis cache a web process uses; no HTTP server); PostgreSQL and Redis on the same machine"
+)
+
+
 def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bool = False) -> dict:
     """Every page and API that shows an estimated start, on the fleet as the other phases left it, topped up to
     `total_jobs` jobs (the rest finished work of the last 30 days, in a handful of commands so the history has
@@ -737,6 +744,7 @@ def estimates_only(args) -> int:
     user = get_user_model().objects.get(username="demo")
     results = {
         "benchmark": "scheduler (live path), the estimates phase only, on the database a run kept",
+        "process_model": ESTIMATES_PROCESS_MODEL,
         "estimates": estimates(
             user, total_jobs=100_000, holders=6900, requests=10 if args.quick else 30, profile=args.profile_estimates
         ),
