@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -26,11 +27,25 @@ class ResourceVector(models.Model):
         }
 
 
+# Team slugs that name something else: `trainyard/base/` in the platform's registry holds the shared catalog bases
+# (images.services.SHARED_NAMESPACE), which every team pulls and no team's build may push to.
+RESERVED_TEAM_SLUGS = frozenset({"base"})
+
+
+def slug_not_reserved(value: str) -> None:
+    if value.lower() in RESERVED_TEAM_SLUGS:
+        raise ValidationError(
+            "'%(slug)s' is reserved: trainyard/%(slug)s/ in the registry holds the shared catalog bases",
+            code="reserved_slug",
+            params={"slug": value},
+        )
+
+
 class Team(ResourceVector):
     """A team owns jobs; its quota is hard (the four resources plus job counts)."""
 
     name = models.CharField(max_length=100, unique=True)
-    slug = models.SlugField(max_length=50, unique=True)
+    slug = models.SlugField(max_length=50, unique=True, validators=[slug_not_reserved])
     namespace = models.CharField(max_length=63, unique=True, help_text="Kubernetes namespace of its jobs")
     max_running_jobs = models.PositiveIntegerField(default=20)
     max_jobs_per_user = models.PositiveIntegerField(default=10, help_text="running jobs per member")

@@ -243,6 +243,22 @@ def test_queue_default_timeout_above_maximum_is_a_form_error(world, staff):
     assert not QuotaChange.objects.exists()
 
 
+def test_a_team_slug_that_names_the_shared_bases_is_a_form_error(world, staff):
+    """`trainyard/base/` in the registry is the shared catalog: a team slugged `base` would own it."""
+    from images.services import SHARED_NAMESPACE
+    from quotas.models import RESERVED_TEAM_SLUGS
+
+    assert SHARED_NAMESPACE in RESERVED_TEAM_SLUGS
+    team = world["team"]
+    data = form_data(staff.get(change_url(team)))
+    data.update(slug="base")
+    response = staff.post(change_url(team), data)
+    assert response.status_code == 200
+    assert "is reserved" in str(response.context["adminform"].form.errors["slug"])
+    team.refresh_from_db()
+    assert team.slug == "demo"
+
+
 def test_queue_and_spec_time_limits_read_and_type_in_hours_and_minutes(world, staff):
     queue = Queue.objects.get(name="debug")
     page = staff.get(change_url(queue)).content.decode()
