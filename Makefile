@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s bench-submit lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s bench-submit bench-soak lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -93,6 +93,10 @@ bench-storage: venv
 # (bench/submit.py; ARGS=--keep-db keeps the database for the next run). Not part of `make bench`.
 bench-submit: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.submit $(ARGS)
+
+# An hour of submissions, reads and cancels through the processes `make run` starts: RSS of each, every minute.
+bench-soak: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.soak $(ARGS)
 
 # ASHA vs random search through the real platform (worker, beat, sandboxed trials); ARGS=--quick for a short run.
 bench-experiments: venv
