@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -255,6 +256,9 @@ def slices_release(*, attempt_id: int, reason: str) -> int:
 class ReconcileReport:
     freed: int = 0
     overcommitted: list[str] | None = None
+    lock_wait_s: float = 0.0  # waiting for the pool lock (a dispatch pass's write holds it)
+    lock_held_s: float = 0.0  # admission waits this long, no longer: the leak repair, from taking the lock to commit
+    total_s: float = 0.0
 
 
 # Held slices whose holder is gone: no attempt, a finished attempt, or (given what the backend runs) an attempt said
@@ -303,8 +307,10 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=Non
         "refs": sorted(live_backend_refs or ()),
         "observed_at": observed_at or now,
     }
+    t0 = time.perf_counter()
     with transaction.atomic():
         pool_lock()
+        t1 = time.perf_counter()
         with connection.cursor() as cursor:
             cursor.execute(FREE_LEAKED_SQL, params)
             freed = cursor.fetchall()
@@ -320,6 +326,7 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=Non
             ],
             batch_size=1000,
         )
+    report.lock_wait_s, report.lock_held_s = t1 - t0, time.perf_counter() - t1
     report.freed = len(freed)
     with connection.cursor() as cursor:
         cursor.execute(OVERCOMMITTED_SQL, {"finished": FINISHED_ATTEMPT})
@@ -330,7 +337,15 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=Non
         repairs.append(PoolRepair(kind="overcommit", gpu_id=gpu_id, detail=detail))
         report.overcommitted.append(detail)
     PoolRepair.objects.bulk_create(repairs, batch_size=1000)
-    log.info("pool_reconciled", freed=report.freed, overcommitted=len(report.overcommitted))
+    report.total_s = time.perf_counter() - t0
+    log.info(
+        "pool_reconciled",
+        freed=report.freed,
+        overcommitted=len(report.overcommitted),
+        lock_wait_ms=round(report.lock_wait_s * 1000, 1),
+        lock_held_ms=round(report.lock_held_s * 1000, 1),
+        total_ms=round(report.total_s * 1000, 1),
+    )
     return report
 
 

@@ -740,12 +740,16 @@ def run_pass(
     finally:
         _pass_unlock()
     report.total_s = time.perf_counter() - t0
-    if report.admitted or report.total_s > 1.0:
+    # A pass that read every line is logged too (beat's every 30 s, one after each release or edit): what a backlog
+    # costs shows there. The fast passes that admit nothing (a newcomer that must wait) are too many to log.
+    if report.admitted or not report.fast or report.total_s > 1.0:
         log.info(
             "dispatch_pass",
             admitted=report.admitted,
             waiting=report.waiting,
             fast=report.fast,
+            placement_calls=report.placement_calls,
+            shape_hits=report.shape_hits,
             total_ms=round(report.total_s * 1000, 1),
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),

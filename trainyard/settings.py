@@ -293,7 +293,8 @@ TRAINYARD_READY_TIMEOUT = env.float("TRAINYARD_READY_TIMEOUT", default=2.0)
 TRAINYARD_REGISTRY_ALLOWLIST = env.list(
     "TRAINYARD_REGISTRY_ALLOWLIST", default=["docker.io", "nvcr.io", "ghcr.io", "registry.local"]
 )
-TRAINYARD_RECONCILE_INTERVAL = timedelta(minutes=10)
+# The pool reconcile (jobs.reconcile_pool on beat): the ledger against what really runs.
+TRAINYARD_RECONCILE_INTERVAL = timedelta(seconds=env.float("TRAINYARD_RECONCILE_INTERVAL_S", default=600.0))
 # Local attempts' processes pinned to the CPUs of their GPUs' NUMA node(s), sized by their CPU request.
 TRAINYARD_LOCAL_CPU_PINNING = env.bool("TRAINYARD_LOCAL_CPU_PINNING", default=True)
 
