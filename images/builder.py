@@ -6,10 +6,11 @@ subordinate uid/gid ranges of its own, in rootless podman (`--isolation chroot` 
 owns), with storage of its own (`<TRAINYARD_BUILD_ROOT>/rootless/<who>/`, mode 0700). So a step that escapes the
 chroot is that unprivileged user on the host, never root, and reads neither the platform's files nor another team's
 layers. The `podman build` itself runs in a jail (images/build_jail.py): a network namespace of its own (no network
-by default, `TRAINYARD_BUILD_NETWORK=outbound` gives it slirp4netns without the host's loopback, so public package
-mirrors but no platform service) and a mount namespace in which the platform's folders, every other team's storage
-and every other build's context are covered. Pulls of the (checked) base images and the push to the platform
-registry run outside the jail, as the same user, before and after it.
+by default; `TRAINYARD_BUILD_NETWORK=allowlist` gives it a loopback with a relay to the platform's filtering proxy,
+so the hosts of TRAINYARD_BUILD_ALLOWED_HOSTS and nothing else, images/build_proxy.py; `outbound` gives it slirp4netns
+without the host's loopback, so any internet host but no platform service) and a mount namespace in which the
+platform's folders, every other team's storage and every other build's context are covered. Pulls of the (checked)
+base images and the push to the platform registry run outside the jail, as the same user, before and after it.
 
 When the platform does not run as root, podman is already rootless as that user; the jail needs root, so builds run
 as the platform's user with its network (docs/images.md says so).
@@ -65,12 +66,14 @@ class Builder:
     def runroot(self) -> Path:
         return short_run_root(self.root)
 
-    def podman(self, *args: str) -> list[str]:
+    def podman(self, *args: str, env: dict[str, str] | None = None) -> list[str]:
+        """A podman command as this builder; `env` is added to its environment (an isolated builder's alone)."""
         base = ["podman", "--root", str(self.root / "storage"), "--runroot", str(self.runroot), *args]
         if not self.isolated:
             return base
-        env = [f"HOME={self.root / 'home'}", f"XDG_RUNTIME_DIR={self.runroot}", f"TMPDIR={self.root / 'tmp'}"]
-        return ["runuser", "-u", self.name, "--", "env", "-i", f"PATH={os.environ.get('PATH', '')}", *env, *base]
+        own = [f"HOME={self.root / 'home'}", f"XDG_RUNTIME_DIR={self.runroot}", f"TMPDIR={self.root / 'tmp'}"]
+        own += [f"{name}={value}" for name, value in (env or {}).items()]
+        return ["runuser", "-u", self.name, "--", "env", "-i", f"PATH={os.environ.get('PATH', '')}", *own, *base]
 
 
 def _slot(who: str) -> int:
@@ -188,8 +191,12 @@ def _hidden(tops: list[Path], keep: list[Path]) -> tuple[list[str], list[str]]:
     return sorted(set(dirs)), sorted(set(files))
 
 
-def jailed(builder: Builder, argv: list[str], *, context: Path, resolv_conf: str | None = None) -> list[str]:
-    """`argv` (a podman build) inside the build jail; unchanged when builds cannot be isolated (not root)."""
+def jailed(
+    builder: Builder, argv: list[str], *, context: Path, resolv_conf: str | None = None, relay: dict | None = None
+) -> list[str]:
+    """`argv` (a podman build) inside the build jail; unchanged when builds cannot be isolated (not root). `relay`
+    (`folder`, `socket`, `port`): the jail's loopback relays that port to the unix socket in that folder, which stays
+    visible (images/build_jail.py)."""
     if not builder.isolated:
         return argv
     tops = [
@@ -203,12 +210,14 @@ def jailed(builder: Builder, argv: list[str], *, context: Path, resolv_conf: str
         Path("/root"),
         Path("/home"),
     ]
-    dirs, files = _hidden(tops, keep=[builder.root, context])
+    keep = [builder.root, context, *([Path(relay["folder"])] if relay else [])]
+    dirs, files = _hidden(tops, keep=keep)
     plan = {
         "hide_dirs": dirs,
         "hide_files": files,
         "resolv_conf": resolv_conf,
         "wait_for": "tap0" if settings.TRAINYARD_BUILD_NETWORK == "outbound" else "",
+        "relay": {**relay, "uid": builder.uid, "gid": builder.gid} if relay else None,
         "argv": argv,
     }
     return [

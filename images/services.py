@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from kubernetes.client.exceptions import ApiException
 
-from images import build_limits, host_rootfs, k8s_build, registry, scan
+from images import build_limits, build_proxy, host_rootfs, k8s_build, registry, scan
 from images.builder import BuilderUnavailable, builder_for, context_dir, give, jailed, short_run_root
 from images.models import (
     SEVERITY_RANK,
@@ -637,8 +637,17 @@ def _build_run(*, build_id: int) -> ImageBuild:
                 _registry_check(build)
                 return _finish(build, ok=False, message=f"pull failed (exit {result.returncode}); nothing was pushed\n")
         user = f" (as {who.name}, network {settings.TRAINYARD_BUILD_NETWORK})" if who.isolated else ""
-        _append(build, f"$ podman build {' '.join(BUILD_ARGS)} --pull=never -t {local}{user}\n")
-        argv = who.podman("build", *BUILD_ARGS, "--pull=never", "-t", local, "-f", "Containerfile", str(context))
+        proxied = settings.TRAINYARD_BUILD_NETWORK == "allowlist"
+        network_args = ["--http-proxy=true"] if proxied else []  # RUN steps get podman's http_proxy & co.
+        _append(build, f"$ podman build {' '.join([*BUILD_ARGS, *network_args])} --pull=never -t {local}{user}\n")
+        if proxied:
+            allowed = ", ".join(settings.TRAINYARD_BUILD_ALLOWED_HOSTS) or "nothing (an empty allow-list)"
+            _append(build, f"[trainyard] network: RUN steps reach only {allowed}, through the platform's proxy at "
+                           f"{build_proxy.relay_env()['http_proxy']}\n")  # fmt: skip
+        argv = who.podman(
+            "build", *BUILD_ARGS, *network_args, "--pull=never", "-t", local, "-f", "Containerfile", str(context),
+            env=build_proxy.relay_env() if proxied else None,
+        )  # fmt: skip
         step = _run_build(who, argv, context, build_id=build.pk)
         _append(build, step.output)
         if step.held:
@@ -843,7 +852,10 @@ def _pull_sources(containerfile: str) -> list[str]:
 def _run_build(who, argv: list[str], context: Path, *, build_id: int) -> build_limits.Bounded:
     """The build step in its jail (images/builder.py), bounded in memory, CPU, processes and time
     (images/build_limits.py); with TRAINYARD_BUILD_NETWORK=outbound, slirp4netns gives the jail's network namespace
-    a way out that never reaches the host's loopback."""
+    a way out that never reaches the host's loopback; with `allowlist`, the platform's filtering proxy is its only
+    way out."""
+    if settings.TRAINYARD_BUILD_NETWORK == "allowlist":
+        return _run_build_behind_proxy(who, argv, context, build_id=build_id)
     jail = jailed(who, argv, context=context, resolv_conf=_build_resolver(context))
     timeout_s = settings.TRAINYARD_BUILD_TIMEOUT_S
     if jail is argv or settings.TRAINYARD_BUILD_NETWORK != "outbound":
@@ -877,6 +889,48 @@ def _run_build(who, argv: list[str], context: Path, *, build_id: int) -> build_l
     finally:
         slirp.terminate()
         slirp.wait(timeout=10)
+
+
+def _run_build_behind_proxy(who, argv: list[str], context: Path, *, build_id: int) -> build_limits.Bounded:
+    """TRAINYARD_BUILD_NETWORK=allowlist: the jail's loopback relays 127.0.0.1:RELAY_PORT to a proxy this process runs
+    for the step (images/build_proxy.py) on a unix socket beside the context; its refusals end the step's output."""
+    if not who.isolated:
+        return build_limits.Bounded(
+            126, "TRAINYARD_BUILD_NETWORK=allowlist needs the build jail, and the jail needs the platform to run as "
+            "root; the build did not run\n", "", "", "",
+        )  # fmt: skip
+    folder = context.parent / f"{context.name}.net"
+    proxy = build_proxy.BuildProxy(proxy_policy(), folder, owner=(who.uid, who.gid))
+    relay = {"folder": str(folder), "socket": build_proxy.SOCKET_NAME, "port": build_proxy.RELAY_PORT}
+    try:
+        with proxy:
+            jail = jailed(who, argv, context=context, relay=relay)
+            try:
+                step = build_limits.run(jail, build_id=build_id, timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S)
+            except FileNotFoundError:
+                return build_limits.Bounded(127, f"{jail[0]} is not installed\n", "", "", "")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    step.output += proxy.log()
+    return step
+
+
+def proxy_policy() -> build_proxy.Policy:
+    """What a build's RUN steps may reach through the proxy: TRAINYARD_BUILD_ALLOWED_HOSTS, less the platform's own
+    services (database, Redis, object store, registry, web) wherever a name points."""
+    db = settings.DATABASES["default"]
+    web = (os.environ.get("TRAINYARD_HOST", "127.0.0.1"), int(os.environ.get("TRAINYARD_PORT", "8000")))
+    urls = [
+        settings.REDIS_URL,
+        settings.CELERY_BROKER_URL,
+        settings.TRAINYARD_S3_URL or os.environ.get("TRAINYARD_S3_URL", ""),
+        settings.TRAINYARD_REGISTRY_URL,
+    ]
+    ports = [(str(db.get("HOST") or ""), int(db.get("PORT") or 5432)), web]
+    return build_proxy.Policy(
+        allowed=frozenset(settings.TRAINYARD_BUILD_ALLOWED_HOSTS),
+        guarded=build_proxy.platform_endpoints([u for u in urls if u], ports),
+    )
 
 
 def _build_resolver(context: Path) -> str | None:

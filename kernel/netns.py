@@ -22,6 +22,30 @@ def slirp_resolv_conf(folder: Path) -> str | None:
     return str(path)
 
 
+def local_addresses() -> set[str]:
+    """Every address of this process's network namespace (IPv4 from the kernel's local routing table, IPv6 from
+    the interfaces), as text."""
+    import ipaddress
+
+    found: set[str] = set()
+    last = ""
+    try:
+        for line in Path("/proc/net/fib_trie").read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["|--"]:
+                last = words[1]
+            elif words[1:] == ["host", "LOCAL"] and words[0] == "/32" and last:
+                found.add(last)
+    except (OSError, IndexError):
+        pass
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            found.add(str(ipaddress.IPv6Address(bytes.fromhex(line.split()[0]))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return found
+
+
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 

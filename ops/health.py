@@ -56,6 +56,7 @@ def missing_tools() -> list[tuple[str, str]]:
         needed.append(("podman", "podman"))
         if os.geteuid() == 0:
             needed += [("newuidmap", "uidmap"), ("newgidmap", "uidmap")]
+        # `allowlist` needs no program beyond the jail's: its proxy runs in the worker, its relay in the jail's Python.
         if settings.TRAINYARD_BUILD_NETWORK == "outbound":
             needed.append((settings.TRAINYARD_SANDBOX_SLIRP4NETNS, "slirp4netns"))
     missing = [(tool, package) for tool, package in dict.fromkeys(needed) if shutil.which(tool) is None]

@@ -527,11 +527,14 @@ TRAINYARD_CODE_GIT_ALLOW_FILE = env.bool("TRAINYARD_CODE_GIT_ALLOW_FILE", defaul
 TRAINYARD_CODE_GIT_TIMEOUT_S = env.int("TRAINYARD_CODE_GIT_TIMEOUT_S", default=120)
 # A vulnerability feed older than this (or none) makes a clean scan "unscanned", never "passed".
 TRAINYARD_SCAN_FEED_MAX_AGE_S = env.float("TRAINYARD_SCAN_FEED_MAX_AGE_S", default=7 * 86400)
-# The network of a local build's RUN steps (images/builder.py): "none", or "outbound" (slirp4netns: the internet's
-# package mirrors, never the platform's own loopback services).
+# The network of a local build's RUN steps (images/builder.py): "none"; "allowlist" (through the platform's filtering
+# proxy, the hosts of TRAINYARD_BUILD_ALLOWED_HOSTS alone, never a loopback address or a platform service;
+# images/build_proxy.py); or "outbound" (slirp4netns: any internet host, never the platform's own loopback services).
 TRAINYARD_BUILD_NETWORK = env.str("TRAINYARD_BUILD_NETWORK", default="none")
-if TRAINYARD_BUILD_NETWORK not in ("none", "outbound"):
-    raise ValueError("TRAINYARD_BUILD_NETWORK must be 'none' or 'outbound'")
+if TRAINYARD_BUILD_NETWORK not in ("none", "allowlist", "outbound"):
+    raise ValueError(
+        f"TRAINYARD_BUILD_NETWORK must be 'none', 'allowlist' or 'outbound', not {TRAINYARD_BUILD_NETWORK!r}"
+    )
 # The hosts a build may reach on its own besides the platform's registry (docs/security.md, "Build hosts"):
 # `host:port` pairs, e.g. `registry-1.docker.io:443,deb.debian.org:80`. A base image's FROM on another registry
 # (Docker Hub is registry-1.docker.io:443) and an ADD <url> must name one; anything else is 400

@@ -3,8 +3,12 @@
 in for python3) pushed to it."""
 
 import json
+import os
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +101,65 @@ def images_env(settings, registry_url, build_root, upstream):
 @pytest.fixture
 def feed():
     return json.loads((DATA / "osv-feed.json").read_text())
+
+
+MIRROR_BODY = "mirror-package-ok\n"
+
+
+@pytest.fixture(scope="session")
+def mirror(tmp_path_factory):
+    """A package mirror that is not on loopback (the build proxy refuses loopback): an HTTP server on a test host of
+    its own, a network namespace made here and joined to this one by a veth pair (198.18.0.0/15, the benchmarking
+    range), serving `pkg.txt`. The namespace, and with it the pair, goes when the test session ends. Needs root,
+    `ip`, `unshare` and `nsenter`; skipped without them, failed under CI=true."""
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        why = f"a test mirror host (a namespace of its own) needs root, ip, unshare, nsenter (missing: {missing})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    from kernel.netns import local_addresses
+
+    folder = tmp_path_factory.mktemp("mirror")
+    (folder / "pkg.txt").write_text(MIRROR_BODY)
+    mine = local_addresses()
+    octet = next(n for n in range(16 + os.getpid() % 200, 256) if f"198.18.{n}.1" not in mine)
+    here, there, port = f"198.18.{octet}.1", f"198.18.{octet}.2", 8080
+    outside, inside = f"tym{os.getpid() % 100000}h", f"tym{os.getpid() % 100000}p"
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    server = None
+    try:
+        own = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{holder.pid}/ns/net") == own:
+            assert time.monotonic() < deadline, "the mirror's namespace was not made"
+            time.sleep(0.01)
+        netns = ["nsenter", "-t", str(holder.pid), "-n"]
+        for argv in (
+            ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", str(holder.pid)],
+            ["ip", "addr", "add", f"{here}/30", "dev", outside],
+            ["ip", "link", "set", outside, "up"],
+            [*netns, "ip", "addr", "add", f"{there}/30", "dev", inside],
+            [*netns, "ip", "link", "set", inside, "up"],
+            [*netns, "ip", "link", "set", "lo", "up"],
+        ):
+            subprocess.run(argv, check=True, capture_output=True, timeout=30)
+        server = subprocess.Popen(
+            [*netns, sys.executable, "-m", "http.server", "--bind", there, "--directory", str(folder), str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection((there, port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the test mirror did not start"
+                time.sleep(0.1)
+        yield {"address": there, "port": port, "endpoint": f"{there}:{port}", "body": MIRROR_BODY}
+    finally:
+        for process in (server, holder):
+            if process is not None:
+                process.kill()
+                process.wait(timeout=10)
+        subprocess.run(["ip", "link", "del", outside], capture_output=True, timeout=30)
