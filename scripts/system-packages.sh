@@ -6,6 +6,7 @@
 #   uidmap                   newuidmap/newgidmap: builds run rootless as a user of their team (images/builder.py)
 #   python3                  Debian's Python, what the offline base image python-local is assembled from
 #   chromium, fonts-noto-cjk the portal's browser tests (Playwright drives Debian's Chromium; never a downloaded one)
+#   iproute2                 `ip`: the build-network tests' package mirror on a test host of its own (a veth pair)
 # As root it installs them with apt-get; as another user it prints the one command to run and carries on (so
 # `make venv` and the tests that need none of them still work). `make run` does not start without the ones its
 # configuration needs (bwrap, slirp4netns, podman, newuidmap/newgidmap, docker-registry while no registry is
@@ -22,9 +23,10 @@ declare -A provides=(
   [python3]=/usr/bin/python3
   [chromium]=/usr/bin/chromium
   [fonts-noto-cjk]=/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc
+  [iproute2]=/usr/sbin/ip
 )
 missing=()
-for pkg in bubblewrap slirp4netns podman uidmap docker-registry python3 chromium fonts-noto-cjk; do
+for pkg in bubblewrap slirp4netns podman uidmap docker-registry python3 chromium fonts-noto-cjk iproute2; do
   [ -e "${provides[$pkg]}" ] || missing+=("$pkg")
 done
 [ "${#missing[@]}" -eq 0 ] && exit 0
