@@ -85,7 +85,11 @@ def inventories_sync(*, infos: Sequence[NodeInfo], backend: str = "local") -> li
             Node.objects.bulk_update(changed, _NODE_FIELDS)
         if known:
             Node.objects.filter(pk__in=[n.pk for n in known.values()]).update(last_seen=now)
-        nodes = {**known, **{n.name: n for n in Node.objects.bulk_create(created)}}
+        # A node another sync created meanwhile (not locked above: it did not exist) is updated, not a conflict.
+        created = Node.objects.bulk_create(
+            created, update_conflicts=True, unique_fields=["name"], update_fields=[*_NODE_FIELDS, "last_seen"]
+        )
+        nodes = {**known, **{n.name: n for n in created}}
         _gpus_sync(nodes=nodes, infos=infos, now=now)
         if backend != "local":
             ready = {i.name: i.labels[K8S_READY_LABEL] == "true" for i in infos if K8S_READY_LABEL in i.labels}
@@ -114,7 +118,7 @@ def _gpus_sync(*, nodes: Mapping[str, Node], infos: Sequence[NodeInfo], now) -> 
     if changed:
         GPU.objects.bulk_update(changed, _GPU_FIELDS)
     if created:
-        GPU.objects.bulk_create(created)
+        GPU.objects.bulk_create(created, update_conflicts=True, unique_fields=["uuid"], update_fields=_GPU_FIELDS)
     vanished = [g for g in known.values() if g.uuid not in reported and g.health != GPU.Health.UNHEALTHY]
     if vanished:
         GPU.objects.filter(pk__in=[g.pk for g in vanished]).update(

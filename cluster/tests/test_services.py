@@ -2,6 +2,8 @@
 an admin's pool outlives a re-sync, a card that stops being reported leaves service, cordoning is idempotent,
 and driver versions compare as versions."""
 
+from dataclasses import replace
+
 import pytest
 
 from cluster import selectors, services
@@ -132,3 +134,12 @@ def test_a_sync_of_many_nodes_keeps_what_each_node_sync_did():
     assert not GPU.objects.exclude(health=GPU.Health.HEALTHY).exists() and not GPU.objects.filter(quarantined=True)
     assert dict(Node.objects.values_list("name", "state"))["n2"] == "ready"
     assert Node.objects.get(name="n0").labels[POOL_LABEL] == "research"
+
+
+def test_a_card_reported_by_another_node_moves_there():
+    card = GpuInfo(uuid="GPU-moved", index=0, model="NVIDIA A100-SXM4-80GB", memory_mib=81920)
+    services.inventories_sync(infos=[_k8s("a", gpus=0), _k8s("b", gpus=0)], backend="volcano")
+    services.inventories_sync(infos=[replace(_k8s("a", gpus=0), gpus=(card,)), _k8s("b", gpus=0)], backend="volcano")
+    services.inventories_sync(infos=[_k8s("a", gpus=0), replace(_k8s("b", gpus=0), gpus=(card,))], backend="volcano")
+    moved = GPU.objects.get(uuid="GPU-moved")
+    assert moved.node.name == "b" and moved.health == GPU.Health.HEALTHY and GPU.objects.count() == 1
