@@ -2,7 +2,7 @@
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s bench-submit bench-soak lock
+.PHONY: run test test-faults test-k8s test-gpu venv lint fmt migrations web worker dispatcher beat smoke-embedded smoke-installed bench bench-api bench-allocator bench-scheduler bench-eta bench-pools bench-logs bench-rightsizing bench-storage bench-experiments bench-k8s bench-submit bench-soak bench-inventory lock
 
 venv: .venv/.installed
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml scripts/bootstrap.sh scripts/system-packages.sh
@@ -68,6 +68,10 @@ bench-scheduler: venv
 # same Volcano jobs created directly (bench/k8s.py; `--quick` through BENCH_ARGS). Not part of `make bench`.
 bench-k8s: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.k8s $(BENCH_ARGS)
+
+# The Volcano backend's inventory sync on the trace's whole cluster: seconds and queries (bench/inventory.py).
+bench-inventory: venv
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.inventory $(BENCH_ARGS)
 
 bench-eta: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.eta

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import structlog
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from cluster.inventory import LENT_LABEL, POOL_LABEL, NodeInfo, node_pool
@@ -34,55 +35,109 @@ K8S_READY_LABEL = "trainyard.io/k8s-ready"
 
 
 def inventory_sync(*, info: NodeInfo, backend: str = "local") -> Node:
-    """Create or update a node and its GPUs from what the backend reports; GPUs that vanished turn unhealthy,
-    and come back into service when the node reports them again. A Kubernetes node that is not Ready keeps its
-    cards (nothing is known to be wrong with them) but takes no placements until it is Ready again."""
+    """One node's inventory (`inventories_sync` of one)."""
+    inventories_sync(infos=[info], backend=backend)
+    return Node.objects.get(name=info.name)
+
+
+_NODE_FIELDS = ("backend", "emulated", "driver_version", "cuda_version", "cpu_milli", "memory_mib", "labels", "rack",
+                "nvlink_domain")  # fmt: skip
+_GPU_FIELDS = ("node_id", "index", "model", "memory_mib", "mig_profile", "mig_parent")
+
+
+def inventories_sync(*, infos: Sequence[NodeInfo], backend: str = "local") -> list[str]:
+    """Create or update nodes and their GPUs from what the backend reports; GPUs that vanished turn unhealthy,
+    and come back into service when their node reports them again. A Kubernetes node that is not Ready keeps its
+    cards (nothing is known to be wrong with them) but takes no placements until it is Ready again. One
+    transaction with a fixed number of queries however many nodes are reported (a whole cluster every 5 minutes):
+    the known rows are read at once, only what changed is written. Returns the names of the nodes."""
     now = timezone.now()
-    labels = dict(info.labels)
-    known = Node.objects.filter(name=info.name).values_list("labels", flat=True).first()
-    if known is not None and POOL_LABEL in known:
-        labels[POOL_LABEL] = known[POOL_LABEL]  # the pool an admin moved it to outlives the inventory's word
-    if known is not None and LENT_LABEL in known:
-        labels[LENT_LABEL] = known[LENT_LABEL]  # so does a loan (jobs/lending.py)
-    node, _ = Node.objects.update_or_create(
-        name=info.name,
-        defaults=dict(
-            backend=backend,
-            emulated=info.emulated,
-            driver_version=info.driver_version,
-            cuda_version=info.cuda_version,
-            cpu_milli=info.cpu_milli,
-            memory_mib=info.memory_mib,
-            labels=labels,
-            rack=info.labels.get("trainyard.io/rack", ""),
-            nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""),
-            last_seen=now,
-        ),
-    )
-    seen = set()
-    for gpu in info.gpus:
-        seen.add(gpu.uuid)
-        GPU.objects.update_or_create(
-            uuid=gpu.uuid,
-            defaults=dict(
-                node=node,
-                index=gpu.index,
-                model=gpu.model,
-                memory_mib=gpu.memory_mib,
-                mig_profile=gpu.mig_profile,
-                mig_parent=gpu.mig_parent,
-            ),
+    infos = list({info.name: info for info in infos}.values())
+    with transaction.atomic():
+        # Locked in one order, so a concurrent sync waits instead of deadlocking, and an admin's pool move or loan
+        # (which locks the node) is not overwritten by labels read before it.
+        known = {n.name: n for n in Node.objects.select_for_update().filter(name__in=[i.name for i in infos])
+                 .order_by("pk")}  # fmt: skip
+        created, changed = [], []
+        for info in infos:
+            labels = dict(info.labels)
+            node = known.get(info.name)
+            for kept in (POOL_LABEL, LENT_LABEL):  # an admin's pool and a loan (jobs/lending.py) outlive the report
+                if node is not None and kept in node.labels:
+                    labels[kept] = node.labels[kept]
+            values = dict(
+                backend=backend,
+                emulated=info.emulated,
+                driver_version=info.driver_version,
+                cuda_version=info.cuda_version,
+                cpu_milli=info.cpu_milli,
+                memory_mib=info.memory_mib,
+                labels=labels,
+                rack=info.labels.get("trainyard.io/rack", ""),
+                nvlink_domain=info.labels.get("trainyard.io/nvlink-domain", ""),
+            )
+            if node is None:
+                created.append(Node(name=info.name, last_seen=now, **values))
+            elif any(getattr(node, k) != v for k, v in values.items()):
+                for k, v in values.items():
+                    setattr(node, k, v)
+                changed.append(node)
+        if changed:
+            Node.objects.bulk_update(changed, _NODE_FIELDS)
+        if known:
+            Node.objects.filter(pk__in=[n.pk for n in known.values()]).update(last_seen=now)
+        # A node another sync created meanwhile (not locked above: it did not exist) is updated, not a conflict.
+        created = Node.objects.bulk_create(
+            created, update_conflicts=True, unique_fields=["name"], update_fields=[*_NODE_FIELDS, "last_seen"]
         )
-    vanished = node.gpus.exclude(uuid__in=seen).exclude(health=GPU.Health.UNHEALTHY)
-    for gpu in vanished:
-        gpu_mark_unhealthy(gpu=gpu, reason=VANISHED)
-    for gpu in node.gpus.filter(uuid__in=seen, health=GPU.Health.UNHEALTHY, quarantine_reason=VANISHED):
-        gpu_return_to_service(gpu=gpu)
-        log.info("gpu_reported_again", gpu=gpu.uuid, node=node.name)
-    if backend != "local" and K8S_READY_LABEL in labels:
-        nodes_reachability_apply(backend=backend, ready={node.name: labels[K8S_READY_LABEL] == "true"})
-        node.refresh_from_db(fields=["state"])
-    return node
+        nodes = {**known, **{n.name: n for n in created}}
+        _gpus_sync(nodes=nodes, infos=infos, now=now)
+        if backend != "local":
+            ready = {i.name: i.labels[K8S_READY_LABEL] == "true" for i in infos if K8S_READY_LABEL in i.labels}
+            if ready:
+                nodes_reachability_apply(backend=backend, ready=ready)
+    return [info.name for info in infos]
+
+
+def _gpus_sync(*, nodes: Mapping[str, Node], infos: Sequence[NodeInfo], now) -> None:
+    """The cards of `infos` (their nodes already in `nodes`): created, updated where they changed, the nodes' cards
+    no longer reported taken out of service and the ones reported again given back."""
+    reported = {gpu.uuid: (nodes[info.name], gpu) for info in infos for gpu in info.gpus}
+    node_ids = [n.pk for n in nodes.values()]
+    known = {g.uuid: g for g in GPU.objects.filter(Q(uuid__in=list(reported)) | Q(node_id__in=node_ids))}
+    created, changed = [], []
+    for uuid, (node, gpu) in reported.items():
+        values = dict(node_id=node.pk, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib,
+                      mig_profile=gpu.mig_profile, mig_parent=gpu.mig_parent)  # fmt: skip
+        row = known.get(uuid)
+        if row is None:
+            created.append(GPU(uuid=uuid, **values))
+        elif any(getattr(row, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(row, k, v)
+            changed.append(row)
+    if changed:
+        GPU.objects.bulk_update(changed, _GPU_FIELDS)
+    if created:
+        GPU.objects.bulk_create(created, update_conflicts=True, unique_fields=["uuid"], update_fields=_GPU_FIELDS)
+    vanished = [g for g in known.values() if g.uuid not in reported and g.health != GPU.Health.UNHEALTHY]
+    if vanished:
+        GPU.objects.filter(pk__in=[g.pk for g in vanished]).update(
+            health=GPU.Health.UNHEALTHY, health_changed_at=now, quarantined=True, quarantine_reason=VANISHED
+        )
+        for gpu in vanished:
+            log.warning("gpu_unhealthy", gpu=gpu.uuid, reason=VANISHED)
+    back = [
+        g
+        for g in known.values()
+        if g.uuid in reported and g.health == GPU.Health.UNHEALTHY and g.quarantine_reason == VANISHED
+    ]
+    if back:
+        GPU.objects.filter(pk__in=[g.pk for g in back]).update(
+            health=GPU.Health.HEALTHY, quarantined=False, quarantine_reason="", health_changed_at=now
+        )
+        for gpu in back:
+            log.info("gpu_reported_again", gpu=gpu.uuid, node=reported[gpu.uuid][0].name)
 
 
 def nodes_reachability_apply(*, backend: str, ready: Mapping[str, bool], complete: bool = False) -> int:

@@ -198,14 +198,13 @@ def sync_inventory() -> str:
     from django.conf import settings
 
     from cluster.inventory import local_inventory
-    from cluster.services import inventory_sync
+    from cluster.services import inventories_sync
 
     if settings.TRAINYARD_BACKEND != "local":
         from jobs.backends import get_backend
 
-        names = [inventory_sync(info=info, backend="volcano").name for info in get_backend().inventory()]
-        return ",".join(names)
-    return inventory_sync(info=local_inventory()).name
+        return ",".join(inventories_sync(infos=get_backend().inventory(), backend="volcano"))
+    return ",".join(inventories_sync(infos=[local_inventory()]))
 
 
 @shared_task(name="jobs.sync_volcano_queue", autoretry_for=(Exception,), retry_backoff=2, max_retries=5)
