@@ -1,4 +1,5 @@
-"""The filtering HTTP proxy of a local image build with TRAINYARD_BUILD_NETWORK=allowlist.
+"""The filtering HTTP proxy of an image build with TRAINYARD_BUILD_NETWORK=allowlist: per build on a unix socket for a
+local build, or as a platform service on a TCP port for the BuildKit Jobs on Kubernetes (`serve`, at the end).
 
 The build's jail has a network namespace with a loopback alone; inside it a small relay (images/build_jail.py)
 listens on 127.0.0.1:RELAY_PORT and hands each connection to this proxy's unix socket, which lives in a folder
@@ -12,16 +13,24 @@ the addresses it checked, never to a name again, so a name that resolves to a lo
 multicast address, or to one of the platform's own services (database, Redis, object store, registry, web), is
 refused even when the list names it (DNS rebinding). Everything refused gets a plain-text answer (400, 403, 502,
 503) and one line in the build's log.
+
+On Kubernetes (k8s/build-proxy.yaml) the same proxy runs as its own Deployment: `python -m images.build_proxy serve
+--port 3128` listens on TCP for every build pod at once, takes the list from TRAINYARD_BUILD_ALLOWED_HOSTS (the
+platform's ConfigMap), refuses exactly what the local one refuses, and writes each refusal as a JSON line on stdout.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ipaddress
+import json
 import os
 import re
 import socket
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -217,7 +226,19 @@ class BuildProxy:
     def socket_path(self) -> Path:
         return self.folder / SOCKET_NAME
 
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
     def start(self) -> BuildProxy:
+        listener = self._listen()
+        listener.settimeout(0.2)
+        self.listener = listener
+        self.thread = threading.Thread(target=self._accept, name=f"build-proxy {self.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def _listen(self) -> socket.socket:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         folder = os.open(self.folder, os.O_PATH | os.O_DIRECTORY)
@@ -230,11 +251,7 @@ class BuildProxy:
             os.chown(self.folder, *self.owner)
         os.chmod(self.socket_path, 0o600)
         listener.listen(64)
-        listener.settimeout(0.2)
-        self.listener = listener
-        self.thread = threading.Thread(target=self._accept, name=f"build-proxy {self.folder.name}", daemon=True)
-        self.thread.start()
-        return self
+        return listener
 
     def stop(self) -> None:
         self.stopping.set()
@@ -246,6 +263,9 @@ class BuildProxy:
             for sock in self.live:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+        self._unlisten()
+
+    def _unlisten(self) -> None:
         self.socket_path.unlink(missing_ok=True)
 
     def __enter__(self) -> BuildProxy:
@@ -259,6 +279,9 @@ class BuildProxy:
         with self.lock:
             more = self.refused - len(self.lines)
             return "".join(self.lines) + (f"[trainyard] network: {more} more requests refused\n" if more > 0 else "")
+
+    def _record(self, conn: socket.socket, refused: Refused) -> None:
+        self._note(f"refused {refused.what} ({refused.reason})")
 
     def _note(self, line: str) -> None:
         with self.lock:
@@ -319,7 +342,7 @@ class BuildProxy:
             self.slots.release()
 
     def _answer(self, conn: socket.socket, refused: Refused) -> None:
-        self._note(f"refused {refused.what} ({refused.reason})")
+        self._record(conn, refused)
         body = f"{refused.status} {REASONS[refused.status]}: {refused.reason}\n".encode()
         head = (
             f"HTTP/1.1 {refused.status} {REASONS[refused.status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -360,3 +383,102 @@ def _connect(request: Request, addresses: list[tuple[int, tuple]]) -> socket.soc
             sock.close()
             error = exc
     raise Refused(502, f"cannot connect: {getattr(error, 'strerror', None) or error}", what=request.what)
+
+
+# ------------------------------------------------------------------------------------------- the platform service
+
+
+class ServiceProxy(BuildProxy):
+    """The proxy as a platform service on Kubernetes: one TCP listener for every build pod (which reach it through
+    the Service of k8s/build-proxy.yaml, and nothing else may: its NetworkPolicy), the same Policy, and refusals as
+    JSON lines on `out` (the pod's log) with the address of the pod that asked."""
+
+    def __init__(self, policy: Policy, address: tuple[str, int], *, out=None, max_connections: int = 256,
+                 idle_s: float = IDLE_S):  # fmt: skip
+        super().__init__(policy, Path("."), max_connections=max_connections, idle_s=idle_s)
+        self.address = address
+        self.out = out if out is not None else sys.stdout
+
+    @property
+    def name(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    @property
+    def port(self) -> int:
+        assert self.listener is not None
+        return self.listener.getsockname()[1]
+
+    def _listen(self) -> socket.socket:
+        host, port = self.address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=256, dualstack_ipv6=host == "::")
+
+    def _unlisten(self) -> None:
+        pass
+
+    def _record(self, conn: socket.socket, refused: Refused) -> None:
+        try:
+            client = conn.getpeername()[0]
+        except OSError:
+            client = ""
+        self.emit("build_proxy_refused", client=client, request=refused.what, status=refused.status,
+                  reason=refused.reason)  # fmt: skip
+
+    def emit(self, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields})
+        with self.lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+
+def allowed_hosts(text: str) -> frozenset[str]:
+    """TRAINYARD_BUILD_ALLOWED_HOSTS as the platform's settings read it (comma-separated host:port pairs, any case);
+    ValueError naming the first entry that is not host:port."""
+    hosts = [h.strip().lower() for h in text.split(",") if h.strip()]
+    for host in hosts:
+        match = AUTHORITY.fullmatch(host)
+        if not match or not 0 < int(match["port"]) < 65536:
+            raise ValueError(f"TRAINYARD_BUILD_ALLOWED_HOSTS: {host!r} is not host:port")
+    return frozenset(hosts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m images.build_proxy", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the build proxy on a TCP port (the platform service)")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (`::`: every IPv4 and IPv6 one)")
+    serve.add_argument("--port", type=int, default=RELAY_PORT)
+    what = "a host:port builds may reach (repeat; default: TRAINYARD_BUILD_ALLOWED_HOSTS)"
+    serve.add_argument("--allow", action="append", metavar="HOST:PORT", help=what)
+    what = "a platform service (its host and port) never reached, whatever the list says (repeat)"
+    serve.add_argument("--guard-url", action="append", default=[], metavar="URL", help=what)
+    serve.add_argument("--max-connections", type=int, default=256)
+    args = parser.parse_args(argv)
+    if not 0 <= args.port < 65536:
+        parser.error(f"--port {args.port} is out of range")
+    if args.max_connections < 1:
+        parser.error("--max-connections must be at least 1")
+    try:
+        listed = ",".join(args.allow) if args.allow else os.environ.get("TRAINYARD_BUILD_ALLOWED_HOSTS", "")
+        allowed = allowed_hosts(listed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    guarded = platform_endpoints([u for u in args.guard_url if u], [])
+    proxy = ServiceProxy(Policy(allowed=allowed, guarded=guarded), (args.host, args.port),
+                         max_connections=args.max_connections)  # fmt: skip
+    try:
+        proxy.start()
+    except OSError as exc:
+        parser.exit(1, f"cannot listen on [{args.host}]:{args.port}: {exc.strerror or exc}\n")
+    proxy.emit("build_proxy_listening", port=proxy.port, allowed=sorted(allowed))
+    try:
+        while proxy.thread is not None and proxy.thread.is_alive():
+            proxy.thread.join(timeout=1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy.stop()
+
+
+if __name__ == "__main__":
+    main()

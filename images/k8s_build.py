@@ -4,7 +4,15 @@ batch/v1 Job running `buildctl-daemonless.sh` that builds and pushes to the plat
 
 Rendered from the same inputs as the local podman build (`services.render_build`): FROM pinned to the base's digest.
 The Job only builds and pushes; the platform then reads the image back from the registry (SBOM, scan) as it does
-for a local build. `manage.py image_build_manifest BUILD_ID` prints the objects for `kubectl apply -f -`.
+for a local build.
+
+The build pod's network is TRAINYARD_BUILD_NETWORK's, held by the NetworkPolicies of k8s/build-network.yaml, which
+pick the pod by its label `trainyard.io/build-network`: every build pod reaches the cluster's DNS and the platform
+registry (BuildKit pulls the base and pushes); `allowlist` adds the platform's build proxy (k8s/build-proxy.yaml),
+which the Job hands to the RUN steps as the predefined proxy build args and to BuildKit for its own pulls;
+`outbound` adds the public internet.
+
+`manage.py image_build_manifest BUILD_ID` prints the objects for `kubectl apply -f -`.
 
 `BuildJobs` creates, reads and deletes those objects through the official client when the platform builds on the
 cluster (TRAINYARD_IMAGE_BUILDER=kubernetes): a create that meets 409 AlreadyExists adopts the object of the same
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import urllib3
 from django.conf import settings
@@ -27,6 +36,8 @@ BUILDKIT_IMAGE = "moby/buildkit:v0.16.0-rootless"
 BUILDKIT_UID = 1000  # the rootless image's user
 JSON = dict[str, Any]
 BUILD_LABEL = "trainyard.io/image-build"
+NETWORK_LABEL = "trainyard.io/build-network"  # none | allowlist | outbound: what k8s/build-network.yaml lets it reach
+PROXY_ARGS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")  # the Dockerfile frontend's predefined ARGs
 LOG_LIMIT_BYTES = 1_000_000
 
 
@@ -45,13 +56,31 @@ def render_build_job(
     timeout_s: int,
     builder_image: str = BUILDKIT_IMAGE,
     push_auth: str = "",
+    network: str = "none",
+    proxy_url: str = "",
 ) -> list[JSON]:
     """[ConfigMap, (Secret,) Job] building `containerfile` (with `files` beside it) and pushing it to `destination`
     (`host/repo:tag`). `push_auth` (a Docker config.json holding the build's own credential, which may push to that
-    repository alone) becomes a Secret of the build's name, mounted where BuildKit looks for it."""
+    repository alone) becomes a Secret of the build's name, mounted where BuildKit looks for it. `network` (none,
+    allowlist, outbound) labels the pod for the NetworkPolicies; with `allowlist` the RUN steps and BuildKit's own
+    pulls go through `proxy_url` (the platform's build proxy), all but BuildKit's push to the platform registry."""
+    if network not in ("none", "allowlist", "outbound"):
+        raise ValueError(f"the build network must be 'none', 'allowlist' or 'outbound', not {network!r}")
+    if network == "allowlist" and not proxy_url:
+        raise ValueError("a build with network 'allowlist' needs the build proxy's URL")
     name = build_name(build_id)
     labels = {"app.kubernetes.io/managed-by": "trainyard", BUILD_LABEL: str(build_id)}
     output = f"type=image,name={destination},push=true" + (",registry.insecure=true" if insecure_registry else "")
+    proxied = network == "allowlist"
+    # The RUN steps' proxy: predefined ARGs, so no Containerfile declares them and they stay out of the image's
+    # history; no_proxy empty, so even a cluster-internal name goes to the proxy, which refuses what is not listed.
+    proxy_opts = [f"build-arg:{arg}={proxy_url}" for arg in PROXY_ARGS] + ["build-arg:no_proxy=", "build-arg:NO_PROXY="]
+    # BuildKit's own pulls (a base's FROM on another registry) through the proxy too; its push to the platform
+    # registry goes straight there (the proxy refuses platform services, the registry policy lets it through).
+    registry_host = (urlsplit(f"//{destination.split('/', 1)[0]}").hostname or "") if proxied else ""
+    proxy_env = [{"name": n, "value": proxy_url} for n in ("HTTP_PROXY", "HTTPS_PROXY")] + [
+        {"name": "NO_PROXY", "value": registry_host}
+    ]
     configmap: JSON = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -72,12 +101,16 @@ def render_build_job(
             "dockerfile=/workspace",
             "--opt",
             "filename=Containerfile",
+            *(word for opt in (proxy_opts if proxied else []) for word in ("--opt", opt)),
             "--output",
             output,
         ],  # fmt: skip
         # Rootless BuildKit without a privileged container: no process sandbox of its own, no seccomp filter
         # (it makes user namespaces), and it keeps its state in an emptyDir.
-        "env": [{"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"}],
+        "env": [
+            {"name": "BUILDKITD_FLAGS", "value": "--oci-worker-no-process-sandbox"},
+            *(proxy_env if proxied else []),
+        ],
         "securityContext": {
             "runAsUser": BUILDKIT_UID,
             "runAsGroup": BUILDKIT_UID,
@@ -103,7 +136,7 @@ def render_build_job(
             "ttlSecondsAfterFinished": 24 * 3600,
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    "labels": {**labels, NETWORK_LABEL: network},
                     "annotations": {"container.apparmor.security.beta.kubernetes.io/buildkit": "unconfined"},
                 },
                 "spec": {

@@ -703,6 +703,8 @@ def build_manifest(build: ImageBuild, *, namespace: str | None = None) -> list[d
         insecure_registry=settings.TRAINYARD_REGISTRY_URL.startswith("http://"),
         timeout_s=settings.TRAINYARD_BUILD_TIMEOUT_S,
         push_auth=registry.docker_config(registry.platform_registry(), credential) if credential else "",
+        network=settings.TRAINYARD_BUILD_NETWORK,
+        proxy_url=settings.TRAINYARD_K8S_BUILD_PROXY_URL,
     )
 
 

@@ -128,6 +128,7 @@ def test_pods_are_locked_down():
         "trainyard-dispatcher": True,
         "trainyard-beat": False,
         "trainyard-migrate": False,
+        "trainyard-build-proxy": False,
     }
     enforced = {
         n["metadata"]["name"]: n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] for n in kind("Namespace")
@@ -196,6 +197,110 @@ def test_volcano_queues_match_the_seeded_platform_queues():
             k: parse_quantity(v) for k, v in want.pop("capability").items()
         }
         assert spec == want
+
+
+# ------------------------------------------------------------------------------------------ build network
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions) picks an object with `labels`; {} picks every one."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        held = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[op]  # fmt: skip
+        if not held:
+            return False
+    return True
+
+
+def egress_of(pod_labels: dict, namespace: str) -> dict[str, list]:
+    """The egress rules of every NetworkPolicy in k8s/ that selects a pod with these labels, by policy name."""
+    return {
+        p["metadata"]["name"]: p["spec"].get("egress", [])
+        for p in kind("NetworkPolicy")
+        if p["metadata"]["namespace"] == namespace
+        and "Egress" in p["spec"]["policyTypes"]
+        and selects(p["spec"]["podSelector"], pod_labels)
+    }
+
+
+def peers(rules: list) -> list[dict]:
+    return [peer for rule in rules for peer in rule.get("to", [])]
+
+
+@pytest.mark.parametrize("network", ["none", "allowlist", "outbound"])
+def test_a_build_pod_reaches_dns_the_registry_and_what_its_network_adds(network):
+    """k8s/build-network.yaml, as a CNI plugin would read it for the pod the platform renders: nothing may connect
+    to a build pod; it reaches kube-dns on 53 and the registry placeholder on 443; with allowlist also the build
+    proxy's pods (and only on 3128), with outbound the public internet; never the platform's namespace otherwise."""
+    *_, job = k8s_build.render_build_job(
+        build_id=7, containerfile="FROM scratch\n", files={}, destination="registry.local/x:b7", namespace=BUILD_NS,
+        insecure_registry=False, timeout_s=60, network=network, proxy_url="http://p:3128",
+    )  # fmt: skip
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    policies = egress_of(labels, BUILD_NS)
+    extra = {"none": set(), "allowlist": {"trainyard-builds-proxy"}, "outbound": {"trainyard-builds-outbound"}}
+    base = {"trainyard-builds-default-deny", "trainyard-builds-dns", "trainyard-builds-registry"}
+    assert set(policies) == base | extra[network]
+    ingress = [p for p in kind("NetworkPolicy") if p["metadata"]["namespace"] == BUILD_NS
+               and "Ingress" in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], labels)]  # fmt: skip
+    assert [p["metadata"]["name"] for p in ingress] == ["trainyard-builds-default-deny"]
+    assert all(not p["spec"].get("ingress") for p in ingress)
+    assert policies["trainyard-builds-default-deny"] == []
+    dns = policies["trainyard-builds-dns"][0]
+    assert peers([dns]) == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]  # fmt: skip
+    assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
+    assert [p["port"] for r in policies["trainyard-builds-registry"] for p in r["ports"]] == [443]
+    proxy_pods = deployment("build-proxy")["spec"]["template"]["metadata"]["labels"]
+    platform_ns = {"kubernetes.io/metadata.name": SYSTEM_NS}
+    to_platform = [
+        peer for peer in peers([r for rules in policies.values() for r in rules])
+        if "namespaceSelector" in peer and selects(peer["namespaceSelector"], platform_ns)
+    ]  # fmt: skip
+    if network == "allowlist":  # the proxy's pods alone, on its port alone
+        assert [selects(peer["podSelector"], proxy_pods) for peer in to_platform] == [True]
+        assert not selects(to_platform[0]["podSelector"], deployment("web")["spec"]["template"]["metadata"]["labels"])
+        assert policies["trainyard-builds-proxy"][0]["ports"] == [{"protocol": "TCP", "port": 3128}]
+    else:
+        assert to_platform == []
+    if network == "outbound":  # the internet, not the private ranges a cluster's pods and Services live in
+        blocks = [peer["ipBlock"] for peer in peers(policies["trainyard-builds-outbound"])]
+        assert [b["cidr"] for b in blocks] == ["0.0.0.0/0", "::/0"]
+        for private in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10"):
+            assert private in blocks[0]["except"]
+        assert "fc00::/7" in blocks[1]["except"] and "fe80::/10" in blocks[1]["except"]
+
+
+def test_the_build_proxy_takes_allowlist_build_pods_only_and_serves_where_the_platform_points_them(settings):
+    from urllib.parse import urlsplit
+
+    service = next(s for s in kind("Service") if s["metadata"]["name"] == "trainyard-build-proxy")
+    proxy = deployment("build-proxy")
+    pod_labels = proxy["spec"]["template"]["metadata"]["labels"]
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels)
+    url = urlsplit(settings.TRAINYARD_K8S_BUILD_PROXY_URL)
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert url.port == service["spec"]["ports"][0]["port"] == 3128
+    command = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:4] == ["python", "-m", "images.build_proxy", "serve"]
+    assert command[command.index("--port") + 1] == "3128" and "--allow" not in command  # the ConfigMap's list
+    assert "$(TRAINYARD_S3_URL)" in command and "TRAINYARD_S3_URL" in kind("ConfigMap")[0]["data"]
+    assert "secretRef" not in str(proxy)  # it holds no secret
+    policy = next(p for p in kind("NetworkPolicy") if p["metadata"]["name"] == "trainyard-build-proxy")
+    assert selects(policy["spec"]["podSelector"], pod_labels) and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": BUILD_NS})
+    assert not selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": TEAM_NS})
+    for network, admitted in (("allowlist", True), ("none", False), ("outbound", False)):
+        assert selects(peer["podSelector"], {k8s_build.NETWORK_LABEL: network}) is admitted
+    assert rule["ports"] == [{"protocol": "TCP", "port": 3128}]
+    # The proxy's own way out: DNS, and the internet but the private ranges (the platform's database and pods).
+    blocks = [peer["ipBlock"] for peer in peers(policy["spec"]["egress"]) if "ipBlock" in peer]
+    assert [b["cidr"] for b in blocks] == ["0.0.0.0/0", "::/0"] and "10.0.0.0/8" in blocks[0]["except"]
 
 
 # ------------------------------------------------------------------------------------------ RBAC

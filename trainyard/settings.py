@@ -556,6 +556,11 @@ TRAINYARD_IMAGE_BUILDER = env.str(
 # off: it is neither built nor looked for at start.
 TRAINYARD_OFFLINE_BASE = env.bool("TRAINYARD_OFFLINE_BASE", default=True)
 TRAINYARD_K8S_BUILD_NAMESPACE = env.str("TRAINYARD_K8S_BUILD_NAMESPACE", default="trainyard-builds")
+# The build proxy's Service (k8s/build-proxy.yaml) as the build pods reach it, for TRAINYARD_BUILD_NETWORK=allowlist on
+# Kubernetes: the BuildKit Job hands it to the RUN steps as http(s)_proxy (images/k8s_build.py).
+TRAINYARD_K8S_BUILD_PROXY_URL = env.str(
+    "TRAINYARD_K8S_BUILD_PROXY_URL", default="http://trainyard-build-proxy.trainyard.svc:3128"
+)
 TRAINYARD_BUILD_POLL_S = env.float("TRAINYARD_BUILD_POLL_S", default=10.0)
 TRAINYARD_IMAGE_SIZE_WARN_MIB = env.int("TRAINYARD_IMAGE_SIZE_WARN_MIB", default=20 * 1024)
 TRAINYARD_IMAGE_DATA_WARN_MIB = env.int("TRAINYARD_IMAGE_DATA_WARN_MIB", default=100)

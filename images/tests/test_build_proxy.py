@@ -204,3 +204,90 @@ def test_connections_are_bounded_in_number_and_idle_time(tmp_path, mirror):
         for client in held:
             client.close()
         running.stop()
+
+
+# ----------------------------------------------------------------------------- the platform service (Kubernetes)
+
+
+@pytest.fixture
+def service(mirror):
+    """`python -m images.build_proxy serve` as k8s/build-proxy.yaml runs it, on a free loopback port: the mirror
+    allowed, and also named as a platform service (--guard-url) under a second, allowed port of the same host."""
+    import json
+    import subprocess
+    import sys
+
+    from kernel.paths import BASE_DIR
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "images.build_proxy", "serve", "--host", "127.0.0.1", "--port", "0",
+         "--allow", mirror["endpoint"], "--allow", f"{mirror['address']}:5000", "--allow", "localhost:8000",
+         "--guard-url", f"http://{mirror['address']}:5000"],
+        cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        first = json.loads(process.stdout.readline())
+        assert first["event"] == "build_proxy_listening", first
+        assert first["allowed"] == sorted([mirror["endpoint"], f"{mirror['address']}:5000", "localhost:8000"])
+        yield process, first["port"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def ask_tcp(port: int, raw: bytes) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(raw)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer.decode("latin-1")
+
+
+def test_the_service_refuses_what_the_build_proxy_refuses_and_logs_json_lines(service, mirror):
+    import json
+
+    process, port = service
+    fetched = ask_tcp(port, f"GET http://{mirror['endpoint']}/pkg.txt HTTP/1.1\r\n\r\n".encode())
+    off_list = ask_tcp(port, b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n")
+    loopback = ask_tcp(port, b"GET http://localhost:8000/ HTTP/1.1\r\n\r\n")
+    guarded = ask_tcp(port, f"CONNECT {mirror['address']}:5000 HTTP/1.1\r\n\r\n".encode())
+    malformed = ask_tcp(port, b"garbage\r\n\r\n")
+    assert fetched.startswith("HTTP/1.0 200 ") and fetched.endswith(mirror["body"]), fetched
+    assert off_list.startswith("HTTP/1.1 403 ") and "not in TRAINYARD_BUILD_ALLOWED_HOSTS" in off_list, off_list
+    assert loopback.startswith("HTTP/1.1 403 ") and "a loopback address" in loopback, loopback
+    assert guarded.startswith("HTTP/1.1 403 ") and "a platform service" in guarded, guarded
+    assert malformed.startswith("HTTP/1.1 400 "), malformed
+    process.terminate()
+    out, _ = process.communicate(timeout=10)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(e["event"], e["request"], e["status"]) for e in lines] == [
+        ("build_proxy_refused", "CONNECT evil.example:443", 403),
+        ("build_proxy_refused", "GET localhost:8000", 403),
+        ("build_proxy_refused", f"CONNECT {mirror['address']}:5000", 403),
+        ("build_proxy_refused", "a malformed request", 400),
+    ]
+    assert {e["client"] for e in lines} == {"127.0.0.1"}
+    assert lines[0]["reason"] == "not in TRAINYARD_BUILD_ALLOWED_HOSTS"
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--allow", "deb.debian.org"], "TRAINYARD_BUILD_ALLOWED_HOSTS: 'deb.debian.org' is not host:port"),
+        (["--allow", "deb.debian.org:70000"], "'deb.debian.org:70000' is not host:port"),
+        (["--port", "65536"], "--port 65536 is out of range"),
+        (["--max-connections", "0"], "--max-connections must be at least 1"),
+    ],
+)
+def test_the_service_refuses_bad_arguments_saying_why(args, said):
+    import subprocess
+    import sys
+
+    from kernel.paths import BASE_DIR
+
+    ran = subprocess.run(
+        [sys.executable, "-m", "images.build_proxy", "serve", *args], cwd=BASE_DIR, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 2 and said in ran.stderr, ran.stderr

@@ -2,6 +2,7 @@
 valid against the Kubernetes schema (strict) for 1.29 and the newest release kubernetes-validate knows."""
 
 import io
+import re
 
 import kubernetes_validate
 import pytest
@@ -57,6 +58,66 @@ def test_the_push_credential_is_a_secret_of_the_builds_own_mounted_where_buildki
     )
     mount = {"name": "push-auth", "mountPath": "/home/user/.docker", "readOnly": True}
     assert mount in pod["containers"][0]["volumeMounts"] and pod["automountServiceAccountToken"] is False
+
+
+PROXY = "http://trainyard-build-proxy.trainyard.svc:3128"
+
+
+def opts_of(job) -> list[str]:
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [args[i + 1] for i, arg in enumerate(args) if arg == "--opt"]
+
+
+@pytest.mark.parametrize("network", ["none", "allowlist", "outbound"])
+def test_the_build_pod_carries_its_network_and_only_allowlist_gets_the_proxy(network):
+    """The label picks the pod's NetworkPolicies (k8s/build-network.yaml); with allowlist the RUN steps get the
+    build proxy as the Dockerfile frontend's predefined proxy ARGs (no_proxy empty: everything goes there), and
+    BuildKit's own pulls go there too, all but its push to the platform registry."""
+    configmap, job = render(network=network, proxy_url=PROXY)
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+    template = job["spec"]["template"]
+    assert template["metadata"]["labels"][k8s_build.NETWORK_LABEL] == network
+    container = template["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    build_args = [o for o in opts_of(job) if o.startswith("build-arg:")]
+    if network == "allowlist":
+        assert sorted(build_args) == sorted(
+            [f"build-arg:{arg}={PROXY}" for arg in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
+            + ["build-arg:no_proxy=", "build-arg:NO_PROXY="]
+        )
+        assert env["HTTP_PROXY"] == env["HTTPS_PROXY"] == PROXY and env["NO_PROXY"] == "registry.local"
+        assert container["args"].index("--output") > container["args"].index(build_args[-1])
+    else:  # none: DNS and the registry alone; outbound: the internet, without a proxy in between
+        assert build_args == [] and PROXY not in str(job) and "HTTPS_PROXY" not in env
+    assert opts_of(job)[0] == "filename=Containerfile"
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        ({"network": "open"}, "the build network must be 'none', 'allowlist' or 'outbound', not 'open'"),
+        ({"network": "allowlist"}, "a build with network 'allowlist' needs the build proxy's URL"),
+    ],
+)
+def test_a_build_job_without_a_known_network_is_not_rendered(overrides, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        render(**overrides)
+
+
+@pytest.mark.django_db
+def test_the_platform_renders_its_build_network_setting(images_env, settings):
+    build = services.build_request(image=define_base(images_env))
+    assert services.build_manifest(build)[-1]["spec"]["template"]["metadata"]["labels"][k8s_build.NETWORK_LABEL] == (
+        "none"
+    )
+    settings.TRAINYARD_BUILD_NETWORK = "allowlist"
+    settings.TRAINYARD_K8S_BUILD_PROXY_URL = "http://proxy.example:3128"
+    *_, job = services.build_manifest(build)
+    assert job["spec"]["template"]["metadata"]["labels"][k8s_build.NETWORK_LABEL] == "allowlist"
+    assert "build-arg:https_proxy=http://proxy.example:3128" in opts_of(job)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NO_PROXY"] == registry.platform_registry().rsplit(":", 1)[0]
 
 
 @pytest.mark.django_db

@@ -361,6 +361,7 @@ KINDS = {  # kind: (plural, namespaced) for what this script applies
     "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
     "Queue": ("queues", False),
+    "NetworkPolicy": ("networkpolicies", True),
 }
 
 
@@ -1000,7 +1001,7 @@ def up() -> int:
         wait_for(f"{NODE_COUNT} Ready kwok nodes", lambda: _ready_nodes(api) >= NODE_COUNT, 60, "kwok")
 
         # The repo's k8s/ manifests that a control plane without the platform's own deployment takes.
-        for f in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "priority-classes.yaml"):
+        for f in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "priority-classes.yaml", "build-network.yaml"):
             apply_file(api, REPO / "k8s" / f)
 
         if volcano:

@@ -811,6 +811,31 @@ def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_serve
     assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
 
 
+def _selector(selector: dict) -> str:
+    """A LabelSelector as a label-selector query, so that the API server says which pods it picks."""
+    words = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], ",".join(expr.get("values") or [])
+        words.append({"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": key,
+                      "DoesNotExist": f"!{key}"}[op])  # fmt: skip
+    return ",".join(words)
+
+
+def _apply_as_admin(api, path) -> list[dict]:
+    """Create the objects of a k8s/ file as the admin would (`kubectl apply`); one already there is kept."""
+    import yaml
+    from kubernetes import utils
+
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        try:
+            utils.create_from_dict(api, doc)
+        except utils.FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+    return docs
+
+
 def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_name_label(
     real_cluster,
     admin,
@@ -821,7 +846,11 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
 ):
     """The build's ConfigMap and Job are accepted in the builds namespace (the platform's Role there),
     kube-scheduler places the pod, the platform finds it by `batch.kubernetes.io/job-name` (1.27+), reads its log
-    through the API server, and records the digest the build pushed."""
+    through the API server, and records the digest the build pushed. With TRAINYARD_BUILD_NETWORK=allowlist: the
+    API server holds the builds' NetworkPolicies (`make cluster` applies k8s/build-network.yaml) and the build proxy
+    of k8s/build-proxy.yaml (its pods admitted under the platform namespace's "restricted" Pod Security), and its
+    own label queries say which of them pick the build pod. No CNI runs here: what is checked is what the policies
+    select, not that a packet is dropped."""
     from images import k8s_build, registry, services
     from images.tests.test_builds import define_base
     from images.tests.test_k8s_build import push_as_buildkit
@@ -830,6 +859,9 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
     settings.TRAINYARD_K8S_KUBECONFIG = real_cluster["kubeconfig"]
     settings.TRAINYARD_K8S_API_URL = ""
     settings.TRAINYARD_K8S_BUILD_NAMESPACE = "trainyard-builds"
+    settings.TRAINYARD_BUILD_NETWORK = "allowlist"
+    networking, apps = k8s.NetworkingV1Api(admin["api"]), k8s.AppsV1Api(admin["api"])
+    proxy_docs = _apply_as_admin(admin["api"], BASE_DIR / "k8s" / "build-proxy.yaml")
     base = define_base(images_env)
     build = services.build_request(image=base)
     digest = push_as_buildkit(build_root, build)  # what BuildKit would push (no container runs on kwok)
@@ -840,6 +872,38 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
         assert build.status == "running" and f"created build Job trainyard-builds/{name}" in build.log
         _drive_plain(lambda: (batch.read_namespaced_job(name, "trainyard-builds").status.succeeded or 0) == 1,
                      timeout=60)  # fmt: skip
+        (pod,) = (
+            admin["core"]
+            .list_namespaced_pod("trainyard-builds", label_selector=f"batch.kubernetes.io/job-name={name}")
+            .items
+        )
+        assert pod.metadata.labels[k8s_build.NETWORK_LABEL] == "allowlist"
+        args = pod.spec.containers[0].args
+        assert f"build-arg:https_proxy={settings.TRAINYARD_K8S_BUILD_PROXY_URL}" in args
+        picking = set()
+        for policy in networking.list_namespaced_network_policy("trainyard-builds").items:
+            query = _selector(admin["api"].sanitize_for_serialization(policy.spec.pod_selector))
+            picked = admin["core"].list_namespaced_pod("trainyard-builds", label_selector=query).items
+            if pod.metadata.name in {p.metadata.name for p in picked}:
+                picking.add(policy.metadata.name)
+        assert picking == {"trainyard-builds-default-deny", "trainyard-builds-dns", "trainyard-builds-registry",
+                           "trainyard-builds-proxy"}, picking  # fmt: skip
+        # The proxy's own policy lets this pod in; its Deployment's pods pass "restricted" Pod Security.
+        proxy_policy = networking.read_namespaced_network_policy("trainyard-build-proxy", "trainyard")
+        peer = admin["api"].sanitize_for_serialization(proxy_policy.spec.ingress[0]._from[0])
+        query = _selector(peer["podSelector"])
+        assert pod.metadata.name in {
+            p.metadata.name for p in admin["core"].list_namespaced_pod("trainyard-builds", label_selector=query).items
+        }
+        assert admin["core"].read_namespaced_service("trainyard-build-proxy", "trainyard").spec.ports[0].port == 3128
+        component = "app.kubernetes.io/component=build-proxy"
+        _drive_plain(lambda: len(admin["core"].list_namespaced_pod("trainyard", label_selector=component).items) == 2,
+                     timeout=60)  # fmt: skip
+        refused = [
+            c.message for rs in apps.list_namespaced_replica_set("trainyard", label_selector=component).items
+            for c in rs.status.conditions or [] if c.type == "ReplicaFailure"
+        ]  # fmt: skip
+        assert refused == []
         deadline = time.monotonic() + 60
         while build.status == "running" and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -852,5 +916,12 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
         for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
             try:
                 fn(name, "trainyard-builds", propagation_policy="Background")
+            except ApiException:
+                pass
+        for doc in proxy_docs:
+            fn = {"Deployment": apps.delete_namespaced_deployment, "Service": admin["core"].delete_namespaced_service,
+                  "NetworkPolicy": networking.delete_namespaced_network_policy}[doc["kind"]]  # fmt: skip
+            try:
+                fn(doc["metadata"]["name"], "trainyard", propagation_policy="Background")
             except ApiException:
                 pass
