@@ -313,3 +313,27 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     closed = submit(platform, gpus=2)
     assert not dispatch().fast
     assert Job.objects.get(pk=closed.pk).reason == "queue_closed"
+
+
+def _write_queries(count: int, platform) -> list[str]:  # noqa: F811
+    """The statements of the pass that admits `count` quarter-card shares, from the pool lock to the commit."""
+    Job.objects.filter(state__in=("pending", "admitted")).delete()
+    LogicalDevice.objects.all().delete()
+    scheduler.reset()
+    train = open_up(explicit=True)
+    data = {"spec": None, "gpu_milli": 250, "gpu_memory_mib": 2048, "cpu_milli": 1000, "memory_mib": 1024}
+    jobs = [submit(platform, **data) for _ in range(count)]
+    with CaptureQueriesContext(connection) as queries:
+        assert store.dispatch(queue_ids=[train.id]).admitted == count
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], state="admitted").count() == count
+    sql = [q["sql"] for q in queries.captured_queries]
+    begin = next(i for i, s in enumerate(sql) if "pg_advisory_xact_lock" in s)
+    return sql[begin : sql.index("COMMIT", begin) + 1]
+
+
+def test_the_write_of_a_pass_runs_the_same_few_statements_for_one_admission_or_thirty(platform):  # noqa: F811
+    fresh_pool(node("n0", 8, "NVIDIA A100-SXM4-80GB"))
+    one, thirty = _write_queries(1, platform), _write_queries(30, platform)
+    assert len(one) == len(thirty) <= 12, "\n".join(s[:90] for s in thirty)
+    # Every id travels in one array parameter, never as one placeholder per admitted job.
+    assert max(s.count("::uuid") - s.count("::uuid[]") for s in thirty) <= 1, "\n".join(s[:200] for s in thirty)
