@@ -402,6 +402,7 @@ class JobStore:
         placements = [
             {"devices": [{**s.as_dict(), "slice_id": next(device_ids)} for s in a.slices]} for a in admissions
         ]
+        placed = [json.dumps(placement) for placement in placements]  # the attempt's placement and its event's data
         reclaim = defaultdict(list)
         for a in admissions:
             for s in a.slices:
@@ -432,10 +433,10 @@ class JobStore:
                     "number": numbers.get(a.job.id, 0) + 1,
                     "backend": settings.TRAINYARD_BACKEND,
                     "node_id": a.node_id,
-                    "placement": json.dumps(placement),
+                    "placement": text,
                     "created_at": now,
                 }
-                for a, attempt_id, placement in zip(admissions, attempt_ids, placements, strict=True)
+                for a, attempt_id, text in zip(admissions, attempt_ids, placed, strict=True)
             ],
         )
         _copy(
@@ -477,12 +478,10 @@ class JobStore:
                     "from_state": JobState.PENDING,
                     "to_state": JobState.ADMITTED,
                     "message": message,
-                    "data": json.dumps(placement),
+                    "data": text,
                     "at": now,
                 }
-                for a, attempt_id, placement, (_id, message) in zip(
-                    admissions, attempt_ids, placements, messages, strict=True
-                )
+                for a, attempt_id, text, (_id, message) in zip(admissions, attempt_ids, placed, messages, strict=True)
             ],
         )
         self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}

@@ -562,6 +562,7 @@ class PassReport:
     read_s: float = 0.0
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
+    starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
     waits_s: float = 0.0  # writing changed reasons and places, after the pool lock is released
     total_s: float = 0.0
     placement_calls: int = 0
@@ -754,6 +755,7 @@ def run_pass(
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
+            starts_ms=round(report.starts_s * 1000, 1),
             waits_ms=round(report.waits_s * 1000, 1),
         )
     return report
@@ -817,8 +819,10 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
             pool.ledger_version = None
         else:
             pool.wrote(before, after)
+        t3 = time.perf_counter()
+        report.write_s = t3 - t2
         store.after_write(decided, admitted)
-        report.write_s = time.perf_counter() - t2
+        report.starts_s = time.perf_counter() - t3
         report.admitted = len(admitted)
     return decided, dropped, lines_before, lines_after
 
