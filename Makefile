@@ -57,11 +57,11 @@ web worker dispatcher beat: venv
 bench: bench-allocator bench-scheduler bench-eta bench-pools bench-api bench-logs bench-rightsizing bench-storage bench-experiments
 
 bench-allocator: venv
-	$(BIN)/python -m bench.allocator
+	$(BIN)/python -m bench.allocator $(ARGS)
 
 # The live dispatch path on the trace's whole cluster (real PostgreSQL, job_submit, the dispatcher, a worker).
 bench-scheduler: venv
-	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.scheduler
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.scheduler $(ARGS)
 
 # Estimated starts against real starts: trace windows replayed through the real dispatcher on simulated time.
 # The Volcano backend on a real control plane with the trace's whole cluster as kwok nodes, against a floor of the
@@ -74,24 +74,24 @@ bench-inventory: venv
 	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.inventory $(BENCH_ARGS)
 
 bench-eta: venv
-	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.eta
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.eta $(ARGS)
 
 # Preemptible borrowing against quota-holding work: trace windows through the real dispatcher and preemption.
 bench-pools: venv
-	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.pools
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.pools $(ARGS)
 
 bench-api: venv
-	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.api
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.api $(ARGS)
 
 bench-logs: venv
-	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.logs
+	@$(BIN)/python -m ops.embedded exec -- $(BIN)/python -m bench.logs $(ARGS)
 
 # Right-sizing: recommendations replayed on profiles recorded from real local jobs (docs/rightsizing.md).
 bench-rightsizing: venv
-	$(BIN)/python -m bench.rightsizing
+	$(BIN)/python -m bench.rightsizing $(ARGS)
 
 bench-storage: venv
-	@$(BIN)/python -m bench.storage
+	@$(BIN)/python -m bench.storage $(ARGS)
 
 # Submission on a 100,000-job database next to a minimal authenticated GET, through the real web server and workers
 # (bench/submit.py; ARGS=--keep-db keeps the database for the next run). Not part of `make bench`.
