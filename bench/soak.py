@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -32,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
 
@@ -43,7 +41,6 @@ from bench.api import (
     _exit_on_signal,
     _loadavg,
     _terminate_children,
-    bench_database_url,
     drop_database,
     open_phase,
     redis_cleanup,
@@ -51,7 +48,7 @@ from bench.api import (
     setup_django,
     summarize_phase,
 )
-from bench.submit import BENCH_RATE, BODY, database_ready, group_rss_mib, prepare, wait_for_workers
+from bench.submit import BODY, database_ready, group_rss_mib, prepare, run_environment, wait_for_workers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "soak.json"
@@ -159,25 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window < 10:
         p.error("--window must be at least 10 s")
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
-    base = urlparse(configured).path.lstrip("/") or "trainyard"
-    db_url = bench_database_url(configured, f"{base}_bench_submit")
-    run_id = secrets.token_hex(4)
-    queue = f"bench-soak-{run_id}"
-    overrides = {
-        "DATABASE_URL": db_url,
-        "TRAINYARD_CELERY_QUEUE": queue,
-        "TRAINYARD_START_QUEUE": f"{queue}-starts",  # nobody consumes it: admitted attempts are not started
-        "TRAINYARD_START_OVERDUE_S": str(10**8),  # nor re-driven by the reconciler
-        "TRAINYARD_CACHE_PREFIX": queue,
-        "TRAINYARD_CHANNEL_PREFIX": queue,
-        "TRAINYARD_RATE_SUBMIT": BENCH_RATE,
-        "TRAINYARD_RATE_READ": BENCH_RATE,
-        "TRAINYARD_RATE_WRITE": BENCH_RATE,
-        "TRAINYARD_LOG_LEVEL": "WARNING",
-    }
-    env = {**os.environ, **overrides, "PYTHONUNBUFFERED": "1"}
-    os.environ.update(overrides)
+    db_url, queue, env = run_environment("bench-soak")
     reuse = database_ready(db_url)
     setup_django()
     started = time.time()
@@ -205,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             i, first = -1, time.time()
             while time.time() - first < args.duration or i + 1 <= args.warmup:
                 i += 1
-                name = f"soak-{run_id}-w{i}"
+                name = f"{queue}-w{i}"
                 phases = window_plan(name, rate=args.rate, window_s=args.window, headers=headers, job_ids=recent)
                 load0 = _loadavg()
                 loaded, _ = run_load(server, phases, workdir)

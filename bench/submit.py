@@ -199,21 +199,14 @@ def lookup_cost(ctx: dict[str, Any]) -> dict[str, Any]:
     return {"median_ms": round(times[len(times) // 2], 2), "max_ms": round(times[-1], 2)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.submit", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=RESULTS_PATH)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of the GET and the submit phase at 50/s")
-    p.add_argument("--steps", default="50,100,150,200", help="submit step rates, comma-separated")
-    p.add_argument("--step-duration", type=float, default=6.0)
-    p.add_argument("--keep-db", action="store_true", help="leave the database for the next run to reuse")
-    args = p.parse_args(argv)
-    steps = [float(r) for r in args.steps.split(",") if r.strip()]
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+def run_environment(prefix: str) -> tuple[str, str, dict[str, str]]:
+    """The benchmark database's URL (``<db>_bench_submit`` on the server of ``$DATABASE_URL``), a queue name of this
+    run's own and the environment its processes get (also applied to this process): the run's own Celery, cache
+    and channel prefixes, a start queue nobody consumes, rate limits that never answer 429."""
     configured = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/trainyard")
     base = urlparse(configured).path.lstrip("/") or "trainyard"
     db_url = bench_database_url(configured, f"{base}_bench_submit")
-    run_id = secrets.token_hex(4)
-    queue = f"bench-submit-{run_id}"
+    queue = f"{prefix}-{secrets.token_hex(4)}"
     overrides = {
         "DATABASE_URL": db_url,
         "TRAINYARD_CELERY_QUEUE": queue,
@@ -226,8 +219,21 @@ def main(argv: list[str] | None = None) -> int:
         "TRAINYARD_RATE_WRITE": BENCH_RATE,
         "TRAINYARD_LOG_LEVEL": "WARNING",
     }
-    env = {**os.environ, **overrides, "PYTHONUNBUFFERED": "1"}
     os.environ.update(overrides)
+    return db_url, queue, {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.submit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=RESULTS_PATH)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of the GET and the submit phase at 50/s")
+    p.add_argument("--steps", default="50,100,150,200", help="submit step rates, comma-separated")
+    p.add_argument("--step-duration", type=float, default=6.0)
+    p.add_argument("--keep-db", action="store_true", help="leave the database for the next run to reuse")
+    args = p.parse_args(argv)
+    steps = [float(r) for r in args.steps.split(",") if r.strip()]
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    db_url, queue, env = run_environment("bench-submit")
     reuse = database_ready(db_url)
     setup_django()
     started = time.time()
