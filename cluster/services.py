@@ -78,9 +78,7 @@ def inventories_sync(*, infos: Sequence[NodeInfo], backend: str = "local") -> li
             )
             if node is None:
                 created.append(Node(name=info.name, last_seen=now, **values))
-            elif any(getattr(node, k) != v for k, v in values.items()):
-                for k, v in values.items():
-                    setattr(node, k, v)
+            elif _differs_then_set(node, values):
                 changed.append(node)
         if changed:
             Node.objects.bulk_update(changed, _NODE_FIELDS)
@@ -99,6 +97,15 @@ def inventories_sync(*, infos: Sequence[NodeInfo], backend: str = "local") -> li
     return [info.name for info in infos]
 
 
+def _differs_then_set(row, values: Mapping[str, object]) -> bool:
+    """Whether `row` differs from `values` in any field; if it does, the row takes them all (to be written in bulk)."""
+    if all(getattr(row, k) == v for k, v in values.items()):
+        return False
+    for k, v in values.items():
+        setattr(row, k, v)
+    return True
+
+
 def _gpus_sync(*, nodes: Mapping[str, Node], infos: Sequence[NodeInfo], now) -> None:
     """The cards of `infos` (their nodes already in `nodes`): created, updated where they changed, the nodes' cards
     no longer reported taken out of service and the ones reported again given back."""
@@ -112,9 +119,7 @@ def _gpus_sync(*, nodes: Mapping[str, Node], infos: Sequence[NodeInfo], now) -> 
         row = known.get(uuid)
         if row is None:
             created.append(GPU(uuid=uuid, **values))
-        elif any(getattr(row, k) != v for k, v in values.items()):
-            for k, v in values.items():
-                setattr(row, k, v)
+        elif _differs_then_set(row, values):
             changed.append(row)
     if changed:
         GPU.objects.bulk_update(changed, _GPU_FIELDS)
