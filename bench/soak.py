@@ -52,7 +52,6 @@ from bench.submit import BODY, database_ready, group_rss_mib, prepare, run_envir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "soak.json"
-GROUPS = ("web", "worker", "dispatcher", "beat")
 FLAT_RATIO = 0.10
 FLAT_SLACK_MIB = 32.0
 PROCESS_MODEL = (
