@@ -40,15 +40,12 @@ from bench.api import (
     _children,
     _exit_on_signal,
     _loadavg,
-    _terminate_children,
-    drop_database,
     open_phase,
-    redis_cleanup,
     run_load,
     setup_django,
     summarize_phase,
 )
-from bench.submit import BODY, database_ready, group_rss_mib, prepare, run_environment, wait_for_workers
+from bench.submit import BODY, clean_up, database_ready, group_rss_mib, prepare, run_environment, wait_for_workers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "soak.json"
@@ -216,13 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 # What a stopped run leaves is marked as such; the last write is the whole run.
                 write_json(args.out, {**results, "partial": True, "verdict": judge(results["windows"], args.warmup)})
     finally:
-        _terminate_children()
-        try:
-            results["redis_cleanup"] = redis_cleanup(env["REDIS_URL"], queue) if "REDIS_URL" in env else {}
-        except Exception as exc:  # noqa: BLE001 - report, never mask the run's own error
-            print(f"bench: could not clean Redis queue {queue}: {exc}", file=sys.stderr)
-        if not args.keep_db:
-            drop_database(db_url)
+        results["redis_cleanup"] = clean_up(env, queue, db_url, keep_db=args.keep_db)
     results["verdict"] = judge(results["windows"], args.warmup)
     results["flat"] = bool(results["verdict"]) and all(v["flat"] for v in results["verdict"].values())
     results["environment"] = {"cpu_count": os.cpu_count(), "loadavg_end": _loadavg(),

@@ -223,6 +223,20 @@ def run_environment(prefix: str) -> tuple[str, str, dict[str, str]]:
     return db_url, queue, {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+def clean_up(env: dict[str, str], queue: str, db_url: str, *, keep_db: bool) -> dict:
+    """After a run: its processes stopped, its Redis queue emptied (what was removed; a failure is said, never
+    masking the run's own error) and, unless kept, its database dropped."""
+    _terminate_children()
+    removed: dict = {}
+    try:
+        removed = redis_cleanup(env["REDIS_URL"], queue) if "REDIS_URL" in env else {}
+    except Exception as exc:  # noqa: BLE001 - report, never mask the run's own error
+        print(f"bench: could not clean Redis queue {queue}: {exc}", file=sys.stderr)
+    if not keep_db:
+        drop_database(db_url)
+    return removed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.submit", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=RESULTS_PATH)
@@ -304,13 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             crashed = [p.args[2] for p in workers if p.poll() is not None]
             results["workers_exited"] = crashed
     finally:
-        _terminate_children()
-        try:
-            results["redis_cleanup"] = redis_cleanup(env["REDIS_URL"], queue) if "REDIS_URL" in env else {}
-        except Exception as exc:  # noqa: BLE001 - report, never mask the run's own error
-            print(f"bench: could not clean Redis queue {queue}: {exc}", file=sys.stderr)
-        if not args.keep_db:
-            drop_database(db_url)
+        results["redis_cleanup"] = clean_up(env, queue, db_url, keep_db=args.keep_db)
     get_p99, sub_p99 = results["get"]["p99_ms"], results["submit"]["p99_ms"]
     limit = RATIO_TARGET * get_p99
     results["ratio_p99"] = round(sub_p99 / get_p99, 2) if get_p99 else None
