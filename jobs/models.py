@@ -31,9 +31,12 @@ LABELS_KEY = labels_key(F("labels"))
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=120)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
-    team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="jobs")
-    queue = models.ForeignKey("quotas.Queue", on_delete=models.PROTECT, related_name="jobs")
+    # No index of their own: each leads a composite index below (job_owner_recent, job_team_recent,
+    # job_dispatch_order), which answers the same lookups; every extra index is written by each submission and
+    # each admission (a pass admitting 2,000 jobs updates 2,000 rows in every index of this table).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False)
+    team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="jobs", db_index=False)
+    queue = models.ForeignKey("quotas.Queue", on_delete=models.PROTECT, related_name="jobs", db_index=False)
     spec = models.ForeignKey("quotas.ResourceSpec", null=True, blank=True, on_delete=models.PROTECT)
     # The request, per replica, resolved at submission (from the spec, or explicit where the queue allows).
     gpu_count = models.PositiveSmallIntegerField(default=1)
@@ -88,12 +91,14 @@ class Job(models.Model):
     ci = models.JSONField(default=dict, blank=True, help_text="whatever the CI passes: git commit, pipeline")
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
-    reproduced_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
+    # Indexed only where set (job_reproduced_from, job_resume_from below): most jobs have neither.
+    reproduced_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, db_index=False)
     resume_from = models.ForeignKey(
         "self",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
+        db_index=False,
         related_name="resumed_by",
         help_text="the job whose latest checkpoint this job's first attempt starts from",
     )
@@ -142,7 +147,12 @@ class Job(models.Model):
             models.Index(fields=["queue", "state", "priority", "submitted_at"], name="job_dispatch_order"),
             models.Index(fields=["team", "-submitted_at"], name="job_team_recent"),
             models.Index(fields=["owner", "-submitted_at"], name="job_owner_recent"),
-            models.Index(fields=["state", "deadline"], name="job_state_deadline"),
+            # The timeout sweep (jobs.lifecycle): only live jobs have a deadline that matters.
+            models.Index(fields=["deadline"], condition=Q(state__in=["starting", "running"]), name="job_live_deadline"),
+            models.Index(
+                fields=["reproduced_from"], condition=Q(reproduced_from__isnull=False), name="job_reproduced_from"
+            ),
+            models.Index(fields=["resume_from"], condition=Q(resume_from__isnull=False), name="job_resume_from"),
             models.Index(fields=["-submitted_at", "-id"], name="job_recent"),
             models.Index(fields=["queue"], condition=Q(reserved=True), name="job_reserved_by_queue"),
             models.Index(fields=["team"], condition=Q(reserved=True), name="job_reserved_by_team"),
@@ -198,7 +208,9 @@ class Attempt(models.Model):
         PLATFORM = "platform"
         RESOURCE = "resource"
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )  # attempt_unique_number
     number = models.PositiveSmallIntegerField()
     state = models.CharField(max_length=10, choices=AttemptState.choices, default=AttemptState.PLACED)
     backend = models.CharField(max_length=20)
@@ -252,7 +264,7 @@ class JobEvent(models.Model):
         WARNING = "warning"
         ERROR = "error"
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)  # event_job_time
     attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=40)
     from_state = models.CharField(max_length=12, blank=True)
