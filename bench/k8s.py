@@ -595,11 +595,23 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     watch.stop.set()
 
     per_job = round(audit_total / max(1, len(starts)), 2)
-    overhead = (
-        round(100.0 * (platform["first_to_last_bound_s"] / floor["first_to_last_bound_s"] - 1.0), 1)
-        if platform["first_to_last_bound_s"] and floor["first_to_last_bound_s"]
-        else None
-    )
+    if platform["completed"] and floor["completed"]:
+        # Both bound everything they could: how much longer the platform took to the last pod bound.
+        method = "time from the first submission to the last pod bound, platform over floor"
+        overhead = (
+            round(100.0 * (platform["first_to_last_bound_s"] / floor["first_to_last_bound_s"] - 1.0), 1)
+            if platform["first_to_last_bound_s"] and floor["first_to_last_bound_s"]
+            else None
+        )
+    else:
+        # A phase was cut off (--phase-limit-s): its last pod bound is the cut, not the end, so the times to the
+        # last pod say nothing. Compare the rates instead: how much longer the platform takes per pod bound.
+        method = "pods bound per second until the last one bound (a phase was cut off), floor over platform"
+        overhead = (
+            round(100.0 * (floor["bound_per_s"] / platform["bound_per_s"] - 1.0), 1)
+            if platform["bound_per_s"] and floor["bound_per_s"]
+            else None
+        )
     result = {
         "benchmark": "k8s",
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
@@ -627,6 +639,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         "platform": platform,
         "floor": floor,
         "bind_overhead_pct": overhead,
+        "bind_overhead_method": method,
         "api_requests": {"total": audit_total, "per_job": per_job, "by_verb_resource": dict(audit_by.most_common())},
         "targets": TARGETS,
         "met": {
@@ -663,7 +676,7 @@ def print_table(r: dict) -> None:
     for label, a, b in rows:
         print(f"{label:52} {a!s:>10} {b!s:>10}")
     print(f"bind overhead {r['bind_overhead_pct']}% (target <= {TARGETS['bind_overhead_pct']}%): "
-          f"{'met' if r['met']['bind_overhead_pct'] else 'NOT met'}")  # fmt: skip
+          f"{'met' if r['met']['bind_overhead_pct'] else 'NOT met'}; by {r['bind_overhead_method']}")  # fmt: skip
     print(f"API requests per job {r['api_requests']['per_job']} (target <= {TARGETS['api_requests_per_job']}): "
           f"{'met' if r['met']['api_requests_per_job'] else 'NOT met'}")  # fmt: skip
     for phase in ("platform", "floor"):
