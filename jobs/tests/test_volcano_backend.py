@@ -7,6 +7,7 @@ cluster`); Volcano's own preemption; pods waiting from their start (ImagePullBac
 be on a pod when it is made); how often pod logs are read (the fake's request log); a server too old for the
 platform; and each Volcano release's CRD schemas. Everything skips when the Volcano CRDs in ../shared are absent.
 """
+
 from __future__ import annotations
 
 import time
