@@ -20,7 +20,7 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
   `patch`, `mutate`, `delete`), a settable clock; no watches and no `follow=true` logs (the platform uses
   neither).
 - `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
-  `wait_for_job_phase()`, `evict_pod()`, `fail_pod()`,
+  `wait_for_job_phase()`, `fail_pod()`,
   `preempt_pod()`, `lose_node()`/`delete_node()` (pods of a lost node stay Terminating),
   `set_queue_state()`, and a batch/v1
   Job controller (`batch_job_pods()`): one pod at a time from the Job's template, through the same scheduler,

@@ -20,7 +20,7 @@ It plays, in one deterministic `tick()`:
   deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
   until the node is deleted (`delete_node`: the pod garbage collector force-deletes them).
 
-Tests decide what each pod does with `script()`, and break things with `evict_pod()`, `fail_pod()`,
+Tests decide what each pod does with `script()`, and break things with `fail_pod()`,
 `lose_node()`. Call `tick()` (or `run_until()`).
 """
 
@@ -222,7 +222,6 @@ class VolcanoController:
         self._completed_tasks: set[tuple[str, str, int]] = set()
         self._partial_restart: set[str] = set()  # jobs restarting only some pods (RestartTask/RestartPod)
         self._lost_nodes: set[str] = set()
-        self.missing_storage_classes: set[str] = set()  # claims of these classes are never provisioned
         kube.add_admission(VolcanoAdmission(kube))
         kube.add_listener(self._on_change)
         kube.graceful_pod_deletion = True
@@ -298,10 +297,6 @@ class VolcanoController:
             self._rules.append(rule)
         return rule
 
-    def clear_scripts(self) -> None:
-        with self.kube.lock:
-            self._rules.clear()
-
     def tick(self, count: int = 1) -> None:
         """Advance the simulated cluster by `count` steps."""
         for _ in range(count):
@@ -344,26 +339,6 @@ class VolcanoController:
         return self.kube.list("pods", namespace, label_selector=f"{JOB_NAME}={job}")
 
     # -- faults ------------------------------------------------------------------------------------
-
-    def evict_pod(self, namespace: str, name: str, *, message: str | None = None) -> JSON:
-        """Kubelet eviction under node pressure: the pod fails with reason `Evicted`."""
-        with self.kube.lock:
-            pod = self.kube.get("pods", name, namespace)
-            text = message or (
-                "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
-                f"Container {_main_container(pod)} was using 1Gi, request is 0, has larger consumption of "
-                "memory. "
-            )
-            self._event(pod, "Evicted", text, "Warning", "kubelet")
-            result = self._terminate_pod(
-                pod,
-                exit_code=137,
-                container_reason="Error",
-                pod_reason="Evicted",
-                message=text,
-                disruption="TerminationByKubelet",
-            )
-            return result
 
     def fail_pod(
         self,
@@ -587,16 +562,10 @@ class VolcanoController:
     # -- PersistentVolumeClaims (a dynamic provisioner for every storage class) -------------------------
 
     def _bind_claims(self) -> None:
-        """Pending claims get a provisioned volume of the size they ask for, in the access modes they ask for.
-        A claim whose class is in `missing_storage_classes` stays Pending, with the event the controller writes."""
+        """Pending claims get a provisioned volume of the size they ask for, in the access modes they ask for."""
         for claim in self.kube.list(PVC):
-            meta, spec = claim["metadata"], claim.get("spec") or {}
+            meta = claim["metadata"]
             if (claim.get("status") or {}).get("phase") != "Pending" or meta.get("deletionTimestamp"):
-                continue
-            storage_class = spec.get("storageClassName") or ""
-            if storage_class in self.missing_storage_classes:
-                self._event(claim, "ProvisioningFailed", f'storageclass.storage.k8s.io "{storage_class}" not found',
-                            "Warning", "persistentvolume-controller")  # fmt: skip
                 continue
             volume = f"pvc-{meta['uid']}"
 
