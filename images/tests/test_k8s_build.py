@@ -143,8 +143,9 @@ def test_the_manifest_command_prints_a_project_build_pinned_to_its_base(images_e
 
 
 # ----------------------------------------------------------------------------- builds on the cluster
-# The fake API server runs the Job's pod through its simulated scheduler and kubelet; what BuildKit would push is
-# pushed here with podman (the session's tiny upstream image), so the digest the platform reads back is real.
+# A build's run, failure and clean-up on the real control plane: tests/k8s. Here, on the fake API server, only what
+# needs its request log or a Job completed at will: a create that met 409 is adopted, and a finished Job waits for a
+# registry that is down. What BuildKit would push is pushed with podman (the session's tiny upstream image).
 
 
 @pytest.fixture
@@ -189,70 +190,6 @@ def push_as_buildkit(build_root, build, cluster=None) -> str:
 
 def job_name(build) -> str:
     return k8s_build.build_name(build.pk)
-
-
-@pytest.mark.django_db
-def test_a_build_on_kubernetes_runs_as_a_job_and_records_log_and_digest(cluster, images_env, build_root):
-    base = define_base(images_env)
-    build = services.build_request(image=base)
-    assert build.status == "queued"
-    cluster.controller.script(
-        "trainyard-image-build-", logs="#1 [internal] load build definition\n#6 pushing layers done", run_ticks=3
-    )
-    build = services.build_run(build_id=build.pk)
-    assert build.status == "running" and f"created build Job builds/{job_name(build)}" in build.log
-    job = cluster.get("batch/v1/jobs", job_name(build), "builds")
-    configmap = cluster.get("configmaps", job_name(build), "builds")
-    assert configmap["data"]["Containerfile"] == base.containerfile
-    assert job["metadata"]["labels"]["trainyard.io/image-build"] == str(build.pk)
-    build = services.build_run(build_id=build.pk)
-    assert build.status == "running" and "pending (no pod yet)" in build.log
-    cluster.controller.tick(2)
-    build = services.build_run(build_id=build.pk)
-    assert build.status == "running" and build.log.rstrip().endswith(": running")
-    digest = push_as_buildkit(build_root, build, cluster)
-    cluster.controller.run_until(
-        lambda: any(
-            c["type"] == "Complete"
-            for c in cluster.get("batch/v1/jobs", job_name(build), "builds")["status"].get("conditions", [])
-        )
-    )
-    build = services.build_run(build_id=build.pk)
-    assert build.status == "succeeded", build.log
-    assert build.digest == digest and build.reference.endswith(f"/trainyard/base/tiny-base:b{build.pk}")
-    assert "#6 pushing layers done" in build.log and build.log.count(": running") == 1
-    assert {"type": "deb", "name": "libssl3", "version": "3.0.11-1~deb12u1"} in build.sbom  # read back
-    base.refresh_from_db()
-    assert base.digest == digest and registry.resolve(base.reference) == digest
-    # The finished Job, its pod and the ConfigMap are gone.
-    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is None
-    assert cluster.try_get("configmaps", job_name(build), "builds") is None
-    assert cluster.try_get("secrets", job_name(build), "builds") is None
-    cluster.controller.tick()
-    assert cluster.list("pods", "builds") == []
-
-
-@pytest.mark.django_db
-def test_a_failed_build_job_keeps_its_log_and_fails_the_build(cluster, images_env):
-    base = define_base(images_env)
-    build = services.build_request(image=base)
-    cluster.controller.script(
-        "trainyard-image-build-",
-        exit_code=1,
-        logs='ERROR: failed to solve: process "/bin/sh -c false" did not complete',
-    )
-    build = services.build_run(build_id=build.pk)
-    cluster.controller.run_until(
-        lambda: cluster.get("batch/v1/jobs", job_name(build), "builds")["status"].get("failed") == 1
-    )
-    build = services.build_run(build_id=build.pk)
-    assert build.status == "failed" and not build.digest
-    assert 'process "/bin/sh -c false" did not complete' in build.log
-    assert "BackoffLimitExceeded" in build.log
-    base.refresh_from_db()
-    assert base.digest == ""
-    assert cluster.try_get("batch/v1/jobs", job_name(build), "builds") is None
-    assert services.build_run(build_id=build.pk).status == "failed"  # a late look changes nothing
 
 
 @pytest.mark.django_db

@@ -97,42 +97,6 @@ def test_the_init_container_process_fetches_checks_and_unpacks_from_a_real_store
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_submission_with_code_publishes_it_and_the_fake_cluster_gets_the_init_container(
-    kube,  # noqa: F811
-    platform,  # noqa: F811
-    celery_worker_thread,
-    checkpoint_store,
-    tmp_path,
-):
-    from jobs.backends import reset_backends
-    from jobs.backends.volcano import parse_ref
-    from jobs.tests.test_volcano_backend import attempt_ref, drive, reload, submit
-
-    reset_backends()  # the render options read the store settings the fixture set
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "train.py").write_text("print('hi')\n")
-    data, digest, _ = pack(folder)
-    api = APIClient()
-    api.force_authenticate(platform)
-    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
-    kube.controller.script("ty-", run_ticks=None)
-    job = submit(platform, code=digest)
-    stored = (
-        objectstore.client(checkpoint_store)
-        .get_object(Bucket=checkpoint_store.bucket, Key=code.store_key("demo", digest))["Body"]
-        .read()
-    )
-    assert stored == data  # published at submission, the same bytes
-    drive(kube, lambda: reload(job).state == "running")
-    pod = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)["spec"]["tasks"][0]["template"]["spec"]
-    fetcher = pod["initContainers"][0]
-    assert fetcher["name"] == "code"
-    assert json.loads(fetcher["env"][0]["value"]) == {"key": code.store_key("demo", digest), "digest": digest}
-    assert pod["containers"][0]["workingDir"] == "/workspace"
-
-
-@pytest.mark.django_db(transaction=True)
 def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(kube, platform, settings, tmp_path):  # noqa: F811
     settings.TRAINYARD_S3_URL = ""
     folder = tmp_path / "project"

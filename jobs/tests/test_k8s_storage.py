@@ -172,48 +172,6 @@ def test_the_sidecar_process_restores_syncs_publishes_and_makes_the_final_sync(o
     assert s3.get_object(Bucket=object_store.bucket, Key=prefix + "last.pt")["Body"].read() == b"at-the-end"
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_the_fake_api_server_gets_the_sidecar_and_the_platform_records_what_it_publishes(
-    kube,  # noqa: F811
-    platform,  # noqa: F811
-    celery_worker_thread,
-    checkpoint_store,
-    settings,
-    tmp_path,  # noqa: F811
-):
-    from jobs.backends import reset_backends
-    from jobs.backends.volcano import parse_ref
-    from jobs.models import Checkpoint, Dataset
-    from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, attempt_ref, drive, reload, submit
-    from quotas.models import Team
-
-    reset_backends()  # the backend's render options read the store settings the fixture set
-    Dataset.objects.create(team=Team.objects.get(slug="demo"), name="coco", claim="coco-pvc")
-    kube.controller.script("ty-", run_ticks=None)
-    job = submit(platform, datasets=[{"name": "coco", "path": "/coco"}])
-    drive(kube, lambda: reload(job).state == "running")
-    vcjob = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)
-    pod = vcjob["spec"]["tasks"][0]["template"]["spec"]
-    sidecar = next(c for c in pod["initContainers"] if c["name"] == render.CHECKPOINT_SIDECAR)
-    assert sidecar["restartPolicy"] == "Always"
-    assert {"name": "dataset-0", "persistentVolumeClaim": {"claimName": "coco-pvc", "readOnly": True}} in pod["volumes"]
-    conf = json.loads(next(e["value"] for e in sidecar["env"] if e["name"] == "TRAINYARD_CHECKPOINT_SPEC"))
-    assert conf["prefix"] == f"demo/{job.id}/attempt-1/"
-    # The sidecar's own code, publishing for that pod: the platform's observer records the checkpoint.
-    folder, state = tmp_path / "pod-checkpoints", tmp_path / "pod-state"
-    folder.mkdir()
-    state.mkdir()
-    (folder / "step-300.pt").write_bytes(b"from-the-pod")
-    sync = checkpoint_sync.SidecarSync(state, {**conf, "dir": str(folder), "store": checkpoint_store.to_dict()})
-    assert sync.sync_once(final=True)
-    saved = drive(kube, lambda: Checkpoint.objects.filter(job=job, name="step-300.pt").first())
-    assert saved.step == 300 and saved.size_bytes == len(b"from-the-pod") and saved.attempt.number == 1
-
-
-# ------------------------------------------------------------------------------------ a failed restore on Kubernetes
-
-
 def _sidecar_process(env_store, tmp_path, restore, *, url=None):
     """The sidecar's own code as a process, restoring `restore`: its exit code and its termination message."""
     folder, state, termination = tmp_path / "checkpoints", tmp_path / "state", tmp_path / "termination-log"

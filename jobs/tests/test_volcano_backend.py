@@ -1,9 +1,11 @@
-"""The Volcano backend against the fake Kubernetes API server (real HTTP, the official client unpatched).
+"""The Volcano backend against the fake Kubernetes API server (real HTTP, the official client unpatched): only what
+the real control plane of `make cluster` cannot be made to do (tests/k8s has the rest; docs/cluster.md lists both).
 
-First the backend alone: submit/observe/cancel/logs/queues/inventory/TensorBoard and API faults. Then end to
-end through a real Celery worker: the platform submits, the fake Volcano runs (ticked by the test, as a cluster
-would run on its own), and `attempts_observe` carries what happened back into jobs, attempts and events.
-Everything skips when the Volcano CRDs in ../shared are absent.
+Injected API faults (500s, 429 throttling, hung and dropped requests, a refused connection), alone and end to end
+through a real Celery worker; the Volcano vGPU device plugin's card choice (no deviceshare plugin runs in `make
+cluster`); Volcano's own preemption; pods waiting from their start (ImagePullBackOff: kwok's waiting annotation must
+be on a pod when it is made); how often pod logs are read (the fake's request log); a server too old for the
+platform; and each Volcano release's CRD schemas. Everything skips when the Volcano CRDs in ../shared are absent.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from kubernetes.utils import parse_quantity
 
 from jobs import classifier, lifecycle, logstore
 from jobs.backends import volcano_render as render
@@ -176,79 +177,6 @@ def vcjobs(kube) -> list[dict]:
 # ------------------------------------------------------------------------------------------ the backend alone
 
 
-def test_submit_twice_creates_one_job_in_the_teams_namespace_and_queue(kube, backend):
-    desc = describe()
-    ref = backend.submit(desc)
-    assert backend.submit(desc) == ref == f"volcano:{TEAM_NS}/{render.job_name(desc.job_id, 1)}"
-    [job] = vcjobs(kube)
-    assert job["spec"]["queue"] == "trainyard-train" and job["metadata"]["labels"]["trainyard.io/attempt-id"] == "10"
-    creates = kube.requests_matching("POST", r"/jobs$")
-    assert [r.status for r in creates] == [201, 409]
-
-    other = describe(job_id=desc.job_id, attempt_id=99)  # same name, another attempt: never adopted silently
-    with pytest.raises(RuntimeError, match="another attempt"):
-        backend.submit(other)
-
-
-def test_success_with_logs_copied_once_in_order(kube, backend):
-    kube.controller.script("ty-", logs=[f"step {i}" for i in range(12)], run_ticks=4)
-    desc = describe()
-    ref = backend.submit(desc)
-    logstore.mark_watched(desc.job_id)  # someone has the log open: copied every pass
-    phases = []
-    for _ in range(12):
-        obs = backend.observe([ref])[ref]
-        phases.append(obs.phase)
-        if obs.finished:
-            break
-        kube.controller.tick()
-    assert obs.phase == "succeeded" and obs.exit_code == 0 and obs.node == "gpu-node-0"
-    assert "running" in phases and phases.index("running") > phases.index("pending")
-    backend.observe([ref])  # observing again after the end copies nothing twice
-    assert log_lines(desc) == [f"step {i}" for i in range(12)]
-    _, meta = logstore.read_lines(logstore.attempt_dir(desc.job_id, 1))
-    assert meta.closed  # the UI may show the log as complete
-    pod_log_reads = kube.requests_matching("GET", r"/pods/.*/log$")
-    assert len(pod_log_reads) >= 3  # copied incrementally while it ran, not once at the end
-
-
-def test_stderr_lines_of_the_wrapper_are_filed_as_stderr_and_the_rest_as_stdout(kube, backend):
-    """Lines ty-exec tagged (jobs/backends/tyexec) lose the tag and go to the attempt's stderr as well as its log;
-    untagged lines (a pod without the wrapper, the command's stdout) stay stdout."""
-    tag = render.STDERR_TAG
-    kube.controller.script(
-        "ty-", exit_code=1, logs=["loading", f"{tag}warning: slow disk", "step 1", f"{tag}Traceback", f"{tag}Boom"]
-    )
-    desc = describe()
-    ref = backend.submit(desc)
-    observe_until(kube, backend, ref, lambda o: o.finished)
-    assert log_lines(desc) == ["loading", "warning: slow disk", "step 1", "Traceback", "Boom"]
-    stderr = logstore.stderr_lines(logstore.attempt_dir(desc.job_id, 1))
-    assert [line.text for line in stderr] == ["warning: slow disk", "Traceback", "Boom"]
-    assert backend.log_tail(ref).endswith("Traceback\nBoom\n")
-
-
-@pytest.mark.parametrize(
-    ("script", "expected"),
-    [
-        (dict(exit_code=1, logs="Traceback\nValueError: bad input"), (1, "Error")),
-        (dict(exit_code=137, reason="OOMKilled", logs="killed"), (137, "OOMKilled")),
-        (dict(exit_code=2, reason="DeadlineExceeded"), (2, "DeadlineExceeded")),
-        # graceful node shutdown: the kubelet ends the pod as `Terminated`
-        (dict(exit_code=143, reason="Terminated"), (143, "Terminated")),
-    ],
-)
-def test_failures_carry_exit_code_and_reason_for_the_classifier(kube, backend, script, expected):
-    kube.controller.script("ty-", **script)
-    desc = describe()
-    ref = backend.submit(desc)
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    assert (obs.phase, obs.exit_code, obs.reason) == ("failed", *expected)
-    if script.get("logs"):
-        assert log_lines(desc) == script["logs"].splitlines()
-        assert backend.log_tail(ref).endswith(script["logs"].splitlines()[-1] + "\n")
-
-
 @pytest.mark.parametrize(
     ("reason", "exit_code", "expected"),
     [
@@ -351,75 +279,18 @@ def test_an_address_pods_cannot_reach_is_a_startup_error(settings, name, value, 
     assert [e.id for e in errors] == [code] and said in errors[0].msg and name in errors[0].msg
 
 
-def test_events_are_read_per_object_and_in_pages(kube, backend, monkeypatch):
-    from jobs.backends import volcano
-
-    monkeypatch.setattr(volcano, "EVENT_PAGE_SIZE", 2)
-    target = {"kind": "PodGroup", "metadata": {"name": "pg-1", "namespace": TEAM_NS, "uid": "u1"}}
-    other = {"kind": "PodGroup", "metadata": {"name": "pg-2", "namespace": TEAM_NS, "uid": "u2"}}
-    for index in range(5):
-        kube.record_event(target, reason=f"R{index}", message=f"m{index}", component="volcano")
-    kube.record_event(other, reason="Other", message="not mine", component="volcano")
-    kube.clear_requests()
-    context = volcano._NamespaceContext(backend, TEAM_NS, volcano._NodeView(backend))
-    assert sorted(e["reason"] for e in context.events("pg-1")) == [f"R{i}" for i in range(5)]
-    assert context.events("pg-1")  # read once per pass
-    reads = kube.requests_matching("GET", "/events$")
-    assert len(reads) == 3  # pages of two
-    assert {r.param("fieldSelector") for r in reads} == {"involvedObject.name=pg-1"}
-    assert {r.param("limit") for r in reads} == {"2"}
-
-
-def test_eviction_and_preemption_are_reported_as_such(kube, backend):
+def test_a_pod_volcano_preempts_is_reported_as_preempted(kube, backend):
+    """Volcano's own preemption or reclaim (an `Evict` event from its scheduler and a graceful delete): the real
+    scheduler of `make cluster` was not made to take that decision (tests/k8s covers the kubelet's eviction and the
+    platform's own preemption), so its outcome is played here."""
     kube.controller.script("ty-", run_ticks=None)
-    evicted, preempted = describe(), describe()
-    refs = [backend.submit(evicted), backend.submit(preempted)]
-    observe_until(kube, backend, refs[1], lambda o: o.phase == "running")
-    kube.controller.evict_pod(TEAM_NS, f"{render.job_name(evicted.job_id, 1)}-main-0")
-    # Volcano records a preemption (or a reclaim) as an `Evict` event and deletes the pod.
+    preempted = describe()
+    ref = backend.submit(preempted)
+    observe_until(kube, backend, ref, lambda o: o.phase == "running")
     kube.controller.preempt_pod(TEAM_NS, f"{render.job_name(preempted.job_id, 1)}-main-0")
     kube.controller.tick(5)
-    seen = backend.observe(refs)
-    assert (seen[refs[0]].phase, seen[refs[0]].reason) == ("failed", "Evicted")
-    assert (seen[refs[1]].phase, seen[refs[1]].reason) == ("failed", "Preempted")
-
-
-def lost_job(kube, backend):
-    kube.controller.script("ty-", run_ticks=None)
-    desc = describe(devices=[Device("GPU-x", 0, "gpu-node-1", 1000, 81559, True)])
-    ref = backend.submit(desc)
-    observe_until(kube, backend, ref, lambda o: o.phase == "running")
-    kube.controller.lose_node("gpu-node-1")
-    kube.controller.tick(5)
-    return desc, ref, f"{render.job_name(desc.job_id, 1)}-main-0"
-
-
-def test_a_lost_node_fails_the_attempt_once_it_stayed_unready_past_the_deadline(kube, backend):
-    desc, ref, pod = lost_job(kube, backend)
-    # As on a real cluster: the pod stays Terminating and the Volcano job never ends by itself.
-    assert kube.get("pods", pod, TEAM_NS)["metadata"]["deletionTimestamp"]
-    assert backend.observe([ref])[ref].phase == "running"  # NotReady for less than TRAINYARD_K8S_NODE_LOST_S
-    impatient = make_backend(kube, node_lost_s=0)
-    seen = impatient.observe([ref])[ref]
-    assert (seen.phase, seen.reason, seen.node) == ("failed", "NodeLost", "gpu-node-1")
-    assert "node gpu-node-1 is not ready" in seen.message
-    # The node may still run it (a partition): the pod is not force-deleted while its node exists.
-    assert kube.try_get("pods", pod, TEAM_NS) is not None
-    assert kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}") == []
-
-
-def test_a_cancel_on_a_node_that_is_gone_force_deletes_its_pods_and_ends(kube, backend):
-    desc, ref, pod = lost_job(kube, backend)
-    backend.cancel(ref, grace_s=1)
-    assert backend.observe([ref])[ref].phase == "pending"  # the foreground delete waits for the pod
-    kube.delete("nodes", "gpu-node-1")  # the machine is gone (before the pod garbage collector ran)
     seen = backend.observe([ref])[ref]
-    assert (seen.phase, seen.reason) == ("failed", "NodeLost") and "no longer exists" in seen.message
-    assert kube.try_get("pods", pod, TEAM_NS) is None  # force-deleted: the job's foreground delete can finish
-    (delete,) = kube.requests_matching("DELETE", f"/api/v1/namespaces/{TEAM_NS}/pods/{pod}")
-    assert delete.param("gracePeriodSeconds") == "0" or (delete.body or {}).get("gracePeriodSeconds") == 0
-    kube.controller.tick(3)
-    assert backend.observe([ref])[ref].phase == "lost"  # and the Volcano job is gone
+    assert (seen.phase, seen.reason) == ("failed", "Preempted")
 
 
 def test_the_tensorboard_sidecars_image_pull_counts_toward_the_start_timeout(kube, logs):
@@ -460,31 +331,6 @@ def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
     assert left is None or left["metadata"].get("deletionTimestamp")  # what the platform gave up on is stopped
 
 
-def test_distributed_job_is_a_gang_with_prefixed_logs_from_every_pod(kube, backend):
-    kube.controller.script("ty-", task="master", logs="rank 0 ready", run_ticks=2)
-    kube.controller.script(is_worker, logs="rank up", run_ticks=2)
-    desc = describe(replicas=3, gpus=1, secondary_network="kube-system/rdma")
-    ref = backend.submit(desc)
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    assert obs.phase == "succeeded"
-    pods = kube.controller.job_pods(TEAM_NS, parse_ref(ref)[1])
-    assert {p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] for p in pods} == {"kube-system/rdma"}
-    placed = {}
-    for pod in pods:
-        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-        assert env["WORLD_SIZE"] == "3" and env["MASTER_ADDR"] == f"{parse_ref(ref)[1]}-master-0.{parse_ref(ref)[1]}"
-        placed[env["RANK"]] = (pod["metadata"]["labels"]["volcano.sh/task-spec"], pod["spec"]["nodeName"])
-    # every replica on the node the platform placed it on (replica r on gpu-node-{r % 2})
-    assert placed == {"0": ("master", "gpu-node-0"), "1": ("worker-1", "gpu-node-1"), "2": ("worker-2", "gpu-node-0")}
-    job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS)
-    assert {"key": "trainyard.io/rack", "operator": "In", "values": ["r1"]} in (
-        job["spec"]["tasks"][1]["template"]["spec"]["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ]["nodeSelectorTerms"][0]["matchExpressions"]
-    )
-    assert sorted(log_lines(desc)) == ["[master-0] rank 0 ready", "[worker-1] rank up", "[worker-2] rank up"]
-
-
 def test_an_unwatched_running_pods_log_is_copied_on_its_schedule_and_in_full_at_the_end(kube, logs):
     """pods/log once per pod per `log_every_s` while nobody reads the log (reading every pass was most of the
     platform's API traffic), every pass once someone does, and everything when the job ends."""
@@ -505,22 +351,6 @@ def test_an_unwatched_running_pods_log_is_copied_on_its_schedule_and_in_full_at_
     obs = observe_until(kube, backend, ref, lambda o: o.finished)
     assert obs.phase == "succeeded"
     assert log_lines(desc) == [f"step {i}" for i in range(6)]
-
-
-def test_cancel_deletes_in_the_foreground_and_ends_when_the_pods_are_gone(kube, backend):
-    kube.controller.script("ty-", run_ticks=None, logs="working")
-    desc = describe()
-    ref = backend.submit(desc)
-    observe_until(kube, backend, ref, lambda o: o.phase == "running")
-    assert ref in backend.live_refs()
-    backend.cancel(ref, grace_s=1)
-    backend.cancel(ref, grace_s=1)  # twice is fine
-    assert backend.observe([ref])[ref].phase == "pending"  # stopping: still holds its GPUs
-    kube.controller.tick(2)
-    obs = backend.observe([ref])[ref]
-    assert obs.phase == "lost" and vcjobs(kube) == []
-    assert ref not in backend.live_refs()
-    assert log_lines(desc) == ["working"]
 
 
 def test_api_faults_are_retried_without_duplicates(kube, backend):
@@ -568,73 +398,6 @@ def test_connection_refused_fails_the_submit_after_retries(kube, logs):
     with pytest.raises(Exception, match="(?i)connect|refused|Max retries"):
         backend.submit(describe())
     assert time.monotonic() - started < 10
-
-
-def test_queue_sync_creates_updates_closes_and_reopens(kube, backend):
-    queue = PlatformQueue(weight=3, priority=7)
-    backend.queue_sync(queue)
-    volcano = kube.get(QUEUES, "trainyard-train")
-    capability = {k: parse_quantity(v) for k, v in volcano["spec"]["capability"].items()}
-    assert capability == {"cpu": 64, "memory": 256 * 1024**3, "nvidia.com/gpu": 4, "nvidia.com/gpu.shared": 16}
-    assert (volcano["spec"]["weight"], volcano["spec"]["priority"], volcano["spec"]["reclaimable"]) == (3, 7, False)
-
-    queue.quota["gpu_milli"] = 8000
-    queue.state = "closed"
-    backend.queue_sync(queue)
-    assert kube.get(QUEUES, "trainyard-train")["spec"]["capability"]["nvidia.com/gpu"] == "8"
-    kube.controller.tick()
-    assert kube.get(QUEUES, "trainyard-train")["status"]["state"] == "Closed"
-    backend.queue_sync(queue)  # already closed: no second command
-    assert len(kube.requests_matching("POST", r"/namespaces/trainyard/commands$")) == 1
-
-    queue.state = "open"
-    backend.queue_sync(queue)
-    kube.controller.tick()
-    assert kube.get(QUEUES, "trainyard-train")["status"]["state"] == "Open"
-
-    # The queue borrowed work rides in: no capability (the platform's admission bounds it), repaired on a sync.
-    borrowed = kube.get(QUEUES, render.BORROWED_QUEUE)
-    assert borrowed["spec"]["capability"] in ({}, None) and borrowed["spec"]["weight"] == 1
-    kube.mutate(QUEUES, render.BORROWED_QUEUE, None, lambda q: q["spec"].update(capability={"nvidia.com/gpu": "1"}))
-    backend.queue_sync(queue)
-    assert kube.get(QUEUES, render.BORROWED_QUEUE)["spec"]["capability"] in ({}, None)
-
-
-def test_inventory_reads_gpu_nodes_their_labels_and_published_uuids(kube, backend):
-    kube.add_node("cpu-node", gpus=0)
-    kube.add_node(
-        "hami-node",
-        gpus=2,
-        gpu_product="NVIDIA-A100-SXM4-40GB",
-        gpu_memory_mib=40960,
-        labels={"topology.kubernetes.io/rack": "r9"},
-    )
-    kube.mutate(
-        "nodes",
-        "hami-node",
-        None,
-        lambda n: (
-            n["metadata"]
-            .setdefault("annotations", {})
-            .update(
-                {
-                    "hami.io/node-nvidia-register": "GPU-aaa,10,40960,100,NVIDIA-A100,0,true:"
-                    "GPU-bbb,10,40960,100,NVIDIA-A100,0,true:"
-                }
-            )
-        ),
-    )
-    kube.controller.lose_node("gpu-node-1")
-    nodes = {n.name: n for n in backend.inventory()}
-    assert set(nodes) == {"gpu-node-0", "gpu-node-1", "hami-node"}
-    hami = nodes["hami-node"]
-    assert [g.uuid for g in hami.gpus] == ["GPU-aaa", "GPU-bbb"] and hami.gpus[0].memory_mib == 40960
-    assert hami.gpus[0].model == "NVIDIA A100 SXM4 40GB" and hami.labels["trainyard.io/rack"] == "r9"
-    node0 = nodes["gpu-node-0"]
-    assert (node0.driver_version, node0.cuda_version, len(node0.gpus)) == (DRIVER, "12.4", 8)
-    assert node0.cpu_milli == 96000 and node0.memory_mib == 1024 * 1024 and node0.labels["trainyard.io/rack"] == "r1"
-    lost = nodes["gpu-node-1"]  # not ready: its cards are still its own; the label takes it out of placement
-    assert len(lost.gpus) == 8 and lost.labels["trainyard.io/k8s-ready"] == "false"
 
 
 def test_node_info_divides_time_sliced_cards():
@@ -810,79 +573,6 @@ def attempt_ref(job, number=1) -> str:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_e2e_success_through_celery(kube, platform, celery_worker_thread):
-    kube.controller.script("ty-", logs=["epoch 1 loss 0.9", "epoch 2 loss 0.4"], run_ticks=3)
-    job = submit(platform)
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "succeeded" and job.exit_code == 0
-    assert state_path(job) == ["pending", "admitted", "starting", "running", "succeeded"]
-    attempt = job.attempts.get()
-    namespace, name = parse_ref(attempt.backend_ref)
-    assert namespace == TEAM_NS and attempt.node.name in {"gpu-node-0", "gpu-node-1"}
-    vcjob = kube.get(JOBS, name, TEAM_NS)
-    assert vcjob["spec"]["queue"] == "trainyard-train"
-    image = vcjob["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["image"]
-    assert image == "nvcr.io/nvidia/pytorch:24.10-py3@sha256:" + "1" * 64  # pinned by digest
-    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
-    assert [line.text for line in lines] == ["epoch 1 loss 0.9", "epoch 2 loss 0.4"]
-    from cluster.models import LogicalDevice
-
-    assert not LogicalDevice.objects.filter(released_at__isnull=True).exists()
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_user_failure_is_not_retried(kube, platform, celery_worker_thread):
-    kube.controller.script("ty-", exit_code=1, logs="Traceback (most recent call last):\nValueError: bad input")
-    job = submit(platform, max_retries=3)
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "failed" and job.failure_class == "user"
-    [attempt] = job.attempts.all()
-    assert (attempt.exit_code, attempt.rule, attempt.reason) == (1, "user-exit-1-2", "Error")
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_eviction_is_retried_elsewhere_and_then_succeeds(kube, platform, celery_worker_thread):
-    kube.controller.script("ty-", run_ticks=None, times=1)  # the first pod runs until evicted
-    job = submit(platform, max_retries=2)
-    drive(kube, lambda: reload(job).state == "running")
-    name = parse_ref(attempt_ref(job))[1]
-    kube.controller.evict_pod(TEAM_NS, f"{name}-main-0")
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "succeeded"
-    first, second = job.attempts.order_by("number")
-    assert (first.reason, first.failure_class, first.reaction) == ("Evicted", "platform", "retry_elsewhere")
-    assert first.placement["devices"][0]["gpu_uuid"] in reload(job).excluded_gpus
-    assert second.placement["devices"][0]["gpu_uuid"] != first.placement["devices"][0]["gpu_uuid"]
-    assert parse_ref(second.backend_ref)[1].endswith("-2")
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_full_volcano_queue_keeps_the_job_pending_with_the_reason_shown(kube, platform, celery_worker_thread):
-    # Something outside the platform fills the Volcano queue (seeded to the largest node's 8 cards).
-    from quotas.models import Queue
-
-    cards = Queue.objects.get(name="train").gpu_milli // 1000
-    foreign = render.render_job(describe(gpus=cards, job_id=str(uuid.uuid4())), render.RenderOptions())
-    foreign["metadata"]["name"], foreign["metadata"]["labels"] = "someone-elses-job", {}
-    kube.controller.script("someone-elses-job", run_ticks=None)
-    kube.create(JOBS, foreign, TEAM_NS)
-    kube.controller.tick(3)
-    job = submit(platform)
-    wanted = "waiting in Volcano queue trainyard-train: queue resource quota insufficient"
-    job = drive(kube, lambda: reload(job) if reload(job).message == wanted else None)
-    assert job.state == "starting"
-    assert job.events.filter(kind="backend_pending", message=wanted).count() == 1
-
-    kube.delete(JOBS, "someone-elses-job", TEAM_NS)
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "succeeded"
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_e2e_api_faults_leave_no_duplicate_and_no_lost_job(kube, platform, celery_worker_thread):
     kube.controller.script("ty-", run_ticks=4)
     kube.throttle_next(2, retry_after=0, method="POST", path=r"/jobs$")
@@ -894,41 +584,6 @@ def test_e2e_api_faults_leave_no_duplicate_and_no_lost_job(kube, platform, celer
     created = [r for r in kube.requests_matching("POST", r"/jobs$") if r.status == 201]
     assert len(created) <= 1 and len(vcjobs(kube)) == 1  # the hung create may be the one that made it
     assert not job.events.filter(kind="attempt_failed").exists()
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_closing_a_platform_queue_closes_its_volcano_queue(kube, platform, celery_worker_thread):
-    from quotas.models import Queue
-    from quotas.services import queue_update
-
-    queue_update(queue=Queue.objects.get(name="debug"), changes={"state": "closed", "gpu_milli": 3000}, actor=None)
-    volcano = drive(
-        kube,
-        lambda: (
-            (kube.get(QUEUES, "trainyard-debug").get("status") or {}).get("state") == "Closed"
-            and kube.get(QUEUES, "trainyard-debug")
-        ),
-    )
-    assert volcano["spec"]["capability"]["nvidia.com/gpu"] == "3"
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_distributed_job_runs_as_one_gang_with_every_replicas_log(kube, platform, celery_worker_thread):
-    kube.controller.script("ty-", task="master", logs="rank 0: all-reduce ok", run_ticks=2)
-    kube.controller.script(is_worker, logs="rank 1: all-reduce ok", run_ticks=2)
-    job = submit(platform, queue="distributed", replicas=2)
-    job = drive(kube, lambda: finished(job))
-    assert job.state == "succeeded"
-    vcjob = kube.get(JOBS, parse_ref(attempt_ref(job))[1], TEAM_NS)
-    assert vcjob["spec"]["minAvailable"] == 2 and [t["name"] for t in vcjob["spec"]["tasks"]] == ["master", "worker-1"]
-    assert vcjob["spec"]["queue"] == "trainyard-distributed"
-    lines, _ = logstore.read_lines(logstore.attempt_dir(str(job.id), 1))
-    assert sorted(line.text for line in lines) == [
-        "[master-0] rank 0: all-reduce ok",
-        "[worker-1] rank 1: all-reduce ok",
-    ]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -952,102 +607,6 @@ def test_e2e_the_ledger_follows_the_cards_volcanos_vgpu_scheduler_chose(kube, vg
     assert attempt.placement["devices"][0]["gpu_uuid"] == chosen
     drive(kube, lambda: True)  # observing again moves nothing more
     assert PoolRepair.objects.filter(kind="slice_moved").count() == 1
-
-
-def test_seeded_quotas_hold_a_whole_card_of_the_clusters_largest_node(settings, transactional_db):
-    """Seeding on the Volcano backend reads the cluster's inventory: with 80 GB cards, the half-size demo team
-    of `manage.py seed` still holds one whole card, so a guaranteed job on one is not refused by the seed."""
-    from jobs.backends import reset_backends
-    from ops.seed import seed
-    from quotas.models import Queue, Team
-
-    crds.require()
-    with FakeKubernetes(nodes=0) as fake:
-        fake.add_node("h100-0", driver_version=DRIVER, labels=gfd_labels("r1"), gpu_product="NVIDIA-H100-80GB-HBM3",
-                      gpu_memory_mib=81559)  # fmt: skip
-        settings.TRAINYARD_BACKEND = "volcano"
-        settings.TRAINYARD_K8S_API_URL = fake.url
-        settings.TRAINYARD_K8S_REQUEST_TIMEOUT_S = 0.5
-        reset_backends()
-        try:
-            report = seed(admin_password="admin-pass-123", demo_password="demo-pass-123", demo_team_share=0.5)
-        finally:
-            reset_backends()
-    assert "h100-0" in report.inventory
-    team = Team.objects.get(slug="demo")
-    assert team.gpu_memory_mib >= 81559 and team.gpu_milli >= 1000
-    assert all(q.gpu_memory_mib >= 81559 for q in Queue.objects.all())
-    # Host CPU and memory follow the GPU capability (8 whole cards of 64 GiB each in `distributed`).
-    distributed = Queue.objects.get(name="distributed")
-    assert distributed.gpu_milli == 8000 and distributed.memory_mib >= 8 * 64 * 1024
-    assert distributed.cpu_milli >= 8 * 8000
-
-
-class _RefusePods:
-    """An admission plugin refusing every pod, as a namespace's ResourceQuota does when it is used up."""
-
-    def admit(self, op, rt, obj, old):
-        pass
-
-    def validate(self, op, rt, obj, old):
-        from tests.fake_k8s.server import ApiError
-
-        if rt.key == ("", "pods") and op == "CREATE":
-            name = obj["metadata"].get("name", "")
-            raise ApiError(403, f'pods "{name}" is forbidden: exceeded quota: team-gpus, requested: '
-                           "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: "
-                           "requests.nvidia.com/gpu=8", reason="Forbidden")  # fmt: skip
-
-
-@pytest.mark.django_db
-def test_pods_the_api_server_refuses_end_the_attempt_with_the_reason_and_no_retry(kube, backend):
-    """Volcano creates the pods, so a refusal shows only as a `FailedCreate` event on the Volcano job: it is read,
-    named as the cause, and ends the attempt as a refusal (no retry, no card blamed), not as a pending job that
-    Volcano later gives up on and the platform retries as "Evicted"."""
-    kube.add_admission(_RefusePods())
-    ref = backend.submit(describe())
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    assert (obs.phase, obs.reason) == ("failed", "PodsRefused")
-    assert "exceeded quota: team-gpus" in obs.message and "refused to create the job's pods" in obs.message
-    FailureRule.objects.all().delete()
-    classifier.seed_default_rules()
-    verdict = classifier.classify(classifier.Observation(reason=obs.reason, exit_code=obs.exit_code))
-    assert (verdict.rule, verdict.reaction) == ("pods-refused", "no_retry")
-
-
-def test_a_node_that_blinks_leaves_placement_and_comes_back_with_its_cards(kube, platform, settings):
-    """NotReady for a while: the node takes no placements (within one node check, not at the next inventory
-    sync), its cards stay healthy and unquarantined with no alert; Ready again, it is placeable again. A deleted
-    node leaves placement the same way."""
-    from django.core.cache import cache
-
-    from cluster.models import GPU, Node
-    from jobs.tasks import sync_inventory
-    from monitoring.models import Alert
-
-    settings.TRAINYARD_K8S_NODE_CHECK_S = 0.01
-
-    def check():
-        cache.delete("trainyard:node-check")
-        return lifecycle.nodes_reachability_check()
-
-    assert Node.objects.get(name="gpu-node-1").state == Node.State.READY
-    kube.controller.lose_node("gpu-node-1", evict=False)
-    assert check() == 1
-    assert Node.objects.get(name="gpu-node-1").state == Node.State.UNHEALTHY
-    sync_inventory()  # the 5-minute sync agrees, and takes no card away
-    cards = GPU.objects.filter(node__name="gpu-node-1")
-    assert cards.count() == 8 and not cards.filter(quarantined=True).exists()
-    assert not cards.exclude(health=GPU.Health.HEALTHY).exists()
-    assert not Alert.objects.exists()
-    kube.controller.restore_node("gpu-node-1")
-    assert check() == 1
-    assert Node.objects.get(name="gpu-node-1").state == Node.State.READY
-    assert check() == 0  # nothing moved
-
-    kube.controller.delete_node("gpu-node-0")
-    assert check() == 1
-    assert Node.objects.get(name="gpu-node-0").state == Node.State.UNHEALTHY
 
 
 def test_a_cluster_too_old_for_the_platform_is_refused_with_what_it_needs(kube, backend, monkeypatch):

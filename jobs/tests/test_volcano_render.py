@@ -298,7 +298,8 @@ def test_unknown_provider_is_refused_with_the_setting_named():
 
 def test_hami_is_refused_and_volcano_vgpu_named_instead():
     # HAMi's webhook skips pods Volcano schedules and Volcano's enqueue counts gpumem/gpucores as resources no
-    # node has (tests/test_fake_k8s.py shows both): such jobs would never start, so the setting is refused.
+    # node has (real Volcano in tests/k8s/test_backend_on_the_cluster.py): such jobs would never start, so the
+    # setting is refused.
     with pytest.raises(render.ManifestError, match="TRAINYARD_K8S_SHARING=volcano-vgpu"):
         render.RenderOptions(sharing="hami")
 

@@ -17,11 +17,12 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
 
 - `server.FakeKubernetes`: the API server; faults (`fail_next`, `throttle_next`, `hang_next`, `drop_next`),
   the request log (`requests`, `requests_matching`), an internal object API (`get`, `list`, `create`,
-  `patch`, `mutate`, `delete`), `compact()` to expire watch history, a settable clock.
+  `patch`, `mutate`, `delete`), a settable clock; no watches and no `follow=true` logs (the platform uses
+  neither).
 - `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
-  `wait_for_job_phase()`, `start()`/`stop()` for a background loop, `evict_pod()`, `fail_pod()`,
-  `preempt_pod()`, `lose_node()`/`restore_node()`/`delete_node()` (pods of a lost node stay Terminating),
-  `set_queue_state()`, `hami_scheduler` (a simulated HAMi scheduler for pods that name it), and a batch/v1
+  `wait_for_job_phase()`, `fail_pod()`,
+  `preempt_pod()`, `lose_node()`/`delete_node()` (pods of a lost node stay Terminating),
+  `set_queue_state()`, and a batch/v1
   Job controller (`batch_job_pods()`): one pod at a time from the Job's template, through the same scheduler,
   kubelet and scripts, `active`/`succeeded`/`failed` counts and the Complete (with SuccessCriteriaMet) or Failed
   (BackoffLimitExceeded, FailureTarget) conditions; not its `activeDeadlineSeconds`, indexed completions,
@@ -50,7 +51,7 @@ read-only from the CRD folder in use (`crd_dir=` picks a release folder such as 
 
 from . import crds
 from .controller import PodScript, ScriptRule, VolcanoController
-from .crds import crds_available, crds_dir, example_manifests, unavailable_reason
+from .crds import crds_available, crds_dir, unavailable_reason
 from .server import ApiError, FakeKubernetes, Fault, RequestRecord
 
 __all__ = [
@@ -64,6 +65,5 @@ __all__ = [
     "crds",
     "crds_available",
     "crds_dir",
-    "example_manifests",
     "unavailable_reason",
 ]

@@ -12,26 +12,22 @@ It plays, in one deterministic `tick()`:
 - the scheduler: enqueue gated by queue state, queue `capability` and cluster overcommit (PodGroup stays
   Pending with an `Unschedulable` condition and the real events), then gang allocation of pods to nodes
   (resources, nodeSelector, required node affinity, taints, cordons); pods of `default-scheduler` are
-  placed one by one; pods naming HAMi's scheduler are placed by a simulated HAMi when `hami_scheduler` is
-  set; pods naming any other scheduler stay Pending, as they would with no such scheduler (a pod asking for
-  HAMi's `nvidia.com/gpumem` from Volcano stays Pending: no node advertises it);
+  placed one by one; pods naming any other scheduler stay Pending, as they would with no such scheduler;
 - the svc plugin's headless Service, ConfigMap and NetworkPolicy (none with `--disable-network-policy`);
 - Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete), and its vGPU card choice
   (`volcano.sh/vgpu-ids-new`, ignoring the requested UUIDs as released versions do);
 - the kubelet: containers start, write their scripted logs, and end with the scripted outcome; graceful
   deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
-  until the node returns or is deleted (`delete_node`: the pod garbage collector force-deletes them).
+  until the node is deleted (`delete_node`: the pod garbage collector force-deletes them).
 
-Tests decide what each pod does with `script()`, and break things with `evict_pod()`, `fail_pod()`,
-`lose_node()`. Call `tick()` (or `run_until()`) for deterministic tests, or `start()` for a background loop.
+Tests decide what each pod does with `script()`, and break things with `fail_pod()`,
+`lose_node()`. Call `tick()` (or `run_until()`).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import threading
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,10 +73,6 @@ TEMPLATE_UID = "volcano.sh/template-uid"
 GROUP_NAME = "scheduling.k8s.io/group-name"
 
 SCHEDULER = "volcano"
-# HAMi's per-card resources (never on a node's allocatable) and its pod annotations.
-HAMI_CARD_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage")
-HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
-HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 # Volcano's vGPU device sharing: pod resources, the node's card registry, the scheduler's choice on the pod.
 VGPU_NUMBER, VGPU_MEMORY, VGPU_CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
 VGPU_REGISTER = "volcano.sh/node-vgpu-register"
@@ -229,14 +221,7 @@ class VolcanoController:
         self._killed: set[str] = set()
         self._completed_tasks: set[tuple[str, str, int]] = set()
         self._partial_restart: set[str] = set()  # jobs restarting only some pods (RestartTask/RestartPod)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.errors: list[str] = []
         self._lost_nodes: set[str] = set()
-        # The scheduler name of a simulated HAMi installation (None: HAMi is not installed, and its pods stay
-        # Pending like pods of any scheduler that does not exist).
-        self.hami_scheduler: str | None = None
-        self.missing_storage_classes: set[str] = set()  # claims of these classes are never provisioned
         kube.add_admission(VolcanoAdmission(kube))
         kube.add_listener(self._on_change)
         kube.graceful_pod_deletion = True
@@ -312,10 +297,6 @@ class VolcanoController:
             self._rules.append(rule)
         return rule
 
-    def clear_scripts(self) -> None:
-        with self.kube.lock:
-            self._rules.clear()
-
     def tick(self, count: int = 1) -> None:
         """Advance the simulated cluster by `count` steps."""
         for _ in range(count):
@@ -357,49 +338,7 @@ class VolcanoController:
     def job_pods(self, namespace: str, job: str) -> list[JSON]:
         return self.kube.list("pods", namespace, label_selector=f"{JOB_NAME}={job}")
 
-    def start(self, interval: float = 0.05) -> None:
-        """Tick in a background thread every `interval` seconds until `stop()`."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                try:
-                    self.tick()
-                except Exception:  # noqa: BLE001 - keep ticking; tests read .errors
-                    self.errors.append(traceback.format_exc())
-
-        self._thread = threading.Thread(target=loop, name="fake-volcano-controller", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
     # -- faults ------------------------------------------------------------------------------------
-
-    def evict_pod(self, namespace: str, name: str, *, message: str | None = None) -> JSON:
-        """Kubelet eviction under node pressure: the pod fails with reason `Evicted`."""
-        with self.kube.lock:
-            pod = self.kube.get("pods", name, namespace)
-            text = message or (
-                "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
-                f"Container {_main_container(pod)} was using 1Gi, request is 0, has larger consumption of "
-                "memory. "
-            )
-            self._event(pod, "Evicted", text, "Warning", "kubelet")
-            result = self._terminate_pod(
-                pod,
-                exit_code=137,
-                container_reason="Error",
-                pod_reason="Evicted",
-                message=text,
-                disruption="TerminationByKubelet",
-            )
-            return result
 
     def fail_pod(
         self,
@@ -427,7 +366,7 @@ class VolcanoController:
         """The node stops reporting, as on a real cluster: Ready becomes Unknown, the unreachable taints are
         added, its pods are marked not ready and (`evict`, the taint manager once the default 300 s toleration
         ran out) deleted gracefully. No kubelet confirms those deletions, so the pods stay `Terminating`, in
-        their last phase, until the node comes back (`restore_node`) or its Node object is deleted
+        their last phase, until its Node object is deleted
         (`delete_node`), or a client force-deletes them."""
         with self.kube.lock:
             now = rfc3339(self.kube.now())
@@ -495,32 +434,6 @@ class VolcanoController:
             self._event(pod, "Evict", message, "Warning", SCHEDULER)
             self.kube.delete("pods", name, namespace)
             return self.kube.get("pods", name, namespace) if self.kube.try_get("pods", name, namespace) else pod
-
-    def restore_node(self, name: str) -> JSON:
-        """Bring a lost node back to Ready and drop the unreachable taints."""
-        with self.kube.lock:
-            now = rfc3339(self.kube.now())
-
-            def reachable(node: JSON) -> None:
-                node["spec"]["taints"] = [
-                    t for t in node["spec"].get("taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"
-                ]
-                if not node["spec"]["taints"]:
-                    del node["spec"]["taints"]
-
-            def ready(node: JSON) -> None:
-                for condition in node["status"].get("conditions") or []:
-                    if condition.get("type") == "Ready":
-                        condition.update(
-                            status="True",
-                            reason="KubeletReady",
-                            message="kubelet is posting ready status",
-                            lastTransitionTime=now,
-                        )
-
-            self.kube.mutate("nodes", name, None, reachable)
-            self._lost_nodes.discard(name)
-            return self.kube.mutate("nodes", name, None, ready, subresource="status")
 
     def set_queue_state(self, name: str, state: str) -> JSON:
         """Set a queue's `status.state` (Open, Closed, ...) as its controller would."""
@@ -649,16 +562,10 @@ class VolcanoController:
     # -- PersistentVolumeClaims (a dynamic provisioner for every storage class) -------------------------
 
     def _bind_claims(self) -> None:
-        """Pending claims get a provisioned volume of the size they ask for, in the access modes they ask for.
-        A claim whose class is in `missing_storage_classes` stays Pending, with the event the controller writes."""
+        """Pending claims get a provisioned volume of the size they ask for, in the access modes they ask for."""
         for claim in self.kube.list(PVC):
-            meta, spec = claim["metadata"], claim.get("spec") or {}
+            meta = claim["metadata"]
             if (claim.get("status") or {}).get("phase") != "Pending" or meta.get("deletionTimestamp"):
-                continue
-            storage_class = spec.get("storageClassName") or ""
-            if storage_class in self.missing_storage_classes:
-                self._event(claim, "ProvisioningFailed", f'storageclass.storage.k8s.io "{storage_class}" not found',
-                            "Warning", "persistentvolume-controller")  # fmt: skip
                 continue
             volume = f"pvc-{meta['uid']}"
 
@@ -1218,8 +1125,6 @@ class VolcanoController:
             scheduler = spec.get("schedulerName", "default-scheduler")
             if scheduler == "default-scheduler":
                 self._schedule_single(pod, nodes, usage)
-            elif self.hami_scheduler and scheduler == self.hami_scheduler:
-                self._schedule_hami(pod, nodes, usage)
 
     def _enqueue(self, pg: JSON, podgroups: list[JSON], pods: list[JSON], nodes: list[JSON]) -> None:
         meta, spec = pg["metadata"], pg.get("spec") or {}
@@ -1421,39 +1326,6 @@ class VolcanoController:
             meta["namespace"],
             lambda p: p["metadata"].setdefault("annotations", {}).update({VGPU_ASSIGNED: value}),
         )
-
-    def _schedule_hami(self, pod: JSON, nodes: list[JSON], usage: dict[str, Resources]) -> None:
-        """HAMi's scheduler: it accounts `nvidia.com/gpumem`/`gpucores` per card itself (nodes never advertise
-        them), honours `nvidia.com/use-gpuuuid`, and records the cards it chose on the pod."""
-        request = _pod_request(pod)
-        plain = {k: v for k, v in request.items() if k not in HAMI_CARD_RESOURCES}
-        wanted = [u for u in ((pod["metadata"].get("annotations") or {}).get(HAMI_USE_UUID) or "").split(",") if u]
-        stripped = copy.deepcopy(pod)
-        for container in stripped["spec"].get("containers") or []:
-            for part in ("requests", "limits"):
-                amounts = (container.get("resources") or {}).get(part) or {}
-                for key in HAMI_CARD_RESOURCES:
-                    amounts.pop(key, None)
-        node, why = _pick_node(stripped, nodes, usage)
-        if node is None:
-            detail = ", ".join(why) if why else "no nodes available to schedule pods"
-            self._unschedulable_pod(pod, f"0/{len(nodes)} nodes are available: {detail}.", self.hami_scheduler or "")
-            return
-        count = int(plain.get("nvidia.com/gpu", 0))
-        memory = int(request.get("nvidia.com/gpumem", 0))
-        cores = int(request.get("nvidia.com/gpucores", 0))
-        chosen = wanted[:count] or [f"GPU-{node}-{i}" for i in range(count)]
-        meta = pod["metadata"]
-        allocated = ":".join(f"{uuid},NVIDIA,{memory},{cores}" for uuid in chosen) + ":;"
-
-        def annotate(p: JSON) -> None:
-            annotations = p["metadata"].setdefault("annotations", {})
-            annotations[HAMI_ALLOCATED] = allocated
-            annotations["hami.io/vgpu-node"] = node
-
-        self.kube.mutate("pods", meta["name"], meta["namespace"], annotate)
-        self._bind(pod, node, self.hami_scheduler or "")
-        usage[node] = _add(usage.get(node, {}), plain)
 
     def _bind(self, pod: JSON, node: str, scheduler: str) -> None:
         meta = pod["metadata"]
@@ -1747,7 +1619,6 @@ class VolcanoController:
         self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
         if fails_pod:
             run.stage = "done"
-            self.kube.finish_log(meta["namespace"], meta["name"], target["name"])
             return
         if not exited:
             run.restarts += 1  # started again once the back-off is over: it exits again on the next tick
@@ -1921,8 +1792,6 @@ class VolcanoController:
             status["containerStatuses"] = statuses
 
         result = self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
-        for container in pod["spec"]["containers"]:
-            self.kube.finish_log(meta["namespace"], meta["name"], container["name"])
         return result
 
     # -- events ------------------------------------------------------------------------------------

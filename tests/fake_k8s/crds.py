@@ -104,20 +104,6 @@ def release_version(name: str) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def example_manifests(directory: Path | None = None) -> dict[str, JSON]:
-    """The example vcjob manifests shipped next to the CRDs, by `metadata.name`."""
-    folder = directory or crds_dir()
-    found: dict[str, JSON] = {}
-    for path in sorted(folder.glob("*.yaml")):
-        if path.name in CRD_FILES:
-            continue
-        with path.open(encoding="utf-8") as handle:
-            for doc in yaml.safe_load_all(handle):
-                if isinstance(doc, dict) and doc.get("kind") and doc.get("metadata", {}).get("name"):
-                    found[doc["metadata"]["name"]] = doc
-    return found
-
-
 @dataclass(frozen=True)
 class FieldCause:
     """One failed field, as the API server reports it in `Status.details.causes`."""

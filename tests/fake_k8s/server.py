@@ -5,7 +5,8 @@ The official `kubernetes` client talks to it unpatched (`FakeKubernetes.api_clie
 resourceVersion and answers the way kube-apiserver does where a client can tell the difference:
 `Status` bodies with the real reasons (AlreadyExists, NotFound, Conflict, Invalid, BadRequest, Gone),
 optimistic concurrency on PUT, merge / JSON / strategic-merge patches, label and field selectors,
-chunked watch streams with a bounded history (410 Gone when a version is too old), pagination,
+pagination (410 Gone for a continue token older than the bounded change history; no watches: the
+platform never watches),
 ownerReference garbage collection, finalizers, graceful pod deletion, and CRD schema validation of the
 real Volcano CRDs (see `crds.py`). A simulated Volcano controller, scheduler and kubelet live in
 `controller.py` and are attached by default.
@@ -22,7 +23,6 @@ import math
 import random
 import re
 import threading
-import time
 import traceback
 import uuid
 from collections import defaultdict, deque
@@ -945,7 +945,7 @@ class FakeKubernetes:
 
     Use it as a context manager, or call `start()` / `stop()`. With `volcano=True` (the default) the real
     Volcano CRDs are served and a simulated Volcano controller, scheduler and kubelet is attached as
-    `.controller` (tick it by hand, or `controller.start()` for a background thread).
+    `.controller` (tick it by hand).
     """
 
     def __init__(
@@ -970,7 +970,6 @@ class FakeKubernetes:
         self._previous_logs: dict[tuple[str, str, str], list[LogLine]] = {}
         self._listeners: list[Callable[[WatchEvent], None]] = []
         self._created_at_rv: dict[str, int] = {}
-        self._finished_containers: set[tuple[str, str, str]] = set()
         self._faults: list[Fault] = []
         self._requests: list[RequestRecord] = []
         self._ip_counter = 10
@@ -1031,8 +1030,6 @@ class FakeKubernetes:
         return self
 
     def stop(self) -> None:
-        if self.controller is not None:
-            self.controller.stop()
         self._stopping.set()
         with self._changed:
             self._changed.notify_all()
@@ -1539,18 +1536,6 @@ class FakeKubernetes:
             self._previous_logs[key] = self._logs.pop(key, [])
             self._changed.notify_all()
 
-    def finish_log(self, namespace: str, pod: str, container: str) -> None:
-        """Mark a container's log complete so that `follow=true` streams end."""
-        with self._changed:
-            self._finished_containers.add((namespace, pod, container))
-            self._changed.notify_all()
-
-    def compact(self) -> None:
-        """Forget the whole watch history, like an etcd compaction: older resourceVersions get 410 Gone."""
-        with self._lock:
-            self._history.clear()
-            self._compacted_rv = self._rv
-
     def creation_order(self, obj: JSON) -> int:
         """The resourceVersion an object was created at: a strict creation order (timestamps have seconds)."""
         with self._lock:
@@ -1608,7 +1593,6 @@ class FakeKubernetes:
             for store in (self._logs, self._previous_logs):
                 for log_key in [k for k in store if k[:2] == (namespace, meta["name"])]:
                     del store[log_key]
-            self._finished_containers = {k for k in self._finished_containers if k[:2] != (namespace, meta["name"])}
         self._collect_dependents(meta.get("uid", ""))
         self._release_foreground_owners(meta.get("ownerReferences") or [])
         if rt.namespaced:
@@ -2381,7 +2365,7 @@ class FakeKubernetes:
             if method == "GET":
                 record.handled = True
                 if param.flag("watch"):
-                    return self._watch(rt, route.namespace, param)
+                    raise bad_request("watches are not served by the fake API server: the platform never watches")
                 return _Response(200, self._list_response(rt, route.namespace, param))
             if method == "POST":
                 if rt.namespaced and route.namespace is None:
@@ -2662,104 +2646,6 @@ class FakeKubernetes:
             "items": deleted,
         }
 
-    # -- watch -------------------------------------------------------------------------------------
-
-    def _watch(self, rt: ResourceType, namespace: str | None, param: _Params) -> _Response:
-        labels = LabelSelector(param.get("labelSelector"))
-        fields = FieldSelector(param.get("fieldSelector"), rt)
-        timeout = param.int("timeoutSeconds")
-        if timeout is None:
-            timeout = 1800
-        requested = param.get("resourceVersion")
-        if requested not in (None, "", "0") and not str(requested).isdigit():
-            raise bad_request(f'invalid resource version "{requested}"')
-        return _Response(200, stream=self._watch_stream(rt, namespace, labels, fields, requested, timeout))
-
-    def _watch_stream(
-        self,
-        rt: ResourceType,
-        namespace: str | None,
-        labels: LabelSelector,
-        fields: FieldSelector,
-        requested: str | None,
-        timeout: float,
-    ) -> Iterator[bytes]:
-        deadline = time.monotonic() + timeout
-
-        def line(event_type: str, obj: JSON) -> bytes:
-            return (json.dumps({"type": event_type, "object": obj}) + "\n").encode()
-
-        def gone(rv: int) -> bytes:
-            error = ApiError(410, f"too old resource version: {rv} ({self._compacted_rv + 1})", reason="Expired")
-            return line("ERROR", error.status())
-
-        with self._lock:
-            if requested in (None, "", "0"):
-                cursor = self._rv
-                initial = [
-                    line("ADDED", copy.deepcopy(obj))
-                    for (ns, _), obj in sorted(self._objects[rt.key].items())
-                    if (namespace is None or ns == namespace) and self._selected(obj, labels, fields)
-                ]
-            else:
-                cursor = int(str(requested))
-                if cursor < self._compacted_rv:
-                    initial, cursor = [gone(cursor)], -1
-                else:
-                    initial = []
-        yield from initial
-        if cursor < 0:
-            return
-        while True:
-            batch: list[bytes] = []
-            with self._changed:
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if self._stopping.is_set() or remaining <= 0:
-                        return
-                    if self._history and self._history[-1].rv > cursor:
-                        break
-                    self._changed.wait(min(remaining, 1.0))
-                if cursor < self._compacted_rv:
-                    batch.append(gone(cursor))
-                    cursor = -1
-                else:
-                    for event in self._history:
-                        if event.rv <= cursor:
-                            continue
-                        cursor = event.rv
-                        translated = self._translate(event, rt, namespace, labels, fields)
-                        if translated:
-                            batch.append(line(*translated))
-            yield from batch
-            if cursor < 0:
-                return
-
-    def _translate(
-        self,
-        event: WatchEvent,
-        rt: ResourceType,
-        namespace: str | None,
-        labels: LabelSelector,
-        fields: FieldSelector,
-    ) -> tuple[str, JSON] | None:
-        """Map a stored change onto a selector-filtered watch, as the watch cache does."""
-        if event.key != rt.key or (namespace is not None and event.namespace != namespace):
-            return None
-        now_matches = self._selected(event.obj, labels, fields)
-        before_matches = event.old is not None and self._selected(event.old, labels, fields)
-        if event.type == "DELETED":
-            return ("DELETED", event.obj) if (before_matches or now_matches) else None
-        if event.type == "ADDED":
-            return ("ADDED", event.obj) if now_matches else None
-        if now_matches and before_matches:
-            return ("MODIFIED", event.obj)
-        if now_matches:
-            return ("ADDED", event.obj)
-        if before_matches:
-            return ("DELETED", event.obj)
-        return None
-
     # -- pod logs ----------------------------------------------------------------------------------
 
     def _pod_log(self, namespace: str, name: str, param: _Params) -> _Response:
@@ -2802,13 +2688,12 @@ class FakeKubernetes:
             lines = [item for item in source if since is None or item.time >= since]
             if tail is not None:
                 lines = lines[-tail:] if tail > 0 else []
-            sent = len(source)
-        if previous or not param.flag("follow"):
-            payload = render(lines)
-            if limit_bytes is not None:
-                payload = payload[:limit_bytes]
-            return _Response(200, payload, content_type="text/plain")
-        return _Response(200, stream=self._follow(key, render(lines), sent, render), content_type="text/plain")
+        if param.flag("follow"):
+            raise bad_request("follow=true is not served by the fake API server: the platform never follows a log")
+        payload = render(lines)
+        if limit_bytes is not None:
+            payload = payload[:limit_bytes]
+        return _Response(200, payload, content_type="text/plain")
 
     def _since(self, param: _Params) -> datetime | None:
         if param.get("sinceTime") and param.get("sinceSeconds"):
@@ -2820,26 +2705,6 @@ class FakeKubernetes:
                 raise bad_request(f"invalid sinceTime {param.get('sinceTime')!r}") from None
         seconds = param.int("sinceSeconds")
         return self.now() - timedelta(seconds=seconds) if seconds is not None else None
-
-    def _follow(
-        self, key: tuple[str, str, str], first: bytes, sent: int, render: Callable[[Iterable[LogLine]], bytes]
-    ) -> Iterator[bytes]:
-        yield first
-        while True:
-            with self._changed:
-                while True:
-                    lines = self._logs.get(key)
-                    pod_gone = (key[0], key[1]) not in self._objects[("", "pods")]
-                    if self._stopping.is_set():
-                        return
-                    if lines is not None and len(lines) > sent:
-                        fresh = lines[sent:]
-                        sent = len(lines)
-                        break
-                    if pod_gone or key in self._finished_containers:
-                        return
-                    self._changed.wait(1.0)
-            yield render(fresh)
 
 
 class _Params:

@@ -498,7 +498,9 @@ def test_a_deleted_node_leaves_placement_within_one_node_check(platform, admin):
     finally:
         meta = body["metadata"]
         body["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
-        body.pop("status", None)
+        # What a kubelet registers with (and `make cluster` creates): without it the node has no allocatable
+        # (no GPUs, CPU or memory) for the rest of the session and of the cluster's life.
+        body["status"] = {k: body["status"][k] for k in ("capacity", "allocatable")}
         admin["core"].create_node(body)
         _drive(lambda: any(
             c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
@@ -910,8 +912,15 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
             build = services.build_run(build_id=build.pk)
         assert build.status == "succeeded", build.log
         assert build.digest == digest and registry.resolve(build.reference) == digest
+        assert {"type": "deb", "name": "libssl3", "version": "3.0.11-1~deb12u1"} in build.sbom  # read back
         # The pod's log, read through the API server from the pod the label found.
         assert "kwok: no container runs on this fake node" in build.log
+        # The finished build's Job, ConfigMap and push Secret are deleted by the platform.
+        for read in (batch.read_namespaced_job, admin["core"].read_namespaced_config_map,
+                     admin["core"].read_namespaced_secret):  # fmt: skip
+            with pytest.raises(ApiException) as gone:
+                read(name, "trainyard-builds")
+            assert gone.value.status == 404, read
     finally:
         for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
             try:
