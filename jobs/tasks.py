@@ -73,18 +73,31 @@ def start_attempts(attempt_ids: list[int]) -> None:
         for attempt_id in attempt_ids:
             start_one(attempt_id)
         return
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     from django.db import connections
 
-    def in_thread(attempt_id: int) -> None:
-        try:
-            start_one(attempt_id)
-        finally:
-            connections.close_all()  # this thread's own connection, not the worker's
+    todo = iter(attempt_ids)
+    take = threading.Lock()
 
-    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="start") as pool:
-        list(pool.map(in_thread, attempt_ids))
+    def starter() -> None:
+        # One database connection per thread for the whole batch, closed when the batch is done (it is this
+        # thread's, not the worker's): a connection per start cost a PostgreSQL log-in for every Volcano job.
+        try:
+            while True:
+                with take:
+                    attempt_id = next(todo, None)
+                if attempt_id is None:
+                    return
+                start_one(attempt_id)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=starter, name=f"start-{k}") for k in range(width)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 @shared_task(name="jobs.refresh_estimates", soft_time_limit=60, time_limit=90, ignore_result=True)

@@ -1,0 +1,49 @@
+"""A start message's attempts on a backend that starts several at once (Volcano: `concurrent_submits`): each of
+them started once, by a few threads, each thread logging in to PostgreSQL once for the whole batch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+from django.db.backends.signals import connection_created
+
+from jobs import lifecycle, tasks
+from quotas.models import Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class _Backend:
+    concurrent_submits = 4
+
+
+def test_a_batch_is_started_by_a_few_threads_with_one_connection_each(monkeypatch):
+    started: list[int] = []
+    threads: set[str] = set()
+    lock = threading.Lock()
+
+    def attempt_start(*, attempt_id: int) -> None:
+        Team.objects.exists()  # a query on the thread's own connection, as a real start makes
+        with lock:
+            started.append(attempt_id)
+            threads.add(threading.current_thread().name)
+
+    logins: list[str] = []
+
+    def created(sender, connection, **kwargs) -> None:
+        logins.append(threading.current_thread().name)
+
+    monkeypatch.setattr(lifecycle, "attempt_start", attempt_start)
+    monkeypatch.setattr("jobs.backends.get_backend", lambda *a, **k: _Backend())
+    connection_created.connect(created)
+    try:
+        tasks.start_attempts(list(range(1, 21)))
+    finally:
+        connection_created.disconnect(created)
+    assert sorted(started) == list(range(1, 21))  # every attempt, once
+    assert 1 < len(threads) <= 4, threads
+    # One log-in per starting thread, not one per attempt (20 before).
+    assert len(logins) == len(set(logins)) <= 4, logins
+    assert connection.connection is None or connection.is_usable()  # the worker's own connection is left alone
