@@ -21,6 +21,7 @@ from jobs import lifecycle, logstore
 from jobs.tests.test_volcano_backend import reload, submit
 from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     TEAM_NS,
+    _delete_build_objects,
     _drive,
     _drive_plain,
     _gpu_nodes,
@@ -363,8 +364,4 @@ def test_a_failed_build_job_fails_the_build_and_is_removed(
         assert gone.value.status == 404
         assert services.build_run(build_id=build.pk).status == "failed"  # a late look changes nothing
     finally:
-        for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
-            try:
-                fn(name, "trainyard-builds", propagation_policy="Background")
-            except ApiException:
-                pass
+        _delete_build_objects(admin, name)

@@ -813,6 +813,16 @@ def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_serve
     assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
 
 
+def _delete_build_objects(admin, name: str) -> None:
+    """What a build test may leave in `trainyard-builds`: its Job (and so its pod) and its ConfigMap."""
+    batch = k8s.BatchV1Api(admin["api"])
+    for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
+        try:
+            fn(name, "trainyard-builds", propagation_policy="Background")
+        except ApiException:
+            pass
+
+
 def _selector(selector: dict) -> str:
     """A LabelSelector as a label-selector query, so that the API server says which pods it picks."""
     words = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
@@ -922,11 +932,7 @@ def test_an_image_build_runs_as_a_kubernetes_job_whose_pod_is_found_by_its_job_n
                 read(name, "trainyard-builds")
             assert gone.value.status == 404, read
     finally:
-        for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
-            try:
-                fn(name, "trainyard-builds", propagation_policy="Background")
-            except ApiException:
-                pass
+        _delete_build_objects(admin, name)
         for doc in proxy_docs:
             fn = {"Deployment": apps.delete_namespaced_deployment, "Service": admin["core"].delete_namespaced_service,
                   "NetworkPolicy": networking.delete_namespaced_network_policy}[doc["kind"]]  # fmt: skip
