@@ -533,16 +533,20 @@ def enqueue_check(redis_url: str, queue_name: str) -> dict[str, Any]:
     expires. So the run must have left at least one request and never more than one per job; the old check (one
     message per job) predates the coalescing and reported MISMATCH on a correct run."""
     import redis
+    from django.conf import settings
 
     from jobs.models import Job
+    from kernel.wake import dispatch_queue_name
 
+    # The requests travel on the dispatch queue (kernel.wake), not the run's own: counting the latter found none.
+    dispatch = dispatch_queue_name(queue_name, settings.TRAINYARD_DISPATCH_QUEUE)
     client = redis.Redis.from_url(redis_url)
     try:
-        messages = int(client.llen(queue_name))
+        messages = int(client.llen(dispatch))
     finally:
         client.close()
     jobs = Job.objects.count()
-    return {"jobs": jobs, "messages": messages, "ok": 1 <= messages <= jobs}
+    return {"jobs": jobs, "queue": dispatch, "messages": messages, "ok": 1 <= messages <= jobs}
 
 
 def redis_cleanup(redis_url: str, queue_name: str) -> dict[str, int]:

@@ -216,7 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     pods = trace_pods(trace_dir)
     base = timezone.now() - timedelta(days=60)
-    results: dict = {"benchmark": "estimated start (jobs.eta) against real starts, real dispatcher", "seeds": {}}
+    results: dict = {
+        "benchmark": "estimated start (jobs.eta) against real starts, real dispatcher",
+        "process_model": "one process: job_submit, the dispatcher's pass and the estimates (jobs.eta) called in the "
+        "benchmark's process on a database of its own (PostgreSQL on the same machine), on simulated time; no web "
+        "server, worker or beat",
+        "seeds": {},
+    }
     t0 = time.perf_counter()
     try:
         for s in seeds:

@@ -356,7 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     pods = trace_pods(trace_dir)
     base = timezone.now() - timedelta(days=60)
-    results: dict = {"benchmark": "preemptible borrowing through the real dispatcher (jobs.preemption)", "seeds": {}}
+    results: dict = {
+        "benchmark": "preemptible borrowing through the real dispatcher (jobs.preemption)",
+        "process_model": "one process: job_submit and the dispatcher's pass and preemption (jobs.store, "
+        "jobs.preemption) called in the benchmark's process on a database of its own (PostgreSQL on the same "
+        "machine), on simulated time; no web server, worker or beat",
+        "seeds": {},
+    }
     t0 = time.perf_counter()
     growths, reclaims, lost = [], [], 0.0
     try:

@@ -61,10 +61,16 @@ for memory, util in plan["steps"]:
 """
 
 
+PROCESS_MODEL = (
+    "real local jobs recorded by the local backend's supervisor and usage sampler (several at once, on this machine), "
+    "then the recommendations (monitoring.rightsizing) replayed in the benchmark's process"
+)
+
+
 def write_json(path: Path, payload: dict) -> None:
     from bench.allocator import write_json as write
 
-    write(path, payload)
+    write(path, {"process_model": PROCESS_MODEL, **payload})
 
 
 def family(seed: int, index: int) -> dict:
