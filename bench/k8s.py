@@ -598,20 +598,13 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     if platform["completed"] and floor["completed"]:
         # Both bound everything they could: how much longer the platform took to the last pod bound.
         method = "time from the first submission to the last pod bound, platform over floor"
-        overhead = (
-            round(100.0 * (platform["first_to_last_bound_s"] / floor["first_to_last_bound_s"] - 1.0), 1)
-            if platform["first_to_last_bound_s"] and floor["first_to_last_bound_s"]
-            else None
-        )
+        longer, shorter = platform["first_to_last_bound_s"], floor["first_to_last_bound_s"]
     else:
         # A phase was cut off (--phase-limit-s): its last pod bound is the cut, not the end, so the times to the
         # last pod say nothing. Compare the rates instead: how much longer the platform takes per pod bound.
         method = "pods bound per second until the last one bound (a phase was cut off), floor over platform"
-        overhead = (
-            round(100.0 * (floor["bound_per_s"] / platform["bound_per_s"] - 1.0), 1)
-            if platform["bound_per_s"] and floor["bound_per_s"]
-            else None
-        )
+        longer, shorter = floor["bound_per_s"], platform["bound_per_s"]
+    overhead = round(100.0 * (longer / shorter - 1.0), 1) if longer and shorter else None
     result = {
         "benchmark": "k8s",
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),

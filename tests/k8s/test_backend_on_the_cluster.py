@@ -20,6 +20,7 @@ from images.tests.conftest import images_env, upstream  # noqa: F401 - fixtures 
 from jobs import lifecycle, logstore
 from jobs.tests.test_volcano_backend import reload, submit
 from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
+    KWOK_NODE_LABEL,
     TEAM_NS,
     _delete_build_objects,
     _drive,
@@ -27,6 +28,7 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _gpu_nodes,
     _outcome,
     _pods,
+    _recreate_node,
     _state,
     _vcjobs,
     admin,
@@ -35,23 +37,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-KWOK_NODE_LABEL = "kwok.x-k8s.io/node"
-
-
-def _recreate_node(admin, body: dict) -> None:
-    """Put a deleted kwok node back as `make cluster` made it (managed by kwok again), and wait until it is Ready."""
-    meta = body["metadata"]
-    body["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
-    body["metadata"]["labels"][KWOK_NODE_LABEL] = "fake"
-    # What a kubelet registers with (and `make cluster` creates): without it the node would have no allocatable.
-    body["status"] = {k: body["status"][k] for k in ("capacity", "allocatable")}
-    body["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k not in ("taints", "unschedulable")}
-    admin["core"].create_node(body)
-    name = meta["name"]
-    _drive_plain(lambda: any(
-        c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
-    ), timeout=60)  # fmt: skip
 
 
 def _audit(real_cluster) -> list[dict]:

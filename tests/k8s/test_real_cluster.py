@@ -496,15 +496,7 @@ def test_a_deleted_node_leaves_placement_within_one_node_check(platform, admin):
         assert lifecycle.nodes_reachability_check() == 1
         assert Node.objects.get(name=name).state == Node.State.UNHEALTHY
     finally:
-        meta = body["metadata"]
-        body["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
-        # What a kubelet registers with (and `make cluster` creates): without it the node has no allocatable
-        # (no GPUs, CPU or memory) for the rest of the session and of the cluster's life.
-        body["status"] = {k: body["status"][k] for k in ("capacity", "allocatable")}
-        admin["core"].create_node(body)
-        _drive(lambda: any(
-            c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
-        ), timeout=60)  # fmt: skip
+        _recreate_node(admin, body)
 
 
 # ------------------------------------------------------------------------------------------ item 2's remainders
@@ -811,6 +803,24 @@ def test_a_guaranteed_jobs_pods_are_of_the_guaranteed_qos_class_as_the_api_serve
         assert cpu == int(cpu) and trainer.resources.limits["cpu"] == trainer.resources.requests["cpu"]
     _outcome(admin, job, "succeed")
     assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
+
+
+KWOK_NODE_LABEL = "kwok.x-k8s.io/node"
+
+
+def _recreate_node(admin, body: dict) -> None:
+    """Put a deleted kwok node back as `make cluster` made it (managed by kwok again), and wait until it is Ready."""
+    meta = body["metadata"]
+    body["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+    body["metadata"]["labels"][KWOK_NODE_LABEL] = "fake"
+    # What a kubelet registers with (and `make cluster` creates): without it the node would have no allocatable.
+    body["status"] = {k: body["status"][k] for k in ("capacity", "allocatable")}
+    body["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k not in ("taints", "unschedulable")}
+    admin["core"].create_node(body)
+    name = meta["name"]
+    _drive_plain(lambda: any(
+        c.type == "Ready" and c.status == "True" for c in admin["core"].read_node(name).status.conditions or []
+    ), timeout=60)  # fmt: skip
 
 
 def _delete_build_objects(admin, name: str) -> None:
