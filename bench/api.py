@@ -486,7 +486,7 @@ def fill_jobs(total: int, *, demo, seed_value: int = 7) -> dict[str, Any]:
     rng = random.Random(seed_value)
     states, weights = zip(*STATE_MIX, strict=True)
     now = timezone.now()
-    fields = list(Job._meta.concrete_fields)
+    fields = [f for f in Job._meta.concrete_fields if f.name != "joined_xid"]  # the database sets it
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     # One row prepared the way the ORM would write it; each job then differs only in the columns set below.
     model_row = Job(**template, owner=demo, state="pending", submitted_at=now, request_fingerprint="bench")

@@ -544,7 +544,7 @@ def backlog(platform: Platform, user, pods, sizes: list[int]) -> list[dict]:
         raise SystemExit("bench: the cluster took every template job; nothing to build a backlog from")
     rows = []
     have = Job.objects.filter(state="pending").count()
-    fields = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at"}]
+    fields = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at", "joined_xid"}]
     for size in sizes:
         need = size - have
         while need > 0:
@@ -772,7 +772,7 @@ def _clone_jobs(template, n: int, rng: random.Random, **fields) -> int:
 
     from jobs.models import Job
 
-    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at"}]
+    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at", "joined_xid"}]
     written = 0
     while written < n:
         batch = []

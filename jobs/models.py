@@ -4,7 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q, TextField
+from django.db.models import BigIntegerField, F, Func, Q, TextField
 from django.db.models.functions import MD5, Cast, Concat
 
 from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
@@ -26,6 +26,8 @@ def labels_key(labels) -> MD5:
 
 COMMAND_KEY = command_key(F("command"), F("args"))
 LABELS_KEY = labels_key(F("labels"))
+# The 64-bit id of the transaction that writes the row (PostgreSQL's own: it never wraps), as a plain bigint.
+WRITING_XID = Cast(Cast(Func(function="pg_current_xact_id", output_field=TextField()), TextField()), BigIntegerField())
 
 
 class Job(models.Model):
@@ -103,6 +105,10 @@ class Job(models.Model):
         help_text="the job whose latest checkpoint this job's first attempt starts from",
     )
     state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING)
+    # The transaction that inserted the row, set by the database (never by the ORM, never copied: a copy is a new
+    # row). A fast dispatch pass reads only the waiting jobs of transactions it may not have seen (JobStore.joined).
+    # Null on rows older than the column: the first pass of every dispatcher reads every line.
+    joined_xid = models.BigIntegerField(null=True, editable=False, db_default=WRITING_XID)
     reason = models.CharField(max_length=60, blank=True)
     message = models.TextField(blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
@@ -156,8 +162,9 @@ class Job(models.Model):
             models.Index(fields=["-submitted_at", "-id"], name="job_recent"),
             models.Index(fields=["queue"], condition=Q(reserved=True), name="job_reserved_by_queue"),
             models.Index(fields=["team"], condition=Q(reserved=True), name="job_reserved_by_team"),
-            # The ids of the waiting jobs, read by every fast dispatch pass without touching the table.
-            models.Index(fields=["id"], condition=Q(state="pending"), name="job_waiting"),
+            # The waiting jobs by the transaction that wrote them: a fast dispatch pass reads those from the
+            # transactions still running at its last read, or later, from here alone.
+            models.Index(fields=["joined_xid"], condition=Q(state="pending"), name="job_joined_waiting"),
             # The estimated starts' history (jobs.eta.History.load): the newest finished runs, read newest first
             # until enough are found (without it, every estimate scanned the table and sorted a month of runs).
             models.Index(

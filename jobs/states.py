@@ -70,3 +70,8 @@ class PendingReason(models.TextChoices):
     WAITING_FOR_GANG = "waiting_for_gang"
     BEHIND_HIGHER_PRIORITY = "behind_earlier_job"
     STORE_UNAVAILABLE = "waiting_for_object_store"
+
+
+# Reasons of a waiting job that no pass has weighed in its line: just queued, or in a closed queue. A strictly FIFO
+# queue holds a new job behind an earlier one only when that one has any other reason (jobs.store).
+UNDECIDED = (PendingReason.QUEUED.value, PendingReason.QUEUE_CLOSED.value)

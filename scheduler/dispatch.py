@@ -222,7 +222,9 @@ class Store(Protocol):
 
     def backlog_version(self) -> int: ...
 
-    def joined(self, *, known: set[str]) -> list[Waiting] | None: ...  # waiting jobs not known; None if one left
+    def horizon(self) -> int: ...  # a mark read before the lines: what joined after it is found from it
+
+    def joined(self, *, known: set[str], since: int) -> list[Waiting]: ...  # waiting jobs not known, from `since`
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
@@ -627,6 +629,7 @@ class Carry:
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
     known: set[str]  # ids (as text) of the jobs left waiting
+    since: int  # the store's horizon read before the lines: every job that joined before it is known
     wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
 
 
@@ -648,9 +651,7 @@ def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
         return None
     if carry.wake_at and time.time() >= carry.wake_at:
         return None  # a job held back may go now: every line is read again
-    joined = store.joined(known=carry.known)
-    if joined is None:
-        return None
+    joined = store.joined(known=carry.known, since=carry.since)
     queues = {q.id for q in carry.backlog.queues}
     waiting: dict[int, list[Waiting]] = {}
     for job in joined:
@@ -684,6 +685,7 @@ def run_pass(
     try:
         # Read before the lines, so that a change made while this pass runs is seen by the next one.
         versions = (_reference_version(), store.backlog_version())
+        horizon = store.horizon()
         backlog = None
         if queue_ids is None and not full:
             backlog = _fast_backlog(store, versions)
@@ -694,7 +696,7 @@ def run_pass(
             backlog = store.backlog(queue_ids=queue_ids)
         if not any(backlog.waiting.values()):
             if queue_ids is None and not report.fast:
-                _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set())
+                _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set(), horizon)
             report.total_s = time.perf_counter() - t0
             return report
         for attempt in range(1, WRITE_TRIES + 1):
@@ -735,7 +737,8 @@ def run_pass(
                 lines_version = lines_after if lines_before == versions[1] else None
             key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
             wake_at = min(filter(None, (decided.wake_at, carry.wake_at if carry is not None else 0.0)), default=0.0)
-            _carry = Carry(key, backlog, decided.lines, known, wake_at) if lines_version is not None else None
+            carried = Carry(key, backlog, decided.lines, known, horizon, wake_at)
+            _carry = carried if lines_version is not None else None
         else:
             _carry = None
     finally:

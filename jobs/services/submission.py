@@ -665,10 +665,8 @@ def job_submit(
     fingerprint = request_fingerprint(data)
     resolved = job_validate(user=user, data=data)
     team = resolved.fields["team"]
-    if idempotency_key:
-        existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return _same_request_or_conflict(existing, fingerprint), False
+    # A key seen before is found by the insert itself (the unique key per team): no lookup on the way of every
+    # new submission.
     try:
         with transaction.atomic():
             job = Job(

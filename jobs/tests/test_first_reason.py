@@ -108,3 +108,28 @@ def test_a_pass_that_changes_a_reason_tells_the_jobs_page(platform):  # noqa: F8
 
     message = async_to_sync(first)()
     assert message == {"type": "job.state", "job_id": str(waiting.id), "state": "pending", "reason": "no_capacity"}
+
+
+def test_a_strict_fifo_line_holds_a_new_job_only_behind_jobs_before_it(platform):  # noqa: F811
+    """ "Before" is the line's order: preemptible last, then priority, then age. Each kind is its own index range
+    (jobs.store._decided_ahead); a later, a lower or a preemptible job waiting with a reason holds nobody."""
+    Queue.objects.filter(name="train").update(ordering="fifo", max_member_priority=100, allow_preemptible=True)
+    Team.objects.filter(slug="demo").update(gpu_milli=10_000, gpu_memory_mib=10**7, cpu_milli=10**6, memory_mib=10**7)
+    Queue.objects.filter(name="train").update(gpu_milli=10_000, gpu_memory_mib=10**7, cpu_milli=10**6, memory_mib=10**7)
+    # A preemptible job of high priority waits with a reason a pass gave it (more cards than the node has).
+    spare = _submit(platform, gpus=8, preemptible=True, priority=50)
+    dispatch(full=True)
+    assert Job.objects.get(pk=spare.pk).reason == "no_capacity"
+    assert _submit(platform).reason == "queued"  # not behind a preemptible job, whatever its priority
+    assert _submit(platform, preemptible=True, priority=60).reason == "queued"  # higher among the preemptible
+    assert _submit(platform, preemptible=True, priority=50).reason == "behind_earlier_job"  # same, younger
+    assert _submit(platform, preemptible=True, priority=10).reason == "behind_earlier_job"
+    # A job of ordinary priority waits with a reason.
+    Job.objects.filter(state=JobState.PENDING).update(state=JobState.CANCELLED, finished_at=timezone.now())
+    held = _submit(platform, gpus=8)
+    dispatch(full=True)
+    assert Job.objects.get(pk=held.pk).reason == "no_capacity"
+    assert _submit(platform, priority=1).reason == "queued"  # higher priority: before it
+    assert _submit(platform, priority=-1).reason == "behind_earlier_job"
+    assert _submit(platform).reason == "behind_earlier_job"  # same priority, younger
+    assert _submit(platform, preemptible=True, priority=100).reason == "behind_earlier_job"  # any preemptible

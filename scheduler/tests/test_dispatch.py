@@ -8,6 +8,7 @@ import random
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from cluster.inventory import GpuInfo, NodeInfo
 from cluster.models import GPU, LogicalDevice, Node
@@ -315,6 +316,46 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     assert Job.objects.get(pk=closed.pk).reason == "queue_closed"
 
 
+def test_a_fast_pass_finds_a_job_whose_transaction_began_before_the_last_pass_and_committed_after(platform):  # noqa: F811
+    """A submission that commits late: its transaction wrote the row before a pass read the lines and committed
+    after it. The next fast pass reads from the oldest transaction running at the last read, so it still finds it."""
+    import threading
+
+    from django.db import transaction
+
+    from jobs.store import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    submit(platform, gpus=2)
+    assert dispatch().admitted == 1  # the node is full from here on
+    inserted, release, done = threading.Event(), threading.Event(), {}
+
+    def late_submission() -> None:
+        try:
+            with transaction.atomic():
+                done["job"] = submit(platform, gpus=2, priority=-1)  # behind the on-time one: still the end
+                inserted.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=late_submission)
+    writer.start()
+    assert inserted.wait(30)
+    on_time = submit(platform, gpus=2)
+    first = dispatch()  # sees the on-time job; the late one is not committed yet
+    assert first.fast and first.waiting == 1 and Job.objects.get(pk=on_time.pk).reason == "no_capacity"
+    release.set()
+    writer.join(30)
+    late = done["job"]
+    second = dispatch()
+    assert second.fast and second.waiting == 1, second
+    assert Job.objects.get(pk=late.pk).reason == "no_capacity"
+    assert Job.objects.get(pk=late.pk).queue_position == 2
+    assert dispatch().fast and dispatch().waiting == 0  # nothing new after that
+
+
 def _write_queries(count: int, platform) -> list[str]:  # noqa: F811
     """The statements of the pass that admits `count` quarter-card shares, from the pool lock to the commit."""
     Job.objects.filter(state__in=("pending", "admitted")).delete()
@@ -337,3 +378,30 @@ def test_the_write_of_a_pass_runs_the_same_few_statements_for_one_admission_or_t
     assert len(one) == len(thirty) <= 12, "\n".join(s[:90] for s in thirty)
     # Every id travels in one array parameter, never as one placeholder per admitted job.
     assert max(s.count("::uuid") - s.count("::uuid[]") for s in thirty) <= 1, "\n".join(s[:200] for s in thirty)
+
+
+def test_a_reconcile_that_frees_nothing_keeps_the_next_pass_fast(platform):  # noqa: F811
+    """The pool's numbers move only when a statement changed rows (cluster/0007): a reconcile that found no leak
+    leaves the dispatcher's pool and carried lines as they were, and a later reconcile that frees a slice moves
+    them."""
+    from cluster.services import pool_reconcile
+    from jobs.store import dispatch
+    from scheduler.pool import Pool
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    holder = submit(platform, gpus=2)
+    submit(platform, gpus=2)
+    assert dispatch().admitted == 1
+    before = Pool.read_versions()
+    report = pool_reconcile()
+    assert report.freed == 0 and not report.overcommitted
+    assert Pool.read_versions() == before
+    submit(platform, gpus=2)
+    assert dispatch().fast
+    # A leak (the holder's attempt ended without releasing its slices) is freed, and the ledger moves.
+    holder.attempts.update(state="lost", ended_at=timezone.now())
+    assert Pool.read_versions()[1] != before[1]  # an attempt finishing counts, as before
+    moved = Pool.read_versions()
+    assert pool_reconcile().freed == 2
+    assert Pool.read_versions()[1] != moved[1]
