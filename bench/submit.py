@@ -12,8 +12,9 @@ of its own, open loop (latency from when each request was due), with an API toke
 1. ``GET /api/v1/specs/shared/`` at 50/s (token auth, throttle, one row): the floor of an authenticated request.
 2. ``POST /api/v1/jobs/`` at 50/s: validation, quota and image checks, the Job and event rows, the dispatch
    request after commit, and the right-sizing lookup of earlier runs (``monitoring.selectors.similar_runs``). The
-   submitted command never ran in this history, so the lookup finds nothing: the case that walked all of the
-   team's succeeded jobs before it had its indexes. Target: submit p99 <= 2x the GET's p99.
+   submitted command never ran in this history, but its labels did (the filled jobs carry the same ones): the
+   lookup finds the team's ten newest runs by label, none with a usage profile, so no advice comes back. Target:
+   submit p99 <= 2x the GET's p99.
 3. Submit steps (50, 100, 150, 200/s by default): the knee is the highest rate kept up with (95% achieved, no
    errors) with p99 within the same target, and within 100 ms (bench/api.py's submission target).
 

@@ -602,9 +602,11 @@ def recommendation_for(job: Job) -> dict | None:
     mine = [j for j in team if j.owner_id == job.owner_id]
     if len(team) >= history and len(mine) < history:  # the team's newest `history` may hide older ones of mine
         mine = similar_runs(job, owner_only=True, limit=history)
-    runs, scope = _runs_of(mine), "user"
+    # The usage profiles of both scopes in one read (mine are most often among the team's).
+    profiled = {run.job_id: run for run in _runs_of(list({j.pk: j for j in (*mine, *team)}.values()))}
+    runs, scope = [profiled[str(j.pk)] for j in mine if str(j.pk) in profiled], "user"
     if not runs:
-        runs, scope = _runs_of(team), "team"
+        runs, scope = [profiled[str(j.pk)] for j in team if str(j.pk) in profiled], "team"
     if not runs:  # no evidence: no advice, and no need to read the queue's specs for it
         return None
     rec = _recommend(job, runs, scope=scope, replicas=job.replicas)

@@ -166,7 +166,7 @@ def test_the_recommendation_weighs_the_users_own_runs_first_and_asks_once_when_t
     db_platform, teammate, monkeypatch
 ):
     """The user's runs when there are any (even older than the team's newest), else the team's; a command the
-    team never ran costs one lookup, not one per scope."""
+    team never ran costs one lookup, not one per scope, and the usage profiles of both scopes are one read."""
     from monitoring import selectors
 
     seen = []
@@ -186,8 +186,9 @@ def test_the_recommendation_weighs_the_users_own_runs_first_and_asks_once_when_t
     )  # ... and the user's own are older than every one of them
     probe = submitted(db_platform, **cmd)
     selectors.recommendation_for(probe)
-    assert seen[0] == [db_platform.pk] * 2  # the user's own first
-    assert seen[1] == [teammate.pk] * settings_history()  # none of them had numbers: the team's
+    # One read of the usage profiles for both scopes: the user's own (older than every one of the team's newest,
+    # found by the user's lookup) and the team's newest.
+    assert seen == [[db_platform.pk] * 2 + [teammate.pk] * settings_history()]
 
 
 def settings_history():
