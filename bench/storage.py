@@ -38,12 +38,19 @@ from pathlib import Path
 BASE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE))
 
+from bench.allocator import write_json  # noqa: E402
 from jobs.backends.checkpoint_sync import CheckpointSync  # noqa: E402
 from jobs.backends.dataset_cache import DatasetCache  # noqa: E402
 from kernel import objectstore  # noqa: E402
 from ops import embedded  # noqa: E402
 
 RESULTS = BASE / "bench" / "results"
+PROCESS_MODEL = (
+    "the platform's checkpoint sync and dataset cache code in the benchmark's process and in job processes it "
+    "starts (a separate process per timed job, the uploader as a thread of another process, as the local "
+    "supervisor runs it); the S3 store named by TRAINYARD_S3_URL, else an embedded SeaweedFS started as `make run` "
+    "starts it, on the same machine; no web server, worker or database"
+)
 MIB = 1024 * 1024
 UPLOAD_TARGET = 0.80
 OVERHEAD_TARGET = 0.05
@@ -327,9 +334,8 @@ def main() -> int:
     finally:
         running.stop()
         shutil.rmtree(work, ignore_errors=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("storage.json" if args.size_mib == 1024 else "storage-partial.json")
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, {"process_model": PROCESS_MODEL, **report})  # stamped with the commit and the load average
     print(f"wrote {out.relative_to(BASE)}")
     return 0
 
