@@ -7,8 +7,10 @@ that a trigger on those tables moves on every write (migration jobs/0005). A sna
 number it was loaded under is still the committed one, so a change is seen by the very next request, in every
 process, and never depends on signals (queryset `.update()` and raw SQL move the number too).
 
-GPU health and node drivers are not part of it: they change while jobs run, and `cluster_facts()` reads what
-validation needs of them in one query.
+GPU health and node drivers are not part of it: they change while jobs run. `cluster_facts()` keeps what
+validation needs of them the same way, under the pool's structure number (migration cluster/0004: it moves when
+a node or a card appears, goes, or changes health, model, memory, driver or state): three aggregates over every
+card and node cost a submission milliseconds on a cluster of thousands of cards.
 """
 
 from __future__ import annotations
@@ -105,9 +107,28 @@ class ClusterFacts:
     models: list[str]  # the distinct GPU models the pool has (or had), sorted
 
 
+_facts: tuple[int, int, ClusterFacts] | None = None  # (pool structure number, default card size, facts)
+
+
 def cluster_facts(default_card_mib: int) -> ClusterFacts:
-    """What validation needs of the live pool, in one query of three small aggregates (distinct values, so the
-    answer stays a few strings on a cluster of thousands of cards)."""
+    """What validation needs of the live pool: read again (one query of three aggregates of distinct values) only
+    when the pool's structure number moved since the last read. The number is read first, so facts newer than
+    their number are only read once more, never kept past a change."""
+    global _facts
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n FROM trainyard_pool_version WHERE id = 1")
+        row = cursor.fetchone()
+    version = row[0] if row else None
+    kept = _facts
+    if kept is not None and version is not None and kept[:2] == (version, default_card_mib):
+        return kept[2]
+    facts = _read_cluster_facts(default_card_mib)
+    if version is not None:
+        _facts = (version, default_card_mib, facts)
+    return facts
+
+
+def _read_cluster_facts(default_card_mib: int) -> ClusterFacts:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT max(memory_mib) FROM cluster_gpu WHERE health = %s),"

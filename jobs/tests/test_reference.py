@@ -30,9 +30,10 @@ def test_an_unchanged_snapshot_costs_one_query_and_is_the_same_object(demo):
     with CaptureQueriesContext(connection) as queries:
         again = reference.current()
     assert again is first and len(queries) == 1
+    services.job_validate(user=demo, data=SUBMISSION)
     with CaptureQueriesContext(connection) as queries:
         services.job_validate(user=demo, data=SUBMISSION)
-    assert len(queries) == 2  # the version and the cluster facts (largest healthy card, node drivers)
+    assert len(queries) == 2  # the version and the pool's number (the cluster facts it keeps stand)
 
 
 @pytest.mark.django_db
@@ -86,3 +87,22 @@ def test_a_rolled_back_change_never_leaves_a_reusable_version(demo):
     after = reference.current()
     assert after.version == before.version != inside.version
     assert after.specs["shared"].gpu_milli != 999
+
+
+@pytest.mark.django_db
+def test_the_cluster_facts_are_read_again_only_when_the_pool_changed(demo):
+    """Largest healthy card, node drivers and GPU models: one small query while the pool's structure number stands,
+    the three aggregates again once a card changes health or a card of a new model appears."""
+    from cluster.models import GPU, Node
+
+    facts = reference.cluster_facts(16384)
+    with CaptureQueriesContext(connection) as queries:
+        assert reference.cluster_facts(16384) is facts
+    assert [q["sql"] for q in queries] == ["SELECT n FROM trainyard_pool_version WHERE id = 1"]
+    assert facts.card_mib == 24 * 1024
+    GPU.objects.update(health=GPU.Health.UNHEALTHY)  # no healthy card left: the default size
+    assert reference.cluster_facts(16384).card_mib == 16384
+    node = Node.objects.first()
+    GPU.objects.create(node=node, uuid="GPU-new-model", index=99, model="NVIDIA H200", memory_mib=143771)
+    again = reference.cluster_facts(16384)
+    assert "NVIDIA H200" in again.models and again.card_mib == 143771
