@@ -113,23 +113,6 @@ def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(kube, pla
     assert "TRAINYARD_S3_URL" in r.json()["detail"]
 
 
-@pytest.mark.slow
-def test_a_failed_code_fetch_ends_the_attempt_with_its_reason(kube, logs):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, log_lines, make_backend, observe_until
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
-
-    backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
-    backend.queue_sync(PlatformQueue())
-    said = f"CodeFetchError: the stored code snapshot is sha256:0000000000000, not {DIGEST[:19]}: refusing other bytes"
-    kube.controller.script("ty-", failing_init="code", failing_init_exit_code=1, logs={"code": f"[trainyard] {said}"})
-    desc = describe_attempt(code={**CODE, "team": "demo"})
-    ref = backend.submit(desc)
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    reason, _, message = said.partition(": ")
-    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 1, reason, message)
-    assert log_lines(desc) == [f"[trainyard] {said}"]
-
-
 def test_the_default_rules_retry_a_failed_code_fetch():
     from jobs.classifier import DEFAULT_RULES
 
