@@ -1,8 +1,9 @@
 """A job's code snapshot on Kubernetes: published to the object store at submission, fetched into the pod's
 working directory by an init container of the platform's own code (digest checked). Validated against every
 Volcano release's CRDs and Kubernetes' schema; the init container's code run as a real process on a real S3 store
-(SeaweedFS); the fake API server seeing it through a real submission; a failed fetch ends the attempt with its
-reason. Not run on a real kubelet here: kwok's nodes run no containers."""
+(SeaweedFS); a submission without an object store refused (on the fake API server). A failed fetch ending the
+attempt with its reason is on the real API server (tests/k8s/test_init_containers.py), the fetch's termination
+message written by this code. Not run on a real kubelet here: kwok's nodes run no containers."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from trainyard_cli.code import pack
 
 from jobs import code
 from jobs.backends import volcano_render as render
-from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
+from jobs.tests.test_volcano_backend import kube, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import describe, options, validate_everywhere, volcano_crds  # noqa: F401
 from kernel import objectstore
 from kernel.paths import BASE_DIR

@@ -1,6 +1,8 @@
 """Checkpoints and datasets on the Volcano path: the native checkpoint sidecar and the dataset volumes, validated
-against every Volcano release's CRDs and Kubernetes' own schema, the sidecar's code run as a real process on a real
-S3 store, and the fake API server seeing it all through a real submission."""
+against every Volcano release's CRDs and Kubernetes' own schema, the sidecar's, fill's and waiter's code run as real
+processes on a real S3 store, and how the observer reads a failed init container. A submission through the real API
+server, with those init containers failing and the fill Job failing, is in tests/k8s (test_init_containers.py,
+test_dataset_fills.py)."""
 
 import json
 import os
@@ -15,8 +17,6 @@ import pytest
 from jobs.backends import checkpoint_sync
 from jobs.backends import volcano_render as render
 from jobs.backends.dataset_cache import entry_name
-from jobs.backends.volcano import parse_ref
-from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import (  # noqa: F401 - fixture
     describe,
     options,
@@ -430,123 +430,3 @@ def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_p
     assert again.returncode == 0 and "already in its shared cache volume" in again.stdout
     waited, said = run("wait", "--timeout-s", "5")
     assert waited.returncode == 0 and said == "" and "ready in its shared cache volume" in waited.stdout
-
-
-def _cached_backend(kube, **overrides):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
-
-    options = render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333", dataset_cache_storage_class="cephfs")
-    backend = make_backend(kube, render=options, **overrides)
-    backend.queue_sync(PlatformQueue())
-    return backend
-
-
-def _with_dataset(**overrides):
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
-
-    return describe_attempt(datasets=[{**S3_DATASET, "team": "demo"}], **overrides)
-
-
-def test_one_claim_and_one_fill_job_serve_every_attempt_and_the_trainers_wait(kube, logs):  # noqa: F811
-    backend = _cached_backend(kube)
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    kube.controller.script("ty-dataset-", run_ticks=3, logs="[trainyard] dataset imagenet v3 filled")
-    first, second = _with_dataset(), _with_dataset()
-    refs = [backend.submit(first), backend.submit(second)]
-    [claim] = kube.list("persistentvolumeclaims", TEAM_NS)
-    assert claim["metadata"]["name"] == "ty-dataset-7-v3" and claim["spec"]["storageClassName"] == "cephfs"
-    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"  # 1024Mi, as the API server writes it
-    [fill] = kube.list("batch/v1/jobs", TEAM_NS)
-    assert fill["metadata"]["name"] == "ty-dataset-7-v3"
-    creates = [r.status for r in kube.requests_matching("POST", r"/(persistentvolumeclaims|jobs)$")]
-    assert creates.count(201) == 4 and creates.count(409) == 2  # two vcjobs, one claim, one fill; then 409s
-    for _ in range(8):
-        seen = backend.observe(refs)
-        assert all(o.phase == "pending" for o in seen.values())  # the trainers wait for the fill
-        kube.controller.tick()
-    assert any(
-        c["type"] == "Complete" for c in kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"]["conditions"]
-    )
-    for pod in kube.list("pods", TEAM_NS, label_selector="volcano.sh/job-name"):
-        assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
-
-    kube.delete("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)  # its TTL passed, or someone removed it
-    kube.controller.tick()
-    backend.observe(refs)  # level-triggered: made again while jobs wait for it
-    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["metadata"]["uid"] != fill["metadata"]["uid"]
-
-
-def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_is_replaced(kube, logs):  # noqa: F811
-    backend = _cached_backend(kube)
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    said = "DatasetFetchError: cannot list the dataset in the store: timed out"
-    kube.controller.script("ty-dataset-", exit_code=1, message=said)
-    waiting = [_with_dataset(), _with_dataset()]
-    refs = [backend.submit(desc) for desc in waiting]
-    for _ in range(20):
-        seen = backend.observe(refs)
-        if all(o.finished for o in seen.values()):
-            break
-        kube.controller.tick()
-    for ref in refs:
-        obs = seen[ref]
-        assert (obs.phase, obs.reason, obs.exit_code) == ("failed", "DatasetFetchError", None)
-        assert obs.message == (
-            "dataset imagenet v3 could not be filled into its shared cache volume (Job ty-dataset-7-v3): cannot list "
-            "the dataset in the store: timed out"
-        )
-        job = kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS)
-        assert job is None or job["metadata"].get("deletionTimestamp")
-    fills = kube.list("pods", TEAM_NS, label_selector="job-name=ty-dataset-7-v3")
-    assert len(fills) <= 3  # the Job's own retries (backoffLimit 2), no more
-    kube.controller.tick(2)
-    assert kube.try_get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS) is None  # removed: a retry fills again
-    kube.controller.script("ty-dataset-", run_ticks=1)
-    backend.submit(_with_dataset(number=2))
-    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"].get("conditions") in (None, [])
-    assert (classifier_verdict("DatasetFetchError")) == ("platform", "retry")
-
-
-def classifier_verdict(reason):
-    from jobs import classifier
-    from jobs.models import FailureRule
-
-    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
-    verdict = classifier.classify(classifier.Observation(reason=reason), rules)
-    return verdict.failure_class, verdict.reaction
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_a_failed_dataset_fill_fails_the_waiting_job_with_its_reason_and_each_retry_fills_again(
-    kube,  # noqa: F811
-    platform,  # noqa: F811
-    celery_worker_thread,
-    checkpoint_store,
-    settings,
-):
-    from jobs.backends import reset_backends
-    from jobs.models import Dataset, JobEvent
-    from jobs.tests.test_volcano_backend import drive, finished, submit
-    from quotas.models import Team
-
-    settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = "cephfs"
-    reset_backends()
-    Dataset.objects.create(team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3,
-                           file_count=10, s3_prefix="datasets/imagenet/1/")  # fmt: skip
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    kube.controller.script("ty-dataset-", exit_code=1, message="DatasetFetchError: cannot list the dataset in the "
-                           "store: EndpointConnectionError")  # fmt: skip
-    job = submit(platform, datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
-    job = drive(kube, lambda: finished(job), timeout=90)
-    assert job.state == "failed" and job.failure_class == "platform"
-    attempts = list(job.attempts.order_by("number"))
-    assert [(a.reason, a.rule) for a in attempts] == [("DatasetFetchError", "dataset-fetch-failed")] * 2
-    events = JobEvent.objects.filter(job=job, kind="attempt_failed").order_by("id")
-    for event in events:
-        assert "dataset imagenet v1 could not be filled into its shared cache volume (Job ty-dataset-" in event.message
-        assert "cannot list the dataset in the store: EndpointConnectionError" in event.message
-    [claim] = kube.list("persistentvolumeclaims", "trainyard-demo")  # one claim for both attempts
-    assert claim["spec"]["resources"]["requests"]["storage"] == f"{(5 * 1024 * 11 // 10) + 256}Mi"
-    fills = [r.status for r in kube.requests_matching("POST", r"/apis/batch/v1/namespaces/trainyard-demo/jobs$")]
-    assert fills.count(201) == 2  # the failed fill Job was removed, and the retry's submit made a new one

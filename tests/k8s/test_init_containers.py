@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from jobs import logstore
@@ -31,8 +30,10 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _pods,
     _state,
     admin,
+    cache_volume,
     platform,
     real_cluster,
+    trainers_held,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -156,8 +157,9 @@ def test_a_dataset_waiter_that_gave_up_ends_the_attempt_with_its_reason(
     platform, admin, settings, object_store, celery_worker_thread, tmp_path
 ):
     """A dataset on the shared cache claim (bound to a volume made here): the trainer's `dataset-0` init container
-    waits for the fill. Its own code, run here with the pod's dataset spec on an empty cache for half a second,
-    gives up with `DatasetFetchError: …`; the pod fails with that exit and the attempt ends with that reason."""
+    waits for the fill (kwok's dataset-wait Stage holds the pod initializing). Its own code, run here with the pod's
+    dataset spec on an empty cache for half a second, gives up with `DatasetFetchError: …`; the pod fails with that
+    exit and the attempt ends with that reason."""
     from jobs.backends import reset_backends
     from jobs.models import Dataset, JobEvent
     from quotas.models import Team
@@ -170,18 +172,9 @@ def test_a_dataset_waiter_that_gave_up_ends_the_attempt_with_its_reason(
         s3_prefix="datasets/imagenet/1/",
     )  # fmt: skip
     claim = f"ty-dataset-{dataset.id}-v1"
-    volume = f"{claim}-{int(time.time())}"
-    admin["core"].create_persistent_volume({
-        "metadata": {"name": volume},
-        "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": CACHE_CLASS,
-                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/{volume}"},
-                 "claimRef": {"namespace": TEAM_NS, "name": claim}},
-    })  # fmt: skip
-    batch = k8s.BatchV1Api(admin["api"])
-    try:
+    with cache_volume(admin, claim):
         job = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=0)
-        job = _drive(lambda: _state(job, "running", "failed"), timeout=120)
-        [pod] = _attempt_pods(admin, job)
+        [pod] = _drive(lambda: trainers_held(admin, job), timeout=120)  # waiting for the fill
         waiter = next(c for c in pod["spec"]["initContainers"] if c["name"] == "dataset-0")
         assert waiter["command"][:4] == ["python", "-m", "jobs.backends.dataset_cache", "wait"]
         cache = tmp_path / "claim"
@@ -205,13 +198,6 @@ def test_a_dataset_waiter_that_gave_up_ends_the_attempt_with_its_reason(
         event = JobEvent.objects.get(job=job, kind="attempt_failed")
         assert message.strip() in event.message, event.message
         assert _attempt_log(job) == f"[trainyard] {said.strip()}"  # as the local supervisor writes it
-    finally:
-        try:
-            batch.delete_namespaced_job(claim, TEAM_NS, propagation_policy="Background")
-        except ApiException:
-            pass
-        admin["core"].delete_namespaced_persistent_volume_claim(claim, TEAM_NS)
-        admin["core"].delete_persistent_volume(volume)
 
 
 def test_a_failed_code_fetch_ends_the_attempt_with_its_reason_and_is_retried(
