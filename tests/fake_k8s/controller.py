@@ -121,8 +121,8 @@ class PodScript:
 
     `exit_code`/`reason`/`message` describe how the main (first) container ends; other containers end with 0.
     `reason` is either a container reason (`OOMKilled`, `Error`, `ContainerCannotRun`, ...) or a pod-level one
-    (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output (or a mapping container ->
-    text), written progressively over `run_ticks` ticks. `run_ticks=None` runs until something stops it.
+    (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output, written progressively over
+    `run_ticks` ticks. `run_ticks=None` runs until something stops it.
     `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting: the main one, or the
     init container (a native sidecar, say) named by `waiting_container`, which keeps the others initializing.
     `running_init` names a plain init container that keeps running (waiting for something): the pod stays
@@ -132,7 +132,7 @@ class PodScript:
     exit_code: int = 0
     reason: str | None = None
     message: str | None = None
-    logs: str | Sequence[str] | Mapping[str, str] = ""
+    logs: str | Sequence[str] = ""
     run_ticks: int | None = 1
     start_ticks: int = 0
     waiting_reason: str | None = None
@@ -141,13 +141,9 @@ class PodScript:
     running_init: str | None = None
 
     def log_lines(self, container: str, main: str) -> list[str]:
-        logs = self.logs
-        if isinstance(logs, Mapping):
-            text: str | Sequence[str] = logs.get(container, "")
-        elif container == main:
-            text = logs
-        else:
+        if container != main:
             return []
+        text = self.logs
         return text.splitlines() if isinstance(text, str) else [str(line) for line in text]
 
 
@@ -246,7 +242,7 @@ class VolcanoController:
         exit_code: int = 0,
         reason: str | None = None,
         message: str | None = None,
-        logs: str | Sequence[str] | Mapping[str, str] = "",
+        logs: str | Sequence[str] = "",
         run_ticks: int | None = 1,
         start_ticks: int = 0,
         waiting_reason: str | None = None,
