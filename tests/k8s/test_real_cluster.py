@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -49,9 +50,34 @@ def real_cluster():
                 pytest.fail(said)
             pytest.skip(said)
     state = json.loads((BASE_DIR / "var" / "cluster" / "state.json").read_text())
+    audit = Path(state["dir"]) / "audit" / "audit.log"
+    begun = audit.stat().st_size if audit.exists() else 0
     yield state
+    refused = rbac_refusals(audit, begun)
     if started:
         subprocess.run([sys.executable, str(script), "down"], cwd=BASE_DIR, capture_output=True, timeout=120)
+    # Every verb the platform used in the session was granted by k8s/rbac.yaml, even where it coped with a refusal.
+    assert not refused, f"the API server refused the platform's service account (k8s/rbac.yaml): {refused[:10]}"
+
+
+def rbac_refusals(audit: Path, offset: int = 0) -> list[tuple[str, str, str]]:
+    """(verb, resource, namespace) of each request of the platform's service account that the API server's
+    authorizer refused, from its audit log after `offset` bytes (from the start when the log was rotated since)."""
+    if not audit.exists():
+        return []
+    with audit.open("rb") as stream:
+        stream.seek(offset if audit.stat().st_size >= offset else 0)
+        lines = stream.read().decode().splitlines()
+    refused = []
+    for line in lines:
+        event = json.loads(line) if line.strip() else {}
+        if not event.get("user", {}).get("username", "").startswith("system:serviceaccount:trainyard:"):
+            continue
+        if (event.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid":
+            ref = event.get("objectRef") or {}
+            resource = "/".join(filter(None, (ref.get("apiGroup"), ref.get("resource"), ref.get("subresource"))))
+            refused.append((event.get("verb", ""), resource, ref.get("namespace", "")))
+    return refused
 
 
 @pytest.fixture(scope="session")
