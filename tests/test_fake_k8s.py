@@ -849,45 +849,6 @@ def test_batch_jobs_run_a_pod_and_report_complete_or_failed(kube: FakeKubernetes
     assert core.list_namespaced_pod("default", label_selector="job-name=ok-1").items == []  # collected with it
 
 
-def test_an_init_container_that_fails_before_it_started(kube: FakeKubernetes, core: client.CoreV1Api) -> None:
-    """A native sidecar (restartPolicy Always) that exits is started again and again, the pod Pending for good and
-    its trainer never started; a plain init container that fails ends a restartPolicy Never pod."""
-    assert kube.controller is not None
-    trainer = {"name": "trainer", "image": "busybox:1.36"}
-    fetcher = {"name": "sync", "image": "busybox:1.36", "terminationMessagePath": "/dev/termination-log",
-               "terminationMessagePolicy": "FallbackToLogsOnError"}  # fmt: skip
-    sidecar = {**fetcher, "restartPolicy": "Always"}
-    first = {"name": "first", "image": "busybox:1.36"}
-    for name, inits in (("sidecar", [first, sidecar]), ("plain", [fetcher])):
-        spec = {"restartPolicy": "Never", "initContainers": inits, "containers": [trainer]}
-        core.create_namespaced_pod(NS, {"metadata": {"name": name}, "spec": spec})
-    kube.controller.script("sidecar", failing_init="sync", failing_init_exit_code=125, failing_init_message="why")
-    kube.controller.script("plain", failing_init="sync", failing_init_exit_code=3, logs={"sync": "a\nlast words"})
-    kube.controller.run_until(lambda: bool(kube.get("pods", "sidecar", NS)["status"].get("initContainerStatuses")))
-    pod = core.read_namespaced_pod("sidecar", NS)
-    first_status, sync = pod.status.init_container_statuses
-    assert first_status.state.terminated.reason == "Completed"  # init containers run in order
-    assert sync.state.terminated.exit_code == 125 and sync.state.terminated.message == "why"
-    assert (sync.restart_count, sync.started) == (0, False)
-    assert pod.status.phase == "Pending" and pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"
-    initialized = next(c for c in pod.status.conditions if c.type == "Initialized")
-    assert initialized.status == "False" and "sync" in initialized.message
-    kube.controller.tick()
-    sync = core.read_namespaced_pod("sidecar", NS).status.init_container_statuses[1]
-    assert sync.state.waiting.reason == "CrashLoopBackOff" and sync.last_state.terminated.exit_code == 125
-    kube.controller.tick(4)
-    pod = core.read_namespaced_pod("sidecar", NS)
-    assert pod.status.phase == "Pending" and pod.status.init_container_statuses[1].restart_count >= 2
-    events = [e["reason"] for e in kube.list("events", NS) if e["involvedObject"]["name"] == "sidecar"]
-    assert "BackOff" in events
-
-    plain = core.read_namespaced_pod("plain", NS)
-    assert plain.status.phase == "Failed"
-    terminated = plain.status.init_container_statuses[0].state.terminated
-    assert terminated.exit_code == 3 and terminated.message == "a\nlast words"  # the log stands in
-    assert core.read_namespaced_pod_log("plain", NS, container="sync") == "a\nlast words\n"
-
-
 def test_persistent_volume_claims_are_created_once_validated_and_bound(
     kube: FakeKubernetes, core: client.CoreV1Api
 ) -> None:

@@ -1,8 +1,9 @@
 """A job's code snapshot on Kubernetes: published to the object store at submission, fetched into the pod's
 working directory by an init container of the platform's own code (digest checked). Validated against every
 Volcano release's CRDs and Kubernetes' schema; the init container's code run as a real process on a real S3 store
-(SeaweedFS); the fake API server seeing it through a real submission; a failed fetch ends the attempt with its
-reason. Not run on a real kubelet here: kwok's nodes run no containers."""
+(SeaweedFS); a submission without an object store refused (on the fake API server). A failed fetch ending the
+attempt with its reason is on the real API server (tests/k8s/test_init_containers.py), the fetch's termination
+message written by this code. Not run on a real kubelet here: kwok's nodes run no containers."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from trainyard_cli.code import pack
 
 from jobs import code
 from jobs.backends import volcano_render as render
-from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
+from jobs.tests.test_volcano_backend import kube, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import describe, options, validate_everywhere, volcano_crds  # noqa: F401
 from kernel import objectstore
 from kernel.paths import BASE_DIR
@@ -111,23 +112,6 @@ def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(kube, pla
     r = api.post("/api/v1/jobs/", body, format="json")
     assert r.status_code == 400 and r.json()["code"] == "code_not_supported", r.content
     assert "TRAINYARD_S3_URL" in r.json()["detail"]
-
-
-@pytest.mark.slow
-def test_a_failed_code_fetch_ends_the_attempt_with_its_reason(kube, logs):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, log_lines, make_backend, observe_until
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
-
-    backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
-    backend.queue_sync(PlatformQueue())
-    said = f"CodeFetchError: the stored code snapshot is sha256:0000000000000, not {DIGEST[:19]}: refusing other bytes"
-    kube.controller.script("ty-", failing_init="code", failing_init_exit_code=1, logs={"code": f"[trainyard] {said}"})
-    desc = describe_attempt(code={**CODE, "team": "demo"})
-    ref = backend.submit(desc)
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    reason, _, message = said.partition(": ")
-    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 1, reason, message)
-    assert log_lines(desc) == [f"[trainyard] {said}"]
 
 
 def test_the_default_rules_retry_a_failed_code_fetch():

@@ -1,6 +1,8 @@
 """Checkpoints and datasets on the Volcano path: the native checkpoint sidecar and the dataset volumes, validated
-against every Volcano release's CRDs and Kubernetes' own schema, the sidecar's code run as a real process on a real
-S3 store, and the fake API server seeing it all through a real submission."""
+against every Volcano release's CRDs and Kubernetes' own schema, the sidecar's, fill's and waiter's code run as real
+processes on a real S3 store, and how the observer reads a failed init container. A submission through the real API
+server, with those init containers failing and the fill Job failing, is in tests/k8s (test_init_containers.py,
+test_dataset_fills.py)."""
 
 import json
 import os
@@ -12,12 +14,9 @@ import time
 import kubernetes_validate
 import pytest
 
-from jobs import logstore
 from jobs.backends import checkpoint_sync
 from jobs.backends import volcano_render as render
 from jobs.backends.dataset_cache import entry_name
-from jobs.backends.volcano import parse_ref
-from jobs.tests.test_volcano_backend import JOBS, TEAM_NS, kube, logs, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import (  # noqa: F401 - fixture
     describe,
     options,
@@ -224,70 +223,61 @@ def test_the_sidecar_process_reports_a_failed_restore_with_its_reason(object_sto
     assert said.startswith("CheckpointStoreUnavailable: could not restore checkpoint ckpt-100.pt"), said
 
 
-def _storage_backend(kube):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
-
-    backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
-    backend.queue_sync(PlatformQueue())
-    return backend
+def _pod_with(name: str, terminated: dict, *, sidecar: bool = False) -> dict:
+    """A pod as the kubelet reports it after the init container `name` exited: now (a plain one), or as the last
+    state of a native sidecar it backs off."""
+    status = {"name": name, "restartCount": 1 if sidecar else 0, "state": {"terminated": terminated}}
+    if sidecar:
+        status = {**status, "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": status["state"]}
+    labels = {"volcano.sh/task-spec": "main", "volcano.sh/task-index": "0"}
+    return {"metadata": {"name": "ty-x-main-0", "labels": labels},
+            "spec": {"nodeName": "kwok-gpu-0"}, "status": {"initContainerStatuses": [status]}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("ticks_first", "script", "expected"),
+    ("text", "expected"),
     [
-        # Seen right as it exits (its current state), the reason from its termination message.
-        (0, dict(failing_init_message="CheckpointRestoreError: could not restore checkpoint ckpt-100.pt (job j, "
-                 "attempt 1): missing in the object store: NoSuchKey: gone"),
-         ("CheckpointRestoreError", "could not restore checkpoint ckpt-100.pt (job j, attempt 1): missing in the "
-          "object store: NoSuchKey: gone")),
-        # Seen later, while the kubelet backs off restarting it: the exit is its last state.
-        (3, dict(failing_init_message="CheckpointStoreUnavailable: could not restore checkpoint ckpt-100.pt: "
-                 "cannot reach the object store"),
-         ("CheckpointStoreUnavailable", "could not restore checkpoint ckpt-100.pt: cannot reach the object store")),
-        # No termination message written: the end of its log stands in (FallbackToLogsOnError).
-        (0, dict(logs={render.CHECKPOINT_SIDECAR: "[trainyard] could not restore checkpoint ckpt-100.pt: boom"}),
+        # Its termination message, as the sidecar's own code writes it.
+        ("CheckpointRestoreError: could not restore checkpoint ckpt-100.pt (job j, attempt 1): missing",
+         ("CheckpointRestoreError", "could not restore checkpoint ckpt-100.pt (job j, attempt 1): missing")),
+        # No termination message written: the end of its log stands in (FallbackToLogsOnError), reason unsaid.
+        ("starting\n[trainyard] could not restore checkpoint ckpt-100.pt: boom",
          ("CheckpointStoreUnavailable", "could not restore checkpoint ckpt-100.pt: boom")),
+        ("", ("CheckpointStoreUnavailable", "the checkpoint sidecar of main-0 could not restore the checkpoint to "
+              "resume from (exit code 125) and left no message")),
     ],
 )  # fmt: skip
-def test_a_failed_restore_fails_the_attempt_and_deletes_the_volcano_job(kube, logs, ticks_first, script, expected):  # noqa: F811, E501
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
-    from jobs.tests.test_volcano_backend import log_lines
+def test_a_failed_restore_is_read_from_the_sidecars_message_or_the_end_of_its_log(text, expected):
+    """How the observer reads the exit of the checkpoint sidecar (the real cluster's
+    tests/k8s/test_init_containers.py drives a whole failed restore through the API server); another exit code is
+    not a failed restore (the kubelet starts the sidecar again)."""
+    from jobs.backends.volcano import _restore_failure
 
-    backend = _storage_backend(kube)
-    kube.controller.script(
-        "ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=125, run_ticks=None, **script
-    )
-    desc = describe_attempt(checkpoint={"prefix": PREFIX, "restore": RESTORE})
-    ref = backend.submit(desc)
-    for _ in range(10):
-        if any(p.get("status", {}).get("initContainerStatuses") for p in kube.list("pods", TEAM_NS)):
-            break
-        assert not backend.observe([ref])[ref].finished
-        kube.controller.tick()
-    kube.controller.tick(ticks_first)
-    [pod] = kube.list("pods", TEAM_NS)
-    sidecar = next(s for s in pod["status"]["initContainerStatuses"] if s["name"] == render.CHECKPOINT_SIDECAR)
-    assert pod["status"]["phase"] == "Pending" and sidecar["started"] is False
-    assert ("lastState" in sidecar) == bool(ticks_first)  # the kubelet keeps starting it again
-    assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
-
-    obs = backend.observe([ref])[ref]
-    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 125, *expected)
-    assert obs.node == pod["spec"]["nodeName"]
-    job = kube.get(JOBS, parse_ref(ref)[1], TEAM_NS) if kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS) else None
-    assert job is None or job["metadata"].get("deletionTimestamp")  # the platform stopped what is left
-    backend.observe([ref])  # a second pass writes the reason into the log only once
-    assert log_lines(desc) == [f"[trainyard] {expected[1]}"]
+    terminated = {"exitCode": 125, "reason": "Error", **({"message": text} if text else {})}
+    obs = _restore_failure([_pod_with(render.CHECKPOINT_SIDECAR, terminated, sidecar=True)])
+    assert (obs.phase, obs.exit_code, obs.reason, obs.message, obs.node) == ("failed", 125, *expected, "kwok-gpu-0")
+    assert _restore_failure([_pod_with(render.CHECKPOINT_SIDECAR, {**terminated, "exitCode": 2}, sidecar=True)]) is None
 
 
-def test_a_sidecar_that_crashes_for_another_reason_is_not_a_failed_restore(kube, logs):  # noqa: F811
-    backend = _storage_backend(kube)
-    kube.controller.script("ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=2, run_ticks=None)
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("DatasetFetchError: dataset imagenet v3 was not in its shared cache volume after 21600 s",
+         ("DatasetFetchError", "dataset imagenet v3 was not in its shared cache volume after 21600 s")),
+        ("fetching\n[trainyard] DatasetCacheFull: dataset needs 2000 bytes; the node's cache holds at most 1000",
+         ("DatasetCacheFull", "dataset needs 2000 bytes; the node's cache holds at most 1000")),
+        ("Traceback (most recent call last):\nKeyError: 'x'",
+         ("Error", "init container dataset-0 exited with code 1: KeyError: 'x'")),
+    ],
+)  # fmt: skip
+def test_a_failed_init_containers_reason_is_its_message_or_the_end_of_its_log(text, expected):
+    """How the observer reads a failed plain init container (a dataset's, the code fetch): the reason its own code
+    wrote, from its termination message or the end of its log; anything else is an `Error` with what it said."""
+    from jobs.backends.volcano import _failed_init
 
-    ref = backend.submit(describe_attempt(checkpoint={"prefix": PREFIX, "restore": RESTORE}))
-    kube.controller.tick(6)
-    assert backend.observe([ref])[ref].phase == "pending"
+    terminated, reason, message = _failed_init(_pod_with("dataset-0", {"exitCode": 1, "reason": "Error",
+                                                                       "message": text}))  # fmt: skip
+    assert (terminated["exitCode"], reason, message) == (1, *expected)
 
 
 @pytest.mark.parametrize(
@@ -304,55 +294,6 @@ def test_default_rules_retry_a_store_outage_but_not_an_unusable_checkpoint(reaso
     rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
     verdict = classifier.classify(classifier.Observation(exit_code=125, reason=reason), rules)
     assert (verdict.failure_class, verdict.reaction, verdict.rule) == expected
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_a_checkpoint_that_cannot_be_restored_fails_the_job_with_its_reason(
-    kube,  # noqa: F811
-    platform,  # noqa: F811
-    celery_worker_thread,
-    checkpoint_store,
-    tmp_path,
-):
-    from django.utils import timezone
-
-    from jobs.backends import reset_backends
-    from jobs.checkpoints import restore_plan
-    from jobs.models import Checkpoint, JobEvent
-    from jobs.tests.test_volcano_backend import attempt_ref, drive, finished, submit
-
-    reset_backends()
-    kube.controller.script("ty-", run_ticks=1)
-    first = submit(platform)
-    first = drive(kube, lambda: finished(first), timeout=60)
-    assert first.state == "succeeded"
-    key = f"demo/{first.id}/attempt-1/ckpt-100.pt"  # recorded, then gone from the store
-    saved = Checkpoint.objects.create(
-        job=first, attempt=first.attempts.get(), name="ckpt-100.pt", step=100, size_bytes=3, sha256="a" * 64,
-        bucket=checkpoint_store.bucket, key=key, saved_at=timezone.now(),
-        files=[{"path": "ckpt-100.pt", "key": key, "sha256": "a" * 64, "size": 3}],
-    )  # fmt: skip
-    # What the sidecar's own code says for that checkpoint, replayed by the fake kubelet for the pod.
-    done, said = _sidecar_process(checkpoint_store, tmp_path, restore_plan(saved))
-    kube.controller.script(
-        "ty-", failing_init=render.CHECKPOINT_SIDECAR, failing_init_exit_code=done.returncode,
-        failing_init_message=said, run_ticks=None,
-    )  # fmt: skip
-    job = submit(platform, resume_from=str(first.id), max_retries=2)
-    job = drive(kube, lambda: finished(job), timeout=60)
-    assert job.state == "failed" and job.failure_class == "platform"
-    [attempt] = job.attempts.all()  # restoring the same missing checkpoint again would fail the same way
-    assert (attempt.exit_code, attempt.reason) == (125, "CheckpointRestoreError")
-    assert attempt.rule == "checkpoint-restore-failed"
-    event = JobEvent.objects.get(job=job, kind="attempt_failed")
-    assert "(CheckpointRestoreError): could not restore checkpoint ckpt-100.pt" in event.message
-    assert f"job {first.id}, attempt 1" in event.message and "missing in the object store" in event.message
-    assert "resubmit without resuming" in job.suggestion
-    text = "\n".join(line.text for line in logstore.read_lines(logstore.attempt_dir(str(job.id), 1))[0])
-    assert text.startswith("[trainyard] could not restore checkpoint ckpt-100.pt")
-    name = parse_ref(attempt_ref(job))[1]
-    drive(kube, lambda: kube.try_get(JOBS, name, TEAM_NS) is None)  # the Volcano job is deleted
 
 
 # ------------------------------------------------------------------------------------ shared dataset cache volumes
@@ -489,149 +430,3 @@ def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_p
     assert again.returncode == 0 and "already in its shared cache volume" in again.stdout
     waited, said = run("wait", "--timeout-s", "5")
     assert waited.returncode == 0 and said == "" and "ready in its shared cache volume" in waited.stdout
-
-
-def _cached_backend(kube, **overrides):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
-
-    options = render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333", dataset_cache_storage_class="cephfs")
-    backend = make_backend(kube, render=options, **overrides)
-    backend.queue_sync(PlatformQueue())
-    return backend
-
-
-def _with_dataset(**overrides):
-    from jobs.tests.test_volcano_backend import describe as describe_attempt
-
-    return describe_attempt(datasets=[{**S3_DATASET, "team": "demo"}], **overrides)
-
-
-def test_one_claim_and_one_fill_job_serve_every_attempt_and_the_trainers_wait(kube, logs):  # noqa: F811
-    backend = _cached_backend(kube)
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    kube.controller.script("ty-dataset-", run_ticks=3, logs="[trainyard] dataset imagenet v3 filled")
-    first, second = _with_dataset(), _with_dataset()
-    refs = [backend.submit(first), backend.submit(second)]
-    [claim] = kube.list("persistentvolumeclaims", TEAM_NS)
-    assert claim["metadata"]["name"] == "ty-dataset-7-v3" and claim["spec"]["storageClassName"] == "cephfs"
-    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"  # 1024Mi, as the API server writes it
-    [fill] = kube.list("batch/v1/jobs", TEAM_NS)
-    assert fill["metadata"]["name"] == "ty-dataset-7-v3"
-    creates = [r.status for r in kube.requests_matching("POST", r"/(persistentvolumeclaims|jobs)$")]
-    assert creates.count(201) == 4 and creates.count(409) == 2  # two vcjobs, one claim, one fill; then 409s
-    for _ in range(8):
-        seen = backend.observe(refs)
-        assert all(o.phase == "pending" for o in seen.values())  # the trainers wait for the fill
-        kube.controller.tick()
-    assert any(
-        c["type"] == "Complete" for c in kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"]["conditions"]
-    )
-    for pod in kube.list("pods", TEAM_NS, label_selector="volcano.sh/job-name"):
-        assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
-
-    kube.delete("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)  # its TTL passed, or someone removed it
-    kube.controller.tick()
-    backend.observe(refs)  # level-triggered: made again while jobs wait for it
-    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["metadata"]["uid"] != fill["metadata"]["uid"]
-
-
-def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_is_replaced(kube, logs):  # noqa: F811
-    backend = _cached_backend(kube)
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    said = "DatasetFetchError: cannot list the dataset in the store: timed out"
-    kube.controller.script("ty-dataset-", exit_code=1, message=said)
-    waiting = [_with_dataset(), _with_dataset()]
-    refs = [backend.submit(desc) for desc in waiting]
-    for _ in range(20):
-        seen = backend.observe(refs)
-        if all(o.finished for o in seen.values()):
-            break
-        kube.controller.tick()
-    for ref in refs:
-        obs = seen[ref]
-        assert (obs.phase, obs.reason, obs.exit_code) == ("failed", "DatasetFetchError", None)
-        assert obs.message == (
-            "dataset imagenet v3 could not be filled into its shared cache volume (Job ty-dataset-7-v3): cannot list "
-            "the dataset in the store: timed out"
-        )
-        job = kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS)
-        assert job is None or job["metadata"].get("deletionTimestamp")
-    fills = kube.list("pods", TEAM_NS, label_selector="job-name=ty-dataset-7-v3")
-    assert len(fills) <= 3  # the Job's own retries (backoffLimit 2), no more
-    kube.controller.tick(2)
-    assert kube.try_get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS) is None  # removed: a retry fills again
-    kube.controller.script("ty-dataset-", run_ticks=1)
-    backend.submit(_with_dataset(number=2))
-    assert kube.get("batch/v1/jobs", "ty-dataset-7-v3", TEAM_NS)["status"].get("conditions") in (None, [])
-    assert (classifier_verdict("DatasetFetchError")) == ("platform", "retry")
-
-
-def classifier_verdict(reason):
-    from jobs import classifier
-    from jobs.models import FailureRule
-
-    rules = [FailureRule(**data) for data in sorted(classifier.DEFAULT_RULES, key=lambda d: d["order"])]
-    verdict = classifier.classify(classifier.Observation(reason=reason), rules)
-    return verdict.failure_class, verdict.reaction
-
-
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_dataset_init_container_that_fails_ends_the_attempt_with_its_reason(kube, logs, shared):  # noqa: F811
-    from jobs.tests.test_volcano_backend import PlatformQueue, make_backend
-
-    if shared:  # the waiter gave up: the fill took longer than TRAINYARD_DATASET_FILL_TIMEOUT_S
-        backend = _cached_backend(kube)
-        kube.controller.script("ty-dataset-", run_ticks=None)
-        said = ("DatasetFetchError: dataset imagenet v3 was not in its shared cache volume after 21600 s: its fill "
-                "Job did not complete (TRAINYARD_DATASET_FILL_TIMEOUT_S)")  # fmt: skip
-        script = dict(failing_init_message=said)
-    else:  # today's per-pod fetcher, whose last log line says why (FallbackToLogsOnError)
-        backend = make_backend(kube, render=render.RenderOptions(grace_s=1, s3_url="http://s3.storage.svc:8333"))
-        backend.queue_sync(PlatformQueue())
-        said = "DatasetCacheFull: dataset needs 2000 bytes; the node's dataset cache holds at most 1000"
-        script = dict(logs={"dataset-0": f"[trainyard] {said}"})
-    kube.controller.script("ty-", failing_init="dataset-0", failing_init_exit_code=1, **script)
-    desc = _with_dataset()
-    ref = backend.submit(desc)
-    from jobs.tests.test_volcano_backend import log_lines, observe_until
-
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    reason, _, message = said.partition(": ")
-    assert (obs.phase, obs.exit_code, obs.reason, obs.message) == ("failed", 1, reason, message)
-    assert log_lines(desc) == [f"[trainyard] {said}"]  # as the local supervisor writes it
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
-def test_e2e_a_failed_dataset_fill_fails_the_waiting_job_with_its_reason_and_each_retry_fills_again(
-    kube,  # noqa: F811
-    platform,  # noqa: F811
-    celery_worker_thread,
-    checkpoint_store,
-    settings,
-):
-    from jobs.backends import reset_backends
-    from jobs.models import Dataset, JobEvent
-    from jobs.tests.test_volcano_backend import drive, finished, submit
-    from quotas.models import Team
-
-    settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = "cephfs"
-    reset_backends()
-    Dataset.objects.create(team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3,
-                           file_count=10, s3_prefix="datasets/imagenet/1/")  # fmt: skip
-    kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-    kube.controller.script("ty-dataset-", exit_code=1, message="DatasetFetchError: cannot list the dataset in the "
-                           "store: EndpointConnectionError")  # fmt: skip
-    job = submit(platform, datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
-    job = drive(kube, lambda: finished(job), timeout=90)
-    assert job.state == "failed" and job.failure_class == "platform"
-    attempts = list(job.attempts.order_by("number"))
-    assert [(a.reason, a.rule) for a in attempts] == [("DatasetFetchError", "dataset-fetch-failed")] * 2
-    events = JobEvent.objects.filter(job=job, kind="attempt_failed").order_by("id")
-    for event in events:
-        assert "dataset imagenet v1 could not be filled into its shared cache volume (Job ty-dataset-" in event.message
-        assert "cannot list the dataset in the store: EndpointConnectionError" in event.message
-    [claim] = kube.list("persistentvolumeclaims", "trainyard-demo")  # one claim for both attempts
-    assert claim["spec"]["resources"]["requests"]["storage"] == f"{(5 * 1024 * 11 // 10) + 256}Mi"
-    fills = [r.status for r in kube.requests_matching("POST", r"/apis/batch/v1/namespaces/trainyard-demo/jobs$")]
-    assert fills.count(201) == 2  # the failed fill Job was removed, and the retry's submit made a new one

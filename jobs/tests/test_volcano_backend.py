@@ -331,28 +331,6 @@ def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
     assert left is None or left["metadata"].get("deletionTimestamp")  # what the platform gave up on is stopped
 
 
-def test_an_unwatched_running_pods_log_is_copied_on_its_schedule_and_in_full_at_the_end(kube, logs):
-    """pods/log once per pod per `log_every_s` while nobody reads the log (reading every pass was most of the
-    platform's API traffic), every pass once someone does, and everything when the job ends."""
-    backend = make_backend(kube, log_every_s=3600)
-    backend.queue_sync(PlatformQueue())
-    kube.controller.script("ty-", logs=[f"step {i}" for i in range(6)], run_ticks=6)
-    desc = describe()
-    ref = backend.submit(desc)
-    obs = observe_until(kube, backend, ref, lambda o: o.phase == "running")
-    for _ in range(2):
-        kube.controller.tick()
-        obs = backend.observe([ref])[ref]
-    assert obs.phase == "running"
-    assert kube.requests_matching("GET", r"/pods/.*/log$") == []  # running, unwatched, not due: not read
-    logstore.mark_watched(desc.job_id)
-    backend.observe([ref])
-    assert len(kube.requests_matching("GET", r"/pods/.*/log$")) == 1  # watched: read this pass
-    obs = observe_until(kube, backend, ref, lambda o: o.finished)
-    assert obs.phase == "succeeded"
-    assert log_lines(desc) == [f"step {i}" for i in range(6)]
-
-
 def test_api_faults_are_retried_without_duplicates(kube, backend):
     backend = make_backend(kube, retries=6)
     kube.controller.script("ty-", run_ticks=3)

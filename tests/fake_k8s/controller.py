@@ -121,12 +121,10 @@ class PodScript:
 
     `exit_code`/`reason`/`message` describe how the main (first) container ends; other containers end with 0.
     `reason` is either a container reason (`OOMKilled`, `Error`, `ContainerCannotRun`, ...) or a pod-level one
-    (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output (or a mapping container ->
-    text), written progressively over `run_ticks` ticks. `run_ticks=None` runs until something stops it.
+    (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output, written progressively over
+    `run_ticks` ticks. `run_ticks=None` runs until something stops it.
     `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting: the main one, or the
     init container (a native sidecar, say) named by `waiting_container`, which keeps the others initializing.
-    `failing_init` names an init container that exits with `failing_init_exit_code` before it ever reports
-    started, having written `failing_init_message` to its termination message path (see `_fail_init`).
     `running_init` names a plain init container that keeps running (waiting for something): the pod stays
     Pending and its regular containers never start.
     """
@@ -134,25 +132,18 @@ class PodScript:
     exit_code: int = 0
     reason: str | None = None
     message: str | None = None
-    logs: str | Sequence[str] | Mapping[str, str] = ""
+    logs: str | Sequence[str] = ""
     run_ticks: int | None = 1
     start_ticks: int = 0
     waiting_reason: str | None = None
     waiting_message: str | None = None
     waiting_container: str | None = None
-    failing_init: str | None = None
-    failing_init_exit_code: int = 1
-    failing_init_message: str | None = None
     running_init: str | None = None
 
     def log_lines(self, container: str, main: str) -> list[str]:
-        logs = self.logs
-        if isinstance(logs, Mapping):
-            text: str | Sequence[str] = logs.get(container, "")
-        elif container == main:
-            text = logs
-        else:
+        if container != main:
             return []
+        text = self.logs
         return text.splitlines() if isinstance(text, str) else [str(line) for line in text]
 
 
@@ -251,15 +242,12 @@ class VolcanoController:
         exit_code: int = 0,
         reason: str | None = None,
         message: str | None = None,
-        logs: str | Sequence[str] | Mapping[str, str] = "",
+        logs: str | Sequence[str] = "",
         run_ticks: int | None = 1,
         start_ticks: int = 0,
         waiting_reason: str | None = None,
         waiting_message: str | None = None,
         waiting_container: str | None = None,
-        failing_init: str | None = None,
-        failing_init_exit_code: int = 1,
-        failing_init_message: str | None = None,
         running_init: str | None = None,
     ) -> ScriptRule:
         """Script the pods that start from now on.
@@ -280,9 +268,6 @@ class VolcanoController:
                 waiting_reason,
                 waiting_message,
                 waiting_container,
-                failing_init,
-                failing_init_exit_code,
-                failing_init_message,
                 running_init,
             ),
             job=match if isinstance(match, str) else None,
@@ -1418,16 +1403,7 @@ class VolcanoController:
     def _step_pod(self, pod: JSON, run: _PodRun) -> None:
         script = run.script
         meta = pod["metadata"]
-        if run.stage == "failing-init":
-            self._fail_init(pod, run)
-            return
         if run.stage == "creating":
-            if script.failing_init and any(
-                c["name"] == script.failing_init for c in pod["spec"].get("initContainers") or []
-            ):
-                run.stage = "failing-init"
-                self._fail_init(pod, run)
-                return
             if script.running_init and any(
                 c["name"] == script.running_init for c in pod["spec"].get("initContainers") or []
             ):
@@ -1533,97 +1509,6 @@ class VolcanoController:
             status["phase"] = "Pending"
 
         self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
-
-    def _fail_init(self, pod: JSON, run: _PodRun) -> None:
-        """One kubelet step of an init container that exits (non-zero) before it reports started.
-
-        Init containers run in order: those before it have completed (a native sidecar among them runs on), those
-        after it and the regular containers wait (`PodInitializing`), and the pod is not Initialized. Its
-        terminated state carries its termination message: what it wrote to `terminationMessagePath`, else, with
-        `terminationMessagePolicy: FallbackToLogsOnError`, the end of its log. A native sidecar
-        (`restartPolicy: Always`) is started again, and again: it shows `terminated` right after an exit, then
-        `CrashLoopBackOff` with that exit as its `lastState` and its `restartCount` raised, and the pod stays
-        Pending for good. A plain init container fails the pod when the pod's restartPolicy is Never (and is
-        restarted in place under OnFailure/Always, like a sidecar)."""
-        meta, spec = pod["metadata"], pod["spec"]
-        script = run.script
-        inits = spec.get("initContainers") or []
-        target = next(c for c in inits if c["name"] == script.failing_init)
-        position = inits.index(target)
-        now = rfc3339(self.kube.now())
-        exited = run.ticks % 2 == 0  # even ticks: it just exited; odd ticks: the kubelet backs off
-        if exited:  # each run of it writes its scripted log (a restart rotates the previous one away)
-            lines = run.script.log_lines(target["name"], _main_container(pod))
-            if lines:
-                self.kube.append_log(meta["namespace"], meta["name"], "\n".join(lines), container=target["name"])
-        text = script.failing_init_message or ""
-        if not text and target.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            text = "\n".join(run.script.log_lines(target["name"], _main_container(pod))[-80:])
-        terminated: JSON = {
-            "exitCode": script.failing_init_exit_code,
-            "reason": "Error",
-            "startedAt": run.started_at or now,
-            "finishedAt": now,
-            "containerID": _container_id(meta["uid"], target["name"]),
-        }
-        if text:
-            terminated["message"] = text[-4096:]
-        sidecar = target.get("restartPolicy") == "Always"
-        fails_pod = not sidecar and spec.get("restartPolicy", "Always") == "Never"
-        restarts = run.restarts
-
-        def status_of(c: JSON, index: int) -> JSON:
-            if index < position:
-                if c.get("restartPolicy") == "Always":
-                    return _container_status(
-                        c, {"running": {"startedAt": now}}, ready=True, started=True, uid=meta["uid"]
-                    )
-                return _container_status(
-                    c,
-                    {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now,
-                                    "containerID": _container_id(meta["uid"], c["name"])}},
-                    uid=meta["uid"],
-                )  # fmt: skip
-            if index > position:
-                return _container_status(c, {"waiting": {"reason": "PodInitializing"}})
-            if exited or fails_pod:
-                status = _container_status(c, {"terminated": terminated}, restarts=restarts, uid=meta["uid"])
-            else:
-                back_off = f"back-off 10s restarting failed container={c['name']} pod={meta['name']}"
-                status = _container_status(
-                    c, {"waiting": {"reason": "CrashLoopBackOff", "message": back_off}}, restarts=restarts
-                )
-                status["lastState"] = {"terminated": terminated}
-            return status
-
-        def apply(p: JSON) -> None:
-            status = p["status"]
-            waiting = [c["name"] for c in inits[position:] if c.get("restartPolicy") != "Always" or c is target]
-            _set_condition(
-                status,
-                "Initialized",
-                "False",
-                now,
-                "ContainersNotInitialized",
-                f"containers with incomplete status: [{' '.join(waiting)}]",
-            )
-            status["initContainerStatuses"] = [status_of(c, i) for i, c in enumerate(p["spec"]["initContainers"])]
-            status["containerStatuses"] = [
-                _container_status(c, {"waiting": {"reason": "PodInitializing"}}) for c in p["spec"]["containers"]
-            ]
-            status["phase"] = "Failed" if fails_pod else "Pending"
-
-        if exited and not fails_pod:
-            self._event(pod, "BackOff", f"Back-off restarting failed container {target['name']} in pod "
-                        f"{meta['name']}", "Warning", "kubelet")  # fmt: skip
-        self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
-        if fails_pod:
-            run.stage = "done"
-            return
-        if not exited:
-            run.restarts += 1  # started again once the back-off is over: it exits again on the next tick
-            self.kube.rotate_log(meta["namespace"], meta["name"], target["name"])
-        run.ticks += 1
 
     def _start_containers(self, pod: JSON, run: _PodRun) -> None:
         meta = pod["metadata"]

@@ -9,11 +9,13 @@ cannot be built or started fails the run; elsewhere the tests are skipped saying
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -48,9 +50,34 @@ def real_cluster():
                 pytest.fail(said)
             pytest.skip(said)
     state = json.loads((BASE_DIR / "var" / "cluster" / "state.json").read_text())
+    audit = Path(state["dir"]) / "audit" / "audit.log"
+    begun = audit.stat().st_size if audit.exists() else 0
     yield state
+    refused = rbac_refusals(audit, begun)
     if started:
         subprocess.run([sys.executable, str(script), "down"], cwd=BASE_DIR, capture_output=True, timeout=120)
+    # Every verb the platform used in the session was granted by k8s/rbac.yaml, even where it coped with a refusal.
+    assert not refused, f"the API server refused the platform's service account (k8s/rbac.yaml): {refused[:10]}"
+
+
+def rbac_refusals(audit: Path, offset: int = 0) -> list[tuple[str, str, str]]:
+    """(verb, resource, namespace) of each request of the platform's service account that the API server's
+    authorizer refused, from its audit log after `offset` bytes (from the start when the log was rotated since)."""
+    if not audit.exists():
+        return []
+    with audit.open("rb") as stream:
+        stream.seek(offset if audit.stat().st_size >= offset else 0)
+        lines = stream.read().decode().splitlines()
+    refused = []
+    for line in lines:
+        event = json.loads(line) if line.strip() else {}
+        if not event.get("user", {}).get("username", "").startswith("system:serviceaccount:trainyard:"):
+            continue
+        if (event.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid":
+            ref = event.get("objectRef") or {}
+            resource = "/".join(filter(None, (ref.get("apiGroup"), ref.get("resource"), ref.get("subresource"))))
+            refused.append((event.get("verb", ""), resource, ref.get("namespace", "")))
+    return refused
 
 
 @pytest.fixture(scope="session")
@@ -658,11 +685,61 @@ def test_the_checkpoint_sidecar_runs_natively_and_what_it_publishes_is_recorded(
 CACHE_CLASS = "trainyard-kwok-cache"
 
 
+@contextlib.contextmanager
+def cache_volume(admin, claim: str):
+    """A volume for the dataset cache claim `claim` (no provisioner runs here); the claim, its fill Job and the
+    volume removed after."""
+    volume = f"{claim}-{int(time.time())}"
+    admin["core"].create_persistent_volume({
+        "metadata": {"name": volume},
+        "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": CACHE_CLASS,
+                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/{volume}"},
+                 "claimRef": {"namespace": TEAM_NS, "name": claim}},
+    })  # fmt: skip
+    try:
+        yield volume
+    finally:
+        try:
+            k8s.BatchV1Api(admin["api"]).delete_namespaced_job(claim, TEAM_NS, propagation_policy="Background")
+        except ApiException:
+            pass
+        try:
+            admin["core"].delete_namespaced_persistent_volume_claim(claim, TEAM_NS)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        admin["core"].delete_persistent_volume(volume)
+
+
+def held_by_dataset_waiter(pod: dict) -> bool:
+    """The trainer's dataset waiter runs (kwok's dataset-wait Stage) and the trainer has not started."""
+    inits = {s["name"]: s for s in (pod.get("status") or {}).get("initContainerStatuses") or []}
+    main = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return "running" in (inits.get("dataset-0") or {}).get("state", {}) and "waiting" in main[0].get("state", {})
+
+
+def trainers_held(admin, job) -> list[dict]:
+    """The attempt's pods once there are some and every one is held by its dataset waiter (else [])."""
+    attempt = reload(job).attempts.order_by("-number").first()
+    if attempt is None or not attempt.backend_ref:
+        return []
+    pods = _attempt_pods(admin, job)
+    return pods if pods and all(held_by_dataset_waiter(p) for p in pods) else []
+
+
+def release_dataset_waiters(admin, job) -> None:
+    """The cache is filled: the waiters end and the trainers start (kwok's `filled` annotation)."""
+    for pod in _pods(admin, job):
+        body = {"metadata": {"annotations": {"kwok.trainyard.io/filled": "true"}}}
+        admin["core"].patch_namespaced_pod(pod.metadata.name, TEAM_NS, body)
+
+
 def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_trainer(
     platform, admin, settings, celery_worker_thread
 ):
     """The dataset's cache claim binds (to a volume made here: no provisioner runs), kube-scheduler places the
-    fill Job's pod (restricted PodSecurity accepts it), the Job completes, the trainer mounts the claim."""
+    fill Job's pod (restricted PodSecurity accepts it), the Job completes while the trainer's waiter holds it;
+    once the cache is filled the trainer starts with the claim mounted."""
     from jobs.backends import reset_backends
     from jobs.backends import volcano_render as render
     from jobs.models import Dataset
@@ -676,22 +753,18 @@ def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_tra
         s3_prefix="datasets/imagenet/1/",
     )  # fmt: skip
     claim = f"ty-dataset-{dataset.id}-v1"
-    volume = f"{claim}-{int(time.time())}"
-    admin["core"].create_persistent_volume({
-        "metadata": {"name": volume},
-        "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": CACHE_CLASS,
-                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/{volume}"},
-                 "claimRef": {"namespace": TEAM_NS, "name": claim}},
-    })  # fmt: skip
     batch = k8s.BatchV1Api(admin["api"])
-    try:
+    with cache_volume(admin, claim):
         job = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}])
-        job = _drive(lambda: _state(job, "running"), timeout=120)
+        _drive(lambda: trainers_held(admin, job), timeout=120)
         pvc = admin["core"].read_namespaced_persistent_volume_claim(claim, TEAM_NS)
         assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == CACHE_CLASS
         fill = batch.read_namespaced_job(claim, TEAM_NS)
         _drive_plain(lambda: (batch.read_namespaced_job(claim, TEAM_NS).status.succeeded or 0) == 1, timeout=60)
         assert fill.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == claim
+        assert reload(job).state != "running"  # the trainer waits for its waiter
+        release_dataset_waiters(admin, job)
+        job = _drive(lambda: _state(job, "running"), timeout=60)
         [pod] = _attempt_pods(admin, job)
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         assert volumes["dataset-0"]["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
@@ -700,13 +773,6 @@ def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_tra
         assert render.ANNOTATION_DATASET_FILLS in _vcjob_of(admin, job)["metadata"]["annotations"]
         _outcome(admin, job, "succeed")
         assert _drive(lambda: _state(job, "succeeded", "failed")).state == "succeeded"
-    finally:
-        try:
-            batch.delete_namespaced_job(claim, TEAM_NS, propagation_policy="Background")
-        except ApiException:
-            pass
-        admin["core"].delete_namespaced_persistent_volume_claim(claim, TEAM_NS)
-        admin["core"].delete_persistent_volume(volume)
 
 
 def test_a_jobs_log_is_read_from_the_pods_through_the_api_server(platform, admin, celery_worker_thread):
