@@ -6,13 +6,20 @@ the fetch itself is not executed here (jobs/tests/test_k8s_code.py runs that cod
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
-from trainyard_cli.code import pack
 
 from jobs import code
 from jobs.tests.test_volcano_backend import submit
 from kernel import objectstore
-from tests.k8s.test_real_cluster import _drive, _outcome, _pods, _state, admin, platform, real_cluster  # noqa: F401
+from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
+    _drive,
+    _outcome,
+    _pods,
+    _state,
+    admin,
+    platform,
+    real_cluster,
+    uploaded_code,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,13 +34,7 @@ def test_a_job_with_code_gets_the_init_container_on_the_real_cluster(
     from jobs.backends import reset_backends
 
     reset_backends()  # the render options read the store settings the fixture set
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "train.py").write_text("print('hi')\n")
-    data, digest, _ = pack(folder)
-    api = APIClient()
-    api.force_authenticate(platform["user"])
-    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    digest, data = uploaded_code(platform["user"], tmp_path)
     job = submit(platform["user"], code=digest)
     stored = (
         objectstore.client(checkpoint_store)

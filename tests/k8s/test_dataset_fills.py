@@ -33,6 +33,7 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _state,
     admin,
     cache_volume,
+    imagenet_dataset,
     platform,
     real_cluster,
     release_dataset_waiters,
@@ -65,16 +66,6 @@ def _creates(real_cluster, resource: str, name: str, since: datetime) -> list[in
     return codes
 
 
-def _dataset():
-    from jobs.models import Dataset
-    from quotas.models import Team
-
-    return Dataset.objects.create(
-        team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3, file_count=10,
-        s3_prefix="datasets/imagenet/1/",
-    )  # fmt: skip
-
-
 def _cached(settings, url: str) -> None:
     from jobs.backends import reset_backends
 
@@ -92,7 +83,7 @@ def test_one_claim_and_one_fill_job_serve_two_attempts_and_the_trainers_wait_for
     once the cache is filled both trainers run."""
     since = datetime.now(UTC).replace(microsecond=0)
     _cached(settings, "http://s3.storage.svc:8333")
-    claim = f"ty-dataset-{_dataset().id}-v1"
+    claim = f"ty-dataset-{imagenet_dataset().id}-v1"
     batch = k8s.BatchV1Api(admin["api"])
     with cache_volume(admin, claim):
         jobs = [submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}]) for _ in range(2)]
@@ -169,7 +160,7 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
 
     since = datetime.now(UTC).replace(microsecond=0)
     _cached(settings, object_store.url)
-    dataset = _dataset()
+    dataset = imagenet_dataset()
     claim = f"ty-dataset-{dataset.id}-v1"
     spec = {"id": dataset.id, "team": "demo", "name": "imagenet", "version": 1, "prefix": dataset.s3_prefix,
             "size_bytes": dataset.size_bytes, "file_count": dataset.file_count}  # fmt: skip

@@ -31,9 +31,11 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _state,
     admin,
     cache_volume,
+    imagenet_dataset,
     platform,
     real_cluster,
     trainers_held,
+    uploaded_code,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -161,16 +163,12 @@ def test_a_dataset_waiter_that_gave_up_ends_the_attempt_with_its_reason(
     dataset spec on an empty cache for half a second, gives up with `DatasetFetchError: …`; the pod fails with that
     exit and the attempt ends with that reason."""
     from jobs.backends import reset_backends
-    from jobs.models import Dataset, JobEvent
-    from quotas.models import Team
+    from jobs.models import JobEvent
 
     settings.TRAINYARD_S3_URL = object_store.url
     settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = CACHE_CLASS
     reset_backends()
-    dataset = Dataset.objects.create(
-        team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3, file_count=10,
-        s3_prefix="datasets/imagenet/1/",
-    )  # fmt: skip
+    dataset = imagenet_dataset()
     claim = f"ty-dataset-{dataset.id}-v1"
     with cache_volume(admin, claim):
         job = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=0)
@@ -206,8 +204,6 @@ def test_a_failed_code_fetch_ends_the_attempt_with_its_reason_and_is_retried(
     """The job's code snapshot is gone from the store when its pod starts. The `code` init container's own code,
     run here on the pod's spec against the real store, exits 1 with `CodeFetchError: …`; the pod fails and the
     attempt ends with that reason; the default rules retry it (a platform failure), and the retry runs."""
-    from rest_framework.test import APIClient
-    from trainyard_cli.code import pack
 
     from jobs import code
     from jobs.backends import reset_backends
@@ -216,13 +212,7 @@ def test_a_failed_code_fetch_ends_the_attempt_with_its_reason_and_is_retried(
     from kernel import objectstore
 
     reset_backends()  # the render options read the store settings the fixture set
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "train.py").write_text("print('hi')\n")
-    data, digest, _ = pack(folder)
-    api = APIClient()
-    api.force_authenticate(platform["user"])
-    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    digest, _ = uploaded_code(platform["user"], tmp_path)
     job = submit(platform["user"], code=digest, max_retries=1)
     job = _drive(lambda: _state(job, "running", "failed"))
     [pod] = _attempt_pods(admin, job)

@@ -734,6 +734,33 @@ def release_dataset_waiters(admin, job) -> None:
         admin["core"].patch_namespaced_pod(pod.metadata.name, TEAM_NS, body)
 
 
+def imagenet_dataset():
+    """The registered dataset the dataset tests submit with (its shared cache claim is `ty-dataset-<id>-v1`)."""
+    from jobs.models import Dataset
+    from quotas.models import Team
+
+    return Dataset.objects.create(
+        team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3, file_count=10,
+        s3_prefix="datasets/imagenet/1/",
+    )  # fmt: skip
+
+
+def uploaded_code(user, tmp_path) -> tuple[str, bytes]:
+    """A one-file project packed as `trainyard submit --code` packs it and uploaded through the REST API for the
+    demo team; returns its digest and the archive's bytes."""
+    from rest_framework.test import APIClient
+    from trainyard_cli.code import pack
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    data, digest, _ = pack(folder)
+    api = APIClient()
+    api.force_authenticate(user)
+    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
+    return digest, data
+
+
 def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_trainer(
     platform, admin, settings, celery_worker_thread
 ):
@@ -742,16 +769,11 @@ def test_a_dataset_gets_its_shared_claim_and_a_fill_job_that_runs_before_the_tra
     once the cache is filled the trainer starts with the claim mounted."""
     from jobs.backends import reset_backends
     from jobs.backends import volcano_render as render
-    from jobs.models import Dataset
-    from quotas.models import Team
 
     settings.TRAINYARD_S3_URL = "http://s3.storage.svc:8333"
     settings.TRAINYARD_DATASET_CACHE_STORAGE_CLASS = CACHE_CLASS
     reset_backends()
-    dataset = Dataset.objects.create(
-        team=Team.objects.get(slug="demo"), name="imagenet", version=1, size_bytes=5 * 1024**3, file_count=10,
-        s3_prefix="datasets/imagenet/1/",
-    )  # fmt: skip
+    dataset = imagenet_dataset()
     claim = f"ty-dataset-{dataset.id}-v1"
     batch = k8s.BatchV1Api(admin["api"])
     with cache_volume(admin, claim):
