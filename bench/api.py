@@ -455,7 +455,7 @@ def fill_jobs(total: int, *, demo, seed_value: int = 7) -> dict[str, Any]:
     from django.utils import timezone
 
     from jobs import services
-    from jobs.models import Job
+    from jobs.models import Job, written_fields
     from quotas.models import Membership, Queue, Team
 
     started = time.perf_counter()
@@ -486,7 +486,7 @@ def fill_jobs(total: int, *, demo, seed_value: int = 7) -> dict[str, Any]:
     rng = random.Random(seed_value)
     states, weights = zip(*STATE_MIX, strict=True)
     now = timezone.now()
-    fields = [f for f in Job._meta.concrete_fields if f.name != "joined_xid"]  # the database sets it
+    fields = written_fields(Job)
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     # One row prepared the way the ORM would write it; each job then differs only in the columns set below.
     model_row = Job(**template, owner=demo, state="pending", submitted_at=now, request_fingerprint="bench")

@@ -519,7 +519,7 @@ def backlog(platform: Platform, user, pods, sizes: list[int]) -> list[dict]:
     from celery import current_app
     from django.db import connection
 
-    from jobs.models import Job
+    from jobs.models import Job, written_fields
     from jobs.services import job_submit
     from jobs.store import JobStore
     from kernel import wake
@@ -544,7 +544,7 @@ def backlog(platform: Platform, user, pods, sizes: list[int]) -> list[dict]:
         raise SystemExit("bench: the cluster took every template job; nothing to build a backlog from")
     rows = []
     have = Job.objects.filter(state="pending").count()
-    fields = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at", "joined_xid"}]
+    fields = [f.name for f in written_fields(Job) if f.name not in {"id", "submitted_at"}]
     for size in sizes:
         need = size - have
         while need > 0:
@@ -770,9 +770,9 @@ def _clone_jobs(template, n: int, rng: random.Random, **fields) -> int:
     `fields` are called per copy. Returns how many were written."""
     import uuid
 
-    from jobs.models import Job
+    from jobs.models import Job, written_fields
 
-    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at", "joined_xid"}]
+    names = [f.name for f in written_fields(Job) if f.name not in {"id", "submitted_at"}]
     written = 0
     while written < n:
         batch = []

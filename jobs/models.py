@@ -26,6 +26,14 @@ def labels_key(labels) -> MD5:
 
 COMMAND_KEY = command_key(F("command"), F("args"))
 LABELS_KEY = labels_key(F("labels"))
+
+
+def written_fields(model) -> list:
+    """The concrete fields a copy of a row writes: all but those the database sets itself (`db_default`, such as
+    `Job.joined_xid`), which a copy must leave to it."""
+    return [f for f in model._meta.concrete_fields if f.db_default is models.NOT_PROVIDED]
+
+
 # The 64-bit id of the transaction that writes the row (PostgreSQL's own: it never wraps), as a plain bigint.
 WRITING_XID = Cast(Cast(Func(function="pg_current_xact_id", output_field=TextField()), TextField()), BigIntegerField())
 
