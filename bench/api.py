@@ -64,6 +64,11 @@ MAX_IN_FLIGHT = 32  # the load generator's connection cap (see bench/_load.py)
 # High enough never to answer 429 here; a per-second window keeps the throttle's history list short.
 BENCH_RATE = "100000/s"
 
+PROCESS_MODEL = (
+    "the web server (ops.processes 'web': uvicorn with one worker process per core, as `make run` starts it); load "
+    "from bench._load in a process of its own; the floors in the benchmark's process; no Celery worker (the "
+    "dispatch messages are counted in Redis); PostgreSQL and Redis on the same machine"
+)
 SUBMIT_BODY: dict[str, Any] = {
     "name": "bench-train",
     "team": "demo",
@@ -1090,6 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = out_path.with_suffix(".json.tmp")
         from bench.allocator import provenance
 
+        report["process_model"] = PROCESS_MODEL
         report["provenance"] = provenance()
         tmp_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         os.replace(tmp_path, out_path)

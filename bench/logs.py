@@ -28,6 +28,11 @@ from urllib.parse import urlparse
 
 BASE = Path(__file__).resolve().parent.parent
 RESULTS = BASE / "bench" / "results" / "logs.json"
+PROCESS_MODEL = (
+    "real local runners (the local backend's supervisor) as processes of their own; for delivery, the web server "
+    "(uvicorn, one of the processes `make run` starts) and the WebSocket clients in the benchmark's process; "
+    "PostgreSQL and Redis on the same machine"
+)
 LEVELS = (1, 10, 50)
 INGEST_TOTAL_LINES = 500_000
 DELIVERY_SECONDS = 8
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     results.write_text(
         json.dumps(
             {
+                "process_model": PROCESS_MODEL,
                 "machine": {"cores": os.cpu_count()},
                 "provenance": provenance(),
                 "ingestion": ingestion,
