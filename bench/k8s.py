@@ -76,10 +76,48 @@ def percentile(values: list[float], pct: float) -> float | None:
     return round(ordered[k], 3)
 
 
-def cluster(command: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def cluster(command: str, env: dict[str, str], cpus: set[int] | None = None) -> subprocess.CompletedProcess:
+    """Run `cluster.py COMMAND`; with `cpus`, it and every component it starts run on those cores only."""
     return subprocess.run(
-        [sys.executable, str(CLUSTER), command], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600
-    )
+        [sys.executable, str(CLUSTER), command], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )  # fmt: skip
+
+
+def core_split(mode: str) -> tuple[set[int], set[int]] | None:
+    """(the control plane's cores, the platform's cores), or None to share them all.
+
+    Deployed, the control plane (API server, etcd, controllers, Volcano) and the nodes' kubelets run on machines of
+    their own and the platform on others; here they share one machine. "split" gives each side half of this
+    process's cores in both phases (on 2 cores: one each), so neither phase's control plane competes with the
+    platform for CPU, and the floor's control plane has exactly the cores the platform phase's had."""
+    if mode == "shared":
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("bench k8s: --cores split needs at least 2 cores; use --cores shared")
+    half = len(cores) // 2
+    return set(cores[half:]), set(cores[:half])
+
+
+def pin_platform_services(cpus: set[int]) -> list[str]:
+    """Move the platform's own PostgreSQL and Redis (the embedded ones this checkout runs, with their children) onto
+    the platform's cores. Services configured elsewhere are left alone. Returns what was moved."""
+    import psutil
+
+    moved = []
+    here = str(REPO)  # the embedded servers' binaries are in the virtual environment, their data under var/
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        name, cmd = proc.info["name"] or "", " ".join(proc.info["cmdline"] or [])
+        if not (name.startswith("postgres") or name.startswith("redis")) or here not in cmd:
+            continue
+        try:
+            for each in [proc, *proc.children(recursive=True)]:
+                each.cpu_affinity(sorted(cpus))
+            moved.append(name)
+        except psutil.Error:
+            pass
+    return moved
 
 
 def node_object(spec, kwok_port: int) -> dict:
@@ -285,6 +323,19 @@ def main(argv: list[str] | None = None) -> int:
         help="each phase (platform, floor) is cut off after this long from its first submission",
     )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the benchmark's cluster running")
+    parser.add_argument(
+        "--profile-observe",
+        type=Path,
+        default=None,
+        help="write a cProfile of the platform phase's observe passes to this file (pstats format)",
+    )
+    parser.add_argument(
+        "--cores",
+        choices=("split", "shared"),
+        default="split",
+        help="split (default): the control plane and kwok on half of the cores, the platform and this process on "
+        "the other half, in both phases; shared: everything on every core",
+    )
     args = parser.parse_args(argv)
 
     from bench.allocator import arrivals, load_trace, trace_dir_from_env
@@ -313,14 +364,21 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(CLUSTER_DIR / "etcd", ignore_errors=True)  # every run starts from an empty cluster
     for old in (CLUSTER_DIR / "audit").glob("audit*.log"):
         old.unlink()
+    split = core_split(args.cores)
     t_up = time.monotonic()
-    up = cluster("up", env)
+    up = cluster("up", env, cpus=split[0] if split else None)
     if up.returncode != 0:
         print((up.stdout + up.stderr)[-3000:])
         return 1
     state = json.loads((CLUSTER_DIR / "state.json").read_text())
     log(f"cluster up in {time.monotonic() - t_up:.1f} s: Kubernetes {state['versions']['kubernetes']}, "
         f"Volcano {state['versions'].get('volcano')}")  # fmt: skip
+    if split:
+        # This process (the observe passes, the floor's creates) and what it starts (web, worker, dispatcher).
+        os.sched_setaffinity(0, split[1])
+        moved = pin_platform_services(split[1])
+        log(f"cores: control plane and kwok on {sorted(split[0])}, the platform on {sorted(split[1])} "
+            f"(with {', '.join(moved) or 'no embedded database'})")  # fmt: skip
     children: list[subprocess.Popen] = []
     try:
         return run(args, state, nodes, sequence, capacity, children)
@@ -386,7 +444,7 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
 
     from bench.scheduler import job_body, open_queue
     from jobs.backends import get_backend
-    from jobs.tasks import observe_attempts, sync_inventory
+    from jobs.tasks import observe_pass, sync_inventory
     from ops import processes
     from ops.seed import seed
     from quotas.models import Queue
@@ -436,15 +494,24 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         from django.db import close_old_connections
 
         every = float(os.environ.get("TRAINYARD_OBSERVE_EVERY_S", "2.0"))
+        profile = None
+        if args.profile_observe:
+            import cProfile
+
+            profile = cProfile.Profile()
         while not stop_observing.is_set():
             began, cpu = time.monotonic(), time.thread_time()
+            ran = True
             try:
-                observe_attempts()
+                ran = (profile.runcall(observe_pass) if profile is not None else observe_pass()) is not None
             except Exception as exc:  # noqa: BLE001 - the next pass tries again, as beat's would
                 log(f"observe pass failed: {exc}")
             close_old_connections()
-            passes.append((time.monotonic() - began, time.thread_time() - cpu))
+            if ran:  # not skipped (jobs.tasks.observe_pass: resting after a long pass)
+                passes.append((time.monotonic() - began, time.thread_time() - cpu))
             stop_observing.wait(max(0.0, every - (time.monotonic() - began)))
+        if profile is not None:
+            profile.dump_stats(str(args.profile_observe))
 
     observing = threading.Thread(target=observer, daemon=True)
     observing.start()
@@ -622,7 +689,14 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
         "process_model": "uvicorn web server, one Celery worker (prefork, TRAINYARD_WORKER_CONCURRENCY) and the "
         "dispatcher (one solo-pool process) as `make run` starts them; the observe task's code every "
         "TRAINYARD_OBSERVE_EVERY_S in the benchmark process; "
-        "the control plane, kwok and PostgreSQL/Redis on the same machine",
+        "the control plane, kwok and PostgreSQL/Redis on the same machine; "
+        + (
+            "cores split: the control plane and kwok on half of them, the platform, its database and the benchmark "
+            "process (the floor's creates) on the other half, in both phases"
+            if args.cores == "split"
+            else "cores shared by everything"
+        ),
+        "cores": args.cores,
         "cluster": {"nodes": len(nodes), "gpus": capacity},
         "jobs": {
             "submitted": len(starts),

@@ -1,5 +1,7 @@
 """Celery tasks of the lifecycle: each takes ids, loads, and calls one service."""
 
+import time
+
 import structlog
 from celery import shared_task
 from celery.signals import worker_before_create_process, worker_ready
@@ -116,14 +118,40 @@ def refresh_estimates(queue_id: int) -> None:
         cache.delete(f"eta:refreshing:{queue_id}")
 
 
+OBSERVE_LOCK = "trainyard:observe:running"
+OBSERVE_REST = "trainyard:observe:rest-until"
+
+
 @shared_task(name="jobs.observe_attempts", soft_time_limit=60, time_limit=90)
 def observe_attempts() -> int:
-    changed = lifecycle.attempts_observe()
+    return observe_pass() or 0
+
+
+def observe_pass() -> int | None:
+    """One observe pass (how many attempts changed), on whichever worker process beat's message reaches; None when
+    skipped. Passes never overlap (one that finds another running is skipped), and a pass that took W seconds is
+    followed by at least W x TRAINYARD_OBSERVE_REST_FACTOR seconds without one: on a large cluster a pass lists
+    thousands of objects, and back-to-back passes would keep the API server and a worker core busy with that."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    if not cache.add(OBSERVE_LOCK, 1, timeout=90):  # the task's time limit: a killed pass frees it then
+        return None
     try:
-        lifecycle.nodes_reachability_check()
-    except Exception:  # noqa: BLE001 - the next pass checks again; the inventory sync is the backstop
-        log.warning("node_check_failed", exc_info=True)
-    return changed
+        if time.time() < float(cache.get(OBSERVE_REST) or 0):
+            return None
+        began = time.monotonic()
+        changed = lifecycle.attempts_observe()
+        try:
+            lifecycle.nodes_reachability_check()
+        except Exception:  # noqa: BLE001 - the next pass checks again; the inventory sync is the backstop
+            log.warning("node_check_failed", exc_info=True)
+        rest = (time.monotonic() - began) * settings.TRAINYARD_OBSERVE_REST_FACTOR
+        if rest >= 0.05:
+            cache.set(OBSERVE_REST, time.time() + rest, timeout=max(1, int(rest) + 1))
+        return changed
+    finally:
+        cache.delete(OBSERVE_LOCK)
 
 
 @shared_task(name="jobs.enforce_timeouts", soft_time_limit=60, time_limit=90)

@@ -327,6 +327,9 @@ TRAINYARD_START_OVERDUE_S = env.float("TRAINYARD_START_OVERDUE_S", default=60.0)
 TRAINYARD_STOP_OVERDUE_S = env.float("TRAINYARD_STOP_OVERDUE_S", default=30.0)
 # An attempt whose state the backend cannot read (its folder unwritable, a full disk) this long is stopped and retried.
 TRAINYARD_OBSERVE_FAILING_S = env.float("TRAINYARD_OBSERVE_FAILING_S", default=120.0)
+# Observe passes (jobs.tasks.observe_attempts) never overlap, and one that took W seconds is followed by at least
+# W x this many seconds without one (0: back to back, as often as beat's TRAINYARD_OBSERVE_EVERY_S allows).
+TRAINYARD_OBSERVE_REST_FACTOR = env.float("TRAINYARD_OBSERVE_REST_FACTOR", default=1.0)
 # Readiness: beat's heartbeat task runs this often and is stale after TRAINYARD_BEAT_STALE_S.
 TRAINYARD_HEARTBEAT_S = env.float("TRAINYARD_HEARTBEAT_S", default=5.0)
 TRAINYARD_BEAT_STALE_S = env.float("TRAINYARD_BEAT_STALE_S", default=45.0)

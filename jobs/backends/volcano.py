@@ -278,6 +278,9 @@ class VolcanoBackend:
         self._cluster_checked = False
         self._cluster_check_lock = threading.Lock()  # a start batch's threads check once, not once each
         self._s3 = None  # the object store client that reads checkpoint sidecars' manifests, made on first use
+        # Per Volcano job name: (its started pods as last seen, when the next log copy is due), for the jobs whose
+        # logs need nothing before then (_collect_logs).
+        self._logs_quiet: dict[str, tuple[tuple, float]] = {}
 
     @classmethod
     def from_settings(cls, api_client: k8s.ApiClient | None = None) -> VolcanoBackend:
@@ -508,6 +511,9 @@ class VolcanoBackend:
                 log.warning("volcano_observe_failed", namespace=namespace, error=str(exc)[:300])
                 if isinstance(exc, VolcanoUnavailable):
                     break  # the API server is down: the other namespaces would only spend the task's time
+        names = {name for wanted in by_namespace.values() for _, name in wanted}
+        for name in [n for n in self._logs_quiet if n not in names]:
+            del self._logs_quiet[name]  # no longer live: nothing of it will be read again
         return result
 
     def _observe_namespace(
@@ -744,6 +750,13 @@ class VolcanoBackend:
             return
         job_id, number = _attempt_of(name)
         hurry = final or now or logstore.watched_within(job_id, self.config.log_watch_s)
+        # What this process last found: the same pods, none ended, none behind, and no copy due before `quiet`. Then
+        # nothing is read or written (a pass over thousands of running jobs rewrote each one's state file).
+        seen = tuple(sorted((p["metadata"].get("uid") or "", "terminated" in _main_state(p)) for p in started))
+        memo = self._logs_quiet.get(name)
+        if not (hurry or note) and memo is not None and memo[0] == seen and time.time() < memo[1]:
+            return
+        self._logs_quiet.pop(name, None)
         folder = logstore.attempt_dir(job_id, number)
         folder.mkdir(parents=True, exist_ok=True)
         with _locked(folder / ".k8s-logs.lock"):
@@ -753,11 +766,14 @@ class VolcanoBackend:
             except (OSError, ValueError):
                 state = {}
             writer: _CollectorWriter | None = None
+            changed = False  # the state file is written only when something in it changed
             if note and note not in state.get(NOTES_KEY, []):
                 writer = _CollectorWriter(folder)
                 writer.write_line(note)
                 state.setdefault(NOTES_KEY, []).append(note)
+                changed = True
             prefix_needed = len(pods) > 1
+            quiet_until = float("inf")  # when the next copy of a pod seen here falls due
             for pod in sorted(started, key=_task_order):
                 meta = pod["metadata"]
                 main = _main_state(pod)
@@ -765,13 +781,17 @@ class VolcanoBackend:
                 if entry is None or entry.get("uid") != meta.get("uid"):
                     entry = state[meta["name"]] = {"uid": meta.get("uid"), "last": None, "at_last": 0, "done": False}
                     entry["read_at"] = time.time()  # first seen started: its first copy is due log_every_s on
+                    changed = True
                 if entry["done"]:
                     continue
                 due = time.time() - float(entry.get("read_at") or 0) >= self.config.log_every_s
                 if not (hurry or due or entry.get("behind") or "terminated" in main):
+                    quiet_until = min(quiet_until, float(entry.get("read_at") or 0) + self.config.log_every_s)
                     continue
+                quiet_until = 0.0
                 lines, complete = self._read_pod_log(pod, entry)
                 entry["read_at"] = time.time()
+                changed = True
                 if lines is None:
                     continue
                 entry["behind"] = not complete
@@ -789,9 +809,12 @@ class VolcanoBackend:
                 (writer or _CollectorWriter(folder)).close()
             elif writer is not None:
                 writer.release()
-            tmp = state_path.with_name(state_path.name + ".tmp")
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, state_path)
+            if changed:
+                tmp = state_path.with_name(state_path.name + ".tmp")
+                tmp.write_text(json.dumps(state))
+                os.replace(tmp, state_path)
+        if not final and quiet_until > time.time():
+            self._logs_quiet[name] = (seen, quiet_until)
 
     def _read_pod_log(self, pod: JSON, entry: JSON) -> tuple[list[str] | None, bool]:
         """New lines of the pod's main container since the last copy, and whether the read was complete."""
