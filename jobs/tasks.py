@@ -4,7 +4,7 @@ import time
 
 import structlog
 from celery import shared_task
-from celery.signals import worker_before_create_process, worker_ready
+from celery.signals import worker_before_create_process, worker_process_shutdown, worker_ready
 from django.db import DatabaseError
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -60,8 +60,8 @@ def start_attempts(attempt_ids: list[int]) -> None:
     """Start a dispatch pass's admitted attempts (each start is idempotent, so a redelivered batch is safe);
     one that fails to start is retried on its own, and the reconciler covers a lost batch.
 
-    A backend whose submit is a few API round trips (Volcano: `concurrent_submits`) starts several at once, each
-    in its own thread with its own database connection; the local backend starts them one after another."""
+    A backend whose submit is a few API round trips (Volcano: `concurrent_submits`) starts several at once, on
+    the worker process's starter threads; the local backend starts them one after another."""
     from jobs.backends import get_backend
 
     def start_one(attempt_id: int) -> None:
@@ -75,31 +75,62 @@ def start_attempts(attempt_ids: list[int]) -> None:
         for attempt_id in attempt_ids:
             start_one(attempt_id)
         return
+    list(_starters(width).map(lambda attempt_id: _on_own_connection(start_one, attempt_id), attempt_ids))
+
+
+_STARTERS: dict[int, tuple[int, object]] = {}  # this process's starter threads (width, pool), by pid: a forked
+# child makes its own
+
+
+def _starters(width: int):
+    """The process's starter threads: they live as long as the process, each with its own database connection
+    kept from batch to batch (threads made per batch logged in to PostgreSQL for every batch: at a few attempts
+    a batch, most of a start's time on a loaded worker)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    have, pool = _STARTERS.get(os.getpid(), (0, None))
+    if pool is None or have < width:
+        pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="start")
+        _STARTERS.clear()
+        _STARTERS[os.getpid()] = (width, pool)
+    return pool
+
+
+def starters_stop() -> None:
+    """Close each starter thread's database connection and end the threads (a worker process going away; tests)."""
+    import os
     import threading
 
     from django.db import connections
 
-    todo = iter(attempt_ids)
-    take = threading.Lock()
+    width, pool = _STARTERS.pop(os.getpid(), (0, None))
+    if pool is None:
+        return
+    barrier = threading.Barrier(width, timeout=30)
 
-    def starter() -> None:
-        # One database connection per thread for the whole batch, closed when the batch is done (it is this
-        # thread's, not the worker's): a connection per start cost a PostgreSQL log-in for every Volcano job.
+    def close() -> None:
+        connections.close_all()
+        barrier.wait()  # so that each of the threads runs one of these
+
+    for done in [pool.submit(close) for _ in range(width)]:
         try:
-            while True:
-                with take:
-                    attempt_id = next(todo, None)
-                if attempt_id is None:
-                    return
-                start_one(attempt_id)
-        finally:
-            connections.close_all()
+            done.result()
+        except threading.BrokenBarrierError:
+            pass  # fewer threads than its width were ever started: each of them closed its connection
+    pool.shutdown(wait=True)
 
-    threads = [threading.Thread(target=starter, name=f"start-{k}") for k in range(width)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+
+def _on_own_connection(fn, *args) -> None:
+    """Run `fn` on this thread's database connection, renewed first when broken or older than CONN_MAX_AGE (as
+    Celery does around each task for the worker's own connection)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+    try:
+        fn(*args)
+    finally:
+        close_old_connections()
 
 
 @shared_task(name="jobs.refresh_estimates", soft_time_limit=60, time_limit=90, ignore_result=True)
@@ -282,3 +313,12 @@ def reap_tensorboards() -> int:
     from jobs.tensorboard import routes_reap
 
     return routes_reap()
+
+
+@worker_process_shutdown.connect
+def _close_starters(**_kwargs) -> None:
+    # The starter threads' connections end with the process's own, not when PostgreSQL notices the process gone.
+    try:
+        starters_stop()
+    except Exception:  # noqa: BLE001 - the process is going away regardless
+        log.warning("starters_not_stopped", exc_info=True)

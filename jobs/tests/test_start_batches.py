@@ -1,5 +1,6 @@
 """A start message's attempts on a backend that starts several at once (Volcano: `concurrent_submits`): each of
-them started once, by a few threads, each thread logging in to PostgreSQL once for the whole batch."""
+them started once, by a few threads that live as long as the worker process, each logging in to PostgreSQL once
+for all the batches it starts."""
 
 from __future__ import annotations
 
@@ -37,13 +38,20 @@ def test_a_batch_is_started_by_a_few_threads_with_one_connection_each(monkeypatc
 
     monkeypatch.setattr(lifecycle, "attempt_start", attempt_start)
     monkeypatch.setattr("jobs.backends.get_backend", lambda *a, **k: _Backend())
+    tasks._STARTERS.clear()  # a worker process that has started nothing yet
     connection_created.connect(created)
     try:
         tasks.start_attempts(list(range(1, 21)))
+        assert sorted(started) == list(range(1, 21))  # every attempt, once
+        assert 1 < len(threads) <= 4, threads
+        # One log-in per starting thread, not one per attempt (20 before).
+        assert len(logins) == len(set(logins)) <= 4, logins
+        first = len(logins)
+        for batch in range(5):  # the next batches: the same threads, on the connections they already have
+            tasks.start_attempts(list(range(100 * (batch + 1), 100 * (batch + 1) + 6)))
+        assert len(started) == 50
+        assert len(logins) == first, logins  # before, every batch logged in again (up to 4 a batch)
     finally:
         connection_created.disconnect(created)
-    assert sorted(started) == list(range(1, 21))  # every attempt, once
-    assert 1 < len(threads) <= 4, threads
-    # One log-in per starting thread, not one per attempt (20 before).
-    assert len(logins) == len(set(logins)) <= 4, logins
+        tasks.starters_stop()
     assert connection.connection is None or connection.is_usable()  # the worker's own connection is left alone
