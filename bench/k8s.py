@@ -6,7 +6,12 @@ and webhooks, kwok), no default nodes; the openb trace's GPU nodes as kwok nodes
 and model as GPU Feature Discovery labels); a benchmark database (``<db>_bench_k8s``), migrated and seeded on the
 Volcano backend with the platform's own service account; the real web server (uvicorn, as ``make run``), a real
 Celery worker process (starts) and the dispatcher process (admission passes); the observe task's code
-(``jobs.tasks.observe_attempts``) every ``TRAINYARD_OBSERVE_EVERY_S`` (2 s) in this process, as beat would run it.
+(``jobs.tasks.observe_pass``: never two at once, a rest after a long pass) every ``TRAINYARD_OBSERVE_EVERY_S`` (2 s)
+in this process, as beat would send it. ``--cores split`` (the default) runs the control plane and kwok on half of the
+cores and the platform (its processes, its embedded PostgreSQL and Redis, this process) on the other half, in both
+phases: deployed, they run on machines of their own, and on shared cores kwok, standing in for every node's kubelet,
+fell behind on its heartbeats and nodes went NotReady in the platform phase only. ``--cores shared`` runs
+everything everywhere.
 
 1. Platform: the trace's GPU pods (resampled to 105% of capacity and shuffled, seed 0, as bench-scheduler does),
    cut where the arrived GPU requests reach 100% of the cluster's cards, are POSTed to ``/api/v1/jobs/`` in
