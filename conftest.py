@@ -50,6 +50,18 @@ def _default_language():
     translation.deactivate()
 
 
+@pytest.fixture(autouse=True)
+def _no_starter_threads_left():
+    """A test that started attempts in this process (the Volcano backend starts a batch on the worker process's
+    starter threads, which keep their database connections) ends them: their connections would otherwise outlive
+    the test, and the test database could not be dropped at the end."""
+    yield
+    from jobs import tasks
+
+    if tasks._STARTERS:
+        tasks.starters_stop()
+
+
 @pytest.fixture
 def celery_worker_thread(transactional_db, _isolated_broker_queue):
     """A real Celery worker (solo pool, in a thread) consuming this session's queue and its dispatch queue (one
