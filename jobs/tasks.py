@@ -1,6 +1,9 @@
 """Celery tasks of the lifecycle: each takes ids, loads, and calls one service."""
 
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from celery import shared_task
@@ -78,30 +81,25 @@ def start_attempts(attempt_ids: list[int]) -> None:
     list(_starters(width).map(lambda attempt_id: _on_own_connection(start_one, attempt_id), attempt_ids))
 
 
-_STARTERS: dict[int, tuple[int, object]] = {}  # this process's starter threads (width, pool), by pid: a forked
-# child makes its own
+_STARTERS: dict[int, tuple[int, ThreadPoolExecutor]] = {}  # this process's starter threads (width, pool), by pid:
+# a forked child makes its own
 
 
 def _starters(width: int):
     """The process's starter threads: they live as long as the process, each with its own database connection
     kept from batch to batch (threads made per batch logged in to PostgreSQL for every batch: at a few attempts
     a batch, most of a start's time on a loaded worker)."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     have, pool = _STARTERS.get(os.getpid(), (0, None))
     if pool is None or have < width:
+        starters_stop()  # narrower ones of this process: their connections closed, not left to their idle threads
+        _STARTERS.clear()  # a forked child's copy of its parent's (their threads did not survive the fork)
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="start")
-        _STARTERS.clear()
         _STARTERS[os.getpid()] = (width, pool)
     return pool
 
 
 def starters_stop() -> None:
     """Close each starter thread's database connection and end the threads (a worker process going away; tests)."""
-    import os
-    import threading
-
     from django.db import connections
 
     width, pool = _STARTERS.pop(os.getpid(), (0, None))
