@@ -1,8 +1,8 @@
 """A job's code snapshot on Kubernetes: published to the object store at submission, fetched into the pod's
 working directory by an init container of the platform's own code (digest checked). Validated against every
 Volcano release's CRDs and Kubernetes' schema; the init container's code run as a real process on a real S3 store
-(SeaweedFS); a submission without an object store refused (on the fake API server). A failed fetch ending the
-attempt with its reason is on the real API server (tests/k8s/test_init_containers.py), the fetch's termination
+(SeaweedFS). A submission without an object store refused, and a failed fetch ending the attempt with its reason,
+are on the real API server (tests/k8s/test_code_snapshot.py, test_init_containers.py), the fetch's termination
 message written by this code. Not run on a real kubelet here: kwok's nodes run no containers."""
 
 import json
@@ -11,12 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from rest_framework.test import APIClient
 from trainyard_cli.code import pack
 
 from jobs import code
 from jobs.backends import volcano_render as render
-from jobs.tests.test_volcano_backend import kube, platform  # noqa: F401 - fixtures
 from jobs.tests.test_volcano_render import describe, options, validate_everywhere, volcano_crds  # noqa: F401
 from kernel import objectstore
 from kernel.paths import BASE_DIR
@@ -95,23 +93,6 @@ def test_the_init_container_process_fetches_checks_and_unpacks_from_a_real_store
     # A key the store does not have.
     done, _into, said = _fetch_process(object_store, tmp_path / "x", {"key": key + ".gone", "digest": digest})
     assert done.returncode == 1 and said.startswith("CodeFetchError: cannot read code snapshot"), said
-
-
-@pytest.mark.django_db(transaction=True)
-def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(kube, platform, settings, tmp_path):  # noqa: F811
-    settings.TRAINYARD_S3_URL = ""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "train.py").write_text("print('hi')\n")
-    data, digest, _ = pack(folder)
-    api = APIClient()
-    api.force_authenticate(platform)
-    assert api.put(f"/api/v1/code/{digest}/?team=demo", data=data, content_type="application/gzip").status_code == 201
-    body = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "pytorch-2.5-cuda12.4",
-            "command": ["python", "train.py"], "code": digest}  # fmt: skip
-    r = api.post("/api/v1/jobs/", body, format="json")
-    assert r.status_code == 400 and r.json()["code"] == "code_not_supported", r.content
-    assert "TRAINYARD_S3_URL" in r.json()["detail"]
 
 
 def test_the_default_rules_retry_a_failed_code_fetch():

@@ -3,9 +3,8 @@ the real control plane of `make cluster` cannot be made to do (tests/k8s has the
 
 Injected API faults (500s, 429 throttling, hung and dropped requests, a refused connection), alone and end to end
 through a real Celery worker; the Volcano vGPU device plugin's card choice (no deviceshare plugin runs in `make
-cluster`); Volcano's own preemption; pods waiting from their start (ImagePullBackOff: kwok's waiting annotation must
-be on a pod when it is made); how often pod logs are read (the fake's request log); a server too old for the
-platform; and each Volcano release's CRD schemas. Everything skips when the Volcano CRDs in ../shared are absent.
+cluster`); Volcano's own preemption; a server too old for the platform; and each Volcano release's CRD schemas.
+Everything skips when the Volcano CRDs in ../shared are absent.
 """
 
 from __future__ import annotations
@@ -291,44 +290,6 @@ def test_a_pod_volcano_preempts_is_reported_as_preempted(kube, backend):
     kube.controller.tick(5)
     seen = backend.observe([ref])[ref]
     assert (seen.phase, seen.reason) == ("failed", "Preempted")
-
-
-def test_the_tensorboard_sidecars_image_pull_counts_toward_the_start_timeout(kube, logs):
-    backend = make_backend(kube, start_timeout_s=0)
-    backend.queue_sync(PlatformQueue())
-    kube.controller.script("ty-", waiting_reason="ImagePullBackOff", waiting_container="tensorboard")
-    ref = backend.submit(describe(tensorboard=True))
-    kube.controller.tick(3)
-    seen = backend.observe([ref])[ref]
-    assert (seen.phase, seen.reason) == ("failed", "ImagePullBackOff")
-    assert "(tensorboard)" in seen.message and "tensorflow" in seen.message
-
-
-def test_pending_is_explained_from_the_queue_and_pods(kube, backend):
-    kube.controller.script("ty-", run_ticks=None)
-    backend.queue_sync(
-        PlatformQueue(quota={"gpu_milli": 2000, "gpu_memory_mib": 1, "cpu_milli": 64000, "memory_mib": 262144})
-    )
-    first, second = describe(gpus=2), describe()
-    refs = [backend.submit(first), backend.submit(second)]
-    kube.controller.tick(3)
-    seen = backend.observe(refs)
-    assert seen[refs[0]].phase == "running"
-    assert seen[refs[1]].phase == "pending"
-    assert seen[refs[1]].message == "waiting in Volcano queue trainyard-train: queue resource quota insufficient"
-
-    image = describe(image="registry.local/missing:1")
-    kube.controller.script("ty-", waiting_reason="ImagePullBackOff")
-    backend.queue_sync(PlatformQueue())
-    ref = backend.submit(image)
-    obs = observe_until(kube, backend, ref, lambda o: "ImagePullBackOff" in o.message)
-    assert obs.phase == "pending" and "main-0" in obs.message
-
-    impatient = make_backend(kube, start_timeout_s=0)
-    obs = impatient.observe([ref])[ref]
-    assert (obs.phase, obs.reason) == ("failed", "ImagePullBackOff")
-    left = kube.try_get(JOBS, parse_ref(ref)[1], TEAM_NS)
-    assert left is None or left["metadata"].get("deletionTimestamp")  # what the platform gave up on is stopped
 
 
 def test_api_faults_are_retried_without_duplicates(kube, backend):

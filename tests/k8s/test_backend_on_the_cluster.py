@@ -2,8 +2,10 @@
 """Behaviours of the Volcano backend first tested only against the fake API server, now on the real control plane
 (`make cluster`, docs/cluster.md): a node that vanishes under a cancel, a kubelet eviction retried on other cards,
 events read in pages, queue close and reopen through Volcano's own controller, a submit repeated after a lost
-answer, and the inventory of a node that publishes its cards' UUIDs. The platform acts as its service account; the
-admin kubeconfig sets the scene and reads back what the API server stored.
+answer, the inventory of a node that publishes its cards' UUIDs, an image that cannot be pulled (the trainer's or
+the TensorBoard sidecar's: kwok never pulls images from the host `unpullable.invalid`), an image-build Job made
+before adopted (and a create that met 409), and a finished build waiting for a registry that is down. The platform
+acts as its service account; the admin kubeconfig sets the scene and reads back what the API server stored.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -348,5 +351,163 @@ def test_a_failed_build_job_fails_the_build_and_is_removed(
             batch.read_namespaced_job(name, "trainyard-builds")
         assert gone.value.status == 404
         assert services.build_run(build_id=build.pk).status == "failed"  # a late look changes nothing
+    finally:
+        _delete_build_objects(admin, name)
+
+
+UNPULLABLE = "unpullable.invalid"  # kwok's Stages never pull an image from this host (scripts/cluster/kwok-stages.yaml)
+
+
+def _creates(real_cluster, resource: str, namespace: str, name: str, since: datetime) -> list[int]:
+    """The answers (status codes) to the platform's creates of `resource` named `name` since `since`."""
+    codes = []
+    for event in _audit(real_cluster):
+        ref = event.get("objectRef") or {}
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event.get("verb") == "create"
+            and (ref.get("resource"), ref.get("namespace"), ref.get("name")) == (resource, namespace, name)
+            and event["user"]["username"].startswith("system:serviceaccount:trainyard:")
+            and datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")) >= since
+        ):
+            codes.append(event["responseStatus"]["code"])
+    return codes
+
+
+def test_an_image_that_cannot_be_pulled_is_the_pending_reason_and_fails_the_attempt_at_the_start_timeout(
+    platform, admin, settings, celery_worker_thread
+):
+    """The trainer's image is never pulled (kwok reports ImagePullBackOff with the kubelet's message): while the
+    start timeout runs the job waits saying which pod and why; past it the attempt fails with that reason and its
+    Volcano job is deleted. A pull that never came is a platform failure (the image-pull rule): each retry waits its
+    own start timeout, and the job fails when its retries are used."""
+    from images.models import BaseImage, Registry
+    from jobs.backends import reset_backends
+
+    Registry.objects.create(host=UNPULLABLE, allowed=True)
+    BaseImage.objects.filter(name="pytorch-2.5-cuda12.4").update(reference=f"{UNPULLABLE}/pytorch/pytorch:2.5.1")
+    job = submit(platform["user"])
+    job = _drive(lambda: "ImagePullBackOff" in (j := reload(job)).message and j, timeout=60)
+    assert job.state == "starting" and "main-0: ImagePullBackOff: Back-off pulling image" in job.message, job.message
+    assert f"{UNPULLABLE}/pytorch/pytorch" in job.message
+    [pod] = _pods(admin, job)
+    assert pod.status.phase == "Pending"
+    name = pod.metadata.labels["volcano.sh/job-name"]
+
+    settings.TRAINYARD_K8S_START_TIMEOUT_S = 0
+    reset_backends()
+    job = _drive(lambda: _state(job, "failed", "succeeded", "running"))
+    assert job.state == "failed" and "ImagePullBackOff" in job.message, job.message
+    attempts = list(job.attempts.order_by("number"))
+    assert [(a.reason, a.reaction) for a in attempts] == [("ImagePullBackOff", "retry")] * (job.max_retries + 1)
+    _drive_plain(lambda: name not in {j["metadata"]["name"] for j in _vcjobs(admin)}, timeout=30)
+
+
+def test_the_tensorboard_sidecars_image_pull_counts_toward_the_start_timeout(
+    platform, admin, settings, celery_worker_thread
+):
+    """Only the TensorBoard sidecar's image cannot be pulled: the trainer's can, but the pod never starts, and the
+    start timeout fails each attempt naming the sidecar and its image (retried, as any image pull)."""
+    from jobs.backends import reset_backends
+
+    settings.TRAINYARD_TB_BASE_DOMAIN = "tb.example.org"
+    settings.TRAINYARD_TB_IMAGE = f"{UNPULLABLE}/tensorflow/tensorflow:2.16.1"
+    settings.TRAINYARD_K8S_START_TIMEOUT_S = 0
+    reset_backends()
+    job = submit(platform["user"], tensorboard=True)
+    job = _drive(lambda: _state(job, "failed", "succeeded", "running"))
+    assert {a.reason for a in job.attempts.all()} == {"ImagePullBackOff"}, job.message
+    assert job.state == "failed" and job.attempts.count() == job.max_retries + 1
+    assert "(tensorboard)" in job.message and f"{UNPULLABLE}/tensorflow" in job.message, job.message
+
+
+def _kubernetes_builds(settings, real_cluster) -> None:
+    settings.TRAINYARD_IMAGE_BUILDER = "kubernetes"
+    settings.TRAINYARD_K8S_KUBECONFIG = real_cluster["kubeconfig"]
+    settings.TRAINYARD_K8S_API_URL = ""
+    settings.TRAINYARD_K8S_BUILD_NAMESPACE = "trainyard-builds"
+
+
+def test_a_build_job_made_before_is_adopted_and_another_builds_is_refused(
+    real_cluster,
+    admin,
+    settings,
+    images_env,  # noqa: F811
+    transactional_db,
+):
+    """A try whose create went through but whose answer was lost: the build's objects are on the API server
+    already, and the next run adopts them. A create that meets 409 (the Job appeared between the look and the
+    create) adopts too, read from the audit log. A Job of the same name made for another build is not adopted."""
+    from kubernetes import client as k8s
+
+    from images import k8s_build, services
+    from images.tests.test_builds import define_base
+
+    _kubernetes_builds(settings, real_cluster)
+    since = datetime.now(UTC).replace(microsecond=0)
+    build = services.build_request(image=define_base(images_env))
+    other = services.build_request(image=define_base(images_env, name="other-base"))
+    names = [k8s_build.build_name(build.pk), k8s_build.build_name(other.pk)]
+    batch = k8s.BatchV1Api(admin["api"])
+    jobs = k8s_build.BuildJobs.from_settings()
+    try:
+        assert jobs.create(build.pk, services.build_manifest(build)) is True  # made; its answer "lost"
+        build = services.build_run(build_id=build.pk)
+        assert build.status == "running" and "adopted the existing build Job" in build.log, build.log
+        assert [j.metadata.name for j in batch.list_namespaced_job("trainyard-builds").items] == names[:1]
+        assert jobs.create(build.pk, services.build_manifest(build)) is False
+        assert _creates(real_cluster, "jobs", "trainyard-builds", names[0], since) == [201, 409]
+
+        *_, job = services.build_manifest(other)
+        job["metadata"]["labels"]["trainyard.io/image-build"] = "999"  # another platform sharing the namespace
+        batch.create_namespaced_job("trainyard-builds", job)
+        other = services.build_run(build_id=other.pk)
+        assert other.status == "failed" and "belongs to image build 999" in other.log, other.log
+        assert batch.read_namespaced_job(names[1], "trainyard-builds")  # not the platform's to delete
+    finally:
+        jobs.close()
+        for name in names:
+            _delete_build_objects(admin, name)
+
+
+def test_a_finished_build_job_waits_for_a_registry_that_is_down(
+    real_cluster,
+    admin,
+    settings,
+    images_env,  # noqa: F811
+    build_root,
+    transactional_db,
+):
+    """The build's Job completed (kwok), but the registry does not answer: the build waits for it (no failure),
+    the Job is kept until the result is recorded, and once the registry is back the build succeeds with the digest
+    that was pushed, its pod's log read once."""
+    from kubernetes import client as k8s
+
+    from images import k8s_build, services
+    from images.tests.test_builds import define_base
+    from images.tests.test_k8s_build import push_as_buildkit
+    from ops.embedded import free_port
+
+    _kubernetes_builds(settings, real_cluster)
+    build = services.build_request(image=define_base(images_env))
+    digest = push_as_buildkit(build_root, build)  # what BuildKit would push (no container runs on kwok)
+    name = k8s_build.build_name(build.pk)
+    batch = k8s.BatchV1Api(admin["api"])
+    try:
+        build = services.build_run(build_id=build.pk)
+        assert build.status == "running", build.log
+        _drive_plain(lambda: (batch.read_namespaced_job(name, "trainyard-builds").status.succeeded or 0) == 1,
+                     timeout=60)  # fmt: skip
+        good = settings.TRAINYARD_REGISTRY_URL
+        settings.TRAINYARD_REGISTRY_URL = f"http://127.0.0.1:{free_port()}"
+        with pytest.raises(services.RegistryWaiting):
+            services.build_run(build_id=build.pk)
+        build.refresh_from_db()
+        assert build.status == "waiting_registry" and "registry unreachable" in build.log, build.log
+        assert batch.read_namespaced_job(name, "trainyard-builds").status.succeeded == 1  # kept until recorded
+        settings.TRAINYARD_REGISTRY_URL = good
+        build = services.build_run(build_id=build.pk)
+        assert build.status == "succeeded" and build.digest == digest, build.log
+        assert build.log.count("kwok: no container runs on this fake node") == 1
     finally:
         _delete_build_objects(admin, name)

@@ -1,7 +1,8 @@
 """A job's code snapshot on the real control plane (`make cluster`): the submission publishes it to a real object
 store (SeaweedFS), and the real kube-apiserver (PodSecurity restricted), Volcano's webhooks and controllers accept
 the job whose pods start with the code init container and mount /workspace. kwok's nodes run no containers, so
-the fetch itself is not executed here (jobs/tests/test_k8s_code.py runs that code as a real process)."""
+the fetch itself is not executed here (jobs/tests/test_k8s_code.py runs that code as a real process). Without an
+object store a job with code is refused at submission."""
 
 from __future__ import annotations
 
@@ -55,3 +56,22 @@ def test_a_job_with_code_gets_the_init_container_on_the_real_cluster(
     _outcome(admin, job, "succeed")
     job = _drive(lambda: _state(job, "succeeded", "failed"))
     assert job.state == "succeeded"
+
+
+def test_without_an_object_store_a_kubernetes_job_with_code_is_refused(platform, settings, tmp_path):  # noqa: F811
+    """The pods could not fetch the code: the submission is refused with a code that names the missing setting,
+    and nothing reaches the cluster."""
+    from rest_framework.test import APIClient
+
+    from jobs.models import Job
+
+    settings.TRAINYARD_S3_URL = ""
+    digest, _ = uploaded_code(platform["user"], tmp_path)
+    api = APIClient()
+    api.force_authenticate(platform["user"])
+    body = {"team": "demo", "queue": "train", "spec": "guaranteed", "image": "pytorch-2.5-cuda12.4",
+            "command": ["python", "train.py"], "code": digest}  # fmt: skip
+    r = api.post("/api/v1/jobs/", body, format="json")
+    assert r.status_code == 400 and r.json()["code"] == "code_not_supported", r.content
+    assert "TRAINYARD_S3_URL" in r.json()["detail"]
+    assert not Job.objects.exists()

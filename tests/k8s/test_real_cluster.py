@@ -36,7 +36,7 @@ JOBS = ("batch.volcano.sh", "v1alpha1", "jobs")
 @pytest.fixture(scope="session")
 def real_cluster():
     """The control plane of `make cluster`, started when it is not running (and stopped again after the session
-    when this fixture started it)."""
+    when this fixture started it). At the end: every request of the platform's service account was granted."""
     script = BASE_DIR / "scripts" / "cluster" / "cluster.py"
     running = subprocess.run([sys.executable, str(script), "status"], cwd=BASE_DIR, capture_output=True, text=True)
     started = running.returncode != 0
@@ -53,26 +53,30 @@ def real_cluster():
     audit = Path(state["dir"]) / "audit" / "audit.log"
     begun = audit.stat().st_size if audit.exists() else 0
     yield state
-    refused = rbac_refusals(audit, begun)
+    events = platform_requests(audit, begun)
     if started:
         subprocess.run([sys.executable, str(script), "down"], cwd=BASE_DIR, capture_output=True, timeout=120)
+    refused = rbac_refusals(events)
     # Every verb the platform used in the session was granted by k8s/rbac.yaml, even where it coped with a refusal.
     assert not refused, f"the API server refused the platform's service account (k8s/rbac.yaml): {refused[:10]}"
 
 
-def rbac_refusals(audit: Path, offset: int = 0) -> list[tuple[str, str, str]]:
-    """(verb, resource, namespace) of each request of the platform's service account that the API server's
-    authorizer refused, from its audit log after `offset` bytes (from the start when the log was rotated since)."""
+def platform_requests(audit: Path, offset: int = 0) -> list[dict]:
+    """The audit events of the platform's service account, from the API server's audit log after `offset` bytes
+    (from the start when the log was rotated since)."""
     if not audit.exists():
         return []
     with audit.open("rb") as stream:
         stream.seek(offset if audit.stat().st_size >= offset else 0)
         lines = stream.read().decode().splitlines()
+    events = (json.loads(line) for line in lines if line.strip())
+    return [e for e in events if e.get("user", {}).get("username", "").startswith("system:serviceaccount:trainyard:")]
+
+
+def rbac_refusals(events: list[dict]) -> list[tuple[str, str, str]]:
+    """(verb, resource, namespace) of each request that the API server's authorizer refused."""
     refused = []
-    for line in lines:
-        event = json.loads(line) if line.strip() else {}
-        if not event.get("user", {}).get("username", "").startswith("system:serviceaccount:trainyard:"):
-            continue
+    for event in events:
         if (event.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid":
             ref = event.get("objectRef") or {}
             resource = "/".join(filter(None, (ref.get("apiGroup"), ref.get("resource"), ref.get("subresource"))))
@@ -912,9 +916,10 @@ def _recreate_node(admin, body: dict) -> None:
 
 
 def _delete_build_objects(admin, name: str) -> None:
-    """What a build test may leave in `trainyard-builds`: its Job (and so its pod) and its ConfigMap."""
+    """What a build test may leave in `trainyard-builds`: its Job (and so its pod), its ConfigMap and push Secret."""
     batch = k8s.BatchV1Api(admin["api"])
-    for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map):
+    for fn in (batch.delete_namespaced_job, admin["core"].delete_namespaced_config_map,
+               admin["core"].delete_namespaced_secret):  # fmt: skip
         try:
             fn(name, "trainyard-builds", propagation_policy="Background")
         except ApiException:
