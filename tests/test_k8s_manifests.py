@@ -1,20 +1,16 @@
 """The manifests in k8s/ that deploy Trainyard itself: valid for Kubernetes 1.34 (kubernetes-validate, strict,
 offline) and for the real Volcano CRDs, secure by default, consistent with the seed data, and granting the
-backend's service account exactly the API verbs the Volcano backend and the Kubernetes image builder use — no more,
-no less.
+backend's service account only what `granted()` lists (no wildcards; `bind` on the team role alone).
 
-The RBAC check replays every backend operation against the fake API server, turns each request into the
-(API group, resource, verb, scope) an authorizer would check, and compares that set with the rules.
+That the grants are exactly what the platform uses is checked on the real control plane: tests/k8s/test_real_cluster.py
+reads the API server's audit log, fails on any refusal, and after a whole passing run on any grant no request used.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import kubernetes_validate
@@ -24,15 +20,11 @@ from kubernetes.utils import parse_quantity
 
 from images import k8s_build
 from jobs.backends import volcano_render as render
-from jobs.backends.base import AttemptDescription, Device
-from jobs.backends.volcano import VolcanoBackend, VolcanoConfig
-from tests.fake_k8s import FakeKubernetes, crds
+from tests.fake_k8s import crds
 
 K8S = Path(__file__).resolve().parents[1] / "k8s"
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 TEAM_NS, SYSTEM_NS, BUILD_NS = "trainyard-demo", "trainyard", "trainyard-builds"
-DATASET = {"id": 7, "team": "demo", "name": "imagenet", "version": 3, "path": "/data", "kind": "s3",
-           "prefix": "datasets/imagenet/3/", "claim": "", "size_bytes": 1000, "file_count": 10}  # fmt: skip
 
 
 def documents() -> list[tuple[str, dict]]:
@@ -330,228 +322,4 @@ def granted() -> set[tuple[str, str, str, str]]:
     return grants
 
 
-_PATH = re.compile(
-    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
-)
-PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
-_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-
-
 RBAC_GROUP = "rbac.authorization.k8s.io"
-
-
-def needed(records, grants: set[tuple[str, str, str, str]] = frozenset()) -> set[tuple[str, str, str, str]]:
-    """What an authorizer checks for each request the backend made. A namespaced request that a cluster-wide grant
-    covers counts as that grant (team namespaces the platform makes cannot be named in advance); creating or
-    replacing a RoleBinding also needs `bind` on the ClusterRole it names (RBAC's escalation check)."""
-    wanted = set()
-    for record in records:
-        if record.method == "GET" and record.path.rstrip("/") in PUBLIC_PATHS:
-            continue  # every authenticated client may read these (the default system:public-info-viewer role)
-        match = _PATH.match(record.path)
-        assert match, record.path
-        group = "" if match["core"] else match["group"]
-        resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
-        if record.method == "GET":
-            verb = "get" if match["name"] else ("watch" if record.watch else "list")
-        else:
-            verb = _VERBS[record.method]
-        scope = match["ns"] or "cluster"
-        if (scope, group, resource, verb) not in grants and ("cluster", group, resource, verb) in grants:
-            scope = "cluster"
-        wanted.add((scope, group, resource, verb))
-        if group == RBAC_GROUP and resource == "rolebindings" and verb in ("create", "update"):
-            wanted.add(("cluster", RBAC_GROUP, "clusterroles", "bind"))
-    return wanted
-
-
-@dataclass
-class PlatformQueue:
-    name: str = "train"
-    state: str = "open"
-    weight: int = 1
-    priority: int = 10
-    ordering: str = "fifo"
-    quota: dict = field(
-        default_factory=lambda: {"gpu_milli": 4000, "gpu_memory_mib": 98304, "cpu_milli": 64000, "memory_mib": 262144}
-    )
-
-    @property
-    def volcano_name(self) -> str:
-        return f"trainyard-{self.name}"
-
-    def vector(self) -> dict:
-        return dict(self.quota)
-
-
-NEW_TEAM_NS = "trainyard-vision"
-
-
-@dataclass
-class TeamQuota:
-    slug: str = "vision"
-    namespace: str = NEW_TEAM_NS
-    gpu_milli: int = 2000
-    gpu_memory_mib: int = 163118
-    cpu_milli: int = 16000
-    memory_mib: int = 131072
-    max_running_jobs: int = 3
-
-
-def describe(replicas: int) -> AttemptDescription:
-    return AttemptDescription(
-        job_id=str(uuid.uuid4()),
-        attempt_id=replicas,
-        attempt_number=1,
-        name="rbac",
-        owner="demo",
-        team="demo",
-        namespace=TEAM_NS,
-        queue="train",
-        volcano_queue="trainyard-train",
-        image="registry.local/t@sha256:" + "5" * 64,
-        command=["python", "train.py"],
-        args=[],
-        env={},
-        working_dir="",
-        replicas=replicas,
-        gpu_count=1,
-        exclusive=True,
-        cpu_milli=1000,
-        memory_mib=1024,
-        timeout_s=600,
-        priority=0,
-        min_driver_version="",
-        tensorboard=False,
-        tensorboard_logdir="",
-        devices=[Device(f"GPU-{i}", 0, f"gpu-node-{i}", 1000, 81559, True) for i in range(replicas)],
-    )
-
-
-def test_rbac_grants_exactly_what_the_backend_uses(settings, tmp_path):
-    crds.require()
-    settings.TRAINYARD_LOG_ROOT = tmp_path
-    # The registry's token service: the team namespace holds the team's pull Secret, a build its push Secret.
-    from images import registry_tokens
-
-    registry_tokens.ensure_key(tmp_path / "registry-token.key")
-    settings.TRAINYARD_REGISTRY_TOKEN_KEY = str(tmp_path / "registry-token.key")
-    settings.TRAINYARD_REGISTRY_URL = "https://registry.example"
-    settings.TRAINYARD_K8S_MANAGE_NAMESPACES = True
-    with FakeKubernetes(nodes=2) as kube:
-        for namespace in (TEAM_NS, SYSTEM_NS, BUILD_NS):
-            kube.create("namespaces", {"metadata": {"name": namespace}})
-        backend = VolcanoBackend(
-            kube.api_client(),
-            VolcanoConfig(
-                render=render.RenderOptions(),
-                request_timeout_s=2,
-                retries=2,
-                backoff_s=0.01,
-                start_timeout_s=0,
-                system_namespace=SYSTEM_NS,
-                tb_base_domain="tb.example.org",
-            ),
-        )
-        queue = PlatformQueue()
-        backend.queue_sync(queue)  # create
-        queue.quota["gpu_milli"], queue.state = 8000, "closed"
-        backend.queue_sync(queue)  # update, close
-        queue.state = "open"
-        kube.controller.tick()
-        backend.queue_sync(queue)  # reopen
-        kube.controller.tick()
-        backend.inventory()
-        assert backend.runtime_classes() == set()  # a queue's runtime_class is checked against these
-        # Team namespaces (jobs/backends/team_namespace.py): made, read back unchanged, then repaired after drift.
-        team = TeamQuota()
-        assert backend.team_namespace_sync(team)  # creates the namespace and everything in it
-        assert backend.team_namespace_sync(team) == []  # reads only
-        kube.patch("namespaces", NEW_TEAM_NS, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": None}}})
-        kube.delete("resourcequotas", "trainyard-quota", namespace=NEW_TEAM_NS)
-        kube.mutate("limitranges", "trainyard-limits", NEW_TEAM_NS,
-                    lambda o: o["spec"]["limits"][0].update(max={"cpu": "1"}))  # fmt: skip
-        kube.mutate("networkpolicies.networking.k8s.io", "trainyard-default-deny", NEW_TEAM_NS,
-                    lambda o: o["spec"].update(podSelector={"matchLabels": {"x": "y"}}))  # fmt: skip
-        kube.mutate(
-            "rolebindings.rbac.authorization.k8s.io", "trainyard-team", NEW_TEAM_NS, lambda o: o.update(subjects=[])
-        )
-        assert len(backend.team_namespace_sync(team)) == 5  # labels patched; quota made; three replaced
-        kube.mutate(
-            "rolebindings.rbac.authorization.k8s.io",
-            "trainyard-team",
-            NEW_TEAM_NS,
-            lambda o: o["roleRef"].update(name="edit"),
-        )
-        assert backend.team_namespace_sync(team) == ["repaired RoleBinding trainyard-team (roleRef)"]  # made again
-        kube.mutate(
-            "secrets", "trainyard-registry-pull", NEW_TEAM_NS, lambda o: o.update(data={".dockerconfigjson": "e30="})
-        )
-        assert backend.team_namespace_sync(team) == ["repaired Secret trainyard-registry-pull (data)"]
-        kube.mutate("secrets", "trainyard-registry-pull", NEW_TEAM_NS, lambda o: o.update(type="Opaque"))
-        assert backend.team_namespace_sync(team) == ["repaired Secret trainyard-registry-pull (type)"]  # made again
-        team.cpu_milli = 8000  # the team's quota changed: its ResourceQuota and LimitRange follow
-        assert backend.team_namespace_sync(team) == [
-            "repaired ResourceQuota trainyard-quota (spec)",
-            "repaired LimitRange trainyard-limits (spec)",
-        ]
-        # Image builds (TRAINYARD_IMAGE_BUILDER=kubernetes) in their own namespace: images/k8s_build.py.
-        builds = k8s_build.BuildJobs(kube.api_client(), BUILD_NS, timeout_s=2)
-        objects = k8s_build.render_build_job(
-            build_id=1, containerfile="FROM registry.local/b@sha256:" + "1" * 64 + "\n", files={},
-            destination="registry.local/t:b1", namespace=BUILD_NS, insecure_registry=False, timeout_s=600,
-            push_auth='{"auths": {}}',
-        )  # fmt: skip
-        builds.create(1, objects)
-        assert builds.create(1, objects) is False  # 409s: reads what exists
-        kube.controller.script("trainyard-image-build-", logs="pushed")
-        assert builds.observe(1).state == "pending"
-        kube.controller.tick(3)
-        assert builds.observe(1).log == "pushed\n"  # finished: its pod and log
-        builds.delete(1)
-        kube.controller.script("ty-", run_ticks=None, logs="hi")
-        single, gang = describe(1), describe(2)
-        refs = [backend.submit(single), backend.submit(gang)]
-        backend.submit(single)  # 409: reads the existing job
-        backend.observe(refs)  # pending: PodGroups and events
-        kube.controller.tick(3)
-        backend.observe(refs)  # running: pods and logs
-        backend.usage_sample(refs)  # running: the pods' CPU and memory (metrics.k8s.io)
-        backend.live_refs()
-        host = backend.tensorboard_expose(job_id=single.job_id, namespace=TEAM_NS)
-        assert host.endswith(".tb.example.org")
-        backend.tensorboard_remove(job_id=single.job_id, namespace=TEAM_NS)
-        backend.cancel(refs[0], grace_s=1)
-        backend.cleanup(refs[1])
-        # Shared dataset caches (TRAINYARD_DATASET_CACHE_STORAGE_CLASS): a claim and a fill Job per dataset version,
-        # made once; the trainers wait; a failed fill fails the attempt, and is replaced by the next submit.
-        cached = VolcanoBackend(
-            kube.api_client(),
-            dataclasses.replace(
-                backend.config,
-                render=render.RenderOptions(s3_url="http://s3.storage:8333", dataset_cache_storage_class="cephfs"),
-            ),
-        )
-        kube.controller.script("ty-", run_ticks=None, running_init="dataset-0")
-        kube.controller.script("ty-dataset-", exit_code=1, message="DatasetFetchError: the store is down")
-        waiting = dataclasses.replace(describe(1), datasets=[DATASET])
-        ref = cached.submit(waiting)
-        cached.submit(waiting)  # 409s: the claim, and the fill Job read
-        kube.controller.tick(12)
-        assert cached.observe([ref])[ref].reason == "DatasetFetchError"  # the failed fill Job is deleted
-        kube.controller.script("ty-", run_ticks=None, logs="hi")
-        kube.controller.script("ty-", waiting_reason="ImagePullBackOff")
-        stuck = describe(1)
-        ref = backend.submit(stuck)
-        kube.controller.tick(3)
-        assert backend.observe([ref])[ref].reason == "ImagePullBackOff"  # stuck: the backend deletes it itself
-        kube.controller.script("ty-", run_ticks=None)
-        lost = describe(1)
-        ref = backend.submit(lost)
-        kube.controller.tick(3)
-        kube.controller.lose_node("gpu-node-0")
-        kube.delete("nodes", "gpu-node-0")
-        assert backend.observe([ref])[ref].reason == "NodeLost"  # its pods are force-deleted
-        used = needed(kube.requests, granted())
-    assert used == granted()

@@ -20,13 +20,9 @@ The cluster starts with namespaces default/kube-system/kube-public/kube-node-lea
   `patch`, `mutate`, `delete`), a settable clock; no watches and no `follow=true` logs (the platform uses
   neither).
 - `controller.VolcanoController` (`kube.controller`): `script()`, `tick()`, `run_until()`,
-  `wait_for_job_phase()`, `fail_pod()`,
-  `preempt_pod()`, `lose_node()`/`delete_node()` (pods of a lost node stay Terminating),
-  `set_queue_state()`, and a batch/v1
-  Job controller (`batch_job_pods()`): one pod at a time from the Job's template, through the same scheduler,
-  kubelet and scripts, `active`/`succeeded`/`failed` counts and the Complete (with SuccessCriteriaMet) or Failed
-  (BackoffLimitExceeded, FailureTarget) conditions; not its `activeDeadlineSeconds`, indexed completions,
-  parallelism above one, pod failure policies or `ttlSecondsAfterFinished`.
+  `wait_for_job_phase()`, `fail_pod()`, `preempt_pod()`, `set_queue_state()`. Lost and deleted nodes, the
+  batch/v1 Job controller and volume provisioning are not simulated: the real control plane of `make cluster`
+  runs them (tests/k8s).
 - the resource metrics API (`metrics.k8s.io/v1beta1` pods, as metrics-server serves them): `set_pod_metrics()`
   gives a pod's containers' CPU and memory (served while the pod is Running, with its labels, `timestamp` and
   `window`; lists take label selectors), `clear_pod_metrics()`, and `metrics_api` = `"absent"` (not installed:

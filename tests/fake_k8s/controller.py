@@ -17,11 +17,11 @@ It plays, in one deterministic `tick()`:
 - Volcano's preemption (`preempt_pod`: an `Evict` event and a graceful delete), and its vGPU card choice
   (`volcano.sh/vgpu-ids-new`, ignoring the requested UUIDs as released versions do);
 - the kubelet: containers start, write their scripted logs, and end with the scripted outcome; graceful
-  deletions complete on the next tick, except on a lost node (`lose_node`), where pods stay `Terminating`
-  until the node is deleted (`delete_node`: the pod garbage collector force-deletes them).
+  deletions complete on the next tick.
 
-Tests decide what each pod does with `script()`, and break things with `fail_pod()`,
-`lose_node()`. Call `tick()` (or `run_until()`).
+What a real control plane does here (`make cluster`: lost and deleted nodes, batch/v1 Jobs, claims) is tested
+there (tests/k8s), not simulated. Tests decide what each pod does with `script()`, and break things with
+`fail_pod()`. Call `tick()` (or `run_until()`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ if TYPE_CHECKING:
     from .server import FakeKubernetes
 
 JSON = dict[str, Any]
-BATCH_JOB = "batch/v1/jobs"
-PVC = "persistentvolumeclaims"
 Resources = dict[str, Fraction]
 
 JOB = "jobs.batch.volcano.sh"
@@ -123,10 +121,6 @@ class PodScript:
     `reason` is either a container reason (`OOMKilled`, `Error`, `ContainerCannotRun`, ...) or a pod-level one
     (`Evicted`, `DeadlineExceeded`, ...). `logs` is the main container's output, written progressively over
     `run_ticks` ticks. `run_ticks=None` runs until something stops it.
-    `waiting_reason` (e.g. `ImagePullBackOff`) keeps the container from ever starting: the main one, or the
-    init container (a native sidecar, say) named by `waiting_container`, which keeps the others initializing.
-    `running_init` names a plain init container that keeps running (waiting for something): the pod stays
-    Pending and its regular containers never start.
     """
 
     exit_code: int = 0
@@ -135,10 +129,6 @@ class PodScript:
     logs: str | Sequence[str] = ""
     run_ticks: int | None = 1
     start_ticks: int = 0
-    waiting_reason: str | None = None
-    waiting_message: str | None = None
-    waiting_container: str | None = None
-    running_init: str | None = None
 
     def log_lines(self, container: str, main: str) -> list[str]:
         if container != main:
@@ -212,7 +202,6 @@ class VolcanoController:
         self._killed: set[str] = set()
         self._completed_tasks: set[tuple[str, str, int]] = set()
         self._partial_restart: set[str] = set()  # jobs restarting only some pods (RestartTask/RestartPod)
-        self._lost_nodes: set[str] = set()
         kube.add_admission(VolcanoAdmission(kube))
         kube.add_listener(self._on_change)
         kube.graceful_pod_deletion = True
@@ -245,10 +234,6 @@ class VolcanoController:
         logs: str | Sequence[str] = "",
         run_ticks: int | None = 1,
         start_ticks: int = 0,
-        waiting_reason: str | None = None,
-        waiting_message: str | None = None,
-        waiting_container: str | None = None,
-        running_init: str | None = None,
     ) -> ScriptRule:
         """Script the pods that start from now on.
 
@@ -265,10 +250,6 @@ class VolcanoController:
                 logs,
                 run_ticks,
                 start_ticks,
-                waiting_reason,
-                waiting_message,
-                waiting_container,
-                running_init,
             ),
             job=match if isinstance(match, str) else None,
             labels=match if isinstance(match, Mapping) else None,
@@ -291,9 +272,6 @@ class VolcanoController:
                 self._sync_queues()
                 for job in sorted(self.kube.list(JOB), key=self.kube.creation_order):
                     self._sync_job(job)
-                for batch_job in sorted(self.kube.list(BATCH_JOB), key=self.kube.creation_order):
-                    self._sync_batch_job(batch_job)
-                self._bind_claims()
                 self._schedule()
                 self._run_kubelet()
                 self._sync_queues()
@@ -346,63 +324,6 @@ class VolcanoController:
                 pod_reason=pod_reason,
                 message=message,
             )
-
-    def lose_node(self, name: str, *, evict: bool = True) -> JSON:
-        """The node stops reporting, as on a real cluster: Ready becomes Unknown, the unreachable taints are
-        added, its pods are marked not ready and (`evict`, the taint manager once the default 300 s toleration
-        ran out) deleted gracefully. No kubelet confirms those deletions, so the pods stay `Terminating`, in
-        their last phase, until its Node object is deleted
-        (`delete_node`), or a client force-deletes them."""
-        with self.kube.lock:
-            now = rfc3339(self.kube.now())
-
-            def unreachable(node: JSON) -> None:
-                taints = [
-                    t for t in node["spec"].get("taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"
-                ]
-                for effect in ("NoSchedule", "NoExecute"):
-                    taints.append({"key": "node.kubernetes.io/unreachable", "effect": effect, "timeAdded": now})
-                node["spec"]["taints"] = taints
-
-            def unknown(node: JSON) -> None:
-                for condition in node["status"].get("conditions") or []:
-                    if condition.get("type") == "Ready":
-                        condition.update(
-                            status="Unknown",
-                            reason="NodeStatusUnknown",
-                            message="Kubelet stopped posting node status.",
-                            lastTransitionTime=now,
-                        )
-
-            self.kube.mutate("nodes", name, None, unreachable)
-            node = self.kube.mutate("nodes", name, None, unknown, subresource="status")
-            self._event(node, "NodeNotReady", f"Node {name} status is now: NodeNotReady", "Normal", "node-controller")
-            self._lost_nodes.add(name)
-            for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
-                meta = pod["metadata"]
-                if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                    continue
-                self._event(pod, "NodeNotReady", "Node is not ready", "Warning", "node-controller")
-
-                def not_ready(p: JSON) -> None:
-                    _set_condition(p["status"], "Ready", "False", now)
-
-                self.kube.mutate("pods", meta["name"], meta["namespace"], not_ready, subresource="status")
-                if evict:
-                    self._event(
-                        pod, "TaintManagerEviction", f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
-                        "Normal", "taint-eviction-controller",
-                    )  # fmt: skip
-                    self.kube.delete("pods", meta["name"], meta["namespace"])
-            return node
-
-    def delete_node(self, name: str) -> None:
-        """The Node object is deleted (the machine is gone): the pod garbage collector force-deletes its pods."""
-        with self.kube.lock:
-            self.kube.delete("nodes", name, None)
-            self._lost_nodes.discard(name)
-            for pod in self.kube.list("pods", field_selector=f"spec.nodeName={name}"):
-                self.kube.delete("pods", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0)
 
     def preempt_pod(self, namespace: str, name: str, *, action: str = "preempt") -> JSON:
         """Volcano's scheduler evicts a pod to make room (`preempt` or `reclaim`): a DisruptionTarget condition,
@@ -543,113 +464,6 @@ class VolcanoController:
         # After an action the follow-up sync waits for the next tick, so each phase it passes is observable.
         if not acted:
             self._execute(self.kube.get(JOB, meta["name"], meta["namespace"]), "SyncJob")
-
-    # -- PersistentVolumeClaims (a dynamic provisioner for every storage class) -------------------------
-
-    def _bind_claims(self) -> None:
-        """Pending claims get a provisioned volume of the size they ask for, in the access modes they ask for."""
-        for claim in self.kube.list(PVC):
-            meta = claim["metadata"]
-            if (claim.get("status") or {}).get("phase") != "Pending" or meta.get("deletionTimestamp"):
-                continue
-            volume = f"pvc-{meta['uid']}"
-
-            def named(c: JSON, volume: str = volume) -> None:
-                c["spec"]["volumeName"] = volume
-
-            def bound(c: JSON) -> None:
-                c["status"] = {
-                    "phase": "Bound",
-                    "accessModes": list(c["spec"].get("accessModes") or []),
-                    "capacity": {"storage": c["spec"]["resources"]["requests"]["storage"]},
-                }
-
-            self.kube.mutate(PVC, meta["name"], meta["namespace"], named)
-            self.kube.mutate(PVC, meta["name"], meta["namespace"], bound, subresource="status")
-
-    # -- batch/v1 Jobs (kube-controller-manager's Job controller, NonIndexed, one pod at a time) ----------
-
-    def batch_job_pods(self, namespace: str, job: str) -> list[JSON]:
-        return self.kube.list("pods", namespace, label_selector=f"batch.kubernetes.io/job-name={job}")
-
-    def _sync_batch_job(self, job: JSON) -> None:
-        meta, spec = job["metadata"], job.get("spec") or {}
-        status = job.get("status") or {}
-        if meta.get("deletionTimestamp") or any(
-            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        ):
-            return
-        pods = [
-            p
-            for p in self.kube.list("pods", meta["namespace"])
-            if any(ref.get("uid") == meta["uid"] for ref in p["metadata"].get("ownerReferences") or [])
-        ]
-        phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
-        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
-        active = len([p for p, phase in zip(pods, phases, strict=True) if phase not in ("Succeeded", "Failed")])
-        now = rfc3339(self.kube.now())
-        backoff_limit = _int(spec.get("backoffLimit"), 6)
-        if not succeeded and not active and failed <= backoff_limit and not spec.get("suspend"):
-            template = copy.deepcopy(spec.get("template") or {})
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    **(template.get("metadata") or {}),
-                    "generateName": f"{meta['name']}-",
-                    "namespace": meta["namespace"],
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": meta["name"],
-                            "uid": meta["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "spec": template.get("spec") or {},
-            }
-            self.kube.create("pods", pod)
-            active = 1
-
-        def apply(current: JSON) -> None:
-            st = current.setdefault("status", {})
-            st.setdefault("startTime", now)
-            st["active"], st["succeeded"], st["failed"] = active, succeeded, failed
-            st["ready"] = len([p for p in phases if p == "Running"])
-            for key in ("active", "succeeded", "failed"):
-                if not st[key]:
-                    del st[key]
-            if succeeded:
-                _set_condition(
-                    st,
-                    "SuccessCriteriaMet",
-                    "True",
-                    now,
-                    "CompletionsReached",
-                    "Reached expected number of succeeded pods",
-                )
-                _set_condition(
-                    st, "Complete", "True", now, "CompletionsReached", "Reached expected number of succeeded pods"
-                )
-                st["completionTime"] = now
-            elif failed > backoff_limit:
-                _set_condition(
-                    st,
-                    "FailureTarget",
-                    "True",
-                    now,
-                    "BackoffLimitExceeded",
-                    "Job has reached the specified backoff limit",
-                )
-                _set_condition(
-                    st, "Failed", "True", now, "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-                )
-
-        self.kube.mutate(BATCH_JOB, meta["name"], meta["namespace"], apply, subresource="status")
 
     def _expired(self, job: JSON) -> bool:
         ttl = job["spec"].get("ttlSecondsAfterFinished")
@@ -1349,8 +1163,6 @@ class VolcanoController:
         self._runs = {uid: run for uid, run in self._runs.items() if uid in alive}
         for pod in pods:
             meta, spec = pod["metadata"], pod.get("spec") or {}
-            if spec.get("nodeName") in self._lost_nodes:
-                continue  # no kubelet answers for a lost node: its pods stay as they were (Terminating too)
             if meta.get("deletionTimestamp"):
                 self._runs.pop(meta["uid"], None)
                 self.kube.remove_terminating_pod(meta["namespace"], meta["name"])
@@ -1404,16 +1216,6 @@ class VolcanoController:
         script = run.script
         meta = pod["metadata"]
         if run.stage == "creating":
-            if script.running_init and any(
-                c["name"] == script.running_init for c in pod["spec"].get("initContainers") or []
-            ):
-                run.stage = "waiting"
-                self._hold_init(pod, script.running_init)
-                return
-            if script.waiting_reason:
-                self._wait_forever(pod, script)
-                run.stage = "waiting"
-                return
             if run.ticks < script.start_ticks:
                 run.ticks += 1
                 return
@@ -1441,74 +1243,6 @@ class VolcanoController:
         self._write_logs(pod, run, everything=finished)
         if finished:
             self._finish(pod, run)
-
-    def _wait_forever(self, pod: JSON, script: PodScript) -> None:
-        meta = pod["metadata"]
-        reason = script.waiting_reason or "ImagePullBackOff"
-        inits = {c["name"]: c for c in pod["spec"].get("initContainers") or []}
-        target = inits.get(script.waiting_container or "")
-        image = ((target or pod["spec"]["containers"][0]) or {}).get("image", "")
-        message = script.waiting_message or (
-            f'Back-off pulling image "{image}"' if "Image" in reason or "Pull" in reason else reason
-        )
-
-        def apply(p: JSON) -> None:
-            if target is not None:  # an init container waits; the regular ones never start
-                p["status"]["initContainerStatuses"] = [
-                    _container_status(
-                        c,
-                        {"waiting": {"reason": reason, "message": message}}
-                        if c["name"] == target["name"]
-                        else {"waiting": {"reason": "PodInitializing"}},
-                    )
-                    for c in p["spec"]["initContainers"]
-                ]
-                for status in p["status"].get("containerStatuses") or []:
-                    status["state"] = {"waiting": {"reason": "PodInitializing"}}
-                return
-            statuses = p["status"].get("containerStatuses") or []
-            if statuses:
-                statuses[0]["state"] = {"waiting": {"reason": reason, "message": message}}
-
-        self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
-        if "Pull" in reason or "Image" in reason:
-            self._event(pod, "Pulling", f'Pulling image "{image}"', "Normal", "kubelet")
-            self._event(pod, "Failed", f'Failed to pull image "{image}": {message}', "Warning", "kubelet")
-            self._event(pod, "Failed", f"Error: {reason}", "Warning", "kubelet")
-        else:
-            self._event(pod, "Failed", f"Error: {message}", "Warning", "kubelet")
-
-    def _hold_init(self, pod: JSON, name: str) -> None:
-        """A plain init container that runs on: those before it completed (native sidecars run), those after it
-        and the regular containers wait, and the pod is Pending and not Initialized."""
-        meta = pod["metadata"]
-        now = rfc3339(self.kube.now())
-        inits = pod["spec"].get("initContainers") or []
-        position = next(i for i, c in enumerate(inits) if c["name"] == name)
-
-        def status_of(c: JSON, index: int) -> JSON:
-            if index < position and c.get("restartPolicy") == "Always":
-                return _container_status(c, {"running": {"startedAt": now}}, ready=True, started=True, uid=meta["uid"])
-            if index < position:
-                done = {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now,
-                        "containerID": _container_id(meta["uid"], c["name"])}  # fmt: skip
-                return _container_status(c, {"terminated": done}, uid=meta["uid"])
-            if index == position:
-                return _container_status(c, {"running": {"startedAt": now}}, started=True, uid=meta["uid"])
-            return _container_status(c, {"waiting": {"reason": "PodInitializing"}})
-
-        def apply(p: JSON) -> None:
-            status = p["status"]
-            waiting = [c["name"] for c in inits[position:] if c.get("restartPolicy") != "Always"]
-            _set_condition(status, "Initialized", "False", now, "ContainersNotInitialized",
-                           f"containers with incomplete status: [{' '.join(waiting)}]")  # fmt: skip
-            status["initContainerStatuses"] = [status_of(c, i) for i, c in enumerate(p["spec"]["initContainers"])]
-            status["containerStatuses"] = [
-                _container_status(c, {"waiting": {"reason": "PodInitializing"}}) for c in p["spec"]["containers"]
-            ]
-            status["phase"] = "Pending"
-
-        self.kube.mutate("pods", meta["name"], meta["namespace"], apply, subresource="status")
 
     def _start_containers(self, pod: JSON, run: _PodRun) -> None:
         meta = pod["metadata"]

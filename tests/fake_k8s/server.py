@@ -240,89 +240,6 @@ BUILTIN_TYPES = (
 )  # fmt: skip
 
 
-# --- PersistentVolumeClaims: created Pending, bound by a simulated dynamic provisioner (VolcanoController tick) ---
-
-PVC_TYPE = ResourceType(
-    "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, True, "V1PersistentVolumeClaim",
-    _META_FIELDS | {"status.phase"}, False, "subdomain", ("pvc",),
-)  # fmt: skip
-BUILTIN_TYPES = (*BUILTIN_TYPES, PVC_TYPE)
-PVC_ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
-
-
-def _pvc_prepare(obj: JSON) -> None:
-    """The API server's defaults for a new claim: Filesystem mode, and Pending until a volume is bound."""
-    obj.setdefault("spec", {}).setdefault("volumeMode", "Filesystem")
-    requests = ((obj["spec"].get("resources") or {}).get("requests")) or {}
-    if isinstance(requests.get("storage"), str):
-        try:
-            requests["storage"] = canonical_quantity(requests["storage"])
-        except ValueError:
-            pass
-    obj["status"] = {"phase": "Pending"}
-
-
-def _pvc_causes(spec: JSON, old: JSON | None) -> list[crds.FieldCause]:
-    """The claim validation a backend is likely to trip on (access modes, the storage request, immutability)."""
-    causes: list[crds.FieldCause] = []
-    modes = spec.get("accessModes") or []
-    if not modes:
-        causes.append(
-            cause("spec.accessModes", "FieldValueRequired", "Required value: at least 1 access mode is required")
-        )
-    for mode in modes:
-        if mode not in PVC_ACCESS_MODES:
-            supported = ", ".join(json.dumps(m) for m in PVC_ACCESS_MODES)
-            causes.append(
-                cause(
-                    "spec.accessModes",
-                    "FieldValueNotSupported",
-                    f"Unsupported value: {json.dumps(mode)}: supported values: {supported}",
-                )
-            )
-    if "ReadWriteOncePod" in modes and len(modes) > 1:
-        causes.append(
-            cause(
-                "spec.accessModes",
-                "FieldValueForbidden",
-                "Forbidden: may not use ReadWriteOncePod with other access modes",
-            )
-        )
-    storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
-    if storage is None:
-        causes.append(cause("spec.resources[storage]", "FieldValueRequired", "Required value"))
-    else:
-        try:
-            if quantity_value(storage) <= 0:
-                causes.append(
-                    cause(
-                        "spec.resources[storage]",
-                        "FieldValueInvalid",
-                        f"Invalid value: {json.dumps(storage)}: must be greater than zero",
-                    )
-                )
-        except ValueError as exc:
-            causes.append(
-                cause("spec.resources[storage]", "FieldValueInvalid", f"Invalid value: {json.dumps(storage)}: {exc}")
-            )
-    if old is not None:
-        before = dict(old.get("spec") or {})
-        after = dict(spec)
-        for key in ("resources", "volumeName"):  # a claim may grow, and gets its volume name when bound
-            before.pop(key, None)
-            after.pop(key, None)
-        if before != after:
-            causes.append(
-                cause(
-                    "spec",
-                    "FieldValueForbidden",
-                    "Forbidden: spec is immutable after creation except resources.requests and "
-                    "volumeAttributesClassName for bound claims",
-                )
-            )
-    return causes
-
-
 def _crd_type(resource: crds.CustomResource) -> ResourceType:
     return ResourceType(
         resource.group,
@@ -2851,30 +2768,6 @@ def _prepare_for_create(fake: FakeKubernetes, rt: ResourceType, obj: JSON) -> No
         obj["status"] = {"loadBalancer": {}}
     elif rt.key == ("batch", "jobs"):
         obj["status"] = {}
-        _default_batch_job(obj)
-    elif rt.key == PVC_TYPE.key:
-        _pvc_prepare(obj)
-
-
-def _default_batch_job(job: JSON) -> None:
-    """What the Job controller's defaulting adds: a controller-uid selector and the labels pods will carry."""
-    meta, spec = job["metadata"], job.setdefault("spec", {})
-    spec.setdefault("backoffLimit", 6)
-    spec.setdefault("completions", 1)
-    spec.setdefault("parallelism", 1)
-    spec.setdefault("completionMode", "NonIndexed")
-    spec.setdefault("suspend", False)
-    uid = meta.setdefault("uid", str(uuid.uuid4()))
-    pod_labels = {
-        "batch.kubernetes.io/controller-uid": uid,
-        "batch.kubernetes.io/job-name": meta["name"],
-        "controller-uid": uid,
-        "job-name": meta["name"],
-    }
-    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
-    template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
-    template_meta["labels"] = {**(template_meta.get("labels") or {}), **pod_labels}
-    meta["labels"] = {**pod_labels, **(meta.get("labels") or {})}
 
 
 def _prepare_for_update(fake: FakeKubernetes, rt: ResourceType, new: JSON, old: JSON) -> None:
@@ -2979,8 +2872,6 @@ def _builtin_causes(rt: ResourceType, obj: JSON, old: JSON | None) -> list[crds.
         return _service_causes(obj.get("spec") or {})
     if rt.key == ("networking.k8s.io", "ingresses"):
         return _ingress_causes(obj.get("spec") or {})
-    if rt.key == PVC_TYPE.key:
-        return _pvc_causes(obj.get("spec") or {}, old)
     return []
 
 

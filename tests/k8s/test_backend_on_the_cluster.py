@@ -36,7 +36,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _vcjobs,
     admin,
     platform,
-    real_cluster,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -511,3 +510,32 @@ def test_a_finished_build_job_waits_for_a_registry_that_is_down(
         assert build.log.count("kwok: no container runs on this fake node") == 1
     finally:
         _delete_build_objects(admin, name)
+
+
+def test_the_reconcile_pass_keeps_a_running_jobs_cards_and_frees_those_of_a_volcano_job_gone(
+    platform, admin, celery_worker_thread
+):
+    """The reconcile pass (jobs.reconcile_pool, every 10 minutes) lists the platform's Volcano jobs in every
+    namespace: a running job's cards stay booked; once its Volcano job is deleted behind the platform's back (and
+    before an observe pass has noticed), its slices are freed with a repair row saying which attempt held them."""
+    from cluster.models import LogicalDevice, PoolRepair
+    from jobs.tasks import reconcile_pool
+
+    job = submit(platform["user"])
+    job = _drive(lambda: _state(job, "running"))
+    attempt = job.attempts.get()
+    assert attempt.backend_ref in platform["backend"].live_refs()
+    assert reconcile_pool() == {"freed": 0, "overcommitted": []}
+    held = LogicalDevice.objects.filter(attempt=attempt, released_at__isnull=True)
+    assert held.count() == 1
+
+    name = attempt.backend_ref.rsplit("/", 1)[1]
+    admin["custom"].delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", TEAM_NS, "jobs", name)
+    _drive_plain(lambda: name not in {j["metadata"]["name"] for j in _vcjobs(admin)}, timeout=60)
+    assert attempt.backend_ref not in platform["backend"].live_refs()
+    assert reconcile_pool() == {"freed": 1, "overcommitted": []}
+    assert not held.exists()
+    [repair] = PoolRepair.objects.filter(kind="freed_leaked_slice")
+    assert f"attempt {attempt.pk} (running)" in repair.detail, repair.detail
+    lifecycle.job_cancel(job_id=job.id, actor="demo")
+    _drive(lambda: _state(job, "cancelled", "failed", "succeeded"))

@@ -18,7 +18,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _state,
     admin,
     platform,
-    real_cluster,
     uploaded_code,
 )
 

@@ -35,7 +35,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     cache_volume,
     imagenet_dataset,
     platform,
-    real_cluster,
     release_dataset_waiters,
     trainers_held,
 )

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from quotas.tests.test_admin import change_url, form_data
-from tests.k8s.test_real_cluster import _drive, _pods, _state, admin, platform, real_cluster  # noqa: F401
+from tests.k8s.test_real_cluster import _drive, _pods, _state, admin, platform  # noqa: F401
 from tests.k8s.test_team_namespaces import rbac_of_this_checkout  # noqa: F401
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -33,7 +33,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     cache_volume,
     imagenet_dataset,
     platform,
-    real_cluster,
     trainers_held,
     uploaded_code,
 )

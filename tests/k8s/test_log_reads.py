@@ -20,7 +20,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     _state,
     admin,
     platform,
-    real_cluster,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -22,7 +22,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from kernel.paths import BASE_DIR
-from tests.k8s.test_real_cluster import TEAM_NS, _drive, _state, admin, platform, real_cluster  # noqa: F401
+from tests.k8s.test_real_cluster import TEAM_NS, _drive, _state, admin, platform  # noqa: F401
+
+PULL = "trainyard-registry-pull"  # the team's registry pull Secret
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -166,14 +168,52 @@ def test_drift_is_repaired_by_the_beat_pass(platform, admin, rbac_of_this_checko
         assert core.read_namespaced_resource_quota("trainyard-quota", namespace).spec.hard["requests.nvidia.com/gpu"]
         assert core.read_namespace(namespace).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
         assert core.read_namespaced_limit_range("trainyard-limits", namespace).spec.limits[0].max["cpu"] == "4"
-        # The team's registry pull credential (with the platform's token service): its own, made again when lost.
-        if settings.TRAINYARD_REGISTRY_TOKEN_KEY and settings.TRAINYARD_REGISTRY_URL:
-            secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
-            assert secret.type == "kubernetes.io/dockerconfigjson"
-            auths = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"]
-            assert [a["username"] for a in auths.values()] == ["team.drift"]
-            core.delete_namespaced_secret("trainyard-registry-pull", namespace)
-            assert sync_team_namespaces()[namespace] == ["created Secret trainyard-registry-pull"]
+        # A NetworkPolicy that lets every pod talk and a RoleBinding for another subject are replaced (update);
+        # a RoleBinding to another role is made again (its roleRef cannot change: delete and create).
+        networking, rbac = k8s.NetworkingV1Api(admin["api"]), k8s.RbacAuthorizationV1Api(admin["api"])
+        policy = networking.read_namespaced_network_policy("trainyard-default-deny", namespace)
+        policy.spec.pod_selector = k8s.V1LabelSelector(match_labels={"only": "these"})
+        networking.replace_namespaced_network_policy("trainyard-default-deny", namespace, policy)
+        binding = rbac.read_namespaced_role_binding("trainyard-team", namespace)
+        subjects = binding.subjects
+        binding.subjects = [k8s.RbacV1Subject(kind="ServiceAccount", name="default", namespace=namespace)]
+        rbac.replace_namespaced_role_binding("trainyard-team", namespace, binding)
+        assert sorted(sync_team_namespaces()[namespace]) == [
+            "repaired NetworkPolicy trainyard-default-deny (spec)",
+            "repaired RoleBinding trainyard-team (subjects)",
+        ]
+        policy = networking.read_namespaced_network_policy("trainyard-default-deny", namespace)
+        assert not policy.spec.pod_selector.match_labels
+        assert rbac.read_namespaced_role_binding("trainyard-team", namespace).subjects == subjects
+        binding = rbac.read_namespaced_role_binding("trainyard-team", namespace)
+        rbac.delete_namespaced_role_binding("trainyard-team", namespace)
+        binding.metadata = k8s.V1ObjectMeta(name="trainyard-team", labels=binding.metadata.labels)
+        binding.role_ref = k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="view")
+        rbac.create_namespaced_role_binding(namespace, binding)
+        assert sync_team_namespaces()[namespace] == ["repaired RoleBinding trainyard-team (roleRef)"]
+        assert rbac.read_namespaced_role_binding("trainyard-team", namespace).role_ref.name == "trainyard-team"
+        # The team's registry pull credential (with the platform's token service): its own, made again when lost,
+        # its data put back when changed (update), made again when its type changed (immutable).
+        assert settings.TRAINYARD_REGISTRY_TOKEN_KEY and settings.TRAINYARD_REGISTRY_URL
+        secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
+        assert secret.type == "kubernetes.io/dockerconfigjson"
+        auths = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"]
+        assert [a["username"] for a in auths.values()] == ["team.drift"]
+        core.delete_namespaced_secret("trainyard-registry-pull", namespace)
+        assert sync_team_namespaces()[namespace] == ["created Secret trainyard-registry-pull"]
+        good = core.read_namespaced_secret("trainyard-registry-pull", namespace).data
+        core.patch_namespaced_secret("trainyard-registry-pull", namespace, {"data": {".dockerconfigjson": "e30="}})
+        assert sync_team_namespaces()[namespace] == ["repaired Secret trainyard-registry-pull (data)"]
+        secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
+        assert json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"].keys() == auths.keys()
+        labels = secret.metadata.labels
+        core.delete_namespaced_secret("trainyard-registry-pull", namespace)
+        opaque = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=PULL, labels=labels), type="Opaque", data=good)
+        core.create_namespaced_secret(namespace, opaque)
+        assert sync_team_namespaces()[namespace] == ["repaired Secret trainyard-registry-pull (type)"]
+        assert (
+            core.read_namespaced_secret("trainyard-registry-pull", namespace).type == "kubernetes.io/dockerconfigjson"
+        )
     finally:
         _drop_namespace(admin, namespace)
         _managed_objects_removed(admin, TEAM_NS)  # the pass kept the demo team's namespace too
