@@ -25,6 +25,7 @@ from jobs.tests.test_volcano_backend import reload, submit
 from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     KWOK_NODE_LABEL,
     TEAM_NS,
+    _creates,
     _delete_build_objects,
     _drive,
     _drive_plain,
@@ -355,22 +356,6 @@ def test_a_failed_build_job_fails_the_build_and_is_removed(
 
 
 UNPULLABLE = "unpullable.invalid"  # kwok's Stages never pull an image from this host (scripts/cluster/kwok-stages.yaml)
-
-
-def _creates(real_cluster, resource: str, namespace: str, name: str, since: datetime) -> list[int]:
-    """The answers (status codes) to the platform's creates of `resource` named `name` since `since`."""
-    codes = []
-    for event in _audit(real_cluster):
-        ref = event.get("objectRef") or {}
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event.get("verb") == "create"
-            and (ref.get("resource"), ref.get("namespace"), ref.get("name")) == (resource, namespace, name)
-            and event["user"]["username"].startswith("system:serviceaccount:trainyard:")
-            and datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")) >= since
-        ):
-            codes.append(event["responseStatus"]["code"])
-    return codes
 
 
 def test_an_image_that_cannot_be_pulled_is_the_pending_reason_and_fails_the_attempt_at_the_start_timeout(

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -27,6 +26,7 @@ from kernel.paths import BASE_DIR
 from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
     CACHE_CLASS,
     TEAM_NS,
+    _creates,
     _drive,
     _drive_plain,
     _outcome,
@@ -40,29 +40,6 @@ from tests.k8s.test_real_cluster import (  # noqa: F401 - fixtures
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-PLATFORM = "system:serviceaccount:trainyard:"
-
-
-def _creates(real_cluster, resource: str, name: str, since: datetime) -> list[int]:
-    """The answers (status codes) to the platform's creates of `resource` named `name` since `since`, from the
-    API server's audit log."""
-    path = Path(real_cluster["dir"]) / "audit" / "audit.log"
-    codes = []
-    for line in path.read_text().splitlines():
-        event = json.loads(line)
-        ref = event.get("objectRef") or {}
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event.get("verb") == "create"
-            and ref.get("resource") == resource
-            and ref.get("namespace") == TEAM_NS
-            and ref.get("name") == name
-            and event["user"]["username"].startswith(PLATFORM)
-            and datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")) >= since
-        ):
-            codes.append(event["responseStatus"]["code"])
-    return codes
 
 
 def _cached(settings, url: str) -> None:
@@ -91,8 +68,8 @@ def test_one_claim_and_one_fill_job_serve_two_attempts_and_the_trainers_wait_for
         claims = [c.metadata.name for c in admin["core"].list_namespaced_persistent_volume_claim(TEAM_NS).items]
         assert claims == [claim]
         assert [j.metadata.name for j in batch.list_namespaced_job(TEAM_NS).items] == [claim]
-        assert sorted(_creates(real_cluster, "persistentvolumeclaims", claim, since)) == [201, 409]
-        assert sorted(_creates(real_cluster, "jobs", claim, since)) == [201, 409]
+        assert sorted(_creates(real_cluster, "persistentvolumeclaims", TEAM_NS, claim, since)) == [201, 409]
+        assert sorted(_creates(real_cluster, "jobs", TEAM_NS, claim, since)) == [201, 409]
         first = batch.read_namespaced_job(claim, TEAM_NS)
         _drive_plain(lambda: (batch.read_namespaced_job(claim, TEAM_NS).status.succeeded or 0) == 1, timeout=60)
         for _ in range(5):
@@ -109,7 +86,7 @@ def test_one_claim_and_one_fill_job_serve_two_attempts_and_the_trainers_wait_for
             return [j for j in batch.list_namespaced_job(TEAM_NS).items if j.metadata.uid != first.metadata.uid]
 
         _drive_plain(made_again, timeout=30)  # level-triggered: made again while attempts wait for it
-        assert _creates(real_cluster, "jobs", claim, since).count(201) == 2
+        assert _creates(real_cluster, "jobs", TEAM_NS, claim, since).count(201) == 2
 
         for job in jobs:
             release_dataset_waiters(admin, job)
@@ -201,7 +178,8 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
             assert len(events) == count
             for event in events:  # the fill pod's own words, behind the Job's name
                 assert f"{said_by_fill}: {message}" in event.message, event.message
-        assert _creates(real_cluster, "persistentvolumeclaims", claim, since).count(201) == 1  # one claim
-        assert _creates(real_cluster, "jobs", claim, since).count(201) == 2  # removed, and made again by the retry
+        assert _creates(real_cluster, "persistentvolumeclaims", TEAM_NS, claim, since).count(201) == 1  # one claim
+        # the fill Job removed, and made again by the retry
+        assert _creates(real_cluster, "jobs", TEAM_NS, claim, since).count(201) == 2
         assert len(failing.failed) <= 2 * 3  # the Job's own retries (backoffLimit 2), no more
         _drive_plain(lambda: not batch.list_namespaced_job(TEAM_NS).items, timeout=30)  # the failed one removed

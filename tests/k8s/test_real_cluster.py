@@ -13,6 +13,8 @@ import contextlib
 import json
 import time
 import uuid
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -336,6 +338,24 @@ def test_seeded_quotas_are_sized_from_the_real_inventory(platform):
             need_memory = holder.gpu_milli * spec.memory_mib_per_gpu // spec.gpu_milli
             assert holder.cpu_milli >= need_cpu and holder.memory_mib >= need_memory, (holder, spec.name)
     assert Queue.objects.get(name="distributed").gpu_milli >= 8000  # the 8-card node's cards, whole
+
+
+def _creates(real_cluster, resource: str, namespace: str, name: str, since: datetime) -> list[int]:
+    """The answers (status codes) to the platform's creates of `resource` named `name` in `namespace` since
+    `since`, from the API server's audit log."""
+    codes = []
+    path = Path(real_cluster["dir"]) / "audit" / "audit.log"
+    for event in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+        ref = event.get("objectRef") or {}
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event.get("verb") == "create"
+            and (ref.get("resource"), ref.get("namespace"), ref.get("name")) == (resource, namespace, name)
+            and event["user"]["username"].startswith("system:serviceaccount:trainyard:")
+            and datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")) >= since
+        ):
+            codes.append(event["responseStatus"]["code"])
+    return codes
 
 
 def _vcjobs(admin) -> list[dict]:

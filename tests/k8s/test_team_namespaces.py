@@ -195,25 +195,23 @@ def test_drift_is_repaired_by_the_beat_pass(platform, admin, rbac_of_this_checko
         # The team's registry pull credential (with the platform's token service): its own, made again when lost,
         # its data put back when changed (update), made again when its type changed (immutable).
         assert settings.TRAINYARD_REGISTRY_TOKEN_KEY and settings.TRAINYARD_REGISTRY_URL
-        secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
+        secret = core.read_namespaced_secret(PULL, namespace)
         assert secret.type == "kubernetes.io/dockerconfigjson"
         auths = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"]
         assert [a["username"] for a in auths.values()] == ["team.drift"]
-        core.delete_namespaced_secret("trainyard-registry-pull", namespace)
+        core.delete_namespaced_secret(PULL, namespace)
         assert sync_team_namespaces()[namespace] == ["created Secret trainyard-registry-pull"]
-        good = core.read_namespaced_secret("trainyard-registry-pull", namespace).data
-        core.patch_namespaced_secret("trainyard-registry-pull", namespace, {"data": {".dockerconfigjson": "e30="}})
+        good = core.read_namespaced_secret(PULL, namespace).data
+        core.patch_namespaced_secret(PULL, namespace, {"data": {".dockerconfigjson": "e30="}})
         assert sync_team_namespaces()[namespace] == ["repaired Secret trainyard-registry-pull (data)"]
-        secret = core.read_namespaced_secret("trainyard-registry-pull", namespace)
+        secret = core.read_namespaced_secret(PULL, namespace)
         assert json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"].keys() == auths.keys()
         labels = secret.metadata.labels
-        core.delete_namespaced_secret("trainyard-registry-pull", namespace)
+        core.delete_namespaced_secret(PULL, namespace)
         opaque = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=PULL, labels=labels), type="Opaque", data=good)
         core.create_namespaced_secret(namespace, opaque)
         assert sync_team_namespaces()[namespace] == ["repaired Secret trainyard-registry-pull (type)"]
-        assert (
-            core.read_namespaced_secret("trainyard-registry-pull", namespace).type == "kubernetes.io/dockerconfigjson"
-        )
+        assert core.read_namespaced_secret(PULL, namespace).type == "kubernetes.io/dockerconfigjson"
     finally:
         _drop_namespace(admin, namespace)
         _managed_objects_removed(admin, TEAM_NS)  # the pass kept the demo team's namespace too
