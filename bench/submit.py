@@ -2,7 +2,9 @@
 
 What runs: a database of its own (``<db>_bench_submit`` on the server of ``$DATABASE_URL``), migrated, seeded and
 filled to 100,000 jobs (``bench.api.fill_jobs``: ten teams, a mix of states over 90 days) of which 5,000 wait in
-the ``train`` queue; ``--keep-db`` leaves it in place and the next run reuses it (migrated again, not refilled).
+the ``train`` queue and 6,900 running ones hold quota (``--holders``: about the trace's cluster full; 0 gives the
+earlier runs' table, where none did); ``--keep-db`` leaves it in place and the next run reuses it (migrated again,
+not refilled).
 The real web server (``ops.processes`` "web", as ``make run`` starts it) on a loopback port, and the Celery worker
 and the dispatcher as ``make run`` starts them (a prefork worker with ``TRAINYARD_WORKER_CONCURRENCY`` children,
 one solo-pool dispatcher) on this run's own queues: the dispatcher admits what fits on the seeded inventory; nobody
@@ -69,6 +71,7 @@ BENCH_RATE = "100000/s"  # no 429s: the throttle still runs on every request
 # A command no job of the filled history ran: the right-sizing lookup has nothing to find.
 BODY = {**SUBMIT_BODY, "name": "bench-submit", "command": ["python", "train.py", "--epochs", "5"]}
 GET_URL = "/api/v1/specs/shared/"
+HOLDERS = 6900  # about the jobs holding quota with the trace's cluster full (bench-scheduler's replay: 6,839)
 PROCESS_MODEL = (
     "the web server (ops.processes 'web': uvicorn, one process per core), the prefork Celery worker and the "
     "solo-pool dispatcher as `make run` starts them; load from bench._load in a process of its own; PostgreSQL and "
@@ -97,9 +100,10 @@ def database_ready(url: str) -> bool:
     return False
 
 
-def prepare(reuse: bool) -> dict[str, Any]:
+def prepare(reuse: bool, holders: int = 0) -> dict[str, Any]:
     """Migrate; seed and fill unless reused; keep `WAITING` jobs waiting (the rest of the line cancelled, as if
-    it had been cleared); one API token for the demo user."""
+    it had been cleared); `holders` of the running jobs holding quota (reserved), as on a full cluster, the rest
+    not; one API token for the demo user."""
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
@@ -119,10 +123,17 @@ def prepare(reuse: bool) -> dict[str, Any]:
     demo = get_user_model().objects.get(username="demo")
     extra = list(Job.objects.filter(state="pending").order_by("submitted_at").values_list("id", flat=True)[WAITING:])
     Job.objects.filter(id__in=extra).update(state="cancelled", reason="", finished_at=timezone.now())
+    running = list(Job.objects.filter(state="running").order_by("id").values_list("id", flat=True))
+    Job.objects.filter(id__in=running[:holders]).update(reserved=True)
+    Job.objects.filter(id__in=running[holders:]).update(reserved=False)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")
     _, token = token_create(user=demo, name=f"bench-submit-{secrets.token_hex(3)}")
-    table.update(jobs=Job.objects.count(), waiting=Job.objects.filter(state="pending").count())
+    table.update(
+        jobs=Job.objects.count(),
+        waiting=Job.objects.filter(state="pending").count(),
+        holding=Job.objects.filter(reserved=True).count(),
+    )
     return {"demo": demo, "token": token, "table": table}
 
 
@@ -245,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", default="50,100,150,200", help="submit step rates, comma-separated")
     p.add_argument("--step-duration", type=float, default=6.0)
     p.add_argument("--keep-db", action="store_true", help="leave the database for the next run to reuse")
+    p.add_argument(
+        "--holders",
+        type=int,
+        default=HOLDERS,
+        help=f"running jobs holding quota, as on a full cluster (default {HOLDERS}, about the trace's; 0: none)",
+    )
     args = p.parse_args(argv)
     steps = [float(r) for r in args.steps.split(",") if r.strip()]
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -260,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-submit-") as tmp:
             workdir = Path(tmp)
             t0 = time.perf_counter()
-            ctx = prepare(reuse)
+            ctx = prepare(reuse, args.holders)
             results["table"] = {**ctx["table"], "prepare_s": round(time.perf_counter() - t0, 1)}
             print(f"bench submit: {ctx['table']} in {results['table']['prepare_s']} s, load {_loadavg()}", flush=True)
             server = WebServer(env, workdir / "web.log")

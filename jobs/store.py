@@ -20,7 +20,7 @@ from asgiref.sync import async_to_sync
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Count, Q, Sum, Value, When
+from django.db.models import Case, Count, Value, When
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
@@ -44,14 +44,6 @@ SHAPE_FIELDS = (
     "cpu_milli",
     "memory_mib",
 )
-SUMS = {
-    "gpu_milli": Sum("total_gpu_milli"),
-    "gpu_memory_mib": Sum("total_gpu_memory_mib"),
-    "cpu_milli": Sum("total_cpu_milli"),
-    "memory_mib": Sum("total_memory_mib"),
-}
-
-
 # Queues in admission order: inference before training (docs/pools.md), then the queue's own priority.
 CLASS_ORDER = Case(When(priority_class=Queue.PriorityClass.INFERENCE, then=Value(0)), default=Value(1))
 
@@ -84,8 +76,8 @@ OVER_QUOTA_SQL = """
 WITH new AS MATERIALIZED (
     SELECT DISTINCT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible
 ),
-held AS (SELECT queue_id, team_id, owner_id, total_gpu_milli g, total_gpu_memory_mib gm, total_cpu_milli c,
-                total_memory_mib m FROM jobs_job WHERE reserved AND NOT preemptible)
+held AS (SELECT queue_id, team_id, owner_id, sum(gpu_milli) g, sum(gpu_memory_mib) gm, sum(cpu_milli) c,
+                sum(memory_mib) m, sum(jobs) n FROM trainyard_quota_use GROUP BY queue_id, team_id, owner_id)
 SELECT 'queue', q.name, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB',
        sum(h.g), q.gpu_milli, sum(h.gm), q.gpu_memory_mib, sum(h.c), q.cpu_milli, sum(h.m), q.memory_mib)
 FROM held h JOIN quotas_queue q ON q.id = h.queue_id
@@ -95,18 +87,18 @@ HAVING sum(h.g) > q.gpu_milli OR sum(h.gm) > q.gpu_memory_mib OR sum(h.c) > q.cp
 UNION ALL
 SELECT 'team', t.slug, format('%%s/%%s GPU milli, %%s/%%s GPU MiB, %%s/%%s CPU milli, %%s/%%s MiB, %%s/%%s jobs',
        sum(h.g), t.gpu_milli, sum(h.gm), t.gpu_memory_mib, sum(h.c), t.cpu_milli, sum(h.m), t.memory_mib,
-       count(*), t.max_running_jobs)
+       sum(h.n), t.max_running_jobs)
 FROM held h JOIN quotas_team t ON t.id = h.team_id
 WHERE h.team_id IN (SELECT team_id FROM new)
 GROUP BY t.id, t.slug
 HAVING sum(h.g) > t.gpu_milli OR sum(h.gm) > t.gpu_memory_mib OR sum(h.c) > t.cpu_milli OR sum(h.m) > t.memory_mib
-    OR count(*) > t.max_running_jobs
+    OR sum(h.n) > t.max_running_jobs
 UNION ALL
-SELECT 'user', h.owner_id::text || ' in ' || t.slug, format('%%s/%%s jobs', count(*), t.max_jobs_per_user)
+SELECT 'user', h.owner_id::text || ' in ' || t.slug, format('%%s/%%s jobs', sum(h.n), t.max_jobs_per_user)
 FROM held h JOIN quotas_team t ON t.id = h.team_id
 WHERE (h.team_id, h.owner_id) IN (SELECT team_id, owner_id FROM new)
 GROUP BY t.id, t.slug, h.owner_id, t.max_jobs_per_user
-HAVING count(*) > t.max_jobs_per_user
+HAVING sum(h.n) > t.max_jobs_per_user
 """
 
 
@@ -219,29 +211,67 @@ def _team_rules(team_ids: set[int]) -> dict[int, scheduler.TeamRules]:
     }
 
 
-def _with_use(rules, teams, waiting, holders) -> scheduler.Backlog:
-    """A backlog with what holds quota among `holders` (reserved jobs), in one aggregate per (queue, team, owner)
-    folded three ways. A preemptible job holds no quota (docs/pools.md)."""
+# What the jobs holding quota add up to per (queue, team, owner): the log migration jobs/0027 keeps, summed. A job
+# holds quota while reserved and not preemptible (docs/pools.md).
+QUOTA_USE_SQL = """
+SELECT queue_id, team_id, owner_id, sum(gpu_milli), sum(gpu_memory_mib), sum(cpu_milli), sum(memory_mib), sum(jobs)
+FROM trainyard_quota_use {where}
+GROUP BY queue_id, team_id, owner_id HAVING sum(jobs) <> 0
+"""
+
+# The log folded into one row per (queue, team, owner), in one statement: rows committed while it runs are not in
+# its snapshot, so they are neither deleted nor summed and stay as they are.
+QUOTA_USE_COMPACT_SQL = """
+WITH folded AS (DELETE FROM trainyard_quota_use RETURNING *)
+INSERT INTO trainyard_quota_use (queue_id, team_id, owner_id, gpu_milli, gpu_memory_mib, cpu_milli, memory_mib, jobs)
+SELECT queue_id, team_id, owner_id, sum(gpu_milli), sum(gpu_memory_mib), sum(cpu_milli), sum(memory_mib), sum(jobs)
+FROM folded GROUP BY queue_id, team_id, owner_id HAVING sum(jobs) <> 0
+"""
+
+QUOTA_USE_LOG_SIZE_SQL = "SELECT count(*), count(DISTINCT (queue_id, team_id, owner_id)) FROM trainyard_quota_use"
+
+
+def quota_use(*, queue_id: int | None = None, team_id: int | None = None) -> list[tuple]:
+    """(queue id, team id, owner id, {resource: amount}, jobs) for every (queue, team, owner) holding quota; only
+    those of `queue_id` or of `team_id` when either is given. A few rows, whatever the number of holding jobs."""
+    where, params = "", []
+    if queue_id is not None or team_id is not None:
+        where, params = "WHERE queue_id = %s OR team_id = %s", [queue_id, team_id]
+    with connection.cursor() as cursor:
+        cursor.execute(QUOTA_USE_SQL.format(where=where), params)
+        rows = cursor.fetchall()
+    return [
+        (q, t, o, dict(zip(scheduler.VECTOR, map(int, amounts), strict=True)), int(n)) for q, t, o, *amounts, n in rows
+    ]
+
+
+def compact_quota_use(*, slack: int = 256) -> bool:
+    """Fold the quota-use log when it holds more than `slack` rows beyond one per key. Returns whether it did."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUOTA_USE_LOG_SIZE_SQL)
+        rows, keys = cursor.fetchone()
+        if rows <= keys + slack:
+            return False
+        cursor.execute(QUOTA_USE_COMPACT_SQL)
+    return True
+
+
+def _with_use(rules, teams, waiting, use: list[tuple]) -> scheduler.Backlog:
+    """A backlog with what holds quota (`quota_use` rows, one per (queue, team, owner)) folded three ways."""
     queue_used: dict[int, dict[str, int]] = {}
     team_used: dict[int, dict[str, int]] = {}
     user_jobs: dict[tuple[int, int], int] = {}
-    for r in (
-        holders.filter(preemptible=False)
-        .values("queue_id", "team_id", "owner_id")
-        .annotate(**SUMS, jobs=Count("id"))
-        .order_by()
-    ):
-        used = _vector(r)
-        q = queue_used.setdefault(r["queue_id"], dict.fromkeys(scheduler.VECTOR, 0))
+    for queue_id, team_id, owner_id, used, jobs in use:
+        q = queue_used.setdefault(queue_id, dict.fromkeys(scheduler.VECTOR, 0))
         for k, v in used.items():
             q[k] += v
-        if r["team_id"] in teams:
-            t = team_used.setdefault(r["team_id"], {**dict.fromkeys(scheduler.VECTOR, 0), "jobs": 0})
+        if team_id in teams:
+            t = team_used.setdefault(team_id, {**dict.fromkeys(scheduler.VECTOR, 0), "jobs": 0})
             for k, v in used.items():
                 t[k] += v
-            t["jobs"] += r["jobs"]
-            key = (r["team_id"], r["owner_id"])
-            user_jobs[key] = user_jobs.get(key, 0) + r["jobs"]
+            t["jobs"] += jobs
+            key = (team_id, owner_id)
+            user_jobs[key] = user_jobs.get(key, 0) + jobs
     return scheduler.Backlog(
         queues=rules, teams=teams, waiting=waiting, queue_used=queue_used, team_used=team_used, user_jobs=user_jobs
     )
@@ -258,7 +288,7 @@ def first_reason_of(
         [queue],
         {team.id: team},
         {queue.id: [job]},
-        Job.objects.filter(Q(queue_id=queue.id) | Q(team_id=job.team_id), reserved=True),
+        quota_use(queue_id=queue.id, team_id=job.team_id),
     )
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(scheduler.VECTOR, 0))
     why = scheduler.quota_check(job, queue, backlog.teams[job.team_id], backlog, used)
@@ -329,7 +359,9 @@ class JobStore:
         for line in waiting.values():
             line.sort(key=_order)
         team_ids = {w.team_id for line in waiting.values() for w in line}
-        return _with_use(rules, _team_rules(team_ids), dict(waiting), Job.objects.filter(reserved=True))
+        if queue_ids is None:
+            compact_quota_use()  # the full pass (beat's, every few seconds) keeps the log short
+        return _with_use(rules, _team_rules(team_ids), dict(waiting), quota_use())
 
     def first_reason(self, job_id) -> tuple[str, str] | None:
         """What the next pass would first tell a job that just rejoined its line, as far as rules decide it
