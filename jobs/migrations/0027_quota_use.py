@@ -27,7 +27,21 @@ FOLD = (
     "HAVING sum(g) <> 0 OR sum(gm) <> 0 OR sum(c) <> 0 OR sum(m) <> 0 OR sum(n) <> 0"
 )
 
-CHANGED = HELD.format(sign="", rows="new_rows") + " UNION ALL " + HELD.format(sign="-", rows="old_rows")
+# One trigger per kind of write: (trigger suffix, event, transition tables, function suffix, what it appends).
+TRIGGERS = [
+    ("insert", "INSERT", "NEW TABLE AS new_rows", "inserted", FOLD.format(lines=HELD.format(sign="", rows="new_rows"))),
+    (
+        "update",
+        "UPDATE",
+        "OLD TABLE AS old_rows NEW TABLE AS new_rows",
+        "updated",
+        FOLD.format(
+            lines=HELD.format(sign="", rows="new_rows") + " UNION ALL " + HELD.format(sign="-", rows="old_rows")
+        ),
+    ),
+    ("delete", "DELETE", "OLD TABLE AS old_rows", "deleted", FOLD.format(lines=HELD.format(sign="-", rows="old_rows"))),
+    ("truncate", "TRUNCATE", "", "truncated", "DELETE FROM trainyard_quota_use"),
+]
 
 FORWARD = [
     """
@@ -45,58 +59,25 @@ FORWARD = [
     """,
     "CREATE INDEX trainyard_quota_use_queue ON trainyard_quota_use (queue_id)",
     "CREATE INDEX trainyard_quota_use_team ON trainyard_quota_use (team_id)",
-    f"""
-    CREATE FUNCTION trainyard_quota_use_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        {FOLD.format(lines=HELD.format(sign="", rows="new_rows"))};
-        RETURN NULL;
-    END $$
-    """,
-    f"""
-    CREATE FUNCTION trainyard_quota_use_updated() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        {FOLD.format(lines=CHANGED)};
-        RETURN NULL;
-    END $$
-    """,
-    f"""
-    CREATE FUNCTION trainyard_quota_use_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        {FOLD.format(lines=HELD.format(sign="-", rows="old_rows"))};
-        RETURN NULL;
-    END $$
-    """,
-    """
-    CREATE FUNCTION trainyard_quota_use_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        DELETE FROM trainyard_quota_use;
-        RETURN NULL;
-    END $$
-    """,
-    "CREATE TRIGGER trainyard_quota_use_insert AFTER INSERT ON jobs_job REFERENCING NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION trainyard_quota_use_inserted()",
-    "CREATE TRIGGER trainyard_quota_use_update AFTER UPDATE ON jobs_job "
-    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION trainyard_quota_use_updated()",
-    "CREATE TRIGGER trainyard_quota_use_delete AFTER DELETE ON jobs_job REFERENCING OLD TABLE AS old_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION trainyard_quota_use_deleted()",
-    "CREATE TRIGGER trainyard_quota_use_truncate AFTER TRUNCATE ON jobs_job "
-    "FOR EACH STATEMENT EXECUTE FUNCTION trainyard_quota_use_truncated()",
-    # What the jobs already there hold.
-    FOLD.format(lines=HELD.format(sign="", rows="jobs_job")),
 ]
+for suffix, event, tables, function, body in TRIGGERS:
+    FORWARD += [
+        f"CREATE FUNCTION trainyard_quota_use_{function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN {body}; RETURN NULL; END $$",
+        f"CREATE TRIGGER trainyard_quota_use_{suffix} AFTER {event} ON jobs_job "
+        f"{'REFERENCING ' + tables if tables else ''} "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION trainyard_quota_use_{function}()",
+    ]
+FORWARD.append(FOLD.format(lines=HELD.format(sign="", rows="jobs_job")))  # what the jobs already there hold
 
 BACKWARD = [
-    "DROP TRIGGER IF EXISTS trainyard_quota_use_insert ON jobs_job",
-    "DROP TRIGGER IF EXISTS trainyard_quota_use_update ON jobs_job",
-    "DROP TRIGGER IF EXISTS trainyard_quota_use_delete ON jobs_job",
-    "DROP TRIGGER IF EXISTS trainyard_quota_use_truncate ON jobs_job",
-    "DROP FUNCTION IF EXISTS trainyard_quota_use_inserted()",
-    "DROP FUNCTION IF EXISTS trainyard_quota_use_updated()",
-    "DROP FUNCTION IF EXISTS trainyard_quota_use_deleted()",
-    "DROP FUNCTION IF EXISTS trainyard_quota_use_truncated()",
-    "DROP TABLE IF EXISTS trainyard_quota_use",
-]
+    stmt
+    for suffix, _event, _tables, function, _body in TRIGGERS
+    for stmt in (
+        f"DROP TRIGGER IF EXISTS trainyard_quota_use_{suffix} ON jobs_job",
+        f"DROP FUNCTION IF EXISTS trainyard_quota_use_{function}()",
+    )
+] + ["DROP TABLE IF EXISTS trainyard_quota_use"]
 
 
 class Migration(migrations.Migration):
