@@ -637,7 +637,10 @@ def run(args, state: dict, nodes, sequence, capacity: int, children: list) -> in
     floor, floor_error, deleted_s, forced = None, None, None, 0
     try:
         deleted_s, forced = delete_platform_jobs(args, custom, core)
-        floor = floor_phase(args, custom, watch, copies, platform["pods_running"])
+        # The floor's pods: those of the platform's Volcano jobs still there (a retried attempt's earlier pods are in
+        # the platform's count, not in the copies), at most as many as were Running in the platform's phase.
+        pods_in_copies = sum(int(t.get("replicas", 1)) for c in copies for t in c["spec"].get("tasks", []))
+        floor = floor_phase(args, custom, watch, copies, min(platform["pods_running"], pods_in_copies))
     except SystemExit as exc:
         floor_error = str(exc)
         log(f"no floor: {floor_error}")
@@ -723,7 +726,7 @@ def floor_phase(args, custom, watch, copies: list[dict], expect_running: int) ->
     floor = phase_summary(watch, floor_starts, t1)
     floor["cpu_s"] = cpu_used(cpu_before, cpu_seconds({}))
     floor["stages"] = stages(watch, floor_starts, {})
-    floor.update(completed=quiet, vcjobs_created=len(copies))
+    floor.update(completed=quiet, vcjobs_created=len(copies), pods_expected=expect_running)
     log(f"floor: {floor}")
     return floor
 
@@ -732,11 +735,9 @@ def overhead_of(platform: dict, floor: dict | None) -> tuple[float | None, str]:
     """How much longer the platform took to bind the same pods than the floor, and by which measure."""
     if floor is None:
         return None, "no floor: its phase did not run (floor_error)"
-    if floor["pods_bound"] < platform["pods_bound"] and floor["completed"]:
-        return None, (
-            f"not comparable: the floor's phase ended with {floor['pods_bound']} pods bound, the platform's with "
-            f"{platform['pods_bound']}"
-        )
+    expected = floor.get("pods_expected", platform["pods_bound"])
+    if floor["pods_bound"] < expected and floor["completed"]:
+        return None, f"not comparable: the floor's phase ended with {floor['pods_bound']} pods bound of {expected}"
     if platform["completed"] and floor["completed"]:
         # Both bound everything they could: how much longer the platform took to the last pod bound.
         method = "time from the first submission to the last pod bound, platform over floor"
