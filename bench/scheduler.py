@@ -396,6 +396,24 @@ def check_ledger(results: dict, phase: str) -> None:
         raise Overbooked(f"bench: after the {phase} phase the ledger over-books {len(found)} cards/nodes: {found[:5]}")
 
 
+def dispatcher_requests(pool, waiting) -> list:
+    """The placement request of one replica of each waiting job (scheduler Waiting rows), as the dispatcher builds it
+    on `pool` (its GPU models resolved)."""
+    from scheduler import dispatch as scheduler
+
+    return [
+        scheduler.request_of(job, pool.resolve_models(job.gpu_models) if job.gpu_models else None) for job in waiting
+    ]
+
+
+def empty_cluster(nodes) -> list:
+    """The trace's nodes as the in-memory allocator's empty nodes, in the order the pool keeps them (by name)."""
+    from scheduler import policy
+
+    cluster = [policy.Node.empty(n.name, n.num_gpus, n.cpu_milli, n.memory_mib, n.gpu_model, GPU_MIB) for n in nodes]
+    return sorted(cluster, key=lambda n: n.name)
+
+
 def in_memory_decisions(waiting) -> dict:
     """The in-memory allocator of this process deciding `waiting` (scheduler Waiting rows) on the committed ledger,
     with the dispatcher's own placement requests: decisions per second and how many found a place."""
@@ -407,10 +425,7 @@ def in_memory_decisions(waiting) -> dict:
     pool = Pool()
     pool.sync(lambda p: scheduler.workload(store, p))
     assert pool.allocator is not None
-    requests = []
-    for job in waiting:
-        models = pool.resolve_models(job.gpu_models) if job.gpu_models else None
-        requests.append((scheduler.request_of(job, models), job.replicas))
+    requests = list(zip(dispatcher_requests(pool, waiting), [job.replicas for job in waiting], strict=True))
     placed = 0
     c0, t0 = time.process_time(), time.perf_counter()
     for request, replicas in requests:
@@ -463,11 +478,7 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
     by_id = {j.id: j for line in JobStore().backlog(queue_ids=None).waiting.values() for j in line}
     if sorted(by_id) != sorted(ids):
         raise SystemExit("bench: the closed queue's line is not the submitted jobs")
-    requests = []
-    for i in ids:
-        job = by_id[i]
-        models = pool.resolve_models(job.gpu_models) if job.gpu_models else None
-        requests.append(scheduler.request_of(job, models))
+    requests = dispatcher_requests(pool, [by_id[i] for i in ids])
 
     before = len(platform.passes(since=phase_began))
     admin = get_user_model().objects.get(username="admin")
@@ -483,14 +494,13 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
     reconciles = platform.reconciled_in(phase_began)
 
     state = dict(Job.objects.filter(id__in=ids).values_list("id", "state"))
-    live_share = share_at_capacity(sequence, [state[i] == "admitted" for i in ids], capacity)
+    live = [state[i] == "admitted" for i in ids]
+    live_share = share_at_capacity(sequence, live, capacity)
 
     # The in-memory allocator on the same requests, order and workload: the placement requests the dispatcher
     # built from the submitted jobs (read before the queue opened), so the gap measures the live path, not what a
     # submission makes of a trace pod (a whole-card job's CPU is rounded up to whole cores, jobs/services).
-    cluster = [policy.Node.empty(n.name, n.num_gpus, n.cpu_milli, n.memory_mib, n.gpu_model, GPU_MIB) for n in nodes]
-    cluster.sort(key=lambda n: n.name)
-    alloc = policy.Allocator(cluster, "fgd", policy.Workload(weights))
+    alloc = policy.Allocator(empty_cluster(nodes), "fgd", policy.Workload(weights))
     c0 = time.process_time()
     t2 = time.perf_counter()
     placed = []
@@ -498,12 +508,9 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
         placed.append(alloc.place(request) is not None)
     mem_s, mem_cpu_s = time.perf_counter() - t2, time.process_time() - c0
     memory_share = share_at_capacity(sequence, placed, capacity)
-    live = [state[i] == "admitted" for i in ids]
     same = sum(1 for a, b in zip(placed, live, strict=True) if a == b)
     # The trace's own requests (CPU as the trace asks it), for what the platform's whole-core rounding costs.
-    raw = [policy.Node.empty(n.name, n.num_gpus, n.cpu_milli, n.memory_mib, n.gpu_model, GPU_MIB) for n in nodes]
-    raw.sort(key=lambda n: n.name)
-    raw_alloc = policy.Allocator(raw, "fgd", policy.Workload(weights))
+    raw_alloc = policy.Allocator(empty_cluster(nodes), "fgd", policy.Workload(weights))
     raw_placed = [raw_alloc.place(trace_request(req)) is not None for req in sequence]
     raw_share = share_at_capacity(sequence, raw_placed, capacity)
     live_per_s = admitted / pass_s if pass_s else None

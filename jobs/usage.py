@@ -1,5 +1,6 @@
 """What each team and queue holds against its quota now: reserved, non-preemptible jobs (a preemptible job holds
-no quota), summed over the request vector. Registered as the source of `quotas.usage` (jobs.apps)."""
+no quota), summed over the request vector, read from the quota-use log admission reads (migration jobs/0027), so
+the pages show the figure the dispatcher checks. Registered as the source of `quotas.usage` (jobs.apps)."""
 
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
@@ -7,26 +8,27 @@ from django.db.models.functions import Coalesce
 from jobs.checkpoints import team_storage_used  # noqa: F401 - part of the source quotas.usage reads
 from jobs.models import Job
 from jobs.selectors import line_places, line_rows  # noqa: F401 - part of the source quotas.usage reads
+from jobs.store import quota_use
 from quotas.models import Queue, Team
+from scheduler.dispatch import VECTOR
 
 
-def _usage(qs) -> dict[str, int]:
-    agg = qs.aggregate(
-        gpu_milli=Coalesce(Sum("total_gpu_milli"), 0),
-        gpu_memory_mib=Coalesce(Sum("total_gpu_memory_mib"), 0),
-        cpu_milli=Coalesce(Sum("total_cpu_milli"), 0),
-        memory_mib=Coalesce(Sum("total_memory_mib"), 0),
-        jobs=Count("id"),
-    )
-    return {k: int(v) for k, v in agg.items()}
+def _held(**key) -> dict[str, int]:
+    """The quota-use log's sums (jobs.store.quota_use: what admission checks) for one queue or one team."""
+    total = {**dict.fromkeys(VECTOR, 0), "jobs": 0}
+    for _queue, _team, _owner, used, jobs in quota_use(**key):
+        for k, v in used.items():
+            total[k] += v
+        total["jobs"] += jobs
+    return total
 
 
 def queue_usage(queue: Queue) -> dict[str, int]:
-    return _usage(Job.objects.filter(queue=queue, reserved=True, preemptible=False))  # preemptible: no quota held
+    return _held(queue_id=queue.id)
 
 
 def team_usage(team: Team) -> dict[str, int]:
-    return _usage(Job.objects.filter(team=team, reserved=True, preemptible=False))
+    return _held(team_id=team.id)
 
 
 def team_usage_by_spec(team: Team) -> list[dict]:
