@@ -33,7 +33,8 @@ from scheduler import dispatch as scheduler
 from scheduler import policy
 
 log = structlog.get_logger(__name__)
-START_BATCH = 20  # attempts per start message
+START_BATCH = 20  # attempts per start message, at least
+START_MESSAGES = 64  # start messages per pass, at most: a pass of thousands sends larger batches, not hundreds
 SHAPE_FIELDS = (
     "replicas",
     "gpu_count",
@@ -538,7 +539,9 @@ class JobStore:
                 for a, attempt_id, text, (_id, message) in zip(admissions, attempt_ids, placed, messages, strict=True)
             ],
         )
-        self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
+        # Kept until after the commit (after_write); a pipelined pass writes in chunks, each adding its own.
+        self._attempts = getattr(self, "_attempts", {})
+        self._attempts.update({a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)})
         return still
 
     def over_quota(self, admitted: set) -> list[str]:
@@ -600,8 +603,9 @@ class JobStore:
             try:
                 with current_app.producer_or_acquire() as producer:
                     queue = settings.TRAINYARD_START_QUEUE or None
-                    for k in range(0, len(attempts), START_BATCH):
-                        start_attempts.apply_async((attempts[k : k + START_BATCH],), producer=producer, queue=queue)
+                    batch = max(START_BATCH, -(-len(attempts) // START_MESSAGES))
+                    for k in range(0, len(attempts), batch):
+                        start_attempts.apply_async((attempts[k : k + batch],), producer=producer, queue=queue)
             except Exception:  # noqa: BLE001
                 log.warning("start_messages_unsent", attempts=len(attempts))
         if admitted:
