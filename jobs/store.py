@@ -34,7 +34,7 @@ from scheduler import policy
 
 log = structlog.get_logger(__name__)
 START_BATCH = 20  # attempts per start message, at least
-START_MESSAGES = 64  # start messages per pass, at most: a pass of thousands sends larger batches, not hundreds
+START_MESSAGES = 32  # start messages per pass, at most: a pass of thousands sends larger batches, not hundreds
 SHAPE_FIELDS = (
     "replicas",
     "gpu_count",

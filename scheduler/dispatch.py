@@ -583,6 +583,7 @@ class PassReport:
     write_s: float = 0.0  # the write after the last decision (all of it, unless pipelined), until commit
     lock_s: float = 0.0  # how long the pool lock was held (from the first written chunk, when pipelined)
     pipelined: bool = False  # the write ran beside the decisions (a pass of WRITE_CHUNK admissions or more)
+    waits_written: bool = False  # the pipelined writer wrote the changed reasons too, beside the start messages
     starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
     waits_s: float = 0.0  # writing changed reasons and places, after the pool lock is released
     total_s: float = 0.0
@@ -738,7 +739,7 @@ def run_pass(
                 report.fast = False
                 versions = (_reference_version(), store.backlog_version())
                 backlog = store.backlog(queue_ids=queue_ids)
-        changed = decided.changed_waits()
+        changed = decided.changed_waits() if not report.waits_written else []
         if changed:
             # Reasons and places need no pool lock (this pass's lock keeps other passes out) and do not move the
             # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
@@ -816,7 +817,8 @@ class _Writer:
     The same one transaction under the pool lock as the write in one piece, taken at the first chunk; the database
     checks each chunk's cards, nodes and quotas as it is written (a card or quota is checked again by any later
     chunk that adds to it, so what commits is checked as a whole). A refused chunk ends the transaction with
-    StaleView, raised in the pass at its next hand-over or at the end; nothing is written then."""
+    StaleView, raised in the pass at its next hand-over or at the end; nothing is written then. After the commit it
+    writes the changed reasons and places in a transaction of their own, while the pass publishes the starts."""
 
     def __init__(self, store: Store, pool: Pool):
         self.store, self.pool = store, pool
@@ -826,7 +828,10 @@ class _Writer:
         self.error: BaseException | None = None
         self.before = self.after = (0, 0)
         self.lines_before = self.lines_after = 0
-        self.lock_s = 0.0
+        self.lock_s = self.waits_s = 0.0
+        self.waits: list[Wait] = []
+        self.settled = threading.Event()  # committed, or failed: what `finish` waits for
+        self.after_commit: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="admission-writer", daemon=True)
         self.thread.start()
 
@@ -837,13 +842,22 @@ class _Writer:
         self.handed += len(admissions)
 
     def finish(self, decided: Plan) -> set:
-        """Hand over the rest and the probe failures, wait for the commit: the admitted job ids."""
+        """Hand over the rest, the probe failures and the changed reasons; wait for the commit (not for the reasons,
+        see `join`): the admitted job ids."""
+        self.waits = decided.changed_waits()
         self.chunks.put(Plan(admissions=decided.admissions[self.handed :], probe_failures=decided.probe_failures))
         self.chunks.put(None)
-        self.thread.join()
+        self.settled.wait()
         if self.error is not None:
+            self.thread.join()
             raise self.error
         return self.admitted
+
+    def join(self) -> None:
+        """Wait for the reasons written after the commit; their failure is raised here."""
+        self.thread.join()
+        if self.after_commit is not None:
+            raise self.after_commit
 
     def abort(self) -> None:
         self.chunks.put(_Aborted())
@@ -874,7 +888,18 @@ class _Writer:
             pass
         except BaseException as exc:  # noqa: BLE001 - raised again in the pass's own thread
             self.error = exc
+        else:
+            self.settled.set()
+            try:
+                t = time.perf_counter()
+                if self.waits:
+                    with transaction.atomic(durable=True):
+                        self.store.record_waits(self.waits)
+                self.waits_s = time.perf_counter() - t
+            except BaseException as exc:  # noqa: BLE001 - raised again in the pass's own thread
+                self.after_commit = exc
         finally:
+            self.settled.set()
             connections.close_all()  # this thread's connections only
 
 
@@ -970,6 +995,9 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         store.after_write(decided, admitted)
         report.starts_s = time.perf_counter() - t3
         report.admitted = len(admitted)
+    if writer is not None:
+        writer.join()  # the reasons, written meanwhile
+        report.waits_s, report.waits_written = writer.waits_s, True
     return decided, dropped, lines_before, lines_after
 
 

@@ -44,6 +44,7 @@ def test_a_pipelined_pass_commits_what_the_pass_decided_chunk_by_chunk(platform,
     open_up()
     specs = ["guaranteed", "shared", "performance", "shared", "guaranteed"] * 5
     jobs = [submit(platform, spec=spec) for spec in specs]
+    too_big = [submit(platform, gpus=8) for _ in range(2)]  # no node has 8 cards: they wait
     # What the pass will decide, decided in memory on a pool of its own read from the same rows.
     store = JobStore()
     expected_pool = Pool()
@@ -62,6 +63,9 @@ def test_a_pipelined_pass_commits_what_the_pass_decided_chunk_by_chunk(platform,
     assert Attempt.objects.filter(job_id__in=admitted).count() == len(admitted)  # one attempt each, none twice
     assert ledger_problems() == [] and max(card_milli().values()) <= 1000
     assert _logged() == _summed()  # the quota-use log, written by every chunk's statements, agrees with the rows
+    # The writer wrote the changed reasons after its commit, beside the start messages.
+    assert report.waits_written and report.waiting >= len(too_big)
+    assert {Job.objects.get(pk=j.pk).reason for j in too_big} == {"no_capacity"}
     assert _writers() == []
     # The pool in memory is current after its own pipelined write: the next pass reads nothing new.
     pool = scheduler.current()
