@@ -93,8 +93,9 @@ def probe_card(*, uuid: str, emulated: bool, backend: str = "local", nvml=None) 
     return PASSED
 
 
-# Cards of cluster nodes: GPU UUIDs -> what a health source knows of them now (a card left out: nothing known).
-RemoteHealth = Callable[[list[str]], dict[str, ProbeOutcome]]
+# Cards of cluster nodes: GPU UUIDs (None: every card the source reports) -> what a health source knows of them now
+# (a card left out: nothing known).
+RemoteHealth = Callable[[list[str] | None], dict[str, ProbeOutcome]]
 _remote_health: RemoteHealth | None = None
 
 
@@ -104,10 +105,10 @@ def register_remote_health(source: RemoteHealth | None) -> None:
     _remote_health = source
 
 
-def remote_health(uuids: list[str]) -> dict[str, ProbeOutcome]:
-    """The current health of cards the platform cannot probe itself (a Kubernetes node's), by UUID; empty when no
-    source is registered. A source that cannot answer returns nothing: the hand-out goes ahead on what the health
-    loop last saw."""
-    if _remote_health is None or not uuids:
+def remote_health(uuids: list[str] | None) -> dict[str, ProbeOutcome]:
+    """The current health of cards the platform cannot probe itself (a Kubernetes node's), by UUID, or of every card
+    the source reports (`uuids` None: one read for a pass that hands out many); empty when no source is registered.
+    A source that cannot answer returns nothing: the hand-out goes ahead on what the health loop last saw."""
+    if _remote_health is None or (uuids is not None and not uuids):
         return {}
-    return _remote_health(list(uuids))
+    return _remote_health(None if uuids is None else list(uuids))

@@ -203,6 +203,8 @@ class Plan:
     placement_calls: int = 0
     shape_hits: int = 0
     wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
+    health_asks: int = 0  # hand-out checks of cluster cards asked card by card in this pass
+    fleet_health: dict | None = None  # every cluster card's, read once when a pass hands out more (REMOTE_ASKS)
 
     def changes_pool(self) -> bool:
         """Whether writing this plan takes or marks GPUs: only that is written under the pool lock."""
@@ -356,12 +358,23 @@ def _slices(pool: Pool, job: Waiting, placement: policy.Placement) -> list[Slice
     return out
 
 
+REMOTE_ASKS = 8  # hand-out checks a pass asks card by card; after these, one read of every card for the rest
+
+
 def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> int | None:
     meta = pool.meta[placement.node_index]
     if meta.backend != "local":
         # A cluster node's cards: what its dcgm-exporter says now (a fatal Xid the health loop has not seen yet).
         uuids = [meta.cards[index].uuid for index in placement.gpu_indices]
-        known = remote_health(uuids)
+        if plan.fleet_health is not None:
+            known = plan.fleet_health
+        elif plan.health_asks < REMOTE_ASKS:
+            plan.health_asks += 1
+            known = remote_health(uuids)
+        else:
+            # A pass handing out many cards reads every card's health once: thousands of admissions made one
+            # Prometheus query each (seconds each when it does not answer). Fresh as of this placement.
+            known = plan.fleet_health = remote_health(None)
         for index, uuid in zip(placement.gpu_indices, uuids, strict=True):
             outcome = known.get(uuid)
             if outcome is not None and not outcome.ok:

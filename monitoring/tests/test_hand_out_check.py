@@ -63,3 +63,26 @@ def test_an_xid_already_acted_on_or_an_unanswering_prometheus_holds_nothing_up(
     prometheus.status = 500
     assert [j.state for j in two_guaranteed_jobs(db_platform)] == ["admitted", "admitted"]
     assert not PoolRepair.objects.filter(kind="probe_failed").exists()
+
+
+def test_a_pass_handing_out_many_cards_reads_every_cards_health_once(db_platform, k8s_node, prometheus, monkeypatch):
+    # A pass asks card by card only for its first few hand-outs (REMOTE_ASKS), then reads every card's series in one
+    # query for the rest: thousands of admissions made thousands of Prometheus queries (seconds each unanswered).
+    from scheduler import dispatch
+
+    monkeypatch.setattr(dispatch, "REMOTE_ASKS", 1)
+    prometheus.series = series(79)
+    open_up("train")
+    data = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
+    made = [jobs.job_submit(user=db_platform, data=dict(data))[0] for _ in range(6)]
+    before = len(prometheus.queries)
+    store.dispatch(queue_ids=[made[0].queue_id])
+
+    states = [Job.objects.get(pk=j.pk).state for j in made]
+    assert states.count("admitted") == 4  # four shares of the one healthy card; the card with Xid 79 gave none
+    for job in Job.objects.filter(state="admitted"):
+        assert job.attempts.get().placement["devices"][0]["gpu_uuid"] == REAL_UUIDS[1]
+    asked = prometheus.queries[before:]
+    assert asked[-1] == "DCGM_FI_DEV_XID_ERRORS"  # every card's, once
+    assert len(asked) <= 3, asked  # at most one card-by-card ask and the retry's, then the one read
+    assert GPU.objects.get(uuid=REAL_UUIDS[0]).health == GPU.Health.SUSPECT
