@@ -379,21 +379,10 @@ class Platform:
 
 def pass_row(row: dict) -> dict:
     """A dispatch pass as the dispatcher logged it."""
-    keys = (
-        "total_ms",
-        "read_ms",
-        "decide_ms",
-        "write_ms",
-        "starts_ms",
-        "waits_ms",
-        "admitted",
-        "waiting",
-        "fast",
-        "pipelined",
-    )
+    keys = ("total_ms", "read_ms", "decide_ms", "write_ms", "starts_ms", "waits_ms", "admitted", "waiting", "fast")
     return {
         **{k: row.get(k) for k in keys},
-        "lock_hold_ms": row.get("lock_ms", row.get("write_ms")),
+        "lock_hold_ms": row.get("write_ms"),
         "placement_calls": row.get("placement_calls"),
         "shape_cache_hits": row.get("shape_hits"),
     }
@@ -548,9 +537,7 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
         "live_to_in_memory_ratio": round(live_per_s / in_memory_per_s, 3) if live_per_s else None,
         "pool_reconciles": reconciles,
         "note": "admissions_per_s: admitted / the dispatcher's own time in the passes that admitted (its "
-        "dispatch_pass lines' total_ms, wall time: read, decide, the write under the pool lock (beside the deciding "
-        "when pipelined, write_ms is what is left after it), the start messages, reasons); admissions_per_wall_s: "
-        "from the "
+        "dispatch_pass lines: read, decide, the write under the pool lock, reasons); admissions_per_wall_s: from the "
         "open's commit to the last admitted_at (the wake-up's trip through Redis included); the in-memory "
         "allocator runs in the benchmark's process on the same requests with the workload the dispatcher read",
     }

@@ -539,9 +539,7 @@ class JobStore:
                 for a, attempt_id, text, (_id, message) in zip(admissions, attempt_ids, placed, messages, strict=True)
             ],
         )
-        # Kept until after the commit (after_write); a pipelined pass writes in chunks, each adding its own.
-        self._attempts = getattr(self, "_attempts", {})
-        self._attempts.update({a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)})
+        self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
 
     def over_quota(self, admitted: set) -> list[str]:
@@ -603,9 +601,8 @@ class JobStore:
             try:
                 with current_app.producer_or_acquire() as producer:
                     queue = settings.TRAINYARD_START_QUEUE or None
-                    batch = max(START_BATCH, -(-len(attempts) // START_MESSAGES))
-                    for k in range(0, len(attempts), batch):
-                        start_attempts.apply_async((attempts[k : k + batch],), producer=producer, queue=queue)
+                    for batch in start_batches(attempts):
+                        start_attempts.apply_async((batch,), producer=producer, queue=queue)
             except Exception:  # noqa: BLE001
                 log.warning("start_messages_unsent", attempts=len(attempts))
         if admitted:
@@ -613,6 +610,13 @@ class JobStore:
             threading.Thread(
                 target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
             ).start()
+
+
+def start_batches(attempts: list[int]) -> list[list[int]]:
+    """The start messages of a pass: START_BATCH attempts each, larger when that would make more than
+    START_MESSAGES (publishing costs about a millisecond a message; the worker's children share them out)."""
+    size = max(START_BATCH, -(-len(attempts) // START_MESSAGES))
+    return [attempts[k : k + size] for k in range(0, len(attempts), size)]
 
 
 def reason_at_once(job: Job, *, actor: str) -> None:

@@ -3,8 +3,7 @@
 A pass (`run_pass`) reads what waits and what is used (the store: jobs/store.py, the only place that knows
 the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
 (`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store: the
-admissions in one transaction with bulk writes, the only thing done under the pool lock (a large pass writes
-them chunk by chunk beside its deciding, `_Writer`, still one transaction); then, in a second
+admissions in one transaction with bulk writes, the only thing done under the pool lock; then, in a second
 transaction without it, the reasons and places that changed. One pass runs at a time per
 database (a session advisory lock); a pass asked for while one runs is queued once, never more
 (`kernel.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
@@ -14,16 +13,14 @@ The module imports nothing from `jobs`: the store comes in as an argument.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from queue import SimpleQueue
 from typing import Protocol
 
 import structlog
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from cluster.probes import probe_card, remote_health
 from cluster.services import pool_lock
@@ -508,38 +505,24 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
     return code, message
 
 
-def plan(
-    backlog: Backlog,
-    pool: Pool,
-    lines: dict[int, Line] | None = None,
-    sink: Callable[[list[Admission]], None] | None = None,
-) -> Plan:
+def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> Plan:
     """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes.
     `lines`: where each queue's line stood after the previous pass, when only jobs that join the lines' ends
     are given (the fast pass); the lines are not changed. Preemptible jobs (last in their lines) are decided
-    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work.
-    `sink`, when given, is handed the admissions made so far every WRITE_CHUNK of them, while the rest are
-    decided (the pipelined write); those left over at the end are the caller's to hand on."""
+    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work."""
     out = Plan()
     state: dict[int, Line] = {}
     deferred: list[tuple[QueueRules, Waiting]] = []
-    handed = 0
-    for line_queue in backlog.queues:
-        start = (lines or {}).get(line_queue.id) or Line()
-        state[line_queue.id] = Line(start.position, start.blocked, start.tail)
-        for job in backlog.waiting.get(line_queue.id, ()):
+    for queue in backlog.queues:
+        start = (lines or {}).get(queue.id) or Line()
+        state[queue.id] = Line(start.position, start.blocked, start.tail)
+        for job in backlog.waiting.get(queue.id, ()):
             if job.preemptible:
-                deferred.append((line_queue, job))
-                continue
-            _decide(job, line_queue, state[line_queue.id], backlog, pool, out)
-            if sink is not None and len(out.admissions) - handed >= WRITE_CHUNK:
-                sink(out.admissions[handed:])
-                handed = len(out.admissions)
-    for line_queue, job in deferred:
-        _decide(job, line_queue, state[line_queue.id], backlog, pool, out)
-        if sink is not None and len(out.admissions) - handed >= WRITE_CHUNK:
-            sink(out.admissions[handed:])
-            handed = len(out.admissions)
+                deferred.append((queue, job))
+            else:
+                _decide(job, queue, state[queue.id], backlog, pool, out)
+    for queue, job in deferred:
+        _decide(job, queue, state[queue.id], backlog, pool, out)
     out.lines.update(state)
     return out
 
@@ -593,10 +576,7 @@ class PassReport:
     fast: bool = False  # only jobs that joined the ends of the lines were decided
     read_s: float = 0.0
     decide_s: float = 0.0
-    write_s: float = 0.0  # the write after the last decision (all of it, unless pipelined), until commit
-    lock_s: float = 0.0  # how long the pool lock was held (from the first written chunk, when pipelined)
-    pipelined: bool = False  # the write ran beside the decisions (a pass of WRITE_CHUNK admissions or more)
-    waits_written: bool = False  # the pipelined writer wrote the changed reasons too, beside the start messages
+    write_s: float = 0.0  # the pool lock is held for this long, no longer
     starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
     waits_s: float = 0.0  # writing changed reasons and places, after the pool lock is released
     total_s: float = 0.0
@@ -752,7 +732,7 @@ def run_pass(
                 report.fast = False
                 versions = (_reference_version(), store.backlog_version())
                 backlog = store.backlog(queue_ids=queue_ids)
-        changed = decided.changed_waits() if not report.waits_written else []
+        changed = decided.changed_waits()
         if changed:
             # Reasons and places need no pool lock (this pass's lock keeps other passes out) and do not move the
             # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
@@ -791,8 +771,6 @@ def run_pass(
             read_ms=round(report.read_s * 1000, 1),
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
-            lock_ms=round(report.lock_s * 1000, 1),
-            pipelined=report.pipelined,
             starts_ms=round(report.starts_s * 1000, 1),
             waits_ms=round(report.waits_s * 1000, 1),
         )
@@ -818,143 +796,13 @@ def _recheck(store: Store, pool: Pool, decided: Plan, admitted: set) -> list[str
     return overbooked(node_ids=nodes, host_node_ids=host) + store.over_quota(admitted)
 
 
-class _Aborted(Exception):
-    """The pass stopped deciding (an error): the pipelined write rolls back."""
-
-
-class _Writer:
-    """The admission write of a large pass, on a thread of its own with its own connection, fed WRITE_CHUNK
-    admissions at a time while the pass goes on deciding: PostgreSQL inserts and checks one chunk (on another core)
-    while this process decides the next, instead of the whole write waiting for the last decision.
-
-    The same one transaction under the pool lock as the write in one piece, taken at the first chunk; the database
-    checks each chunk's cards, nodes and quotas as it is written (a card or quota is checked again by any later
-    chunk that adds to it, so what commits is checked as a whole). A refused chunk ends the transaction with
-    StaleView, raised in the pass at its next hand-over or at the end; nothing is written then. After the commit it
-    writes the changed reasons and places in a transaction of their own, while the pass publishes the starts."""
-
-    def __init__(self, store: Store, pool: Pool):
-        self.store, self.pool = store, pool
-        self.chunks: SimpleQueue = SimpleQueue()
-        self.handed = 0
-        self.admitted: set = set()
-        self.error: BaseException | None = None
-        self.before = self.after = (0, 0)
-        self.lines_before = self.lines_after = 0
-        self.lock_s = self.waits_s = 0.0
-        self.waits: list[Wait] = []
-        self.settled = threading.Event()  # committed, or failed: what `finish` waits for
-        self.after_commit: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="admission-writer", daemon=True)
-        self.thread.start()
-
-    def __call__(self, admissions: list[Admission]) -> None:
-        if self.error is not None:
-            raise self.error
-        self.chunks.put(Plan(admissions=admissions))
-        self.handed += len(admissions)
-
-    def finish(self, decided: Plan) -> set:
-        """Hand over the rest, the probe failures and the changed reasons; wait for the commit (not for the reasons,
-        see `join`): the admitted job ids."""
-        self.waits = decided.changed_waits()
-        self.chunks.put(Plan(admissions=decided.admissions[self.handed :], probe_failures=decided.probe_failures))
-        self.chunks.put(None)
-        self.settled.wait()
-        if self.error is not None:
-            self.thread.join()
-            raise self.error
-        return self.admitted
-
-    def join(self) -> None:
-        """Wait for the reasons written after the commit; their failure is raised here."""
-        self.thread.join()
-        if self.after_commit is not None:
-            raise self.after_commit
-
-    def abort(self) -> None:
-        self.chunks.put(_Aborted())
-        self.thread.join()
-
-    def _run(self) -> None:
-        try:
-            with transaction.atomic(durable=True):
-                pool_lock()
-                t = time.perf_counter()
-                # Foreign keys checked as each chunk is written, beside the deciding, not all at the commit.
-                with connection.cursor() as cursor:
-                    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-                self.before = self.pool.read_versions()
-                self.lines_before = self.store.backlog_version()
-                while (part := self.chunks.get()) is not None:
-                    if isinstance(part, _Aborted):
-                        raise part
-                    admitted = self.store.write(part)
-                    self.admitted |= admitted
-                    problems = _recheck(self.store, self.pool, part, admitted)
-                    if problems:
-                        raise StaleView(problems)
-                self.after = self.pool.read_versions()
-                self.lines_after = self.store.backlog_version()
-            self.lock_s = time.perf_counter() - t
-        except _Aborted:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - raised again in the pass's own thread
-            self.error = exc
-        else:
-            self.settled.set()
-            try:
-                t = time.perf_counter()
-                if self.waits:
-                    with transaction.atomic(durable=True):
-                        self.store.record_waits(self.waits)
-                self.waits_s = time.perf_counter() - t
-            except BaseException as exc:  # noqa: BLE001 - raised again in the pass's own thread
-                self.after_commit = exc
-        finally:
-            self.settled.set()
-            connections.close_all()  # this thread's connections only
-
-
-WRITE_CHUNK = 512  # admissions per chunk of a pipelined write; a pass with fewer writes in one piece
-
-
-class _Pipeline:
-    """The sink `plan` hands full chunks to: starts the pipelined write at the pass's first full chunk."""
-
-    def __init__(self, store: Store, pool: Pool):
-        self.store, self.pool = store, pool
-        self.writer: _Writer | None = None
-
-    def __call__(self, admissions: list[Admission]) -> None:
-        if self.writer is None:
-            self.writer = _Writer(self.store, self.pool)
-        self.writer(admissions)
-
-
-def _pipeline(store: Store, pool: Pool) -> _Pipeline | None:
-    """The pipelined write's sink, or None where the write must stay on this thread's connection (inside a
-    caller's transaction: a test's, or a what-if's) or the setting turns it off."""
-    if connection.in_atomic_block or not settings.TRAINYARD_PIPELINED_WRITE:
-        return None
-    return _Pipeline(store, pool)
-
-
 def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, versions, report: PassReport, t0: float):
     """Bring the pool up to date, decide, and write the admissions under the pool lock, checked by the database
-    before commit (StaleView when the check fails; nothing is written then). A pass that admits WRITE_CHUNK jobs
-    or more writes them beside its deciding (`_Writer`)."""
+    before commit (StaleView when the check fails; nothing is written then)."""
     pool.sync(lambda p: workload(store, p))
     t1 = time.perf_counter()
     report.read_s = t1 - t0
-    sink = _pipeline(store, pool)
-    try:
-        decided = plan(backlog, pool, lines=carry.lines if carry is not None else None, sink=sink)
-    except BaseException:
-        if sink is not None and sink.writer is not None:
-            sink.writer.abort()
-            pool.invalidate()  # what the pool took in memory is not written
-        raise
+    decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
     t2 = time.perf_counter()
     report.decide_s = t2 - t1
     report.waiting = len(decided.waits)
@@ -962,21 +810,7 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
     report.shape_hits = decided.shape_hits
     dropped: list[Admission] = []
     lines_before = lines_after = versions[1]
-    writer = sink.writer if sink is not None else None
-    if writer is not None:
-        report.pipelined = True
-        try:
-            admitted = writer.finish(decided)
-        except StaleView:
-            raise
-        except Exception:
-            pool.invalidate()
-            raise
-        before, after = writer.before, writer.after
-        lines_before, lines_after = writer.lines_before, writer.lines_after
-        report.lock_s = writer.lock_s
-    elif decided.changes_pool():
-        t = time.perf_counter()
+    if decided.changes_pool():
         try:
             with transaction.atomic(durable=True):
                 pool_lock()
@@ -993,8 +827,6 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         except Exception:
             pool.invalidate()
             raise
-        report.lock_s = time.perf_counter() - t
-    if decided.changes_pool():
         dropped = [a for a in decided.admissions if a.job.id not in admitted]
         for a in dropped:
             for p, s in zip(a.placements, _by_placement(a), strict=True):
@@ -1008,9 +840,6 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         store.after_write(decided, admitted)
         report.starts_s = time.perf_counter() - t3
         report.admitted = len(admitted)
-    if writer is not None:
-        writer.join()  # the reasons, written meanwhile
-        report.waits_s, report.waits_written = writer.waits_s, True
     return decided, dropped, lines_before, lines_after
 
 

@@ -247,9 +247,6 @@ TRAINYARD_LOCAL_ACCOUNT_HOST = env.bool("TRAINYARD_LOCAL_ACCOUNT_HOST", default=
 # most this often (scheduler/dispatch.py).
 TRAINYARD_WORKLOAD_WINDOW_H = env.float("TRAINYARD_WORKLOAD_WINDOW_H", default=72.0)
 TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default=300.0)
-# A pass that admits many jobs writes them in chunks on a thread of its own while it decides the rest, so that
-# PostgreSQL inserts on another core meanwhile (scheduler/dispatch.py `_Writer`); off: one write after deciding.
-TRAINYARD_PIPELINED_WRITE = env.bool("TRAINYARD_PIPELINED_WRITE", default=True)
 # Celery queue for attempt starts (empty: the default queue), so start workers can be scaled apart from dispatch.
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))

@@ -55,3 +55,15 @@ def test_a_batch_is_started_by_a_few_threads_with_one_connection_each(monkeypatc
         connection_created.disconnect(created)
         tasks.starters_stop()
     assert connection.connection is None or connection.is_usable()  # the worker's own connection is left alone
+
+
+@pytest.mark.parametrize(
+    ("admitted", "messages", "largest"),
+    [(1, 1, 1), (20, 1, 20), (21, 2, 20), (640, 32, 20), (641, 31, 21), (6839, 32, 214)],
+)
+def test_a_pass_sends_batches_of_twenty_and_at_most_thirty_two_messages(admitted, messages, largest):
+    from jobs.store import start_batches
+
+    batches = start_batches(list(range(admitted)))
+    assert len(batches) == messages and max(map(len, batches)) == largest
+    assert [a for b in batches for a in b] == list(range(admitted))  # each attempt once, in order
