@@ -368,6 +368,10 @@ def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> 
         elif plan.health_asks < REMOTE_ASKS:
             plan.health_asks += 1
             known = remote_health(uuids)
+            if not known:
+                # Nothing known: the source did not answer (a timeout each time) or has no series for these
+                # cards. The next hand-out reads every card once instead of asking again.
+                plan.health_asks = REMOTE_ASKS
         else:
             # A pass handing out many cards reads every card's health once: thousands of admissions made one
             # Prometheus query each (seconds each when it does not answer). Fresh as of this placement.

@@ -86,3 +86,16 @@ def test_a_pass_handing_out_many_cards_reads_every_cards_health_once(db_platform
     assert asked[-1] == "DCGM_FI_DEV_XID_ERRORS"  # every card's, once
     assert len(asked) <= 3, asked  # at most one card-by-card ask and the retry's, then the one read
     assert GPU.objects.get(uuid=REAL_UUIDS[0]).health == GPU.Health.SUSPECT
+
+
+def test_a_pass_waits_for_an_unanswering_prometheus_twice_at_most(db_platform, k8s_node, prometheus):
+    # One card-by-card ask that learns nothing, then one read of every card, also unanswered: nothing more this pass.
+    prometheus.status = 500
+    open_up("train")
+    data = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
+    made = [jobs.job_submit(user=db_platform, data=dict(data))[0] for _ in range(8)]
+    before = len(prometheus.queries)
+    store.dispatch(queue_ids=[made[0].queue_id])
+    assert [Job.objects.get(pk=j.pk).state for j in made] == ["admitted"] * 8  # handed out on what the loop saw
+    assert len(prometheus.queries) - before == 2, prometheus.queries[before:]
+    assert prometheus.queries[-1] == "DCGM_FI_DEV_XID_ERRORS"
