@@ -10,7 +10,7 @@ from jobs.models import Job
 from jobs.selectors import line_places, line_rows  # noqa: F401 - part of the source quotas.usage reads
 from jobs.store import quota_use
 from quotas.models import Queue, Team
-from scheduler.dispatch import VECTOR
+from quotas.selectors import VECTOR_FIELDS as VECTOR
 
 
 def _held(**key) -> dict[str, int]:
