@@ -154,6 +154,52 @@ def group_rss_mib(leader: subprocess.Popen) -> dict[str, Any]:
     return {"processes": len(sizes), "total_mib": round(sum(sizes), 1), "each_mib": sorted(round(s) for s in sizes)}
 
 
+def _proc_stats() -> list[tuple[int, str, int, float]]:
+    """(pid, command name, process group, CPU seconds) of every process this machine shows; a process's seconds
+    include those of its children that ended and were waited for (PostgreSQL's server processes, one per
+    connection, are counted in the postmaster's once they end)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, tail = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = tail.split()
+        cpu = sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
+        rows.append((int(stat.parent.name), head.split("(", 1)[1], int(fields[2]), cpu))
+    return rows
+
+
+def cpu_by_group(leaders: dict[str, subprocess.Popen]) -> dict[str, float]:
+    """CPU seconds used so far by each named process group, and by every PostgreSQL and Redis process of the machine
+    (the embedded servers: their processes' own names)."""
+    totals = dict.fromkeys([*leaders, "postgres", "redis"], 0.0)
+    groups = {proc.pid: name for name, proc in leaders.items()}
+    for _pid, comm, pgrp, cpu in _proc_stats():
+        if pgrp in groups:
+            totals[groups[pgrp]] += cpu
+        elif comm == "postgres":
+            totals["postgres"] += cpu
+        elif comm.startswith("redis-server"):
+            totals["redis"] += cpu
+    return totals
+
+
+def measured(leaders: dict[str, subprocess.Popen], fn, *args, **kwargs) -> dict[str, Any]:
+    """`fn`'s phase summary with the CPU milliseconds per answered request of each process group beside the web
+    server's (`cpu_ms_per_request`): where a submission's cost lands (the dispatcher's passes, PostgreSQL)."""
+    before = cpu_by_group(leaders)
+    row = fn(*args, **kwargs)
+    after = cpu_by_group(leaders)
+    answered = sum(n for code, n in row.get("statuses", {}).items() if str(code) != "0")
+    answered += row.get("warmup_ok", 0)
+    row["cpu_ms_per_request"] = {
+        name: round((after[name] - before[name]) / answered * 1000, 2) if answered else None for name in after
+    }
+    return row
+
+
 def start_workers(env: dict[str, str], log_path: Path) -> list[subprocess.Popen]:
     """The worker and the dispatcher as `make run` starts them (ops.processes), each leading its process group."""
     from ops import processes
@@ -293,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             post["idempotency_key"] = True
             drain = max(2.0, args.duration / 2)
             print(f"GET {GET_URL} at {BASE_RATE:g}/s for {args.duration:g} s ...", flush=True)
-            results["get"] = measure_api(
+            leaders = {"worker": workers[0], "dispatcher": workers[1]}
+            results["get"] = measured(
+                leaders,
+                measure_api,
                 server,
                 workdir,
                 open_phase("get", rate=BASE_RATE, duration_s=args.duration, drain_s=drain, **get),
@@ -301,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                 expect_status=200,
             )
             print(f"POST /api/v1/jobs/ at {BASE_RATE:g}/s for {args.duration:g} s ...", flush=True)
-            results["submit"] = measure_api(
+            results["submit"] = measured(
+                leaders,
+                measure_api,
                 server,
                 workdir,
                 open_phase("submit", rate=BASE_RATE, duration_s=args.duration, drain_s=drain, **post),
@@ -311,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
             results["steps"] = []
             for rate in steps:
                 print(f"submit step {rate:g}/s for {args.step_duration:g} s ...", flush=True)
-                row = measure_api(
+                row = measured(
+                    leaders,
+                    measure_api,
                     server,
                     workdir,
                     open_phase(
@@ -374,6 +427,11 @@ def print_table(r: dict[str, Any]) -> None:
     print(line(f"POST /api/v1/jobs/ @{BASE_RATE:g}/s", r["submit"]))
     for s in r["steps"]:
         print(line(f"  submit step {s['offered_rps']:g}/s", s))
+    print("CPU ms per request (web server; worker, dispatcher, PostgreSQL, Redis: every process of each):")
+    rows = [("GET", r["get"]), ("POST", r["submit"])] + [(f"step {s['offered_rps']:g}/s", s) for s in r["steps"]]
+    for name, row in rows:
+        groups = "  ".join(f"{k} {v}" for k, v in row.get("cpu_ms_per_request", {}).items())
+        print(f"  {name:<14} web {row['server_cpu_ms_per_request']}  {groups}")
     verdict = "met" if r["targets"]["ratio_p99_met"] else "NOT met"
     print(f"submit p99 / GET p99: {r['ratio_p99']} (target <= {RATIO_TARGET:g}: {verdict})")
     verdict = "met" if r["targets"]["knee_rps_met"] else "NOT met"

@@ -258,6 +258,7 @@ def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, sett
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    backends: list[set[int]] = []  # the other sessions open on this database after each pass
     try:
         for k in range(6):
             job = submit(platform, spec="shared")  # its commit wakes a pass (kernel.wake.dispatch_soon)
@@ -265,8 +266,19 @@ def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, sett
             while Job.objects.get(id=job.id).state != "admitted":
                 assert time.monotonic() < deadline, f"job {k} never admitted"
                 time.sleep(0.1)
+            time.sleep(0.2)  # the task's end (where Celery used to close every connection)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                backends.append({row[0] for row in cursor.fetchall()})
     finally:
         log = _stopped(dispatcher)
+    # The dispatcher keeps its database connection from pass to pass (settings.CELERY_DB_REUSE_MAX and
+    # trainyard/celery.py): one session, open after the first pass and still the same after the last, instead of a
+    # new server process for every pass.
+    assert backends[0] and all(backends[0] & later for later in backends[1:]), backends
+    assert len(set().union(*backends)) <= 2, backends
     passes = [line for line in log.splitlines() if "'event': 'dispatch_pass'" in line]
     assert len(passes) == 6, log[-3000:]
     # The first pass reads everything; every later one is the carried, fast path.

@@ -120,9 +120,20 @@ class PrivatePostgres:
         self.running.stop()
 
     def freeze(self, on: bool) -> None:
-        """SIGSTOP (or SIGCONT) every process of the cluster: queries hang, as on a stalled disk or host."""
-        proc = self.running.procs[-1][1]
-        os.killpg(os.getpgid(proc.pid), signal.SIGSTOP if on else signal.SIGCONT)
+        """SIGSTOP (or SIGCONT) every process of the cluster: queries hang, as on a stalled disk or host.
+
+        Each server process PostgreSQL starts leads a session of its own, so signalling the postmaster's process
+        group stops the postmaster alone: new connections hang, but open ones go on answering. Every process
+        below it is signalled too."""
+        from kernel.proctree import descendants
+
+        root = self.running.procs[-1][1].pid
+        sig = signal.SIGSTOP if on else signal.SIGCONT
+        for pid in [root, *descendants(root)] if on else [*descendants(root), root]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def query(self, sql: str, params=(), *, quiet: bool = False):
         try:

@@ -44,6 +44,17 @@ def _wait_terminal(pg, ids, seconds: float) -> dict[str, str]:
     return dict(pg.query("SELECT id::text, state FROM jobs_job WHERE id::text = ANY(%s)", (list(ids),)))
 
 
+def _send(broker_url: str, task: str, args: list, queue: str) -> None:
+    """A task message to the platform's broker, as its own processes send them."""
+    from celery import Celery
+
+    app = Celery("faults-sender", broker=broker_url, set_as_current=False)
+    try:
+        app.send_task(task, args=args, queue=queue)
+    finally:
+        app.close()
+
+
 def test_worker_and_dispatcher_survive_a_broker_crash(servers, tmp_path):
     pg, redis = servers
     port = embedded.free_port()
@@ -66,12 +77,21 @@ def test_worker_and_dispatcher_survive_a_broker_crash(servers, tmp_path):
             return body["id"]
 
         # Jobs in flight, PostgreSQL frozen: their dispatch and start messages are delivered and held unacked by
-        # tasks hanging on the database when the broker dies.
+        # tasks hanging on the database when the broker dies. The platform's own messages may all be done by the
+        # time the database freezes (a pass and a start take milliseconds on a kept connection), so two more are
+        # sent while it is frozen: beat's pass to the dispatcher and the jobs' starts again to the worker (both
+        # acknowledged only when done; a start is idempotent, so each job still runs once).
         mark = len(launcher.lines)
         for i in range(3):
             submit(i)
+        attempts = [row[0] for row in pg.query(
+            "SELECT id FROM jobs_attempt WHERE job_id::text = ANY(%s)", (list(job_ids),)
+        )]  # fmt: skip
         pg.freeze(True)
         try:
+            _send(redis.url, "jobs.dispatch_all", [], "trainyard.dispatch")
+            if attempts:
+                _send(redis.url, "jobs.start_attempts", [attempts], "trainyard")
             time.sleep(3)
             redis.crash()  # SIGKILL: no goodbye to its clients
             time.sleep(4)
