@@ -28,8 +28,9 @@ log = structlog.get_logger(__name__)
 def dispatch_queue(queue_id: int | None = None) -> int:
     """A requested pass (kernel.wake): one pass over every queue, whatever queue asked."""
     from jobs.store import dispatch
-    from kernel.wake import dispatch_started
+    from kernel.wake import dispatch_started, space_passes
 
+    space_passes()  # submissions arriving meanwhile join this pass (the queued mark is still set)
     dispatch_started()
     return dispatch().admitted
 

@@ -7,6 +7,8 @@ after `WAKE_TTL_S`, so a lost message costs at most that (and the beat's pass co
 
 from __future__ import annotations
 
+import time
+
 import structlog
 
 log = structlog.get_logger(__name__)
@@ -68,6 +70,27 @@ def dispatch_soon() -> None:
     except Exception:  # noqa: BLE001 - the beat's pass still comes; let the next request try again
         cache.delete(wake_key())
         log.warning("dispatch_request_unsent")
+
+
+_last_pass_began = float("-inf")
+
+
+def space_passes() -> float:
+    """Before a requested pass: wait until `TRAINYARD_DISPATCH_SPACING_S` has gone by since this process's last
+    requested pass began; returns the seconds waited (0 when the last one is older).
+
+    The queued mark is still set while this waits, so every submission of those milliseconds joins the coming pass
+    instead of queuing one of its own: at 50 submissions/s, one pass (and one message each way) per two or three
+    submissions instead of one per submission, for at most the spacing added to a job's admission, and nothing
+    added when passes are rarer than that."""
+    global _last_pass_began
+    from django.conf import settings
+
+    wait = _last_pass_began + settings.TRAINYARD_DISPATCH_SPACING_S - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    _last_pass_began = time.monotonic()
+    return max(wait, 0.0)
 
 
 def dispatch_started() -> None:

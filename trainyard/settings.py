@@ -130,6 +130,9 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("TRAINYARD_CELERY_QUEUE", default="trainyard
 # Dispatch passes travel on a queue of their own, consumed by one solo-pool process (`ops.processes` "dispatcher"),
 # so every pass finds the pool and the lines it carried warm in memory (kernel/wake.py). Empty: "<queue>.dispatch".
 TRAINYARD_DISPATCH_QUEUE = env.str("TRAINYARD_DISPATCH_QUEUE", default="")
+# The least time between the starts of two requested passes (kernel.wake.space_passes): submissions closer together
+# than this share one pass. It adds at most this much to a job's admission; 0 gives every request a pass of its own.
+TRAINYARD_DISPATCH_SPACING_S = env.float("TRAINYARD_DISPATCH_SPACING_S", default=0.05)
 CELERY_TASK_ROUTES = ("kernel.wake.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

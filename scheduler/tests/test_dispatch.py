@@ -4,6 +4,7 @@ nothing when the pool did not change, coalesced wake-ups, and the same placement
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from django.db import connection
@@ -209,6 +210,21 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
     assert client.llen(queue) == 2
     client.delete(queue)
     cache.delete(wake.wake_key())
+
+
+def test_requested_passes_are_spaced_so_close_submissions_share_one(settings, monkeypatch):
+    from kernel import wake
+
+    settings.TRAINYARD_DISPATCH_SPACING_S = 0.3
+    monkeypatch.setattr(wake, "_last_pass_began", float("-inf"))
+    assert wake.space_passes() == 0.0  # the first pass in a while starts at once
+    t0 = time.monotonic()
+    waited = wake.space_passes()  # the next one waits out the rest of the spacing
+    assert 0.25 <= waited <= 0.3 and time.monotonic() - t0 >= 0.25
+    time.sleep(0.35)
+    assert wake.space_passes() == 0.0  # passes rarer than the spacing never wait
+    settings.TRAINYARD_DISPATCH_SPACING_S = 0
+    assert wake.space_passes() == 0.0
 
 
 def test_live_dispatch_and_the_in_memory_allocator_place_a_trace_identically(platform):  # noqa: F811

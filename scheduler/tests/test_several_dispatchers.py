@@ -241,23 +241,28 @@ def test_wake_ups_and_beat_passes_travel_to_the_dispatchers_queue(_isolated_brok
     assert app.amqp.router.route({}, "jobs.start_attempts")["queue"].name == _isolated_broker_queue
 
 
-def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, settings, _isolated_broker_queue):  # noqa: F811
-    """`ops.processes` "dispatcher" (one solo-pool process) runs every wake-up's pass: after the first, each pass
-    finds the lines it carried (`fast`), which 4 prefork children sharing the passes could not (each kept its own)."""
+def _dispatcher(queue: str, **variables: str) -> subprocess.Popen:
+    """The dispatcher as `make run` starts it (`ops.processes` "dispatcher"), on this test's queue."""
     from ops import processes
 
-    settings.TRAINYARD_START_QUEUE = f"{_isolated_broker_queue}-starts"
-    fresh_pool(*(node(f"d{i}", 4, A100) for i in range(2)))
-    open_up()
-    env = {**_worker_env(_isolated_broker_queue), "TRAINYARD_CELERY_QUEUE": _isolated_broker_queue}
-    env.update(TRAINYARD_LOG_LEVEL="INFO", TRAINYARD_WORKLOAD_REFRESH_S="300")
-    dispatcher = subprocess.Popen(
+    env = {**_worker_env(queue), "TRAINYARD_CELERY_QUEUE": queue}
+    env.update(TRAINYARD_LOG_LEVEL="INFO", TRAINYARD_WORKLOAD_REFRESH_S="300", **variables)
+    return subprocess.Popen(
         [sys.executable, "-m", *processes.command("dispatcher", environ=env)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, settings, _isolated_broker_queue):  # noqa: F811
+    """`ops.processes` "dispatcher" (one solo-pool process) runs every wake-up's pass: after the first, each pass
+    finds the lines it carried (`fast`), which 4 prefork children sharing the passes could not (each kept its own)."""
+    settings.TRAINYARD_START_QUEUE = f"{_isolated_broker_queue}-starts"
+    fresh_pool(*(node(f"d{i}", 4, A100) for i in range(2)))
+    open_up()
+    dispatcher = _dispatcher(_isolated_broker_queue)
     backends: list[set[int]] = []  # the other sessions open on this database after each pass
     try:
         for k in range(6):
@@ -283,4 +288,33 @@ def test_the_dispatcher_as_make_run_starts_it_keeps_its_pool_warm(platform, sett
     assert len(passes) == 6, log[-3000:]
     # The first pass reads everything; every later one is the carried, fast path.
     assert all("'fast': True" in line for line in passes[1:]), passes
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_burst_of_submissions_shares_passes_and_every_job_is_admitted(platform, settings, _isolated_broker_queue):  # noqa: F811
+    """Submissions closer together than `TRAINYARD_DISPATCH_SPACING_S` (kernel.wake.space_passes) join the pass that
+    is waiting to start instead of each sending and running one of their own."""
+    settings.TRAINYARD_START_QUEUE = f"{_isolated_broker_queue}-starts"
+    fresh_pool(*(node(f"b{i}", 8, A100) for i in range(2)))
+    open_up()
+    dispatcher = _dispatcher(_isolated_broker_queue, TRAINYARD_DISPATCH_SPACING_S="0.2")
+    try:
+        first = submit(platform, spec="shared")  # the dispatcher is up and has run its first pass
+        deadline = time.monotonic() + 60
+        while Job.objects.get(id=first.id).state != "admitted":
+            assert time.monotonic() < deadline, "the first job was never admitted"
+            time.sleep(0.1)
+        burst = []
+        for _ in range(12):
+            burst.append(submit(platform, spec="shared"))  # each commit asks for a pass (kernel.wake.dispatch_soon)
+            time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while Job.objects.filter(id__in=[j.id for j in burst], state="admitted").count() < len(burst):
+            assert time.monotonic() < deadline, "the burst was not all admitted"
+            time.sleep(0.1)
+    finally:
+        log = _stopped(dispatcher)
+    passes = [line for line in log.splitlines() if "'event': 'dispatch_pass'" in line]
+    # 12 submissions over about 0.3 s: the first pass, then at most one per 0.2 s and the one after the last request.
+    assert 2 <= len(passes) <= 5, passes
     assert "Traceback" not in log, log[-3000:]
