@@ -639,6 +639,8 @@ def _passes_summary(rows: list[dict]) -> dict:
             f"{phase}_ms_p50": round(percentile([r.get(f"{phase}_ms", 0.0) for r in rows], 50), 1)
             for phase in ("read", "decide", "write", "waits")
         },
+        # The slowest passes whole (every timing their dispatch_pass line gives): what sets a phase's tail.
+        "slowest": sorted(rows, key=lambda r: r.get("total_ms", 0.0), reverse=True)[:3],
         "note": "the passes the dispatcher logged: those that admitted something, read every line or took over 1 s",
     }
 
