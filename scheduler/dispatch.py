@@ -587,6 +587,8 @@ class PassReport:
     placement_calls: int = 0
     shape_hits: int = 0
     refused: int = 0  # writes the database refused as over-booked (a stale view); each pass re-read and retried
+    sync_s: float = 0.0  # bringing the pool up to date (part of read_s): the ledger, the workload, a new allocator
+    allocator_built: bool = False  # this pass built a new allocator (a new workload or pool structure)
 
 
 _workload: tuple[float, tuple, policy.Workload] | None = None
@@ -773,6 +775,8 @@ def run_pass(
             shape_hits=report.shape_hits,
             total_ms=round(report.total_s * 1000, 1),
             read_ms=round(report.read_s * 1000, 1),
+            sync_ms=round(report.sync_s * 1000, 1),
+            allocator_built=report.allocator_built,
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
             starts_ms=round(report.starts_s * 1000, 1),
@@ -803,8 +807,11 @@ def _recheck(store: Store, pool: Pool, decided: Plan, admitted: set) -> list[str
 def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, versions, report: PassReport, t0: float):
     """Bring the pool up to date, decide, and write the admissions under the pool lock, checked by the database
     before commit (StaleView when the check fails; nothing is written then)."""
+    built_before, synced = pool.allocator, time.perf_counter()
     pool.sync(lambda p: workload(store, p))
     t1 = time.perf_counter()
+    report.sync_s = t1 - synced
+    report.allocator_built = pool.allocator is not built_before
     report.read_s = t1 - t0
     decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
     t2 = time.perf_counter()

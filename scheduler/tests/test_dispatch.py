@@ -212,6 +212,21 @@ def test_wake_ups_coalesce_into_one_queued_pass(platform, _isolated_broker_queue
     cache.delete(wake.wake_key())
 
 
+def test_a_pass_says_when_it_built_a_new_allocator_and_how_long_bringing_the_pool_up_to_date_took(platform):  # noqa: F811
+    fresh_pool(node("n1", 4, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    submit(platform)
+    first = scheduler.run_pass(store=JobStore(), full=True)
+    assert first.allocator_built and 0 < first.sync_s <= first.read_s
+    submit(platform)
+    again = scheduler.run_pass(store=JobStore(), full=True)
+    assert not again.allocator_built and again.admitted == 1
+    scheduler._workload = None  # the workload's refresh period is over and its mix moved
+    submit(platform)
+    refreshed = scheduler.run_pass(store=JobStore(), full=True)
+    assert refreshed.allocator_built and refreshed.admitted == 1
+
+
 def test_requested_passes_are_spaced_so_close_submissions_share_one(settings, monkeypatch):
     from kernel import wake
 
