@@ -602,7 +602,8 @@ def backlog(platform: Platform, user, pods, sizes: list[int]) -> list[dict]:
         row: dict = {"waiting": have}
         for label in ("first", "steady", "steady_again"):
             count = len(platform.passes(since=began))
-            current_app.send_task(wake.BEAT_DISPATCH_TASK)  # beat's pass, to the dispatcher's queue
+            # Beat's pass made to read every line (as it does every TRAINYARD_FULL_PASS_EVERY_S), to the dispatcher.
+            current_app.send_task(wake.BEAT_DISPATCH_TASK, kwargs={"full": True})
             row[label] = pass_row(platform.next_pass(count, since=began))
         lines = JobStore().backlog(queue_ids=None).waiting
         memory = in_memory_decisions([job for line in lines.values() for job in line])

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 from celery import shared_task
 from celery.signals import worker_before_create_process, worker_process_shutdown, worker_ready
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from kombu.exceptions import OperationalError as BrokerError
 
 from jobs import lifecycle
@@ -36,11 +36,18 @@ def dispatch_queue(queue_id: int | None = None) -> int:
 
 
 @shared_task(name="jobs.dispatch_all", acks_late=True)
-def dispatch_all() -> int:
-    """The beat's pass: level-triggered, so a lost wake-up costs one period; it reads every line."""
-    from jobs.store import dispatch
+def dispatch_all(full: bool | None = None) -> int:
+    """The beat's pass: level-triggered, so a lost wake-up costs one period. It reads every line when `full`, or
+    when None and the dispatcher has not done so for TRAINYARD_FULL_PASS_EVERY_S; otherwise it is a pass like a
+    wake-up's (which reads every line anyway once anything but newcomers changed). It keeps the quota-use log short."""
+    from jobs.store import compact_quota_use, dispatch
+    from scheduler.dispatch import full_pass_due
 
-    return dispatch(full=True).admitted
+    report = dispatch(full=full_pass_due() if full is None else full)
+    if report.fast or report.skipped:
+        with transaction.atomic():
+            compact_quota_use()  # a pass that read every line has just done it
+    return report.admitted
 
 
 # Idempotent (see lifecycle.attempt_start), so redelivery is safe; an outage is waited out (about 20 minutes of

@@ -622,9 +622,10 @@ def workload(store: Store, pool: Pool) -> policy.Workload:
 
 def reset() -> None:
     """Forget the process's pool and workload (tests, and after the schema changes under a running process)."""
-    global _workload, _carry
+    global _workload, _carry, _last_full
     _workload = None
     _carry = None
+    _last_full = None
     current().invalidate()
 
 
@@ -653,6 +654,14 @@ class Carry:
 
 
 _carry: Carry | None = None
+_last_full: float | None = None  # time.monotonic() when this process last read every waiting line
+
+
+def full_pass_due() -> bool:
+    """Whether beat's pass should read every line although the carry may say only newcomers changed: when this
+    process has not read them all for TRAINYARD_FULL_PASS_EVERY_S. Between such passes the version numbers (kept by
+    the database's triggers) are trusted; the periodic full read bounds what a change they missed could cost."""
+    return _last_full is None or time.monotonic() - _last_full >= settings.TRAINYARD_FULL_PASS_EVERY_S
 
 
 def _reference_version() -> int:
@@ -693,7 +702,7 @@ def run_pass(
 
     A pass over every queue that finds nothing changed but new jobs at the ends of the lines decides for those
     alone (`fast`); the beat's pass (`full`) and any pass after a release, an edit or a cancel read every line."""
-    global _carry
+    global _carry, _last_full
     report = PassReport()
     t0 = time.perf_counter()
     if not _try_pass_lock():
@@ -713,6 +722,8 @@ def run_pass(
         if backlog is None:
             _carry = None
             backlog = store.backlog(queue_ids=queue_ids)
+            if queue_ids is None:
+                _last_full = time.monotonic()
         if not any(backlog.waiting.values()):
             if queue_ids is None and not report.fast:
                 _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set(), horizon)

@@ -256,6 +256,9 @@ TRAINYARD_LOCAL_ACCOUNT_HOST = env.bool("TRAINYARD_LOCAL_ACCOUNT_HOST", default=
 # most this often (scheduler/dispatch.py).
 TRAINYARD_WORKLOAD_WINDOW_H = env.float("TRAINYARD_WORKLOAD_WINDOW_H", default=72.0)
 TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default=300.0)
+# Beat's pass (every 30 s) reads every waiting line when the dispatcher last did so this long ago; in between it
+# decides only newcomers when the version numbers say nothing else changed (scheduler/dispatch.py, the carry).
+TRAINYARD_FULL_PASS_EVERY_S = env.float("TRAINYARD_FULL_PASS_EVERY_S", default=300.0)
 # Celery queue for attempt starts (empty: the default queue), so start workers can be scaled apart from dispatch.
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))

@@ -436,3 +436,51 @@ def test_a_reconcile_that_frees_nothing_keeps_the_next_pass_fast(platform):  # n
     moved = Pool.read_versions()
     assert pool_reconcile().freed == 2
     assert Pool.read_versions()[1] != moved[1]
+
+
+def test_beats_pass_reads_every_line_only_once_the_last_full_read_is_a_period_old(platform, settings, monkeypatch):  # noqa: F811
+    from jobs import tasks
+
+    settings.TRAINYARD_FULL_PASS_EVERY_S = 300.0
+    fresh_pool(node("n1", 1, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    reads = []
+    real = JobStore.backlog
+    monkeypatch.setattr(JobStore, "backlog", lambda self, **kw: reads.append(kw) or real(self, **kw))
+    first, second = submit(platform), submit(platform)
+    assert tasks.dispatch_all() == 1  # no carry yet: every line is read
+    assert len(reads) == 1
+    third = submit(platform)
+    assert tasks.dispatch_all() == 0  # nothing but a newcomer changed, and the last full read is recent
+    assert len(reads) == 1
+    assert Job.objects.get(pk=third.pk).queue_position == 2  # decided all the same, behind the second
+    monkeypatch.setattr(scheduler, "_last_full", time.monotonic() - 301)
+    tasks.dispatch_all()
+    assert len(reads) == 2  # the period is over: every line again
+    tasks.dispatch_all(full=True)  # asked for (the benchmark's backlog phase)
+    assert len(reads) == 3
+    lifecycle.job_cancel(job_id=first.pk, actor="test")  # a release: the carry no longer holds
+    tasks.dispatch_all()
+    assert len(reads) == 4 and Job.objects.get(pk=second.pk).state == "admitted"
+
+
+def test_beats_pass_keeps_the_quota_use_log_short_when_it_reads_no_line(platform, settings):  # noqa: F811
+    from jobs import tasks
+
+    settings.TRAINYARD_FULL_PASS_EVERY_S = 300.0
+    fresh_pool(node("n1", 1, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    submit(platform), submit(platform)
+    tasks.dispatch_all()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO trainyard_quota_use (queue_id, team_id, owner_id, gpu_milli, gpu_memory_mib, cpu_milli, "
+            "memory_mib, jobs) SELECT queue_id, team_id, owner_id, 0, 0, 0, 0, 0 FROM trainyard_quota_use, "
+            "generate_series(1, 300)"
+        )
+    submit(platform)
+    tasks.dispatch_all()  # a fast pass: it read no line, so the task folds the log itself
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), count(DISTINCT (queue_id, team_id, owner_id)) FROM trainyard_quota_use")
+        rows, keys = cursor.fetchone()
+    assert rows == keys == 1
