@@ -631,6 +631,8 @@ def _passes_summary(rows: list[dict]) -> dict:
     return {
         "logged": len(rows),
         "fast": sum(1 for r in rows if r.get("fast")),
+        # Passes that read every line: beat's every TRAINYARD_FULL_PASS_EVERY_S, and any after a release or an edit.
+        "read_every_line": sum(1 for r in rows if not r.get("fast")),
         "admitted": sum(r.get("admitted", 0) for r in rows),
         "total_ms_sum": round(sum(totals), 1),
         "total_ms_p50": round(percentile(totals, 50), 1),
