@@ -28,8 +28,10 @@ checked for over-booked cards and nodes (``scheduler.pool.overbooked``): any is 
 3. Latency: 5,000 jobs waiting, a share of the cluster emptied, 100 submissions/s for 20 s through ``job_submit``
    in processes of their own (two, two threads each, as web processes would) while the dispatcher runs the
    coalesced passes; submit-to-admitted p50/p99 from the rows' own timestamps, and each pass's timings from the
-   dispatcher's log. Twice: beat with the deployed 10-minute reconcile (it does not run in 20 s), then beat running
-   the reconcile every few seconds.
+   dispatcher's log. Three times: beat with the deployed 10-minute reconcile (it does not run in 20 s), then beat
+   running the reconcile every few seconds, then the deployed beat with one pass that reads every line sent by the
+   benchmark mid-phase: beat's pass does so every TRAINYARD_FULL_PASS_EVERY_S (300 s), and this is the 20-s window
+   that holds one (reported beside the target, which the deployed shape's two runs answer).
 
 Run: ``make bench-scheduler`` (``--quick`` for a smaller replay and backlog, written to
 ``bench/results/scheduler-quick.json``). Results: ``bench/results/scheduler.json``.
@@ -48,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -71,6 +74,7 @@ GPU_MIB = 32 * 1024
 RECONCILE_EVERY_S = 15.0
 RECONCILE_EVERY_LATENCY_S = 4.0
 DEPLOYED_RECONCILE_S = 600.0
+FULL_PASS_PHASE = "full_pass_mid_phase"  # the latency run with one pass that reads every line, sent mid-phase
 
 
 class Overbooked(SystemExit):
@@ -648,16 +652,27 @@ def _passes_summary(rows: list[dict]) -> dict:
     }
 
 
-def latency(platform: Platform, user, *, rate: float, seconds: float, model: str = "T4", processes: int = 2) -> dict:
+def latency(
+    platform: Platform,
+    user,
+    *,
+    rate: float,
+    seconds: float,
+    model: str = "T4",
+    processes: int = 2,
+    full_pass_at: float | None = None,
+) -> dict:
     """`rate` submissions/s for `seconds` while the waiting jobs wait. The full cluster is split by GPU model, as
     teams often are: the waiting jobs (the trace shapes that no longer fit) are pinned to the other models, the
     `model` cards are emptied (their jobs cancelled, releasing them) and the new jobs, small shares, are pinned to
     them. Submitter processes pace the arrivals; the platform's dispatcher runs the coalesced passes."""
+    from celery import current_app
     from django.db import connection
 
     from cluster.models import GPU
     from jobs.lifecycle import job_cancel
     from jobs.models import Attempt, Job
+    from kernel import wake
     from scheduler import policy
 
     others = sorted(set(GPU.objects.exclude(model=model).values_list("model", flat=True)))
@@ -688,6 +703,14 @@ def latency(platform: Platform, user, *, rate: float, seconds: float, model: str
     ]
     for child in children:
         child.start()
+    forced = None
+    if full_pass_at is not None:
+        # Beat's pass told to read every line, `full_pass_at` seconds into the arrivals (as it does every 5 minutes).
+        forced = threading.Timer(
+            start + full_pass_at - time.time(),
+            lambda: current_app.send_task(wake.BEAT_DISPATCH_TASK, kwargs={"full": True}),
+        )
+        forced.start()
     ids: list = []
     lag: list[float] = []
     for _ in children:
@@ -696,6 +719,8 @@ def latency(platform: Platform, user, *, rate: float, seconds: float, model: str
         lag += got_lag
     for child in children:
         child.join(timeout=30)
+    if forced is not None:
+        forced.join()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if not Job.objects.filter(id__in=ids, state="pending").exists():
@@ -726,6 +751,7 @@ def latency(platform: Platform, user, *, rate: float, seconds: float, model: str
         "max_s": round(max(waits), 3) if waits else None,
         "submitter_lag_p99_s": round(percentile(lag, 99), 3),
         "submitter_processes": processes,
+        "full_pass_sent_at_s": full_pass_at,
         "passes": _passes_summary(passes),
         "admissions_per_pass_s": round(live_per_s, 1) if live_per_s else None,
         "in_memory": memory,
@@ -1065,7 +1091,10 @@ def process_model(platform: Platform | None = None) -> dict:
         "latency": f"{deployed}; submissions by 2 forked submitter processes (2 threads each) through job_submit; "
         f"run 'reconcile_not_running': beat restarted with the deployed pool reconcile period "
         f"({DEPLOYED_RECONCILE_S:g} s: it does not run in the run); run 'reconcile_running': beat restarted with "
-        f"the pool reconcile every {RECONCILE_EVERY_LATENCY_S:g} s",
+        f"the pool reconcile every {RECONCILE_EVERY_LATENCY_S:g} s; run '{FULL_PASS_PHASE}': the deployed beat, and "
+        "beat's jobs.dispatch_all(full=True) sent by the benchmark half-way through the arrivals (beat's own pass "
+        "reads every line every TRAINYARD_FULL_PASS_EVERY_S)",
+        "full_pass_every_s": float(os.environ.get("TRAINYARD_FULL_PASS_EVERY_S", "300")),
         "estimates": ESTIMATES_PROCESS_MODEL + "; the platform's processes are stopped first",
         "worker_concurrency": concurrency,
         "workload_refresh_s": float(os.environ.get("TRAINYARD_WORKLOAD_REFRESH_S", "300")),
@@ -1117,8 +1146,8 @@ def format_table(results: dict) -> str:
                 f"submit-to-admitted at {lat['rate_per_s']:.0f}/s, {lat['waiting_before']:,} waiting, {label}",
                 f"p50 {lat['p50_s']:.3f} s, p99 {lat['p99_s']:.3f} s; {len(held)} reconciles"
                 + (f", lock held {min(held):.0f}-{max(held):.0f} ms" if held else ""),
-                "p99 <= 1 s",
-                lat["p99_s"] <= t["submit_p99_s"],
+                "p99 <= 1 s" if label != FULL_PASS_PHASE else "(the 20-s window with a full pass)",
+                lat["p99_s"] <= t["submit_p99_s"] if label != FULL_PASS_PHASE else None,
             )
         )
     rows += [
@@ -1229,12 +1258,13 @@ def main(argv: list[str] | None = None) -> int:
             Job.objects.filter(id__in=extra[start : start + 5000]).delete()
         results["latency"] = {}
         seconds = 10.0 if args.quick else 20.0
-        for label, every in (
-            ("reconcile_not_running", DEPLOYED_RECONCILE_S),
-            ("reconcile_running", RECONCILE_EVERY_LATENCY_S),
+        for label, every, full_at in (
+            ("reconcile_not_running", DEPLOYED_RECONCILE_S, None),
+            ("reconcile_running", RECONCILE_EVERY_LATENCY_S, None),
+            (FULL_PASS_PHASE, DEPLOYED_RECONCILE_S, seconds / 2),
         ):
             platform.restart_beat(reconcile_every_s=every)
-            lat = results["latency"][label] = latency(platform, user, rate=100.0, seconds=seconds)
+            lat = results["latency"][label] = latency(platform, user, rate=100.0, seconds=seconds, full_pass_at=full_at)
             held = [x["lock_held_ms"] for x in lat["pool_reconciles"]]
             print(
                 f"latency ({label}) at 100/s with {lat['waiting_before']} waiting: p50 {lat['p50_s']} s, "
@@ -1270,7 +1300,10 @@ def main(argv: list[str] | None = None) -> int:
         "admissions_per_s_met": (r["admissions_per_s"] or 0) >= TARGETS["admissions_per_s"],
         "live_to_in_memory_ratio_met": (r["live_to_in_memory_ratio"] or 0) >= TARGETS["live_to_in_memory_ratio"],
         "pass_5000_met": pass5000 is not None and pass5000["steady"]["total_ms"] <= TARGETS["pass_5000_ms"],
-        "submit_p99_met": all(x["p99_s"] <= TARGETS["submit_p99_s"] for x in results["latency"].values()),
+        # The deployed shape's runs; the window with a forced full pass is reported beside them.
+        "submit_p99_met": all(
+            x["p99_s"] <= TARGETS["submit_p99_s"] for k, x in results["latency"].items() if k != FULL_PASS_PHASE
+        ),
         "share_gap_met": r["gap_pp"] <= TARGETS["share_gap_pp"],
         "estimate_p99_ms": ESTIMATE_TARGET_P99_MS,
         "estimate_p99_met": results["estimates"]["met"],
