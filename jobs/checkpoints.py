@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, Q
 
 from jobs.models import Attempt, Checkpoint, Job, JobEvent
 from kernel import objectstore
@@ -271,22 +271,22 @@ def teams_over_storage_quota(team_ids) -> set[int]:
 
 
 def _protected(now) -> set[int]:
-    """The latest checkpoint of every job that may still resume from it: a job not finished yet (its retry
-    resumes), and a job an unfinished job names in `resume_from`."""
+    """The latest checkpoint (as `latest` picks it) of every job that may still resume from it: a job not finished
+    yet (its retry resumes), and a job an unfinished job names in `resume_from`. One query, whatever the number of
+    unfinished jobs (a query per job took 15 s an hour with 19,000 of them)."""
     from jobs.states import TERMINAL
 
-    jobs = set(Job.objects.exclude(state__in=[s.value for s in TERMINAL]).values_list("id", flat=True))
-    jobs |= set(
-        Job.objects.exclude(state__in=[s.value for s in TERMINAL])
-        .exclude(resume_from__isnull=True)
-        .values_list("resume_from_id", flat=True)
+    unfinished = Job.objects.exclude(state__in=[s.value for s in TERMINAL])
+    return set(
+        Checkpoint.objects.filter(deleted_at__isnull=True)
+        .filter(
+            Q(job__in=unfinished.values("id"))
+            | Q(job__in=unfinished.exclude(resume_from__isnull=True).values("resume_from_id"))
+        )
+        .order_by("job_id", F("step").desc(nulls_last=True), "-saved_at", "-id")
+        .distinct("job_id")
+        .values_list("id", flat=True)
     )
-    keep = set()
-    for job_id in jobs:
-        checkpoint = latest(job_id)
-        if checkpoint is not None:
-            keep.add(checkpoint.id)
-    return keep
 
 
 def checkpoints_prune(*, now=None) -> dict[str, int]:

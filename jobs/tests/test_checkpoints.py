@@ -168,6 +168,44 @@ def test_retention_keeps_the_last_n_drops_the_old_and_never_the_last_of_a_job_th
 
 
 @pytest.mark.django_db(transaction=True)
+def test_retention_keeps_what_an_unfinished_job_resumes_from_in_the_same_statements_for_any_number_of_jobs(
+    platform, checkpoint_store
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.models import Job
+    from quotas.models import Team
+
+    Team.objects.filter(slug="demo").update(checkpoint_keep_last=1, checkpoint_retention_days=7)
+    source = submit(platform, command=["true"])
+    Job.objects.filter(pk=source.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+    attempt = Attempt.objects.create(job=source, number=1, backend="local", state="succeeded", ended_at=timezone.now())
+    best = _saved(source, attempt, "ckpt-20.pt", store=checkpoint_store, age_days=30)  # highest step, though older
+    newer = _saved(source, attempt, "ckpt-10.pt", store=checkpoint_store, age_days=20)
+    follower = submit(platform, command=["true"])
+    Job.objects.filter(pk=follower.pk).update(resume_from=source)  # waiting: it will start from `source`
+
+    def prune_counting(unfinished: int) -> int:
+        for _ in range(unfinished):
+            job = submit(platform, command=["true"])
+            a = Attempt.objects.create(job=job, number=1, backend="local", state="failed", ended_at=timezone.now())
+            _saved(job, a, "ckpt-1.pt", store=checkpoint_store, age_days=30)  # each the latest of a job that may retry
+        with CaptureQueriesContext(connection) as queries:
+            checkpoints.checkpoints_prune()
+        return len(queries.captured_queries)
+
+    few = prune_counting(1)
+    best.refresh_from_db()
+    newer.refresh_from_db()
+    assert best.deleted_at is None and _exists(checkpoint_store, best.key)  # what the follower resumes from
+    assert newer.deleted_at is not None  # past retention and not the one a resume takes
+    many = prune_counting(6)
+    assert many == few - 2  # nothing doomed the second time: no store call, no update, no event; no query per job
+    assert Checkpoint.objects.filter(deleted_at__isnull=True, name="ckpt-1.pt").count() == 7
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_over_the_storage_quota_uploads_wait_with_an_event_and_resume_when_there_is_room(
     platform, celery_worker_thread, checkpoint_store
