@@ -1,17 +1,55 @@
 """Django settings, read from the environment (see `.env.example`) with safe local defaults."""
 
+import os
 import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from kernel import logsetup
 from kernel.host import private_file
 from kernel.paths import BASE_DIR, VAR_DIR
 
-env = environ.Env()
+
+class _StrictEnv(environ.Env):
+    """django-environ, strict about numbers and yes/no: a value that does not parse stops the start with the
+    variable's name (environ strips "abc" to "" before float(), and reads any unknown word, "ture" say, as false).
+    Set but empty means unset for a number; for a yes/no it is "no", as environ reads it."""
+
+    def _number(self, kind, var, default):
+        raw = os.environ.get(var)
+        if raw is None:
+            return super().float(var, default=default) if kind is float else super().int(var, default=default)
+        if not raw.strip() and default is not environ.Env.NOTSET:
+            return default
+        try:
+            return kind(raw.strip())
+        except ValueError:
+            what = "a number" if kind is float else "a whole number"
+            raise ImproperlyConfigured(f"{var} must be {what}, got {raw!r}") from None
+
+    def float(self, var, default=environ.Env.NOTSET):
+        return self._number(float, var, default)
+
+    def int(self, var, default=environ.Env.NOTSET):
+        return self._number(int, var, default)
+
+    def bool(self, var, default=environ.Env.NOTSET):
+        raw = os.environ.get(var)
+        if raw is None:
+            return super().bool(var, default=default)
+        word = raw.strip().lower()
+        if word in self.BOOLEAN_TRUE_STRINGS:
+            return True
+        if word in ("false", "off", "no", "n", "0", ""):
+            return False
+        raise ImproperlyConfigured(f"{var} must be true or false (yes/no, on/off, 1/0), got {raw!r}")
+
+
+env = _StrictEnv()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 

@@ -197,6 +197,34 @@ def test_env_example_lists_every_variable_the_settings_read():
     assert read - listed == set()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("TRAINYARD_DISPATCH_SPACING_S", "abc", "TRAINYARD_DISPATCH_SPACING_S must be a number, got 'abc'"),
+        ("TRAINYARD_LOG_DAILY_LINES", "1.5", "TRAINYARD_LOG_DAILY_LINES must be a whole number, got '1.5'"),
+        ("TRAINYARD_LOCAL_ACCOUNT_HOST", "ture", "TRAINYARD_LOCAL_ACCOUNT_HOST must be true or false"),
+    ],
+)
+def test_a_setting_that_does_not_parse_stops_the_start_naming_the_variable(variable, value, said):
+    probe = (
+        "import django; django.setup(); from django.conf import settings; print(settings.TRAINYARD_DISK_FULL_GRACE_S)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "trainyard.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, variable: value}, capture_output=True, text=True, cwd=BASE_DIR
+    )
+    assert result.returncode == 1 and said in result.stderr
+    # Set but empty is unset for a number; a good value still reads.
+    fine = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, "TRAINYARD_DISK_FULL_GRACE_S": " ", "TRAINYARD_LOCAL_ACCOUNT_HOST": "Yes"},
+        capture_output=True,
+        text=True,
+        cwd=BASE_DIR,
+    )
+    assert fine.returncode == 0 and fine.stdout.strip() == "30.0", fine.stderr[-500:]
+
+
 def test_secret_key_is_generated_not_committed():
     assert not (BASE_DIR / "var" / "secret_key").exists() or "var/" in Path(BASE_DIR / ".gitignore").read_text()
     from django.conf import settings
