@@ -129,6 +129,18 @@ def _saved(job, attempt, name, *, store, age_days=0, body=b"w"):
     )  # fmt: skip
 
 
+def _succeeded_under_retention(user, *, keep_last: int):
+    """The demo team keeping `keep_last` checkpoints per job for 7 days, and one succeeded job with its attempt."""
+    from jobs.models import Job
+    from quotas.models import Team
+
+    Team.objects.filter(slug="demo").update(checkpoint_keep_last=keep_last, checkpoint_retention_days=7)
+    job = submit(user, command=["true"])
+    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+    attempt = Attempt.objects.create(job=job, number=1, backend="local", state="succeeded", ended_at=timezone.now())
+    return job, attempt
+
+
 def _exists(store, key) -> bool:
     try:
         objectstore.client(store).head_object(Bucket=store.bucket, Key=key)
@@ -141,13 +153,7 @@ def _exists(store, key) -> bool:
 def test_retention_keeps_the_last_n_drops_the_old_and_never_the_last_of_a_job_that_may_resume(
     platform, checkpoint_store
 ):
-    from jobs.models import Job
-    from quotas.models import Team
-
-    Team.objects.filter(slug="demo").update(checkpoint_keep_last=2, checkpoint_retention_days=7)
-    done = submit(platform, command=["true"])
-    Job.objects.filter(pk=done.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
-    attempt = Attempt.objects.create(job=done, number=1, backend="local", state="succeeded", ended_at=timezone.now())
+    done, attempt = _succeeded_under_retention(platform, keep_last=2)
     kept = [_saved(done, attempt, f"ckpt-{n}.pt", store=checkpoint_store) for n in (30, 20)]
     dropped = _saved(done, attempt, "ckpt-10.pt", store=checkpoint_store)
     running = submit(platform, command=["true"])  # not finished: it may still retry and resume
@@ -175,12 +181,8 @@ def test_retention_keeps_what_an_unfinished_job_resumes_from_in_the_same_stateme
     from django.test.utils import CaptureQueriesContext
 
     from jobs.models import Job
-    from quotas.models import Team
 
-    Team.objects.filter(slug="demo").update(checkpoint_keep_last=1, checkpoint_retention_days=7)
-    source = submit(platform, command=["true"])
-    Job.objects.filter(pk=source.pk).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
-    attempt = Attempt.objects.create(job=source, number=1, backend="local", state="succeeded", ended_at=timezone.now())
+    source, attempt = _succeeded_under_retention(platform, keep_last=1)
     best = _saved(source, attempt, "ckpt-20.pt", store=checkpoint_store, age_days=30)  # highest step, though older
     newer = _saved(source, attempt, "ckpt-10.pt", store=checkpoint_store, age_days=20)
     follower = submit(platform, command=["true"])
