@@ -603,14 +603,10 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     @action(detail=True, methods=["get"], pagination_class=None)
     def checkpoints(self, request, pk=None):
         """The job's checkpoints in the object store (step, size, time, attempt), newest step first."""
-        from django.db.models import F
+        from jobs.checkpoints import RESUME_ORDER
 
         job = self.get_object()
-        rows = (
-            job.checkpoints.filter(deleted_at__isnull=True)
-            .select_related("attempt")
-            .order_by(F("step").desc(nulls_last=True), "-saved_at", "-id")
-        )
+        rows = job.checkpoints.filter(deleted_at__isnull=True).select_related("attempt").order_by(*RESUME_ORDER)
         return Response(CheckpointSerializer(rows, many=True, context={"request": request}).data)
 
     @extend_schema(

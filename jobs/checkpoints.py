@@ -51,13 +51,13 @@ def step_of(name: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
+# A job's checkpoints, the one a resume takes first: highest step, then newest.
+RESUME_ORDER = (F("step").desc(nulls_last=True), "-saved_at", "-id")
+
+
 def latest(job_id) -> Checkpoint | None:
     """The checkpoint a resumed attempt starts from: highest step, then newest."""
-    return (
-        Checkpoint.objects.filter(job_id=job_id, deleted_at__isnull=True)
-        .order_by(F("step").desc(nulls_last=True), "-saved_at", "-id")
-        .first()
-    )
+    return Checkpoint.objects.filter(job_id=job_id, deleted_at__isnull=True).order_by(*RESUME_ORDER).first()
 
 
 def resume_source(job: Job, attempt_number: int) -> Checkpoint | None:
@@ -283,7 +283,7 @@ def _protected(now) -> set[int]:
             Q(job__in=unfinished.values("id"))
             | Q(job__in=unfinished.exclude(resume_from__isnull=True).values("resume_from_id"))
         )
-        .order_by("job_id", F("step").desc(nulls_last=True), "-saved_at", "-id")
+        .order_by("job_id", *RESUME_ORDER)
         .distinct("job_id")
         .values_list("id", flat=True)
     )
@@ -301,9 +301,7 @@ def checkpoints_prune(*, now=None) -> dict[str, int]:
     protected = _protected(now)
     doomed: list[Checkpoint] = []
     rows = (
-        Checkpoint.objects.filter(deleted_at__isnull=True)
-        .select_related("job__team")
-        .order_by("job_id", F("step").desc(nulls_last=True), "-saved_at", "-id")
+        Checkpoint.objects.filter(deleted_at__isnull=True).select_related("job__team").order_by("job_id", *RESUME_ORDER)
     )
     seen: dict = {}
     for checkpoint in rows.iterator(chunk_size=2000):
