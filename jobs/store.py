@@ -360,8 +360,6 @@ class JobStore:
         for line in waiting.values():
             line.sort(key=_order)
         team_ids = {w.team_id for line in waiting.values() for w in line}
-        if queue_ids is None:
-            compact_quota_use()  # the full pass (beat's, every few seconds) keeps the log short
         return _with_use(rules, _team_rules(team_ids), dict(waiting), quota_use())
 
     def first_reason(self, job_id) -> tuple[str, str] | None:

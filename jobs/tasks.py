@@ -39,15 +39,15 @@ def dispatch_queue(queue_id: int | None = None) -> int:
 def dispatch_all(full: bool | None = None) -> int:
     """The beat's pass: level-triggered, so a lost wake-up costs one period. It reads every line when `full`, or
     when None and the dispatcher has not done so for TRAINYARD_FULL_PASS_EVERY_S; otherwise it is a pass like a
-    wake-up's (which reads every line anyway once anything but newcomers changed). It keeps the quota-use log short."""
+    wake-up's (which reads every line anyway once anything but newcomers changed). Then it folds the quota-use log
+    when it has grown (jobs.store.compact_quota_use), every 30 s whatever the pass read."""
     from jobs.store import compact_quota_use, dispatch
     from scheduler.dispatch import full_pass_due
 
-    report = dispatch(full=full_pass_due() if full is None else full)
-    if report.fast or report.skipped:
-        with transaction.atomic():
-            compact_quota_use()  # a pass that read every line has just done it
-    return report.admitted
+    admitted = dispatch(full=full_pass_due() if full is None else full).admitted
+    with transaction.atomic():
+        compact_quota_use()
+    return admitted
 
 
 # Idempotent (see lifecycle.attempt_start), so redelivery is safe; an outage is waited out (about 20 minutes of
