@@ -22,7 +22,7 @@ class _StrictEnv(environ.Env):
     def _number(self, kind, var, default):
         raw = os.environ.get(var)
         if raw is None:
-            return super().float(var, default=default) if kind is float else super().int(var, default=default)
+            return self.get_value(var, cast=kind, default=default)  # the default, or environ's "set X" error
         if not raw.strip() and default is not environ.Env.NOTSET:
             return default
         try:
