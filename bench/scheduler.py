@@ -75,6 +75,8 @@ RECONCILE_EVERY_S = 15.0
 RECONCILE_EVERY_LATENCY_S = 4.0
 DEPLOYED_RECONCILE_S = 600.0
 FULL_PASS_PHASE = "full_pass_mid_phase"  # the latency run with one pass that reads every line, sent mid-phase
+RELEASES_PHASE = "releases_during_phase"  # the latency run in which running jobs end (are cancelled) throughout
+RELEASES_PER_S = 2.0  # in that run: a slice released this often frees room for the waiting jobs of other models
 
 
 class Overbooked(SystemExit):
@@ -636,7 +638,9 @@ def _passes_summary(rows: list[dict]) -> dict:
         "logged": len(rows),
         "fast": sum(1 for r in rows if r.get("fast")),
         # Passes that read every line: beat's every TRAINYARD_FULL_PASS_EVERY_S, and any after a release or an edit.
-        "read_every_line": sum(1 for r in rows if not r.get("fast")),
+        "read_every_line": sum(1 for r in rows if not r.get("fast") and not r.get("redecided")),
+        # Passes that decided every carried line again without reading one (after a release or a line jump).
+        "redecided": sum(1 for r in rows if r.get("redecided")),
         "admitted": sum(r.get("admitted", 0) for r in rows),
         "total_ms_sum": round(sum(totals), 1),
         "total_ms_p50": round(percentile(totals, 50), 1),
@@ -661,11 +665,14 @@ def latency(
     model: str = "T4",
     processes: int = 2,
     full_pass_at: float | None = None,
+    releases_per_s: float = 0.0,
 ) -> dict:
     """`rate` submissions/s for `seconds` while the waiting jobs wait. The full cluster is split by GPU model, as
     teams often are: the waiting jobs (the trace shapes that no longer fit) are pinned to the other models, the
     `model` cards are emptied (their jobs cancelled, releasing them) and the new jobs, small shares, are pinned to
-    them. Submitter processes pace the arrivals; the platform's dispatcher runs the coalesced passes."""
+    them. Submitter processes pace the arrivals; the platform's dispatcher runs the coalesced passes.
+    `releases_per_s`: while they arrive, running jobs on the other models are cancelled at that rate (each releases
+    its slices as a finishing job does), so the dispatcher's passes also admit waiting jobs into the room freed."""
     from celery import current_app
     from django.db import connection
 
@@ -703,6 +710,16 @@ def latency(
     ]
     for child in children:
         child.start()
+    releasing = None
+    released: list[float] = []
+    if releases_per_s:
+        # What still holds cards after the emptying holds them on the other models.
+        holders = sorted(map(str, Job.objects.filter(state="admitted").values_list("id", flat=True)))
+        holders = random.Random(7).sample(holders, min(len(holders), int(releases_per_s * seconds) + 1))
+        releasing = threading.Thread(
+            target=_release_paced, args=(holders, start, releases_per_s, seconds, released), daemon=True
+        )
+        releasing.start()
     forced = None
     if full_pass_at is not None:
         # Beat's pass told to read every line, `full_pass_at` seconds into the arrivals (as it does every 5 minutes).
@@ -721,6 +738,8 @@ def latency(
         child.join(timeout=30)
     if forced is not None:
         forced.join()
+    if releasing is not None:
+        releasing.join(timeout=60)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if not Job.objects.filter(id__in=ids, state="pending").exists():
@@ -752,6 +771,9 @@ def latency(
         "submitter_lag_p99_s": round(percentile(lag, 99), 3),
         "submitter_processes": processes,
         "full_pass_sent_at_s": full_pass_at,
+        "releases_per_s": releases_per_s,
+        "released": len(released),
+        "release_call_p50_ms": round(percentile(released, 50) * 1000, 1) if released else None,
         "passes": _passes_summary(passes),
         "admissions_per_pass_s": round(live_per_s, 1) if live_per_s else None,
         "in_memory": memory,
@@ -772,6 +794,26 @@ def latency(
         "reconcile (from its pool_reconciled line: ended at, total_ms)",
         "emptied_jobs": len(on_model),
     }
+
+
+def _release_paced(job_ids: list, start: float, rate: float, seconds: float, out: list[float]) -> None:
+    """Cancel the jobs `job_ids` one at a time at `rate`/s from `start` (wall clock) for `seconds`, each as a user's
+    cancel does (its slices released, a dispatch pass asked for); appends how long each call took."""
+    from django.db import connection
+
+    from jobs.lifecycle import job_cancel
+
+    try:
+        for k, job_id in enumerate(job_ids):
+            at = start + k / rate
+            if at > start + seconds:
+                break
+            time.sleep(max(0.0, at - time.time()))
+            t = time.perf_counter()
+            job_cancel(job_id=job_id, actor="bench")
+            out.append(time.perf_counter() - t)
+    finally:
+        connection.close()
 
 
 def _small_waiting(request, user, k: int):
@@ -1093,7 +1135,9 @@ def process_model(platform: Platform | None = None) -> dict:
         f"({DEPLOYED_RECONCILE_S:g} s: it does not run in the run); run 'reconcile_running': beat restarted with "
         f"the pool reconcile every {RECONCILE_EVERY_LATENCY_S:g} s; run '{FULL_PASS_PHASE}': the deployed beat, and "
         "beat's jobs.dispatch_all(full=True) sent by the benchmark half-way through the arrivals (beat's own pass "
-        "reads every line every TRAINYARD_FULL_PASS_EVERY_S)",
+        f"reads every line every TRAINYARD_FULL_PASS_EVERY_S); run '{RELEASES_PHASE}': the deployed beat, and "
+        f"{RELEASES_PER_S:g} running jobs a second on the other models cancelled through job_cancel by a thread of "
+        "the benchmark's process (each a release, as a job ending is: the waiting jobs are admitted into the room)",
         "full_pass_every_s": float(os.environ.get("TRAINYARD_FULL_PASS_EVERY_S", "300")),
         "estimates": ESTIMATES_PROCESS_MODEL + "; the platform's processes are stopped first",
         "worker_concurrency": concurrency,
@@ -1262,9 +1306,17 @@ def main(argv: list[str] | None = None) -> int:
             ("reconcile_not_running", DEPLOYED_RECONCILE_S, None),
             ("reconcile_running", RECONCILE_EVERY_LATENCY_S, None),
             (FULL_PASS_PHASE, DEPLOYED_RECONCILE_S, seconds / 2),
+            (RELEASES_PHASE, DEPLOYED_RECONCILE_S, None),
         ):
             platform.restart_beat(reconcile_every_s=every)
-            lat = results["latency"][label] = latency(platform, user, rate=100.0, seconds=seconds, full_pass_at=full_at)
+            lat = results["latency"][label] = latency(
+                platform,
+                user,
+                rate=100.0,
+                seconds=seconds,
+                full_pass_at=full_at,
+                releases_per_s=RELEASES_PER_S if label == RELEASES_PHASE else 0.0,
+            )
             held = [x["lock_held_ms"] for x in lat["pool_reconciles"]]
             print(
                 f"latency ({label}) at 100/s with {lat['waiting_before']} waiting: p50 {lat['p50_s']} s, "

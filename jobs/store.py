@@ -399,6 +399,16 @@ class JobStore:
         rows = _pending_rows("AND joined_xid >= %s", [since])
         return [_row_waiting(row) for row in rows if str(row[0]) not in known]
 
+    def with_use(
+        self,
+        queues: list[scheduler.QueueRules],
+        teams: dict[int, scheduler.TeamRules],
+        waiting: dict[int, list[scheduler.Waiting]],
+    ) -> scheduler.Backlog:
+        """These lines, with the quota in use read now (one aggregate over the quota-use log): what a pass that
+        decides carried lines again needs from the database."""
+        return _with_use(queues, teams, waiting, quota_use())
+
     def shapes(self) -> list[tuple[scheduler.Waiting, float]]:
         """Shapes of the jobs submitted in the workload window, with how many replicas asked for each."""
         since = timezone.now() - timedelta(hours=settings.TRAINYARD_WORKLOAD_WINDOW_H)

@@ -228,6 +228,9 @@ class Store(Protocol):
 
     def joined(self, *, known: set[str], since: int) -> list[Waiting]: ...  # waiting jobs not known, from `since`
 
+    # These lines, with these queues and teams, and the quota in use read now (a pass that re-decides carried lines)
+    def with_use(self, queues: list[QueueRules], teams: dict[int, TeamRules], waiting: dict) -> Backlog: ...
+
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
     def write(self, plan: Plan) -> set: ...  # admissions, under the pool lock; ids of the jobs it admitted
@@ -578,6 +581,7 @@ class PassReport:
     waiting: int = 0
     skipped: bool = False  # another pass held the lock; one more was queued
     fast: bool = False  # only jobs that joined the ends of the lines were decided
+    redecided: bool = False  # every carried line decided again (after a release or a jump): no line was read
     read_s: float = 0.0
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
@@ -643,7 +647,9 @@ def _pass_unlock() -> None:
 @dataclass
 class Carry:
     """What a pass over every queue leaves for the next: enough to decide for newly arrived jobs alone while
-    nothing else changed (no slice released, no quota or queue edited, no waiting job gone)."""
+    nothing else changed (no slice released, no quota or queue edited, no waiting job gone), and, while no waiting
+    job left its line, enough to decide every line again without reading one (after a release, or a newcomer that
+    goes ahead of a waiting job)."""
 
     key: tuple  # (pool structure, pool ledger, reference rows, waiting lines) version numbers
     backlog: Backlog  # queues, teams and the quota in use after the pass
@@ -651,6 +657,7 @@ class Carry:
     known: set[str]  # ids (as text) of the jobs left waiting
     since: int  # the store's horizon read before the lines: every job that joined before it is known
     wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
+    waiting: dict[int, list[Waiting]] = field(default_factory=dict)  # the jobs left waiting, per queue, in order
 
 
 _carry: Carry | None = None
@@ -671,28 +678,48 @@ def _reference_version() -> int:
     return row[0] if row else 0
 
 
-def _fast_backlog(store: Store, versions: tuple[int, int]) -> Backlog | None:
-    """The jobs that joined the ends of the lines since the last pass, when that is all that changed: then the
-    waiting jobs would be told exactly what they were told, and only the newcomers need deciding."""
+def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, bool] | None:
+    """A backlog built on the last pass's carry instead of reading every line, and whether every line must be
+    decided again. While nothing but newcomers at the ends of the lines changed, only they are given (the waiting
+    jobs would be told exactly what they were told). When the ledger moved (a slice released, a card marked), a
+    job held back may go, or a newcomer goes ahead of a waiting job, the carried lines are given whole, with the
+    newcomers in their places and the quota in use read again: the waiting rows themselves did not change (the
+    lines' version did not move), so reading them again would read what the carry holds. None when anything else
+    changed (a job left its line, an edit, a new structure): then every line is read."""
     carry = _carry
-    if carry is None or (*Pool.read_versions(), *versions) != carry.key:
+    if carry is None:
         return None
-    if carry.wake_at and time.time() >= carry.wake_at:
-        return None  # a job held back may go now: every line is read again
+    structure, ledger = Pool.read_versions()
+    if (structure, *versions) != (carry.key[0], *carry.key[2:]):
+        return None
+    again = ledger != carry.key[1] or bool(carry.wake_at and time.time() >= carry.wake_at)
     joined = store.joined(known=carry.known, since=carry.since)
     queues = {q.id for q in carry.backlog.queues}
-    waiting: dict[int, list[Waiting]] = {}
     for job in joined:
-        line = carry.lines.get(job.queue_id)
         if job.queue_id not in queues or job.team_id not in carry.backlog.teams:
             return None
+        line = carry.lines.get(job.queue_id)
         if line is not None and line.tail and job.order <= line.tail:
-            return None  # it goes ahead of a waiting job (a higher priority): everyone's place changes
-        waiting.setdefault(job.queue_id, []).append(job)
-    for line in waiting.values():
-        line.sort(key=lambda j: j.order)
+            again = True  # it goes ahead of a waiting job: everyone's place behind it changes
     b = carry.backlog
-    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs)
+    base = carry.waiting if again else {}
+    waiting = {q: list(jobs) for q, jobs in base.items()}
+    for job in joined:
+        waiting.setdefault(job.queue_id, []).append(job)
+    for queue_id in {job.queue_id for job in joined}:
+        waiting[queue_id].sort(key=lambda j: j.order)
+    if again:
+        return store.with_use(b.queues, b.teams, waiting), True
+    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs), False
+
+
+def _left_waiting(waits: list[Wait], carry: Carry | None) -> dict[int, list[Waiting]]:
+    """The jobs a pass left waiting, per queue in line order: its waits, after the carried ones for a fast pass
+    (whose newcomers all joined the ends of the lines)."""
+    out = {q: list(jobs) for q, jobs in carry.waiting.items()} if carry is not None else {}
+    for w in waits:
+        out.setdefault(w.job.queue_id, []).append(w.job)
+    return out
 
 
 def run_pass(
@@ -715,17 +742,19 @@ def run_pass(
         versions = (_reference_version(), store.backlog_version())
         horizon = store.horizon()
         backlog = None
-        if queue_ids is None and not full:
-            backlog = _fast_backlog(store, versions)
-        report.fast = backlog is not None
-        carry = _carry if report.fast else None
+        if queue_ids is None and not full and (carried := _carried_backlog(store, versions)) is not None:
+            backlog, report.redecided = carried
+            report.fast = not report.redecided
+        # Taken, not shared: a pass that fails leaves none (its charges in the carried quota were not written).
+        carry, _carry = (_carry if report.fast else None), None
         if backlog is None:
-            _carry = None
             backlog = store.backlog(queue_ids=queue_ids)
             if queue_ids is None:
                 _last_full = time.monotonic()
         if not any(backlog.waiting.values()):
-            if queue_ids is None and not report.fast:
+            if report.fast:
+                _carry = carry  # nothing joined: nothing changed
+            elif queue_ids is None:
                 _carry = Carry((*Pool.read_versions(), *versions), backlog, {}, set(), horizon)
             report.total_s = time.perf_counter() - t0
             return report
@@ -746,7 +775,7 @@ def run_pass(
                 )
                 if attempt == WRITE_TRIES:
                     raise
-                report.fast = False
+                report.fast = report.redecided = False
                 versions = (_reference_version(), store.backlog_version())
                 backlog = store.backlog(queue_ids=queue_ids)
         changed = decided.changed_waits()
@@ -756,6 +785,8 @@ def run_pass(
             t3 = time.perf_counter()
             with transaction.atomic(durable=True):
                 store.record_waits(changed)
+            for w in changed:  # what the rows now say, for a later pass that decides these jobs again
+                w.job.reason, w.job.position = w.code, w.position
             report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped and pool.ledger_version is not None:
             known = {str(w.job.id) for w in decided.waits}
@@ -767,7 +798,7 @@ def run_pass(
                 lines_version = lines_after if lines_before == versions[1] else None
             key = (pool.structure_version, pool.ledger_version, versions[0], lines_version)
             wake_at = min(filter(None, (decided.wake_at, carry.wake_at if carry is not None else 0.0)), default=0.0)
-            carried = Carry(key, backlog, decided.lines, known, horizon, wake_at)
+            carried = Carry(key, backlog, decided.lines, known, horizon, wake_at, _left_waiting(decided.waits, carry))
             _carry = carried if lines_version is not None else None
         else:
             _carry = None
@@ -782,6 +813,7 @@ def run_pass(
             admitted=report.admitted,
             waiting=report.waiting,
             fast=report.fast,
+            redecided=report.redecided,
             placement_calls=report.placement_calls,
             shape_hits=report.shape_hits,
             total_ms=round(report.total_s * 1000, 1),

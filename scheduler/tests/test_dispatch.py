@@ -459,9 +459,62 @@ def test_beats_pass_reads_every_line_only_once_the_last_full_read_is_a_period_ol
     assert len(reads) == 2  # the period is over: every line again
     tasks.dispatch_all(full=True)  # asked for (the benchmark's backlog phase)
     assert len(reads) == 3
-    lifecycle.job_cancel(job_id=first.pk, actor="test")  # a release: the carry no longer holds
+    lifecycle.job_cancel(job_id=first.pk, actor="test")  # a release: the carried lines are decided again, unread
     tasks.dispatch_all()
-    assert len(reads) == 4 and Job.objects.get(pk=second.pk).state == "admitted"
+    assert len(reads) == 3 and Job.objects.get(pk=second.pk).state == "admitted"
+    assert Job.objects.get(pk=third.pk).queue_position == 1
+
+
+def _told() -> dict:
+    """Every job's state, reason and place, as the rows say."""
+    return {j.pk: (j.state, j.reason, j.queue_position) for j in Job.objects.all()}
+
+
+def test_a_release_or_a_jump_decides_the_carried_lines_again_without_reading_them(platform, monkeypatch):  # noqa: F811
+    """After a release (capacity and quota come back) or a newcomer that goes ahead of waiting jobs, the pass
+    decides every carried line again, with the quota in use read anew, and reads no line: a full read afterwards
+    finds nothing to change. A job that leaves its line still makes the next pass read every line."""
+    from jobs.store import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"), node("n1", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    Team.objects.filter(slug="demo").update(max_running_jobs=2)  # the team's quota, not the cards, binds first
+    reads = []
+    real = JobStore.backlog
+    monkeypatch.setattr(JobStore, "backlog", lambda self, **kw: reads.append(kw) or real(self, **kw))
+    running = [submit(platform, gpus=2) for _ in range(2)]
+    line = [submit(platform, gpus=2) for _ in range(3)]
+    assert dispatch().admitted == 2 and len(reads) == 1
+    assert [_told()[j.pk][1:] for j in line] == [("team_job_limit", i) for i in (1, 2, 3)]
+    newcomer = submit(platform, gpus=2)
+    assert dispatch().fast and _told()[newcomer.pk][2] == 4
+
+    lifecycle.job_cancel(job_id=running[0].id, actor="test")  # one running job ends: quota and two cards return
+    released = dispatch()
+    assert released.redecided and not released.fast and released.admitted == 1 and len(reads) == 1
+    assert Job.objects.get(pk=line[0].pk).state == "admitted"
+    assert [_told()[j.pk][1:] for j in [*line[1:], newcomer]] == [("team_job_limit", i) for i in (1, 2, 3)]
+    before = _told()
+    assert not dispatch(full=True).admitted and _told() == before and len(reads) == 2  # nothing left to change
+
+    urgent = submit(platform, gpus=2, priority=50)  # goes ahead of every waiting job
+    jumped = dispatch()
+    assert jumped.redecided and len(reads) == 2
+    assert [_told()[j.pk][2] for j in [urgent, *line[1:], newcomer]] == [1, 2, 3, 4]
+    before = _told()
+    assert not dispatch(full=True).admitted and _told() == before
+
+    lifecycle.job_cancel(job_id=running[1].id, actor="test")
+    also = submit(platform, gpus=2)  # joins during the release: decided with the rest, at the end
+    again = dispatch()
+    assert again.redecided and again.admitted == 1 and Job.objects.get(pk=urgent.pk).state == "admitted"
+    assert [_told()[j.pk][2] for j in [*line[1:], newcomer, also]] == [1, 2, 3, 4]
+    assert len(reads) == 3
+
+    lifecycle.job_cancel(job_id=line[1].id, actor="test")  # a waiting job leaves its line: every line is read
+    left = dispatch()
+    assert not left.redecided and not left.fast and len(reads) == 4
+    assert [_told()[j.pk][2] for j in [line[2], newcomer, also]] == [1, 2, 3]
 
 
 def test_beats_pass_keeps_the_quota_use_log_short_when_it_reads_no_line(platform, settings):  # noqa: F811
