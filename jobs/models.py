@@ -5,7 +5,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import BigIntegerField, F, Func, Q, TextField
-from django.db.models.functions import MD5, Cast, Concat
+from django.db.models.functions import Cast
 
 from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 
@@ -13,19 +13,6 @@ from jobs.states import ATTEMPT_FINISHED, TERMINAL, AttemptState, JobState
 TERMINAL_VALUES = sorted(s.value for s in TERMINAL)
 FINISHED_VALUES = sorted(s.value for s in ATTEMPT_FINISHED)
 LIVE_VALUES = sorted(s.value for s in AttemptState if s not in ATTEMPT_FINISHED)
-
-
-def command_key(command, args) -> MD5:
-    """The md5 of a command and its arguments as JSON text (columns or values): what right-sizing looks up."""
-    return MD5(Concat(Cast(command, TextField()), Cast(args, TextField())))
-
-
-def labels_key(labels) -> MD5:
-    return MD5(Cast(labels, TextField()))
-
-
-COMMAND_KEY = command_key(F("command"), F("args"))
-LABELS_KEY = labels_key(F("labels"))
 
 
 def written_fields(model) -> list:
@@ -182,23 +169,6 @@ class Job(models.Model):
             ),
             # Whether any preemptible job holds cards: read after every dispatch pass that leaves jobs waiting.
             models.Index(fields=["id"], condition=Q(preemptible=True, reserved=True), name="job_preemptible_holding"),
-            # Right-sizing at submission (monitoring.selectors.similar_runs): the succeeded runs of one image and
-            # one command (or one set of labels), the team's or the user's, newest first, found without walking
-            # the rest of the history. The JSON values are indexed by their md5: a long command must not fail
-            # the insert. Not partial: PostgreSQL reads the statistics of an indexed expression only from a whole
-            # index, and without them it expected a handful of runs per key, sorted thousands and walked no index.
-            *(
-                models.Index(
-                    F(scope),
-                    F("image_reference"),
-                    key,
-                    F("state"),
-                    F("finished_at").desc(),
-                    name=f"job_similar_{kind}_{name}",
-                )
-                for scope, name in (("team", "team"), ("owner", "user"))
-                for kind, key in (("command", COMMAND_KEY), ("labels", LABELS_KEY))
-            ),
         ]
 
     def __str__(self) -> str:
@@ -215,6 +185,40 @@ class Job(models.Model):
             "cpu_milli": self.total_cpu_milli,
             "memory_mib": self.total_memory_mib,
         }
+
+
+class SucceededRun(models.Model):
+    """A succeeded job, by what right-sizing looks it up by (monitoring.selectors.similar_runs): its team, its owner,
+    its image and the md5 of its command and of its labels, newest first. Written by the database when a job row
+    becomes succeeded (migration jobs/0028), so no path that finishes a job can miss it. The lookup's indexes live
+    here rather than on jobs_job, where every submission, admission and state change wrote four of them."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="+", db_index=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    image_reference = models.CharField(max_length=300)
+    # The team and the owner in one value (MEMBER_SHIFT): the user's runs in that team, found by one column. With the
+    # two as separate equalities PostgreSQL took them for independent, found the team's index as good a match for
+    # a user's lookup as the user's own, and walked the teammates' runs to filter them out.
+    member_key = models.BigIntegerField()
+    command_key = models.CharField(max_length=32, help_text="md5 of the command and args as JSON text")
+    labels_key = models.CharField(max_length=32, help_text="md5 of the labels as JSON text")
+    finished_at = models.DateTimeField()
+
+    MEMBER_SHIFT = 32  # member_key = team id << 32 | owner id
+
+    class Meta:
+        indexes = [
+            models.Index(
+                F(scope), F("image_reference"), F(key), F("finished_at").desc(), name=f"succeeded_{kind}_{name}"
+            )
+            for scope, name in (("team", "team"), ("member_key", "user"))
+            for kind, key in (("command", "command_key"), ("labels", "labels_key"))
+        ]
+
+    @classmethod
+    def member(cls, team_id: int, owner_id: int) -> int:
+        return (team_id << cls.MEMBER_SHIFT) | owner_id
 
 
 class Attempt(models.Model):

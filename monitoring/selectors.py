@@ -18,7 +18,7 @@ from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, Node
-from jobs.models import Job
+from jobs.models import Job, SucceededRun
 from jobs.states import ATTEMPT_FINISHED
 from kernel.errors import ValidationFailed
 from kernel.sentences import stored
@@ -461,39 +461,37 @@ def compare_metrics(jobs: list[Job], *, limit: int = 5000) -> Comparison:
 
 # What the lookup and `_runs_of` read of each run (a job row has some 60 columns, several of them JSON).
 SIMILAR_FIELDS = ("id", "owner_id", "finished_at", "command", "args", "labels", "gpu_count", "gpu_memory_mib")
-# The two likenesses, each written as the expression of its index (jobs.models: job_similar_*, COMMAND_KEY and
-# LABELS_KEY) so PostgreSQL walks that index newest first and stops `limit` deep. Plain SQL: the ORM spent more CPU
-# building these statements (a JSON value cast, an md5, a three-table join of wide models) than the database spent
-# answering them, and this lookup runs in every submission.
+# The two likenesses, as the keys of jobs_succeededrun (filled by the database: jobs/0028) are made: the md5 of the
+# JSON text. Each is read from its own index there, newest first, and stops `limit` deep; only those rows are read
+# from jobs_job. Plain SQL: the ORM spent more CPU building these statements than the database spent answering
+# them, and this lookup runs in every submission.
 _SIMILAR_SQL = {
-    "command": "md5(COALESCE((command)::text, '') || COALESCE((args)::text, '')) "
-    "= md5(COALESCE((%s::jsonb)::text, '') || COALESCE((%s::jsonb)::text, ''))",
-    "labels": "md5((labels)::text) = md5((%s::jsonb)::text)",
+    "command": "r.command_key = md5(COALESCE((%s::jsonb)::text, '') || COALESCE((%s::jsonb)::text, ''))",
+    "labels": "r.labels_key = md5((%s::jsonb)::text)",
 }
 
 
 def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[Job]:
     """Succeeded jobs like this one (same image and same command, or the same labels when it has labels),
     newest first, at most `limit`: the user's own, or the whole team's. Each likeness is read from its own index
-    (jobs.models: job_similar_*), newest first and `limit` deep, and the two merged, so a submission costs the
-    same with ten runs in the team's history or a million."""
-    # Only the key in SQL: with the values compared there too, PostgreSQL took the two tests for independent,
-    # expected a handful of rows where thousands share a key, and sorted them all rather than walk the index.
-    # The values are compared here instead (two commands may share an md5).
-    head = (
-        f"SELECT {', '.join(SIMILAR_FIELDS)} FROM jobs_job WHERE state = 'succeeded' AND image_reference = %s "
-        "AND team_id = %s AND id <> %s"
-    )
-    params: list[Any] = [job.image_reference, job.team_id, job.pk]
+    (jobs.models.SucceededRun), newest first and `limit` deep, and the two merged, so a submission costs the same
+    with ten runs in the team's history or a million."""
+    # Two commands may share an md5: the values are compared here.
+    scope, value = ("r.team_id", job.team_id)
     if owner_only:
-        head += " AND owner_id = %s"
-        params.append(job.owner_id)
+        scope, value = "r.member_key", SucceededRun.member(job.team_id, job.owner_id)
+    fields = ", ".join(f"j.{f}" for f in SIMILAR_FIELDS)
+    head = (
+        f"SELECT {fields} FROM jobs_succeededrun r JOIN jobs_job j ON j.id = r.job_id "
+        f"WHERE {scope} = %s AND r.image_reference = %s AND r.job_id <> %s"
+    )
+    params: list[Any] = [value, job.image_reference, job.pk]
     likeness = [("command", [json.dumps(job.command), json.dumps(job.args)])]
     if job.labels:
         likeness.append(("labels", [json.dumps(job.labels)]))
     parts, values = [], []
     for kind, key in likeness:
-        parts.append(f"({head} AND {_SIMILAR_SQL[kind]} ORDER BY finished_at DESC LIMIT %s)")
+        parts.append(f"({head} AND {_SIMILAR_SQL[kind]} ORDER BY r.finished_at DESC LIMIT %s)")
         values += [*params, *key, limit]
     found: dict[Any, Job] = {}
     for j in Job.objects.raw(" UNION ALL ".join(parts), values):

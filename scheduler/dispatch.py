@@ -788,7 +788,9 @@ def run_pass(
             for w in changed:  # what the rows now say, for a later pass that decides these jobs again
                 w.job.reason, w.job.position = w.code, w.position
             report.waits_s = time.perf_counter() - t3
-        if queue_ids is None and not dropped and pool.ledger_version is not None:
+        if queue_ids is None and not dropped:
+            # A ledger left unknown (someone released a slice while we wrote: pool.wrote) keys the carry with None:
+            # the next pass then decides the carried lines again on a re-read ledger; they themselves still hold.
             known = {str(w.job.id) for w in decided.waits}
             if carry is not None:
                 known |= carry.known

@@ -73,6 +73,27 @@ def teammate(db_platform):
     return mate
 
 
+def test_a_job_is_found_once_it_succeeds_whichever_way_its_row_got_there(db_platform):
+    """The lookup's table is filled by the database: a job that becomes succeeded by an update (as every job that
+    runs does) or is inserted succeeded (a copy) is found; a running or failed one is not; a deleted one goes."""
+    from jobs.models import SucceededRun
+
+    template = submitted(db_platform, command=["python3", "fit.py"], labels={"project": "fit"})
+    ran = submitted(db_platform, command=["python3", "fit.py"])
+    failed = submitted(db_platform, command=["python3", "fit.py"])
+    Job.objects.filter(pk=failed.pk).update(state="failed", finished_at=timezone.now())
+    assert similar_runs(template, owner_only=False, limit=10) == []
+    Job.objects.filter(pk=ran.pk).update(state="running")
+    assert similar_runs(template, owner_only=False, limit=10) == []
+    Job.objects.filter(pk=ran.pk).update(state="succeeded", finished_at=timezone.now())
+    history(template, [db_platform], 1, random.Random(1), command=["python3", "fit.py"], args=[], labels={})
+    found = similar_runs(template, owner_only=True, limit=10)
+    assert len(found) == 2 and ran.pk in {j.pk for j in found}
+    assert SucceededRun.objects.count() == 2
+    Job.objects.filter(pk=ran.pk).delete()
+    assert SucceededRun.objects.count() == 1 and len(similar_runs(template, owner_only=False, limit=10)) == 1
+
+
 def test_the_runs_found_are_those_of_the_plain_query(db_platform, teammate):
     rng = random.Random(5)
     template = submitted(db_platform)
@@ -104,8 +125,11 @@ def test_the_runs_found_are_those_of_the_plain_query(db_platform, teammate):
     assert sizes.count(50) > 10 and 0 < sizes.count(0) < len(sizes) / 4  # most probes have history, a few none
     # The probes' own team only: another team's identical runs are not evidence.
     other = Team.objects.create(slug="other", name="Other", namespace="other")
-    Job.objects.filter(pk__in=[j.pk for j in similar_runs(probes[0], owner_only=False, limit=5)]).update(team=other)
-    assert all(j.team_id == probes[0].team_id for j in similar_runs(probes[0], owner_only=False, limit=50))
+    same = {k: getattr(probes[0], k) for k in ("command", "args", "labels", "image_reference")}
+    history(template, [db_platform], 20, rng, team=other, **same)
+    for owner_only in (True, False):
+        found = similar_runs(probes[0], owner_only=owner_only, limit=50)
+        assert found and all(j.team_id == probes[0].team_id for j in found)
 
 
 def plans_of(captured):
@@ -140,6 +164,7 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
     history(template, [db_platform], 3, rng, **common)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")
+        cursor.execute("ANALYZE jobs_succeededrun")
     probe = submitted(db_platform, command=rare, labels={"project": "rare"})
     with CaptureQueriesContext(connection) as captured:
         found = similar_runs(probe, owner_only=owner_only, limit=10)
@@ -149,17 +174,20 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
     assert len(plans) == 1  # one statement: the two likenesses (the command, the labels) side by side
     used = set()
     for plan in plans:
-        assert len([n for n in nodes(plan) if "Index Name" in n]) == 2, json.dumps(plan)
         assert not [n for n in nodes(plan) if n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")], json.dumps(plan)
-        scans = [n for n in nodes(plan) if "Index Name" in n]
-        assert scans, json.dumps(plan)
+        scans = [n for n in nodes(plan) if n.get("Relation Name") == "jobs_succeededrun"]
+        assert len(scans) == 2 and all("Index Name" in n for n in scans), json.dumps(plan)
         for scan in scans:
             assert scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0) <= 10, json.dumps(scan)
             used.add(scan["Index Name"])
+        # Then only the rows found, from jobs_job by its primary key.
+        rows = [n for n in nodes(plan) if n.get("Relation Name") == "jobs_job"]
+        assert rows and all(n.get("Index Name") == "jobs_job_pkey" for n in rows), json.dumps(plan)
+        assert all(n["Actual Rows"] <= 1 for n in rows), json.dumps(plan)
     # The command's runs through the index of the scope asked for (the teammate's 2,000 would fill the other's
     # first entries); the labels, which no run has, through either.
     scope = "user" if owner_only else "team"
-    assert f"job_similar_command_{scope}" in used and all(name.startswith("job_similar_") for name in used), used
+    assert f"succeeded_command_{scope}" in used and all(name.startswith("succeeded_") for name in used), used
 
 
 def test_the_recommendation_weighs_the_users_own_runs_first_and_asks_once_when_the_team_has_none(

@@ -537,3 +537,38 @@ def test_beats_pass_keeps_the_quota_use_log_short_when_it_reads_no_line(platform
         cursor.execute("SELECT count(*), count(DISTINCT (queue_id, team_id, owner_id)) FROM trainyard_quota_use")
         rows, keys = cursor.fetchone()
     assert rows == keys == 1
+
+
+def test_a_release_committed_while_a_pass_writes_leaves_the_next_pass_deciding_the_carried_lines(platform, monkeypatch):  # noqa: F811
+    """A slice released between a pass's read of the ledger and its write leaves the pool's ledger unknown (read
+    again next time); the waiting lines still hold, so the next pass decides them again without reading them."""
+    import threading
+
+    from jobs.store import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"), node("n1", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    first, second, *line = [submit(platform, gpus=2) for _ in range(4)]
+    assert dispatch().admitted == 2
+    reads = []
+    real_backlog = JobStore.backlog
+    monkeypatch.setattr(JobStore, "backlog", lambda self, **kw: reads.append(kw) or real_backlog(self, **kw))
+    real_lock = scheduler.pool_lock
+
+    def lock_after_a_release() -> None:
+        monkeypatch.setattr(scheduler, "pool_lock", real_lock)  # once
+        elsewhere = threading.Thread(
+            target=lambda: (lifecycle.job_cancel(job_id=second.id, actor="test"), connection.close())
+        )
+        elsewhere.start()
+        elsewhere.join(30)
+        real_lock()
+
+    monkeypatch.setattr(scheduler, "pool_lock", lock_after_a_release)
+    lifecycle.job_cancel(job_id=first.id, actor="test")
+    during = dispatch()  # admits line[0]; second's release commits before its write
+    assert during.redecided and during.admitted == 1 and Job.objects.get(pk=second.pk).state == "cancelled"
+    assert current().ledger_version is None
+    after = dispatch()
+    assert after.redecided and after.admitted == 1 and not reads
+    assert Job.objects.get(pk=line[1].pk).state == "admitted"
