@@ -551,13 +551,15 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
     placed = None
     if why is None:
         shape = (job.shape(), queue.pools, job.preemptible)
-        why = failed_shapes.get(shape)
-        if why is not None:
+        hit = failed_shapes.get(shape)
+        if hit is not None:
+            why = hit[0]
             out.shape_hits += 1
         else:
             result = _place(job, pool, out, pools=queue.pools)
             if isinstance(result, tuple):
-                why = failed_shapes[shape] = result
+                why = result
+                failed_shapes[shape] = (result, request_of(job, None))
             else:
                 placed = result
     if why is not None:

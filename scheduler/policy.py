@@ -603,6 +603,11 @@ def _feasible(state: NodeState, req: Request) -> bool:
     return any(_gpu_fits(g, req) for g in gpus)
 
 
+def has_room(node: Node, req: Request) -> bool:
+    """Whether the node's eligible cards and host have room for one placement of `req` now."""
+    return _feasible(node.state(), req)
+
+
 def _after(state: NodeState, req: Request) -> list[tuple[GpuState | None, tuple[GpuState, ...]]]:
     """The distinct GPU states a request could leave on a node: (GPU state used, resulting GPU tuple)."""
     gpus = state[3]

@@ -110,9 +110,10 @@ class Pool:
         # MIG instances by profile, as (node position, card index): devices only jobs asking for that profile get.
         self.mig: dict[str, list[tuple[int, int]]] = {}
         self._ready: tuple[bool, frozenset[int], frozenset[str]] | None = None
-        # Request shapes that found no place, with why, since capacity last grew: capacity only shrinks while
-        # this pool places jobs itself, so a shape that failed keeps failing until a release or a new card.
-        self.failed: dict[tuple, tuple[str, str]] = {}
+        # Request shapes that found no place, with why and one replica as a request of any model, since capacity
+        # last grew where they could use it: capacity only shrinks while this pool places jobs itself, so a shape
+        # that failed keeps failing until a node with room for it changes (a release there) or the nodes do.
+        self.failed: dict[tuple, tuple[tuple[str, str], policy.Request]] = {}
 
     # -- keeping current ---------------------------------------------------------------------------------
 
@@ -138,17 +139,30 @@ class Pool:
         # The ledger first, whatever else changed: a new workload rebuilds the allocator from `self.nodes`, and
         # nodes that still hold another process's old view would be booked again (issue: double-booked cards).
         if ledger != self.ledger_version:
-            self.failed.clear()
             changed = self._load_ledger()
             for i in changed:
                 self._apply(i)
                 assert self.allocator is not None
                 self.allocator.refresh(i)
+            self._retry_failed_on(changed)
         workload = workload_for(self)
         if workload is not self.workload:
             self.workload = workload
             self.allocator = policy.Allocator(self.nodes, "fgd", workload)
         self.structure_version, self.ledger_version = structure, ledger
+
+    RETRY_ALL_AT = 64  # changed nodes past which every failed shape is simply tried again
+
+    def _retry_failed_on(self, changed: set[int]) -> None:
+        """After the ledger moved: forget the failed shapes that one of the changed nodes now has room for. Every
+        other node is as it was when they failed, so the rest still fail. Room is judged without the masks a job
+        may add (its excluded nodes, its pools, its model: any model counts), so a doubt means trying again."""
+        if len(changed) > self.RETRY_ALL_AT:
+            self.failed.clear()
+            return
+        nodes = [self.nodes[i] for i in changed]
+        for shape in [k for k, (_why, one) in self.failed.items() if any(policy.has_room(n, one) for n in nodes)]:
+            del self.failed[shape]
 
     def invalidate(self) -> None:
         """Forget everything: the next `sync` reloads (after a failed write, say)."""

@@ -572,3 +572,24 @@ def test_a_release_committed_while_a_pass_writes_leaves_the_next_pass_deciding_t
     after = dispatch()
     assert after.redecided and after.admitted == 1 and not reads
     assert Job.objects.get(pk=line[1].pk).state == "admitted"
+
+
+def test_a_release_where_a_failed_shape_cannot_fit_does_not_try_it_again(platform):  # noqa: F811
+    """A shape that found no place keeps failing until a node with room for it changes: a card freed on a node too
+    small for it costs no placement; a release on a node it fits is tried and admitted."""
+    from jobs.store import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"), node("n1", 1, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    pair, single = submit(platform, gpus=2), submit(platform, gpus=1)
+    assert dispatch().admitted == 2
+    waiting = submit(platform, gpus=2)
+    first = dispatch()
+    assert first.placement_calls == 1 and first.waiting == 1
+    lifecycle.job_cancel(job_id=single.id, actor="test")  # one card free, on the one-card node
+    small = dispatch()
+    assert small.redecided and small.placement_calls == 0 and small.shape_hits == 1 and small.admitted == 0
+    lifecycle.job_cancel(job_id=pair.id, actor="test")  # the two-card node frees: the shape is tried again
+    big = dispatch()
+    assert big.placement_calls == 1 and big.admitted == 1
+    assert Job.objects.get(pk=waiting.pk).state == "admitted"
