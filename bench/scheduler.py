@@ -637,7 +637,7 @@ def _passes_summary(rows: list[dict]) -> dict:
     return {
         "logged": len(rows),
         "fast": sum(1 for r in rows if r.get("fast")),
-        # Passes that read every line: beat's every TRAINYARD_FULL_PASS_EVERY_S, and any after a release or an edit.
+        # Passes that read every line: beat's every TRAINYARD_FULL_PASS_EVERY_S, and any after an edit or a job leaving.
         "read_every_line": sum(1 for r in rows if not r.get("fast") and not r.get("redecided")),
         # Passes that decided every carried line again without reading one (after a release or a line jump).
         "redecided": sum(1 for r in rows if r.get("redecided")),

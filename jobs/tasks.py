@@ -39,8 +39,8 @@ def dispatch_queue(queue_id: int | None = None) -> int:
 def dispatch_all(full: bool | None = None) -> int:
     """The beat's pass: level-triggered, so a lost wake-up costs one period. It reads every line when `full`, or
     when None and the dispatcher has not done so for TRAINYARD_FULL_PASS_EVERY_S; otherwise it is a pass like a
-    wake-up's (which reads every line anyway once anything but newcomers changed). Then it folds the quota-use log
-    when it has grown (jobs.store.compact_quota_use), every 30 s whatever the pass read."""
+    wake-up's (which re-decides or reads every line once anything but newcomers changed). Then it folds the
+    quota-use log when it has grown (jobs.store.compact_quota_use), every 30 s whatever the pass read."""
     from jobs.store import compact_quota_use, dispatch
     from scheduler.dispatch import full_pass_due
 

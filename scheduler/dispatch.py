@@ -730,7 +730,8 @@ def run_pass(
     """One pass: read, decide in memory, write in one transaction. Returns what it did and how long each took.
 
     A pass over every queue that finds nothing changed but new jobs at the ends of the lines decides for those
-    alone (`fast`); the beat's pass (`full`) and any pass after a release, an edit or a cancel read every line."""
+    alone (`fast`); after a release or a line jump it decides the carried lines again without reading them
+    (`redecided`); the beat's pass (`full`) and any pass after an edit or a waiting job leaving read every line."""
     global _carry, _last_full
     report = PassReport()
     t0 = time.perf_counter()
@@ -809,8 +810,8 @@ def run_pass(
     finally:
         _pass_unlock()
     report.total_s = time.perf_counter() - t0
-    # A pass that read every line is logged too (beat's every 30 s, one after each release or edit): what a backlog
-    # costs shows there. The fast passes that admit nothing (a newcomer that must wait) are too many to log.
+    # A pass that read or re-decided every line is logged too (after a release, an edit, beat's full read): what a
+    # backlog costs shows there. The fast passes that admit nothing (a newcomer that must wait) are too many to log.
     if report.admitted or not report.fast or report.total_s > 1.0:
         log.info(
             "dispatch_pass",
