@@ -23,7 +23,7 @@ checked for over-booked cards and nodes (``scheduler.pool.overbooked``): any is 
 2. Backlog passes: 1,000 / 5,000 / 20,000 waiting jobs that do not fit (trace shapes on the full cluster, copied
    from submitted jobs by bulk insert to keep the set-up short); for each, three of beat's full passes
    (``jobs.dispatch_all``, sent by the benchmark) in the dispatcher: total time, the pool lock's hold time (the
-   write); the first writes every reason and position, the others are steady. Beside them, the in-memory allocator
+   write); the first writes every reason, the others are steady. Beside them, the in-memory allocator
    of this process deciding the same waiting jobs on the same ledger.
 3. Latency: 5,000 jobs waiting, a share of the cluster emptied, 100 submissions/s for 20 s through ``job_submit``
    in processes of their own (two, two threads each, as web processes would) while the dispatcher runs the
@@ -592,7 +592,6 @@ def backlog(platform: Platform, user, pods, sizes: list[int]) -> list[dict]:
                 clone = Job(**{f: getattr(src, f) for f in fields})
                 clone.id = uuid.uuid4()
                 clone.idempotency_key = None
-                clone.queue_position = None
                 clone.reason = "queued"
                 batch.append(clone)
             Job.objects.bulk_create(batch)
@@ -885,7 +884,6 @@ def _clone_jobs(template, n: int, rng: random.Random, **fields) -> int:
             clone = Job(**{f: getattr(template, f) for f in names})
             clone.id = uuid.uuid4()
             clone.idempotency_key = None
-            clone.queue_position = None
             for key, value in fields.items():
                 setattr(clone, key, value(rng) if callable(value) else value)
             batch.append(clone)
@@ -914,13 +912,13 @@ def estimates(user, *, total_jobs: int, holders: int, requests: int, profile: bo
     from django.test.utils import setup_test_environment
     from django.utils import timezone
 
-    from jobs.models import Job
+    from jobs.models import LINE_ORDER, Job
 
     setup_test_environment()  # the test client's host name is allowed; nothing else of it is used
 
     rng = random.Random(3)
     now = timezone.now()
-    waiting = list(Job.objects.filter(state="pending").order_by("-priority", "submitted_at", "id"))
+    waiting = list(Job.objects.filter(state="pending").order_by(*LINE_ORDER))
     if not waiting:
         raise SystemExit("bench: nothing waits; the estimates phase needs a line")
     template = waiting[0]

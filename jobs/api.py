@@ -166,6 +166,9 @@ class JobSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     queue = serializers.CharField(source="queue.name")
     spec = serializers.CharField(source="spec.name", default=None)
+    queue_position = serializers.IntegerField(
+        allow_null=True, help_text="a waiting job's place in its queue's line (1: next), computed when read"
+    )
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -272,6 +275,7 @@ def _plan(serializer_class) -> tuple:
         "queue": lambda job: job.queue.name,
         "spec": lambda job: job.spec.name if job.spec_id is not None else None,
         "links": _links,
+        "queue_position": lambda job: job.queue_position,
         "recommendation": lambda job: getattr(job, "recommendation", None),
         "estimated_start": _estimated_start,
         "store_wait": _store_wait,
@@ -494,6 +498,11 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 
     def get_serializer_class(self):
         return JobShownSerializer if self.action == "retrieve" else JobSerializer
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        # The waiting jobs' places (computed when read) for the whole page in one query, not one per job.
+        return selectors.with_positions(page) if page is not None else None
 
     @extend_schema(
         request=JobSubmitSerializer,

@@ -41,7 +41,7 @@ from django.db.models import DateTimeField, F, FloatField, Func, TextField, Valu
 from django.db.models.functions import Cast, Coalesce, Greatest
 from django.utils import timezone
 
-from jobs.models import Job
+from jobs.models import LINE_ORDER, Job
 from jobs.states import JobState
 
 # Chosen on the tuning half of bench/eta.py's replay (seeds 1-3), reported on the other (seeds 11-15).
@@ -114,7 +114,7 @@ def waiting_line(queue) -> list[LineJob]:
     """The queue's waiting line in the dispatcher's order, with only what the estimate needs: reading 5,000
     whole rows (some 60 columns, JSON among them, and their owners, teams and specs) took about half a second,
     these columns a fraction of it."""
-    rows = _as_text(Job.objects.filter(queue=queue, state=JobState.PENDING)).order_by("-priority", "submitted_at", "id")
+    rows = _as_text(Job.objects.filter(queue=queue, state=JobState.PENDING)).order_by(*LINE_ORDER)
     return [LineJob(*row) for row in rows.values_list(*LINE_COLUMNS)]
 
 

@@ -25,6 +25,11 @@ def written_fields(model) -> list:
 WRITING_XID = Cast(Cast(Func(function="pg_current_xact_id", output_field=TextField()), TextField()), BigIntegerField())
 
 
+# The order of a queue's waiting line, the dispatcher's (scheduler.dispatch.Waiting.order): preemptible jobs last,
+# then higher priority first, then first come; the id breaks ties. A waiting job's place is its rank in it.
+LINE_ORDER = ("preemptible", "-priority", "submitted_at", "id")
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=120)
@@ -106,7 +111,6 @@ class Job(models.Model):
     joined_xid = models.BigIntegerField(null=True, editable=False, db_default=WRITING_XID)
     reason = models.CharField(max_length=60, blank=True)
     message = models.TextField(blank=True)
-    queue_position = models.PositiveIntegerField(null=True, blank=True)
     retries_used = models.PositiveSmallIntegerField(default=0)
     # A retry that waits out an object-store outage (its checkpoint could not be restored): not admitted before
     # `not_before`; `store_wait_since` starts the outage's total wait (TRAINYARD_STORE_OUTAGE_WAIT_S).
@@ -177,6 +181,25 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def queue_position(self) -> int | None:
+        """Where a waiting job stands in its queue's line (1: the next one the dispatcher decides), None for any
+        other state. Computed when read from the line's order (`LINE_ORDER`), never stored: a
+        release that admits the head moved every job behind it, and rewriting those thousands of rows was most of
+        a busy pass (docs/scheduler.md). A page of jobs is given its places in one query
+        (`jobs.selectors.with_positions`); a lone job asks for its own when first read."""
+        if self.state != JobState.PENDING:
+            return None
+        if "_queue_position" not in self.__dict__:
+            from jobs.selectors import queue_positions
+
+            self._queue_position = queue_positions([self.id]).get(self.id)
+        return self._queue_position
+
+    @queue_position.setter
+    def queue_position(self, value: int | None) -> None:
+        self._queue_position = value
 
     def total_request(self) -> dict[str, int]:
         return {

@@ -8,10 +8,11 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import CharField, QuerySet
 from django.db.models.functions import Cast
 
-from jobs.models import Job
+from jobs.models import LINE_ORDER, Job
 from jobs.states import JobState
 from kernel.sentences import stored
 from quotas.models import Membership
@@ -33,7 +34,7 @@ LINE_FIELDS = (
     "name",
     "state",
     "priority",
-    "queue_position",
+    "preemptible",
     "reason",
     "message",
     "submitted_at",
@@ -55,7 +56,50 @@ def queue_waiting(queue, *, ids=None) -> list[Job]:
     if ids is not None:
         qs = qs.filter(id__in=list(ids))
     qs = qs.select_related("owner", "team", "spec").only(*LINE_FIELDS)
-    return list(qs.order_by("-priority", "submitted_at", "id"))
+    return list(qs.order_by(*LINE_ORDER))
+
+
+# Each given waiting job's place in its line: its rank among its queue's waiting jobs in `LINE_ORDER` (the row
+# comparison orders as LINE_ORDER does). A few jobs count what is ahead of each (a job page, a submission: ~1.6 ms
+# behind 5,000); a page of them ranks the lines of the queues involved once (~5 ms for 5,000; fifty counts took
+# 65). Jobs no longer waiting are left out.
+AHEAD_SQL = """
+SELECT j.id, 1 + (
+    SELECT count(*) FROM jobs_job a
+    WHERE a.queue_id = j.queue_id AND a.state = 'pending'
+      AND (a.preemptible, -a.priority, a.submitted_at, a.id) < (j.preemptible, -j.priority, j.submitted_at, j.id)
+)
+FROM jobs_job j WHERE j.id = ANY(%(ids)s::uuid[]) AND j.state = 'pending'
+"""
+RANKS_SQL = """
+SELECT id, place FROM (
+    SELECT id, row_number() OVER (PARTITION BY queue_id ORDER BY preemptible, priority DESC, submitted_at, id) place
+    FROM jobs_job
+    WHERE state = 'pending'
+      AND queue_id IN (SELECT DISTINCT queue_id FROM jobs_job WHERE id = ANY(%(ids)s::uuid[]) AND state = 'pending')
+) line
+WHERE id = ANY(%(ids)s::uuid[])
+"""
+COUNT_AT_MOST = 4  # jobs asked for at once that are counted rather than ranked
+
+
+def queue_positions(ids) -> dict[uuid.UUID, int]:
+    """job id -> its place in its queue's waiting line (1: next), for those of `ids` that wait."""
+    ids = [str(i) for i in ids]
+    if not ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(AHEAD_SQL if len(ids) <= COUNT_AT_MOST else RANKS_SQL, {"ids": ids})
+        return dict(cursor.fetchall())
+
+
+def with_positions(jobs):
+    """Give the waiting ones of `jobs` (a page) their places in one query instead of one each; returns `jobs`."""
+    waiting = [job for job in jobs if job.state == JobState.PENDING]
+    places = queue_positions([job.id for job in waiting])
+    for job in waiting:
+        job.queue_position = places.get(job.id)
+    return jobs
 
 
 class Place(NamedTuple):
@@ -68,14 +112,14 @@ class Place(NamedTuple):
 def line_places(queue) -> list[Place]:
     """The queue's waiting line in the dispatcher's order, ids and owners only: what a page counts and lists. The
     estimates read their own columns (`eta.waiting_line`), and only when they are computed."""
-    rows = Job.objects.filter(queue=queue, state=JobState.PENDING).order_by("-priority", "submitted_at", "id")
+    rows = Job.objects.filter(queue=queue, state=JobState.PENDING).order_by(*LINE_ORDER)
     return [Place(*row) for row in rows.values_list("id", "owner_id")]
 
 
 def line_ends(queue) -> tuple[int, uuid.UUID | None]:
     """How many jobs wait in the queue, and the id of the last of them (None when none waits)."""
     rows = Job.objects.filter(queue=queue, state=JobState.PENDING)
-    last = rows.order_by("priority", "-submitted_at", "-id").values_list("id", flat=True).first()
+    last = rows.order_by("-preemptible", "priority", "-submitted_at", "-id").values_list("id", flat=True).first()
     return (rows.count() if last is not None else 0), last
 
 

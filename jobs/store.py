@@ -63,7 +63,7 @@ SELECT id, queue_id, team_id, owner_id, replicas, gpu_count, gpu_milli, gpu_memo
        min_driver_version,
        CASE WHEN excluded_gpus = '[]'::jsonb AND excluded_nodes = '[]'::jsonb AND gpu_models = '[]'::jsonb
             THEN NULL ELSE jsonb_build_array(excluded_gpus, excluded_nodes, gpu_models)::text END,
-       reason, queue_position, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile,
+       reason, priority, extract(epoch FROM submitted_at)::float8, preemptible, mig_profile,
        extract(epoch FROM not_before)::float8
 FROM jobs_job WHERE state = 'pending' {where}
 """
@@ -120,7 +120,7 @@ def _order(job: scheduler.Waiting) -> tuple:
 
 def _row_waiting(row: tuple) -> scheduler.Waiting:
     (jid, queue_id, team_id, owner_id, replicas, count, milli, mem, eighths, exclusive, cpu, host_mem) = row[:12]
-    tg, tgm, tc, tm, driver, lists, reason, position, priority, submitted_at, preemptible, mig, not_before = row[12:]
+    tg, tgm, tc, tm, driver, lists, reason, priority, submitted_at, preemptible, mig, not_before = row[12:]
     ex_gpus, ex_nodes, models = json.loads(lists) if lists else ((), (), ())
     return scheduler.Waiting(
         id=jid,
@@ -141,7 +141,6 @@ def _row_waiting(row: tuple) -> scheduler.Waiting:
         excluded_nodes=tuple(sorted(ex_nodes)),
         gpu_models=tuple(models),
         reason=reason,
-        position=position,
         order=(preemptible, -priority, submitted_at, jid),
         preemptible=preemptible,
         mig_profile=mig,
@@ -524,7 +523,7 @@ class JobStore:
             (a.job.id, stored("admitted; placed on %(where)s", where=", ".join(a.node_names))) for a in admissions
         ]
         _update_rows(
-            "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, queue_position = NULL, "
+            "UPDATE jobs_job AS j SET state = %s, admitted_at = %s, reserved = true, "
             "message = v.message FROM {rows} AS v(id, message) WHERE j.id = v.id",
             [JobState.ADMITTED, now],
             messages,
@@ -565,12 +564,12 @@ class JobStore:
             return
         updated = set(
             _update_rows(
-                "UPDATE jobs_job AS j SET reason = v.reason, message = v.message, queue_position = v.position "
-                "FROM {rows} AS v(id, reason, message, position) "
+                "UPDATE jobs_job AS j SET reason = v.reason, message = v.message "
+                "FROM {rows} AS v(id, reason, message) "
                 "WHERE j.id = v.id AND j.state = %s RETURNING j.id",
                 [],
-                [(w.job.id, w.code, w.message, w.position) for w in changed],
-                ("uuid", "text", "text", "integer"),
+                [(w.job.id, w.code, w.message) for w in changed],
+                ("uuid", "text", "text"),
                 tail=[JobState.PENDING],
             )
         )

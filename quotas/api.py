@@ -277,7 +277,7 @@ class QueueDetailSerializer(QueueSerializer):
         position = {entry.id: i for i, entry in enumerate(line, start=1)}
         visible = set(selectors.visible_teams(user).values_list("id", flat=True))
         for job in shown:
-            job.queue_position = job.queue_position or position[job.id]
+            job.queue_position = position[job.id]  # its rank in the line just read: no query per job
             estimate = waits.get(job.id)
             job.estimated_start = estimate.as_dict() if estimate else None
             job.estimated_wait_s = job.estimated_start["mid_s"] if estimate else None

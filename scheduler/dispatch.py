@@ -4,7 +4,7 @@ A pass (`run_pass`) reads what waits and what is used (the store: jobs/store.py,
 the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
 (`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store: the
 admissions in one transaction with bulk writes, the only thing done under the pool lock; then, in a second
-transaction without it, the reasons and places that changed. One pass runs at a time per
+transaction without it, the reasons that changed (places in a line are not stored). One pass runs at a time per
 database (a session advisory lock); a pass asked for while one runs is queued once, never more
 (`kernel.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
 
@@ -92,7 +92,6 @@ class Waiting:
     excluded_nodes: tuple[str, ...] = ()
     gpu_models: tuple[str, ...] = ()
     reason: str = ""
-    position: int | None = None
     # Where it stands in its queue's line: (preemptible, -priority, submitted at in epoch seconds, id).
     order: tuple = ()
     preemptible: bool = False  # holds no quota; decided after every queue's quota-holding jobs (docs/pools.md)
@@ -179,14 +178,12 @@ class Wait:
     job: Waiting
     code: str
     message: str
-    position: int
 
 
 @dataclass
 class Line:
     """Where a queue's waiting line stands after a pass: what the next job in it would be told."""
 
-    position: int = 0
     blocked: bool = False
     tail: tuple = ()  # order key of the last job left waiting in the line
 
@@ -208,12 +205,13 @@ class Plan:
         return bool(self.admissions or self.probe_failures)
 
     def changed_waits(self) -> list[Wait]:
-        """The waiting jobs whose reason or place this pass changed; nobody else's row is written."""
-        return [w for w in self.waits if w.job.reason != w.code or w.job.position != w.position]
+        """The waiting jobs whose reason this pass changed; nobody else's row is written (a job's place in its line
+        is not stored: `jobs.models.Job.queue_position` computes it when read)."""
+        return [w for w in self.waits if w.job.reason != w.code]
 
     def changes_anything(self) -> bool:
         """Whether writing this plan would change a row: nothing to lock or write for a pass that only
-        confirms every waiting job's reason and place."""
+        confirms every waiting job's reason."""
         return self.changes_pool() or bool(self.changed_waits())
 
 
@@ -237,7 +235,7 @@ class Store(Protocol):
 
     def over_quota(self, admitted: set) -> list[str]: ...  # quotas the written admissions exceed (same transaction)
 
-    def record_waits(self, waits: list[Wait]) -> None: ...  # reasons and places, in a transaction of their own
+    def record_waits(self, waits: list[Wait]) -> None: ...  # changed reasons, in a transaction of their own
 
     def after_write(self, plan: Plan, admitted: set) -> None: ...
 
@@ -522,7 +520,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> 
     deferred: list[tuple[QueueRules, Waiting]] = []
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
-        state[queue.id] = Line(start.position, start.blocked, start.tail)
+        state[queue.id] = Line(start.blocked, start.tail)
         for job in backlog.waiting.get(queue.id, ()):
             if job.preemptible:
                 deferred.append((queue, job))
@@ -539,8 +537,7 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
     failed_shapes = pool.failed  # shared by the queues, and kept across passes while capacity only shrank
     if job.not_before and job.not_before > time.time():
         # Held back until its not-before (an outage it waits out): it keeps its place and blocks nobody behind it.
-        line.position += 1
-        out.waits.append(Wait(job, STORE_UNAVAILABLE, stored("waiting for the object store"), line.position))
+        out.waits.append(Wait(job, STORE_UNAVAILABLE, stored("waiting for the object store")))
         out.wake_at = min(out.wake_at or job.not_before, job.not_before)
         return
     used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
@@ -563,10 +560,9 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
             else:
                 placed = result
     if why is not None:
-        line.position += 1
         if why[0] != QUEUE_CLOSED:
             line.blocked = True
-        out.waits.append(Wait(job, why[0], why[1], line.position))
+        out.waits.append(Wait(job, why[0], why[1]))
         line.tail = max(line.tail, job.order) if line.tail else job.order
         return
     assert placed is not None
@@ -588,7 +584,7 @@ class PassReport:
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
     starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
-    waits_s: float = 0.0  # writing changed reasons and places, after the pool lock is released
+    waits_s: float = 0.0  # writing changed reasons, after the pool lock is released
     total_s: float = 0.0
     placement_calls: int = 0
     shape_hits: int = 0
@@ -702,7 +698,7 @@ def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, 
             return None
         line = carry.lines.get(job.queue_id)
         if line is not None and line.tail and job.order <= line.tail:
-            again = True  # it goes ahead of a waiting job: everyone's place behind it changes
+            again = True  # it goes ahead of a waiting job: what those behind it are told may change
     b = carry.backlog
     base = carry.waiting if again else {}
     waiting = {q: list(jobs) for q, jobs in base.items()}
@@ -783,13 +779,13 @@ def run_pass(
                 backlog = store.backlog(queue_ids=queue_ids)
         changed = decided.changed_waits()
         if changed:
-            # Reasons and places need no pool lock (this pass's lock keeps other passes out) and do not move the
+            # Reasons need no pool lock (this pass's lock keeps other passes out) and do not move the
             # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
             t3 = time.perf_counter()
             with transaction.atomic(durable=True):
                 store.record_waits(changed)
             for w in changed:  # what the rows now say, for a later pass that decides these jobs again
-                w.job.reason, w.job.position = w.code, w.position
+                w.job.reason = w.code
             report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped:
             # A ledger left unknown (someone released a slice while we wrote: pool.wrote) keys the carry with None:

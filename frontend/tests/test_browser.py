@@ -187,7 +187,7 @@ def test_portal_in_a_real_browser(live_portal, page):
         },
     )
     deadline = time.monotonic() + 30
-    while Job.objects.get(pk=mine.pk).queue_position is None and time.monotonic() < deadline:
+    while Job.objects.get(pk=mine.pk).reason != "queue_closed" and time.monotonic() < deadline:
         time.sleep(0.2)
     tab.goto("/queues/train/")
     text = tab.inner_text("main")

@@ -62,7 +62,7 @@ def _keyset_page(qs: QuerySet[Job], *, before: str | None, after: str | None, si
         has_newer = older_than is not None
     older = _cursor(rows[-1]) if rows and has_older else None
     newer = _cursor(rows[0]) if rows and has_newer else None
-    return rows, newer, older
+    return selectors.with_positions(rows), newer, older
 
 
 @login_required
@@ -122,7 +122,8 @@ def job_states(request: HttpRequest) -> JsonResponse:
             ids.append(uuid.UUID(raw))
         except ValueError:
             continue
-    rows = selectors.jobs_visible_to(request.user).filter(id__in=ids).values("id", "state", "reason", "queue_position")
+    rows = list(selectors.jobs_visible_to(request.user).filter(id__in=ids).values("id", "state", "reason"))
+    places = selectors.queue_positions(r["id"] for r in rows if r["state"] == JobState.PENDING)
     return JsonResponse(
         {
             "jobs": {
@@ -130,7 +131,7 @@ def job_states(request: HttpRequest) -> JsonResponse:
                     "state": r["state"],
                     "label": wording.state_label(r["state"]),
                     "reason": wording.reason_sentence(r["reason"]) if r["state"] == JobState.PENDING else "",
-                    "position": r["queue_position"],
+                    "position": places.get(r["id"]),
                     "terminal": wording.is_terminal(r["state"]),
                 }
                 for r in rows

@@ -77,7 +77,7 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
         row = {
             "job": job,
             "visible": job.team_id in visible,
-            "position": job.queue_position or i,
+            "position": i,
             "ahead": i - 1,
             "mine": job.owner_id == request.user.id,
             "waited_s": (now - job.submitted_at).total_seconds(),

@@ -78,7 +78,6 @@ def job_transition(
         if to == JobState.ADMITTED:
             job.admitted_at = now
             job.reserved = True
-            job.queue_position = None
         if to == JobState.RUNNING and job.started_at is None:
             # The process's own start where the backend read it: a job noticed running late still began on time.
             job.started_at = started_at if started_at is not None and started_at <= now else now
@@ -90,7 +89,6 @@ def job_transition(
             began = getattr(attempt, "started_at", None)
             if job.started_at is None and began is not None and began <= job.finished_at:
                 job.started_at = began
-            job.queue_position = None
             _release(job, why=to)
             if job.tensorboard:
                 from jobs.tensorboard import route_expire

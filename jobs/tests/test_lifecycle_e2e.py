@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
-from jobs import lifecycle, logstore, services, store
+from jobs import lifecycle, logstore, selectors, services, store
 from jobs.models import Attempt, Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
@@ -197,7 +197,7 @@ def test_concurrent_submissions_never_over_admit(platform):
     waiting = Job.objects.filter(state=JobState.PENDING)
     assert waiting.count() == 48
     assert set(waiting.values_list("reason", flat=True)) <= {"team_quota_exhausted", "behind_earlier_job"}
-    assert sorted(waiting.values_list("queue_position", flat=True)) == list(range(1, 49))
+    assert sorted(selectors.queue_positions(waiting.values_list("id", flat=True)).values()) == list(range(1, 49))
 
 
 def test_reconcile_frees_a_planted_leak(platform):

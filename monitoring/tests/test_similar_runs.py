@@ -41,7 +41,7 @@ def history(template, owners, n, rng, images=(), **fixed):
     rows = []
     for _ in range(n):
         job = Job(**{f: getattr(template, f) for f in names})
-        job.id, job.idempotency_key, job.queue_position = uuid.uuid4(), None, None
+        job.id, job.idempotency_key = uuid.uuid4(), None
         job.state, job.reserved, job.reason = "succeeded", False, ""
         job.command, job.args, job.labels = rng.choice(COMMANDS), rng.choice(ARGS), rng.choice(LABELS)
         job.image_reference = rng.choice(images) if images else template.image_reference
