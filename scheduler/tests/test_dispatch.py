@@ -592,3 +592,50 @@ def test_a_release_where_a_failed_shape_cannot_fit_does_not_try_it_again(platfor
     big = dispatch()
     assert big.placement_calls == 1 and big.admitted == 1
     assert Job.objects.get(pk=waiting.pk).state == "admitted"
+
+
+def test_a_place_in_the_line_is_its_rank_when_read_and_a_release_rewrites_no_waiting_row(platform):  # noqa: F811
+    """Places are not stored (docs/scheduler.md, step 4): a job is ranked in its line's order when read, the
+    dispatcher's own order (preemptible last, then priority, then age), so it is right before any pass and after a
+    release without the pass writing the rows of the jobs that moved up."""
+    from rest_framework.test import APIClient
+
+    from jobs.store import dispatch
+
+    Queue.objects.filter(name="train").update(max_member_priority=100, allow_preemptible=True)
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up()
+    held = [submit(platform, gpus=1) for _ in range(2)]
+    assert dispatch().admitted == 2
+    spare = submit(platform, gpus=1, preemptible=True, priority=90)
+    line = [submit(platform, gpus=1) for _ in range(4)]
+    urgent = submit(platform, gpus=1, priority=50)
+    # Ranked before the dispatcher saw them: the preemptible job last whatever its priority, the urgent one first.
+    expected = [urgent, *line, spare]
+    assert [Job.objects.get(pk=j.pk).queue_position for j in expected] == [1, 2, 3, 4, 5, 6]
+    assert selectors.queue_positions([j.id for j in expected]) == {j.id: i for i, j in enumerate(expected, 1)}
+    assert Job.objects.get(pk=held[0].pk).queue_position is None  # admitted: no place
+    dispatch(full=True)
+    assert {Job.objects.get(pk=j.pk).reason for j in expected} == {"no_capacity"}
+
+    lifecycle.job_cancel(job_id=held[0].id, actor="test")  # a release: the head goes, everyone behind moves up
+    with CaptureQueriesContext(connection) as queries:
+        released = dispatch()
+    assert released.admitted == 1 and Job.objects.get(pk=urgent.pk).state == "admitted"
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert not any('"jobs_job"' in s or "jobs_job AS j SET reason" in s for s in writes), writes
+    assert [Job.objects.get(pk=j.pk).queue_position for j in [*line, spare]] == [1, 2, 3, 4, 5]
+
+    # A page of the API ranks its jobs in one query, however many of them wait.
+    client = APIClient()
+    client.force_authenticate(platform)
+    with CaptureQueriesContext(connection) as few:
+        client.get("/api/v1/jobs/?state=pending")
+    for _ in range(6):
+        submit(platform, gpus=1)
+    with CaptureQueriesContext(connection) as more:
+        page = client.get("/api/v1/jobs/?state=pending").json()["results"]
+    assert len(more.captured_queries) == len(few.captured_queries)
+    places = sorted(row["queue_position"] for row in page)
+    assert places == list(range(1, 12))
+    assert client.get(f"/api/v1/jobs/{spare.id}/").json()["queue_position"] == 11  # the six went ahead of it
