@@ -347,6 +347,7 @@ HAVING sum(d.compute_milli) > 1000 OR sum(d.memory_mib) > g.memory_mib
 """
 
 FINISHED_ATTEMPT = ["succeeded", "failed", "cancelled", "timed_out", "lost", "preempted"]
+LEDGER_CHANGES_KEEP_S = 900  # rows of trainyard_ledger_change kept (migration cluster/0008)
 
 
 def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=None) -> ReconcileReport:
@@ -397,11 +398,20 @@ def pool_reconcile(*, live_backend_refs: set[str] | None = None, observed_at=Non
         repairs.append(PoolRepair(kind="overcommit", gpu_id=gpu_id, detail=detail))
         report.overcommitted.append(detail)
     PoolRepair.objects.bulk_create(repairs, batch_size=1000)
+    with connection.cursor() as cursor:
+        # The ledger's moves a dispatcher reads to refresh only the GPUs that changed (scheduler/pool.py): one
+        # further behind than these finds a gap in their chain and reads every live slice instead.
+        cursor.execute(
+            "DELETE FROM trainyard_ledger_change WHERE at < clock_timestamp() - make_interval(secs => %s)",
+            [LEDGER_CHANGES_KEEP_S],
+        )
+        pruned = cursor.rowcount
     report.total_s = time.perf_counter() - t0
     log.info(
         "pool_reconciled",
         freed=report.freed,
         overcommitted=len(report.overcommitted),
+        ledger_changes_pruned=pruned,
         lock_wait_ms=round(report.lock_wait_s * 1000, 1),
         lock_held_ms=round(report.lock_held_s * 1000, 1),
         total_ms=round(report.total_s * 1000, 1),

@@ -4,7 +4,9 @@ policy works on, loaded once per process and kept current from the ledger.
 Two version numbers (migration cluster/0004) say when to look again: the structure number moves when nodes or
 GPUs change in a way placement cares about (state, health, driver, capacity), the ledger number when a slice is
 handed out or released or an attempt finishes. A pass that finds both unchanged reads nothing else; a changed
-ledger costs one query over the live slices and refreshes only the nodes whose use changed; a changed structure
+ledger costs a read of the GPUs each move touched (`trainyard_ledger_change`, migration cluster/0008) and of their
+live slices, or, when that chain has a gap, one query over every live slice, and refreshes only the nodes whose use
+changed; a changed structure
 reloads the pool (a few hundred milliseconds for a 6,000-GPU fleet, and it happens when an admin or the
 inventory changes a node, not per job).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +34,20 @@ log = structlog.get_logger(__name__)
 NODE_SHARING = {SHARING_WHOLE: policy.WHOLE_ONLY, SHARING_TIME_SLICED: policy.SHARES_ONLY}
 UNTRACKED = 1 << 40  # host CPU/memory of a node whose capacity is not reserved (see `host_accounted`)
 FINISHED_ATTEMPT = ("succeeded", "failed", "cancelled", "timed_out", "lost", "preempted")
+LEDGER_FULL_READ_S = 300.0  # every live slice is read at least this often, whatever the changes say
+
+# The live slices as the ledger counts them: held, and whether stale (its attempt finished or is gone).
+SLICES_SQL = (
+    "SELECT d.id, d.gpu_id, d.compute_milli, d.memory_mib, d.cpu_milli, d.host_memory_mib, "
+    "a.id IS NULL OR a.state = ANY(%s) "
+    "FROM cluster_logicaldevice d LEFT JOIN jobs_attempt a ON a.id = d.attempt_id "
+    "WHERE d.released_at IS NULL"
+)
+# The ledger's moves after a number, up to another: each names the number it replaced (migration cluster/0008).
+LEDGER_CHANGES_SQL = (
+    "SELECT version, previous, gpu_ids FROM trainyard_ledger_change WHERE version > %s AND version <= %s "
+    "ORDER BY version"
+)
 
 
 def model_key(name: str) -> str:
@@ -96,6 +113,11 @@ class Pool:
     def __init__(self) -> None:
         self.structure_version: int | None = None
         self.ledger_version: int | None = None
+        # The ledger number `usage` was last read at, or updated to by our own write; kept when `ledger_version`
+        # is forgotten (another write came between ours), so the next read asks only what moved since. With the
+        # monotonic time of the last read of every live slice.
+        self._ledger_base: int | None = None
+        self._full_read_at = 0.0
         self.nodes: list[policy.Node] = []
         self.meta: list[NodeMeta] = []
         self.by_name: dict[str, int] = {}
@@ -135,11 +157,12 @@ class Pool:
             self.workload = workload_for(self)
             self._rebuild_all()
             self.structure_version, self.ledger_version = structure, ledger
+            self._ledger_base = ledger
             return
         # The ledger first, whatever else changed: a new workload rebuilds the allocator from `self.nodes`, and
         # nodes that still hold another process's old view would be booked again (issue: double-booked cards).
         if ledger != self.ledger_version:
-            changed = self._load_ledger()
+            changed = self._load_ledger(self._changed_gpus(ledger))
             for i in changed:
                 self._apply(i)
                 assert self.allocator is not None
@@ -150,6 +173,7 @@ class Pool:
             self.workload = workload
             self.allocator = policy.Allocator(self.nodes, "fgd", workload)
         self.structure_version, self.ledger_version = structure, ledger
+        self._ledger_base = ledger
 
     RETRY_ALL_AT = 64  # changed nodes past which every failed shape is simply tried again
 
@@ -166,7 +190,7 @@ class Pool:
 
     def invalidate(self) -> None:
         """Forget everything: the next `sync` reloads (after a failed write, say)."""
-        self.structure_version = self.ledger_version = None
+        self.structure_version = self.ledger_version = self._ledger_base = None
         self.allocator = None
         self.failed.clear()
 
@@ -175,6 +199,7 @@ class Pool:
         the pool in memory (which already holds our placements) is current at `after`."""
         if before == (self.structure_version, self.ledger_version):
             self.structure_version, self.ledger_version = after
+            self._ledger_base = after[1]
         else:
             self.ledger_version = None  # someone else wrote too: read the ledger again next time
 
@@ -229,36 +254,61 @@ class Pool:
         self._outside = {}
         self._ready = None
 
-    def _load_ledger(self) -> set[int]:
-        """Read the live slices; returns the positions of the nodes whose use changed."""
+    def _changed_gpus(self, ledger: int) -> set[int] | None:
+        """The GPUs whose slices changed between the number our use was read at and `ledger`, or None when that is
+        not known (never read, a gap in the chain of moves, or every live slice is due to be read again)."""
+        base = self._ledger_base
+        if base is None or time.monotonic() - self._full_read_at > LEDGER_FULL_READ_S:
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute(LEDGER_CHANGES_SQL, [base, ledger])
+            rows = cursor.fetchall()
+        gpus: set[int] = set()
+        at = base
+        for version, previous, ids in rows:
+            if previous != at:
+                return None  # a move that named no GPUs (an attempt deleted, a TRUNCATE), or one pruned
+            gpus.update(ids)
+            at = version
+        return gpus if at == ledger else None
+
+    def _load_ledger(self, gpus: set[int] | None = None) -> set[int]:
+        """Read the live slices, of the GPUs `gpus` only when given; returns the positions of the nodes whose use
+        changed."""
         fresh: dict[int, Usage] = defaultdict(Usage)
         stale: dict[int, list[int]] = defaultdict(list)
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT d.id, d.gpu_id, d.compute_milli, d.memory_mib, d.cpu_milli, d.host_memory_mib, "
-                "a.id IS NULL OR a.state = ANY(%s) "
-                "FROM cluster_logicaldevice d LEFT JOIN jobs_attempt a ON a.id = d.attempt_id "
-                "WHERE d.released_at IS NULL",
-                [list(FINISHED_ATTEMPT)],
-            )
-            for did, gid, milli, mem, cpu, host_mem, is_stale in cursor.fetchall():
-                if is_stale:
-                    stale[gid].append(did)
-                    continue
-                u = fresh[gid]
-                u.milli += milli
-                u.memory += mem
-                u.cpu += cpu
-                u.host_memory += host_mem
+            if gpus is None:
+                cursor.execute(SLICES_SQL, [list(FINISHED_ATTEMPT)])
+            elif gpus:
+                cursor.execute(SLICES_SQL + " AND d.gpu_id = ANY(%s)", [list(FINISHED_ATTEMPT), list(gpus)])
+            rows = cursor.fetchall() if gpus is None or gpus else []
+        for did, gid, milli, mem, cpu, host_mem, is_stale in rows:
+            if is_stale:
+                stale[gid].append(did)
+                continue
+            u = fresh[gid]
+            u.milli += milli
+            u.memory += mem
+            u.cpu += cpu
+            u.host_memory += host_mem
         for gid, ids in stale.items():
             fresh[gid].stale = tuple(sorted(ids))
         changed = set()
-        for gid in set(fresh) | set(self.usage):
+        for gid in (set(fresh) | set(self.usage)) if gpus is None else gpus:
             if self.usage.get(gid) != fresh.get(gid):
                 at = self.gpu_at.get(gid)
                 if at is not None:
                     changed.add(at[0])
-        self.usage = dict(fresh)
+        if gpus is None:
+            self.usage = dict(fresh)
+            self._full_read_at = time.monotonic()
+        else:
+            for gid in gpus:
+                if gid in fresh:
+                    self.usage[gid] = fresh[gid]
+                else:
+                    self.usage.pop(gid, None)
         return changed
 
     def _node(self, m: NodeMeta) -> policy.Node:

@@ -318,3 +318,78 @@ def test_a_burst_of_submissions_shares_passes_and_every_job_is_admitted(platform
     # 12 submissions over about 0.3 s: the first pass, then at most one per 0.2 s and the one after the last request.
     assert 2 <= len(passes) <= 5, passes
     assert "Traceback" not in log, log[-3000:]
+
+
+def _slice_reads(queries) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if "FROM cluster_logicaldevice d LEFT JOIN" in q["sql"]]
+
+
+def test_a_pool_behind_the_ledger_reads_only_the_gpus_that_moved_and_every_slice_after_a_gap(platform):  # noqa: F811
+    """Migration cluster/0008: each move of the ledger's number names the GPUs it touched and the number it replaced;
+    a pool that finds the chain unbroken re-reads only those GPUs' slices, else every live slice."""
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.models import Attempt
+
+    fresh_pool(*(node(f"n{i}", 2, A100) for i in range(4)))
+    open_up()
+    a, b = Pool(), Pool()
+    jobs = [submit(platform) for _ in range(4)]
+    assert scheduler.run_pass(store=JobStore(), pool=a, full=True).admitted == 4
+    b.sync(lambda p: scheduler.workload(JobStore(), p))  # B reads the ledger as A left it
+
+    def gpus_of(job) -> set[int]:
+        return set(LogicalDevice.objects.filter(attempt__job=job).values_list("gpu_id", flat=True))
+
+    freed = gpus_of(jobs[0])
+    lifecycle.job_cancel(job_id=jobs[0].id, actor="test")  # a release: one card's slices
+    later = submit(platform, gpus=2)
+    with CaptureQueriesContext(connection) as queries:
+        report = scheduler.run_pass(store=JobStore(), pool=b, full=True)
+    assert report.admitted == 1
+    reads = _slice_reads(queries)
+    assert len(reads) == 1 and "d.gpu_id = ANY" in reads[0], reads
+    fresh = Pool()
+    fresh.sync(lambda p: scheduler.workload(JobStore(), p))
+    assert {g: u for g, u in b.usage.items() if u.milli} == {g: u for g, u in fresh.usage.items() if u.milli}
+    assert len(freed) == 1 and not freed & set(b.usage)  # the released card no longer counts
+    assert gpus_of(later) <= {g for g, u in b.usage.items() if u.milli == 1000}
+
+    # A move that names no GPU (an attempt deleted) breaks the chain: the next read takes every live slice.
+    Attempt.objects.filter(job=jobs[0]).delete()
+    submit(platform)
+    with CaptureQueriesContext(connection) as queries:
+        scheduler.run_pass(store=JobStore(), pool=b, full=True)
+    reads = _slice_reads(queries)
+    assert len(reads) == 1 and "d.gpu_id = ANY" not in reads[0]
+    assert ledger_problems() == []
+
+    # The chain itself: each row names the number it replaced, and a cancel's row names the card it freed.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version, previous, gpu_ids FROM trainyard_ledger_change ORDER BY version")
+        rows = cursor.fetchall()
+    assert rows and all(isinstance(ids, list) and ids for _, _, ids in rows)
+    assert any(set(ids) == freed for _, _, ids in rows)
+
+
+def test_the_pool_reconcile_prunes_old_ledger_changes_and_a_pool_that_far_behind_reads_every_slice(platform):  # noqa: F811
+    from cluster.services import pool_reconcile
+
+    fresh_pool(node("n0", 2, A100))
+    open_up()
+    behind = Pool()
+    behind.sync(lambda p: scheduler.workload(JobStore(), p))
+    job = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=Pool(), full=True).admitted == 1
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE trainyard_ledger_change SET at = at - interval '1 hour'")
+        cursor.execute("SELECT count(*) FROM trainyard_ledger_change")
+        assert cursor.fetchone()[0] >= 1
+    lifecycle.job_cancel(job_id=job.id, actor="test")  # a fresh row, kept
+    pool_reconcile()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), min(at) > now() - interval '15 minutes' FROM trainyard_ledger_change")
+        kept, all_recent = cursor.fetchone()
+    assert kept >= 1 and all_recent
+    structure, ledger = Pool.read_versions()
+    assert behind._changed_gpus(ledger) is None  # its moves were pruned: a gap, so every live slice is read
