@@ -201,6 +201,10 @@ class Job(models.Model):
     def queue_position(self, value: int | None) -> None:
         self._queue_position = value
 
+    def refresh_from_db(self, *args, **kwargs) -> None:
+        self.__dict__.pop("_queue_position", None)  # the line may have moved too: ranked again when next read
+        super().refresh_from_db(*args, **kwargs)
+
     def total_request(self) -> dict[str, int]:
         return {
             "gpu_milli": self.total_gpu_milli,

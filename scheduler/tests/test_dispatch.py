@@ -618,6 +618,7 @@ def test_a_place_in_the_line_is_its_rank_when_read_and_a_release_rewrites_no_wai
     dispatch(full=True)
     assert {Job.objects.get(pk=j.pk).reason for j in expected} == {"no_capacity"}
 
+    assert spare.queue_position == 6
     lifecycle.job_cancel(job_id=held[0].id, actor="test")  # a release: the head goes, everyone behind moves up
     with CaptureQueriesContext(connection) as queries:
         released = dispatch()
@@ -625,6 +626,9 @@ def test_a_place_in_the_line_is_its_rank_when_read_and_a_release_rewrites_no_wai
     writes = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
     assert not any('"jobs_job"' in s or "jobs_job AS j SET reason" in s for s in writes), writes
     assert [Job.objects.get(pk=j.pk).queue_position for j in [*line, spare]] == [1, 2, 3, 4, 5]
+    assert spare.queue_position == 6  # ranked once, when first read (before the release) ...
+    spare.refresh_from_db()
+    assert spare.queue_position == 5  # ... and again after a refresh
 
     # A page of the API ranks its jobs in one query, however many of them wait.
     client = APIClient()
