@@ -869,7 +869,7 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         try:
             with transaction.atomic(durable=True):
                 pool_lock()
-                before = pool.read_versions()
+                before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
                 lines_before = store.backlog_version()
                 admitted = store.write(decided)
                 problems = _recheck(store, pool, decided, admitted)

@@ -140,8 +140,12 @@ class Pool:
     # -- keeping current ---------------------------------------------------------------------------------
 
     @staticmethod
-    def read_versions() -> tuple[int, int]:
+    def read_versions(*, hold_ledger: bool = False) -> tuple[int, int]:
+        """(structure, ledger). `hold_ledger`: lock the ledger's number until the transaction ends first, so no
+        other transaction moves it between this read and our own write (a pass's write: `wrote`)."""
         with connection.cursor() as cursor:
+            if hold_ledger:
+                cursor.execute("SELECT n FROM trainyard_pool_version WHERE id = 2 FOR UPDATE")
             cursor.execute("SELECT id, n FROM trainyard_pool_version")
             rows = dict(cursor.fetchall())
         return rows.get(1, 0), rows.get(2, 0)
@@ -196,7 +200,10 @@ class Pool:
 
     def wrote(self, before: tuple[int, int], after: tuple[int, int]) -> None:
         """Our own write moved the numbers from `before` to `after`: if nobody else changed the pool in between,
-        the pool in memory (which already holds our placements) is current at `after`."""
+        the pool in memory (which already holds our placements) is current at `after`. `before` is read with the
+        ledger's number held (`read_versions(hold_ledger=True)`): a release committed after it would otherwise be
+        counted as read, and with the GPUs read by what moved since, its card would look taken until the next
+        read of every slice."""
         if before == (self.structure_version, self.ledger_version):
             self.structure_version, self.ledger_version = after
             self._ledger_base = after[1]

@@ -393,3 +393,38 @@ def test_the_pool_reconcile_prunes_old_ledger_changes_and_a_pool_that_far_behind
     assert kept >= 1 and all_recent
     structure, ledger = Pool.read_versions()
     assert behind._changed_gpus(ledger) is None  # its moves were pruned: a gap, so every live slice is read
+
+
+def test_a_release_committing_during_a_passs_write_is_seen_by_the_next_pass(platform, monkeypatch):  # noqa: F811
+    """The write reads the ledger's number with it held to the commit: a release that would commit between that
+    read and the write's own move waits for the commit instead, so its move comes after the write's and the next
+    pass reads its card as free (otherwise the pool counted it as read and the card looked taken)."""
+    import threading
+
+    fresh_pool(node("n0", 1, A100), node("n1", 1, A100))
+    open_up()
+    pool = Pool()
+    running = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
+    freed = set(LogicalDevice.objects.filter(attempt__job=running).values_list("gpu_id", flat=True))
+    newcomer = submit(platform)
+    real_write = JobStore.write
+    done = threading.Event()
+
+    def write_beside_a_release(self, plan):
+        def cancel():
+            lifecycle.job_cancel(job_id=running.id, actor="test")
+            connection.close()
+            done.set()
+
+        threading.Thread(target=cancel, daemon=True).start()
+        done.wait(1.0)  # held: the release waits for this write's commit (without the hold it commits now)
+        return real_write(self, plan)
+
+    monkeypatch.setattr(JobStore, "write", write_beside_a_release)
+    assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
+    assert done.wait(30)
+    monkeypatch.setattr(JobStore, "write", real_write)
+    pool.sync(lambda p: scheduler.workload(JobStore(), p))
+    assert Job.objects.get(pk=running.pk).state == "cancelled" and Job.objects.get(pk=newcomer.pk).state == "admitted"
+    assert not any(pool.usage.get(g) and pool.usage[g].milli for g in freed), "the freed card still looks taken"
