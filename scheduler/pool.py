@@ -43,6 +43,11 @@ SLICES_SQL = (
     "FROM cluster_logicaldevice d LEFT JOIN jobs_attempt a ON a.id = d.attempt_id "
     "WHERE d.released_at IS NULL"
 )
+# Both numbers, the ledger's row locked (one statement: a pass's write counts its statements).
+HELD_VERSIONS_SQL = (
+    "SELECT id, n FROM trainyard_pool_version WHERE id = 1 "
+    "UNION ALL SELECT id, n FROM (SELECT id, n FROM trainyard_pool_version WHERE id = 2 FOR UPDATE) held"
+)
 # The ledger's moves after a number, up to another: each names the number it replaced (migration cluster/0008).
 LEDGER_CHANGES_SQL = (
     "SELECT version, previous, gpu_ids FROM trainyard_ledger_change WHERE version > %s AND version <= %s "
@@ -144,9 +149,7 @@ class Pool:
         """(structure, ledger). `hold_ledger`: lock the ledger's number until the transaction ends first, so no
         other transaction moves it between this read and our own write (a pass's write: `wrote`)."""
         with connection.cursor() as cursor:
-            if hold_ledger:
-                cursor.execute("SELECT n FROM trainyard_pool_version WHERE id = 2 FOR UPDATE")
-            cursor.execute("SELECT id, n FROM trainyard_pool_version")
+            cursor.execute(HELD_VERSIONS_SQL if hold_ledger else "SELECT id, n FROM trainyard_pool_version")
             rows = dict(cursor.fetchall())
         return rows.get(1, 0), rows.get(2, 0)
 
