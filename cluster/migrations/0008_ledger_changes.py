@@ -25,54 +25,46 @@ FORWARD = [
         at timestamptz NOT NULL DEFAULT clock_timestamp()
     )
     """,
+    # Nothing when no GPU was named: a statement that touched no rows, an attempt that held no slices (as 0007).
     """
     CREATE FUNCTION trainyard_ledger_bump(gpus bigint[]) RETURNS void LANGUAGE plpgsql AS $$
     DECLARE
         before bigint;
         after bigint;
     BEGIN
+        IF gpus IS NULL THEN
+            RETURN;
+        END IF;
         SELECT n INTO before FROM trainyard_pool_version WHERE id = 2 FOR UPDATE;
         UPDATE trainyard_pool_version SET n = nextval('trainyard_pool_seq') WHERE id = 2 RETURNING n INTO after;
         INSERT INTO trainyard_ledger_change (version, previous, gpu_ids) VALUES (after, before, gpus);
     END $$
     """,
-    # Per statement, with the statement's rows: nothing when it touched none (as 0007).
+    # Per statement, with the statement's rows.
     """
     CREATE FUNCTION trainyard_ledger_slice_rows() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        gpus bigint[];
     BEGIN
-        SELECT array_agg(DISTINCT gpu_id) INTO gpus FROM changed_rows;
-        IF gpus IS NOT NULL THEN
-            PERFORM trainyard_ledger_bump(gpus);
-        END IF;
+        PERFORM trainyard_ledger_bump((SELECT array_agg(DISTINCT gpu_id) FROM changed_rows));
         RETURN NULL;
     END $$
     """,
     """
     CREATE FUNCTION trainyard_ledger_slice_update() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        gpus bigint[];
     BEGIN
-        SELECT array_agg(DISTINCT g) INTO gpus
-        FROM (SELECT gpu_id AS g FROM old_rows UNION SELECT gpu_id FROM changed_rows) touched;
-        IF gpus IS NOT NULL THEN
-            PERFORM trainyard_ledger_bump(gpus);
-        END IF;
+        PERFORM trainyard_ledger_bump((
+            SELECT array_agg(DISTINCT g)
+            FROM (SELECT gpu_id AS g FROM old_rows UNION SELECT gpu_id FROM changed_rows) touched
+        ));
         RETURN NULL;
     END $$
     """,
-    # An attempt that finishes stops its held slices counting: their GPUs changed. None held: nothing moved.
+    # An attempt that finishes stops its held slices counting: their GPUs changed.
     """
     CREATE FUNCTION trainyard_ledger_attempt_finished() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        gpus bigint[];
     BEGIN
-        SELECT array_agg(DISTINCT gpu_id) INTO gpus
-        FROM cluster_logicaldevice WHERE attempt_id = NEW.id AND released_at IS NULL;
-        IF gpus IS NOT NULL THEN
-            PERFORM trainyard_ledger_bump(gpus);
-        END IF;
+        PERFORM trainyard_ledger_bump((
+            SELECT array_agg(DISTINCT gpu_id) FROM cluster_logicaldevice WHERE attempt_id = NEW.id AND released_at IS NULL
+        ));
         RETURN NULL;
     END $$
     """,
