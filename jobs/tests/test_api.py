@@ -555,17 +555,19 @@ def test_a_request_larger_than_the_queue_is_said_in_gpus(world):
     )
 
 
-def test_places_in_the_line_are_ranked_when_read_and_left_out_of_a_single_submissions_answer(world):
+def test_places_in_the_line_are_ranked_when_read_and_left_out_of_a_submissions_answer(world):
     """A waiting job's `queue_position` is its rank in its line when the response is made (docs/api.md); the answer
-    to one submission leaves it null (counting a long line would cost more than the submission), a batch's answer
-    ranks its jobs in one query."""
+    to a submission or a batch leaves it null (counting a long line would cost more than the submission, and a
+    batch's answer reads nothing after the commit); a list ranks its page in one query."""
     demo = client_for("demo")
     Queue.objects.filter(name="train").update(state="closed")  # nothing is admitted: every job waits
     first = demo.post("/api/v1/jobs/", body(name="first"), format="json").json()
     assert first["state"] == "pending" and first["queue_position"] is None
+    batch = demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"b{i}") for i in range(5)]}, format="json")
+    assert [job["queue_position"] for job in batch.json()] == [None] * 5
     with CaptureQueriesContext(connection) as queries:
-        batch = demo.post("/api/v1/jobs/batch/", {"jobs": [body(name=f"b{i}") for i in range(5)]}, format="json")
-    assert [job["queue_position"] for job in batch.json()] == [2, 3, 4, 5, 6]
+        listed = demo.get("/api/v1/jobs/?state=pending").json()["results"]
+    assert sorted(job["queue_position"] for job in listed) == [1, 2, 3, 4, 5, 6]
     assert sum("row_number()" in q["sql"] for q in queries.captured_queries) == 1
     assert demo.get(f"/api/v1/jobs/{first['id']}/").json()["queue_position"] == 1
     demo.post(f"/api/v1/jobs/{first['id']}/cancel/")
