@@ -185,10 +185,10 @@ class Job(models.Model):
     @property
     def queue_position(self) -> int | None:
         """Where a waiting job stands in its queue's line (1: the next one the dispatcher decides), None for any
-        other state. Computed when read from the line's order (`LINE_ORDER`), never stored: a
-        release that admits the head moved every job behind it, and rewriting those thousands of rows was most of
-        a busy pass (docs/scheduler.md). A page of jobs is given its places in one query
-        (`jobs.selectors.with_positions`); a lone job asks for its own when first read."""
+        other state. Computed when read from the line's order (`LINE_ORDER`), never stored: a release that admits
+        the head moved every job behind it, and rewriting those thousands of rows was most of a busy pass
+        (docs/scheduler.md). A page of jobs is given its places in one query (`jobs.selectors.with_positions`); a
+        lone job asks for its own when first read."""
         if self.state != JobState.PENDING:
             return None
         if "_queue_position" not in self.__dict__:

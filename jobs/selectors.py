@@ -60,9 +60,9 @@ def queue_waiting(queue, *, ids=None) -> list[Job]:
 
 
 # Each given waiting job's place in its line: its rank among its queue's waiting jobs in `LINE_ORDER` (the row
-# comparison orders as LINE_ORDER does). A few jobs count what is ahead of each (a job page, a submission: ~1.6 ms
-# behind 5,000); a page of them ranks the lines of the queues involved once (~5 ms for 5,000; fifty counts took
-# 65). Jobs no longer waiting are left out.
+# comparison orders as LINE_ORDER does). A few jobs count what is ahead of each (a job's page: 1.6-6 ms behind
+# 5,000, the heap rows visited); a page of them ranks the lines of the queues involved once (~5 ms for 5,000; fifty
+# counts took 65). Jobs no longer waiting are left out.
 AHEAD_SQL = """
 SELECT j.id, 1 + (
     SELECT count(*) FROM jobs_job a

@@ -6,9 +6,8 @@ GPUs change in a way placement cares about (state, health, driver, capacity), th
 handed out or released or an attempt finishes. A pass that finds both unchanged reads nothing else; a changed
 ledger costs a read of the GPUs each move touched (`trainyard_ledger_change`, migration cluster/0008) and of their
 live slices, or, when that chain has a gap, one query over every live slice, and refreshes only the nodes whose use
-changed; a changed structure
-reloads the pool (a few hundred milliseconds for a 6,000-GPU fleet, and it happens when an admin or the
-inventory changes a node, not per job).
+changed; a changed structure reloads the pool (a few hundred milliseconds for a 6,000-GPU fleet, and it happens
+when an admin or the inventory changes a node, not per job).
 """
 
 from __future__ import annotations
@@ -285,14 +284,16 @@ class Pool:
     def _load_ledger(self, gpus: set[int] | None = None) -> set[int]:
         """Read the live slices, of the GPUs `gpus` only when given; returns the positions of the nodes whose use
         changed."""
+        if gpus is not None and not gpus:
+            return set()
         fresh: dict[int, Usage] = defaultdict(Usage)
         stale: dict[int, list[int]] = defaultdict(list)
         with connection.cursor() as cursor:
             if gpus is None:
                 cursor.execute(SLICES_SQL, [list(FINISHED_ATTEMPT)])
-            elif gpus:
+            else:
                 cursor.execute(SLICES_SQL + " AND d.gpu_id = ANY(%s)", [list(FINISHED_ATTEMPT), list(gpus)])
-            rows = cursor.fetchall() if gpus is None or gpus else []
+            rows = cursor.fetchall()
         for did, gid, milli, mem, cpu, host_mem, is_stale in rows:
             if is_stale:
                 stale[gid].append(did)
