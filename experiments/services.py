@@ -330,7 +330,7 @@ def experiment_advance(*, experiment_id) -> dict[str, int]:
             done["submitted"] = _submit_more(experiment, trials)
         if experiment.state == Experiment.State.RUNNING and not any(t.state == Trial.State.ACTIVE for t in trials):
             exhausted = _next_params(experiment, len(trials)) is None
-            if len(trials) >= experiment.max_trials or exhausted:
+            if (len(trials) >= experiment.max_trials or exhausted) and not _logs_unread(trials):
                 experiment.state = Experiment.State.COMPLETED
                 experiment.finished_at = timezone.now()
                 log.info("experiment_completed", experiment_id=str(experiment.id), trials=len(trials))
@@ -339,6 +339,19 @@ def experiment_advance(*, experiment_id) -> dict[str, int]:
                 trial.save()  # only what this pass changed: a long experiment's ended trials stay untouched
         experiment.save()
     return done
+
+
+def _logs_unread(trials: list[Trial]) -> bool:
+    """Whether an ended trial's log may still hold metric lines the scan has not stored: a job's last line comes
+    just before it ends, and the scan reads an attempt's log until it is closed and read to its end (or 15
+    minutes have passed), so completing the experiment before that would freeze its summary one step short."""
+    from jobs.models import Attempt
+
+    recent = timezone.now() - timedelta(minutes=15)
+    ended = [t.job_id for t in trials if t.ended_at is not None and t.ended_at >= recent]
+    if not ended:
+        return False
+    return Attempt.objects.filter(job_id__in=ended, ended_at__gte=recent).exclude(metric_cursor__done=True).exists()
 
 
 def _snapshot(trial: Trial) -> tuple:

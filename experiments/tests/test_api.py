@@ -199,3 +199,42 @@ def test_rightsize_apply_submits_later_trials_with_the_recommended_spec(demo):
     Trial.objects.filter(experiment=experiment).update(state="completed")  # its slot is free
     services.experiment_advance(experiment_id=experiment.id)
     assert Trial.objects.get(experiment=experiment, number=2).job.spec.name == "shared"
+
+
+def test_the_experiment_completes_only_after_its_last_trials_final_metric_line_is_read(demo, settings, tmp_path):
+    """A trial's last metric line comes just before its job ends; the scan reads the log some seconds later. The
+    experiment stays running (submitting nothing) until the scan has read the ended trial's log to its close, so
+    its summary holds the last step's value, not the one before (the fault suite's restart test saw 0.04 for
+    1/30 when a pass completed the experiment between the job's end and the scan)."""
+    from django.utils import timezone
+
+    from jobs import logstore
+    from jobs.models import Attempt
+    from monitoring import services as monitoring_services
+
+    settings.TRAINYARD_LOG_ROOT = str(tmp_path)
+    experiment = services.experiment_create(user=demo, data=body(max_trials=1, max_concurrent=1))
+    services.experiment_advance(experiment_id=experiment.id)
+    trial = experiment.trials.get()
+    writer = logstore.LogWriter(logstore.attempt_dir(str(trial.job_id), 1))
+    writer.write_line('TRAINYARD_METRIC {"step": 1, "loss": 0.5}')
+    writer.flush()
+    Attempt.objects.create(job_id=trial.job_id, number=1, state="running", backend="local")
+    monitoring_services.business_metrics_scan()  # step 1 is read while the trial runs
+    writer.write_line('TRAINYARD_METRIC {"step": 2, "loss": 0.25}')
+    writer.close()
+    ended = timezone.now()
+    Attempt.objects.filter(job_id=trial.job_id).update(state="succeeded", ended_at=ended)
+    Job.objects.filter(pk=trial.job_id).update(state="succeeded", finished_at=ended)
+
+    services.experiment_advance(experiment_id=experiment.id)  # the job ended, its last line not yet read
+    experiment.refresh_from_db()
+    trial.refresh_from_db()
+    assert (experiment.state, trial.state, trial.best_value) == ("running", "completed", 0.5)
+    assert experiment.trials.count() == 1  # nothing more submitted while it waits
+
+    monitoring_services.business_metrics_scan()  # reads step 2 and the log's close
+    services.experiment_advance(experiment_id=experiment.id)
+    experiment.refresh_from_db()
+    trial.refresh_from_db()
+    assert (experiment.state, trial.best_value, trial.best_step) == ("completed", 0.25, 2)
