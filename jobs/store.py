@@ -104,6 +104,14 @@ HAVING sum(h.n) > t.max_jobs_per_user
 
 
 # The admitted jobs still waiting, locked; then the number of each one's last attempt (a retry's next is one more).
+# The slices a write just made that sit on a card or a node placement may not use now (a card marked unhealthy or
+# quarantined, a node cordoned or lost after the pass read the pool): asked only when the pool's structure number
+# moved since that read.
+UNUSABLE_SQL = """
+SELECT g.uuid, n.name, g.health, g.quarantined, n.state
+FROM cluster_logicaldevice d JOIN cluster_gpu g ON g.id = d.gpu_id JOIN cluster_node n ON n.id = g.node_id
+WHERE d.attempt_id = ANY(%s) AND (g.health <> 'healthy' OR g.quarantined OR n.state <> 'ready')
+"""
 LOCK_WAITING_SQL = "SELECT id FROM jobs_job WHERE id = ANY(%s::uuid[]) AND state = 'pending' ORDER BY id FOR UPDATE"
 LAST_ATTEMPT_SQL = "SELECT job_id, max(number) FROM jobs_attempt WHERE job_id = ANY(%s::uuid[]) GROUP BY job_id"
 
@@ -548,6 +556,23 @@ class JobStore:
         )
         self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
+
+    def unusable(self, admitted: set) -> list[str]:
+        """The cards and nodes that the admissions `admitted` (just written, not yet committed) were placed on and
+        that placement may no longer use, read in this transaction; one sentence each, none when all still may."""
+        attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        if not attempts:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(UNUSABLE_SQL, [attempts])
+            rows = cursor.fetchall()
+        out = []
+        for uuid, node, health, quarantined, state in sorted(set(rows)):
+            if state != "ready":
+                out.append(f"node {node} is {state}")
+            else:
+                out.append(f"card {uuid} on {node} is {'quarantined' if quarantined else health}")
+        return out
 
     def over_quota(self, admitted: set) -> list[str]:
         """The queues, teams and users that the admissions `admitted` (just written, not yet committed) take past a

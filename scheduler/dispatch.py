@@ -235,6 +235,8 @@ class Store(Protocol):
 
     def over_quota(self, admitted: set) -> list[str]: ...  # quotas the written admissions exceed (same transaction)
 
+    def unusable(self, admitted: set) -> list[str]: ...  # cards, nodes the written admissions may no longer use (same)
+
     def record_waits(self, waits: list[Wait]) -> None: ...  # changed reasons, in a transaction of their own
 
     def after_write(self, plan: Plan, admitted: set) -> None: ...
@@ -830,7 +832,8 @@ def run_pass(
 
 
 class StaleView(Exception):
-    """A pass's write would book a card, a node or a quota past what it holds: its view was stale."""
+    """A pass's write would book a card, a node or a quota past what it holds, or place on a card or a node that
+    placement may no longer use: its view was stale."""
 
     def __init__(self, problems: list[str]):
         super().__init__("; ".join(problems[:3]))
@@ -872,10 +875,14 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
                 before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
                 lines_before = store.backlog_version()
                 admitted = store.write(decided)
+                after = pool.read_versions()
                 problems = _recheck(store, pool, decided, admitted)
+                if after[0] != pool.structure_version:
+                    # A card or a node changed since the pool was read (a card marked unhealthy, a node cordoned):
+                    # the slices just written must still be on ones placement may use.
+                    problems += store.unusable(admitted)
                 if problems:
                     raise StaleView(problems)
-                after = pool.read_versions()
                 lines_after = store.backlog_version()
         except StaleView:
             raise

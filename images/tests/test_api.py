@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 from images import services
 from images.models import Advisory, ImageBuild
 from images.tests.conftest import DATA
-from images.tests.test_builds import built, define_base
+from images.tests.test_builds import base_built, built, define_base
 from quotas.tests.factories import MembershipFactory, TeamFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +34,7 @@ def people():
 
 def test_a_project_image_is_defined_built_and_shown_with_its_findings(images_env, people, feed):
     services.feed_load(document=feed, source="planted")
-    built(define_base(images_env))
+    base_built(images_env)
     member = people["member"]
     bad = member.post(
         "/api/v1/project-images/",

@@ -30,6 +30,14 @@ def built(image):
     return services.build_run(build_id=build.pk)
 
 
+def base_built(upstream, name="tiny-base", extra=""):
+    """A base image defined and built, for tests that build on it: a failed build stops here with its log, not
+    later as a project build that finds no base."""
+    build = built(define_base(upstream, name, extra))
+    assert build.status == "succeeded", build.log[-4000:]
+    return build
+
+
 def test_a_base_build_pushes_a_digest_with_layers_size_and_sbom(images_env, feed):
     services.feed_load(document=feed, source="planted")
     base = define_base(images_env)

@@ -4,14 +4,14 @@ build (podman) and pushing to the session's registry."""
 import pytest
 
 from images.models import ImageBuild
-from images.tests.test_builds import built, define_base
+from images.tests.test_builds import base_built
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from trainyard.tests.test_cli import cli  # noqa: F401,F811 - runs the CLI in-process against the live server
 
 
 @pytest.fixture
 def base(images_env, platform):  # noqa: F811
-    return built(define_base(images_env))
+    return base_built(images_env)
 
 
 def test_image_build_waits_for_the_worker_and_images_lists_the_result(  # noqa: F811

@@ -428,3 +428,48 @@ def test_a_release_committing_during_a_passs_write_is_seen_by_the_next_pass(plat
     pool.sync(lambda p: scheduler.workload(JobStore(), p))
     assert Job.objects.get(pk=running.pk).state == "cancelled" and Job.objects.get(pk=newcomer.pk).state == "admitted"
     assert not any(pool.usage.get(g) and pool.usage[g].milli for g in freed), "the freed card still looks taken"
+
+
+@pytest.mark.parametrize("change", ["card_unhealthy", "node_cordoned"])
+def test_a_card_that_fails_while_a_pass_decides_is_not_written_and_the_pass_places_again(platform, monkeypatch, change):  # noqa: F811
+    """The health monitor marks a card unhealthy (or an admin cordons its node) after a pass read the pool and
+    before its write: the write finds the pool's structure moved, checks its own slices against the cards and
+    nodes as they are now, is refused (nothing written), and the retry, on a re-read pool, places the job on the
+    other card."""
+    import threading
+
+    from cluster.models import GPU
+    from cluster.services import gpu_mark_unhealthy, node_cordon
+
+    fresh_pool(node("n0", 1, A100), node("n1", 1, A100))
+    open_up()
+    pool = Pool()
+    pool.sync(lambda p: scheduler.workload(JobStore(), p))
+    job = submit(platform)
+    real_write = JobStore.write
+    failed: list[str] = []
+
+    def write_after_a_card_fails(self, plan):
+        if not failed:
+            chosen = plan.admissions[0].slices[0].gpu_id
+
+            def fail():
+                card = GPU.objects.get(pk=chosen)
+                failed.append(card.uuid)
+                if change == "card_unhealthy":
+                    gpu_mark_unhealthy(gpu=card, reason="Xid 79 (test)")
+                else:
+                    node_cordon(node_id=card.node_id, actor="test")
+                connection.close()
+
+            thread = threading.Thread(target=fail, daemon=True)
+            thread.start()
+            thread.join(30)
+        return real_write(self, plan)
+
+    monkeypatch.setattr(JobStore, "write", write_after_a_card_fails)
+    report = scheduler.run_pass(store=JobStore(), pool=pool, full=True)
+    assert failed and report.refused == 1 and report.admitted == 1, report
+    used = list(LogicalDevice.objects.filter(attempt__job=job).values_list("gpu__uuid", flat=True))
+    assert used and failed[0] not in used, (used, failed)
+    assert not LogicalDevice.objects.filter(gpu__uuid=failed[0]).exists()
