@@ -89,8 +89,22 @@ def _load(version: int | None) -> Snapshot:
 
 def current() -> Snapshot:
     """The reference rows as committed now (or as this transaction sees them)."""
+    return _snapshot_at(_version())
+
+
+def current_and_facts(default_card_mib: int) -> tuple[Snapshot, ClusterFacts]:
+    """`current()` and `cluster_facts()` with both numbers read in one statement (a submission needs both)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT n FROM trainyard_reference_version WHERE id = 1),"
+            " (SELECT n FROM trainyard_pool_version WHERE id = 1)"
+        )
+        reference_version, pool_version = cursor.fetchone()
+    return _snapshot_at(reference_version), _facts_at(pool_version, default_card_mib)
+
+
+def _snapshot_at(version: int | None) -> Snapshot:
     global _cached
-    version = _version()
     snapshot = _cached
     if snapshot is not None and version is not None and snapshot.version == version:
         return snapshot
@@ -114,11 +128,14 @@ def cluster_facts(default_card_mib: int) -> ClusterFacts:
     """What validation needs of the live pool: read again (one query of three aggregates of distinct values) only
     when the pool's structure number moved since the last read. The number is read first, so facts newer than
     their number are only read once more, never kept past a change."""
-    global _facts
     with connection.cursor() as cursor:
         cursor.execute("SELECT n FROM trainyard_pool_version WHERE id = 1")
         row = cursor.fetchone()
-    version = row[0] if row else None
+    return _facts_at(row[0] if row else None, default_card_mib)
+
+
+def _facts_at(version: int | None, default_card_mib: int) -> ClusterFacts:
+    global _facts
     kept = _facts
     if kept is not None and version is not None and kept[:2] == (version, default_card_mib):
         return kept[2]

@@ -112,8 +112,12 @@ SELECT g.uuid, n.name, g.health, g.quarantined, n.state
 FROM cluster_logicaldevice d JOIN cluster_gpu g ON g.id = d.gpu_id JOIN cluster_node n ON n.id = g.node_id
 WHERE d.attempt_id = ANY(%s) AND (g.health <> 'healthy' OR g.quarantined OR n.state <> 'ready')
 """
-LOCK_WAITING_SQL = "SELECT id FROM jobs_job WHERE id = ANY(%s::uuid[]) AND state = 'pending' ORDER BY id FOR UPDATE"
-LAST_ATTEMPT_SQL = "SELECT job_id, max(number) FROM jobs_attempt WHERE job_id = ANY(%s::uuid[]) GROUP BY job_id"
+# The jobs still waiting among a pass's admissions, locked, each with its last attempt's number (one index probe of
+# attempt_unique_number per job; 0 when it never ran).
+LOCK_WAITING_SQL = """
+SELECT j.id, coalesce((SELECT max(a.number) FROM jobs_attempt a WHERE a.job_id = j.id), 0)
+FROM jobs_job j WHERE j.id = ANY(%s::uuid[]) AND j.state = 'pending' ORDER BY j.id FOR UPDATE OF j
+"""
 
 
 def _pending_rows(where: str = "", params: Sequence = ()) -> list[tuple]:
@@ -459,12 +463,11 @@ class JobStore:
         # than the lock itself. Rows are locked in id order, as every writer of several jobs locks them.
         with connection.cursor() as cursor:
             cursor.execute(LOCK_WAITING_SQL, [[a.job.id for a in admissions]])
-            still = {r[0] for r in cursor.fetchall()}
-            admissions = [a for a in admissions if a.job.id in still]
-            if not admissions:
-                return set()
-            cursor.execute(LAST_ATTEMPT_SQL, [list(still)])
             numbers = dict(cursor.fetchall())
+        still = set(numbers)
+        admissions = [a for a in admissions if a.job.id in still]
+        if not admissions:
+            return set()
         attempt_ids, device_ids = _next_ids(
             ("jobs_attempt", len(admissions)), ("cluster_logicaldevice", sum(len(a.slices) for a in admissions))
         )
@@ -500,7 +503,7 @@ class JobStore:
                 {
                     "id": attempt_id,
                     "job_id": a.job.id,
-                    "number": numbers.get(a.job.id, 0) + 1,
+                    "number": numbers[a.job.id] + 1,
                     "backend": settings.TRAINYARD_BACKEND,
                     "node_id": a.node_id,
                     "placement": text,

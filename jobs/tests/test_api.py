@@ -162,6 +162,21 @@ def test_idempotency_key(world):
     assert Job.objects.count() == 1
 
 
+def test_an_insert_that_fails_without_a_key_is_an_error_not_an_earlier_job(world):
+    """Only a key finds an earlier job: an insert refused for another reason (here, an id already taken) raises
+    instead of answering with some job of the team that has no key."""
+    from django.contrib.auth import get_user_model
+    from django.db import IntegrityError
+
+    from jobs import services
+
+    demo = get_user_model().objects.get(username="demo")
+    earlier, created = services.job_submit(user=demo, data=body())
+    assert created
+    with pytest.raises(IntegrityError):
+        services.job_submit(user=demo, data=body(command=["other"]), job_id=earlier.id)
+
+
 def test_isolation_between_teams(world):
     mine = client_for("demo").post("/api/v1/jobs/", body(), format="json").json()
     theirs = client_for("outsider").post("/api/v1/jobs/", body(team="other"), format="json").json()
