@@ -14,6 +14,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
+from queue import SimpleQueue
 
 import structlog
 from asgiref.sync import async_to_sync
@@ -629,22 +630,47 @@ class JobStore:
         attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
         self._attempts = {}
         if attempts:
-            from jobs.tasks import start_attempts
-
-            # A message per batch: publishing costs about a millisecond each, and a pass may admit thousands.
-            # A broker outage loses nothing: the lifecycle reconciler starts admitted attempts that nobody started.
-            try:
-                with current_app.producer_or_acquire() as producer:
-                    queue = settings.TRAINYARD_START_QUEUE or None
-                    for batch in start_batches(attempts):
-                        start_attempts.apply_async((batch,), producer=producer, queue=queue)
-            except Exception:  # noqa: BLE001
-                log.warning("start_messages_unsent", attempts=len(attempts))
+            starts_soon(attempts)
         if admitted:
             # Browsers learn of admissions a moment later, never at the cost of the next pass.
             threading.Thread(
                 target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
             ).start()
+
+
+_starts: SimpleQueue = SimpleQueue()
+_starter: threading.Thread | None = None
+_starter_lock = threading.Lock()
+
+
+def starts_soon(attempts: list[int]) -> None:
+    """Hand the admitted attempts to this process's start-message sender and return at once: publishing (about a
+    millisecond a message, a second when the broker stalls, longer while it is down) is no part of the pass that
+    admitted them, so the next pass does not wait for it. What a sender could not publish, or held when its
+    process ended, is started by the lifecycle reconciler (TRAINYARD_START_OVERDUE_S); starting is idempotent."""
+    global _starter
+    _starts.put(list(attempts))
+    with _starter_lock:
+        if _starter is None or not _starter.is_alive():  # none yet, or this is a forked child
+            _starter = threading.Thread(target=_send_starts, daemon=True, name="start-messages")
+            _starter.start()
+
+
+def _send_starts() -> None:
+    from jobs.tasks import start_attempts
+
+    while True:
+        attempts = _starts.get()
+        while not _starts.empty():  # what passes handed over meanwhile goes in the same messages
+            attempts += _starts.get_nowait()
+        # A message per batch: a pass may admit thousands.
+        try:
+            with current_app.producer_or_acquire() as producer:
+                where = settings.TRAINYARD_START_QUEUE or None
+                for batch in start_batches(attempts):
+                    start_attempts.apply_async((batch,), producer=producer, queue=where)
+        except Exception:  # noqa: BLE001 - the reconciler starts them
+            log.warning("start_messages_unsent", attempts=len(attempts))
 
 
 def start_batches(attempts: list[int]) -> list[list[int]]:

@@ -473,3 +473,37 @@ def test_a_card_that_fails_while_a_pass_decides_is_not_written_and_the_pass_plac
     used = list(LogicalDevice.objects.filter(attempt__job=job).values_list("gpu__uuid", flat=True))
     assert used and failed[0] not in used, (used, failed)
     assert not LogicalDevice.objects.filter(gpu__uuid=failed[0]).exists()
+
+
+def test_a_pass_hands_its_start_messages_over_and_does_not_wait_for_the_broker(platform, monkeypatch):  # noqa: F811
+    """Publishing the start messages is not part of the pass: with the broker stalled (the publish blocked until
+    the test lets it go), the pass that admitted the jobs returns, a second pass runs meanwhile, and the messages
+    of both go out once the broker answers, every admitted attempt in one of them."""
+    import threading
+
+    from jobs.models import Attempt
+    from jobs.tasks import start_attempts
+
+    fresh_pool(node("n0", 2, A100))
+    open_up()
+    pool = Pool()
+    broker_answers = threading.Event()
+    sent: list[int] = []
+
+    def stalled_publish(args, **options):
+        broker_answers.wait(60)
+        sent.extend(args[0])
+
+    monkeypatch.setattr(start_attempts, "apply_async", stalled_publish)
+    first = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
+    second = submit(platform)
+    assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
+    assert sent == []  # both passes returned while the broker held the first message
+    broker_answers.set()
+    expected = sorted(Attempt.objects.filter(job__in=[first, second]).values_list("id", flat=True))
+    for _ in range(600):
+        if sorted(sent) == expected:
+            break
+        time.sleep(0.05)
+    assert sorted(sent) == expected
