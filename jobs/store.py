@@ -18,7 +18,6 @@ from queue import SimpleQueue
 
 import structlog
 from asgiref.sync import async_to_sync
-from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, Count, Value, When
@@ -665,7 +664,8 @@ def _send_starts() -> None:
             attempts += _starts.get_nowait()
         # A message per batch: a pass may admit thousands.
         try:
-            with current_app.producer_or_acquire() as producer:
+            # The task's own app: a thread has no current app of its own and would fall back to Celery's default.
+            with start_attempts.app.producer_or_acquire() as producer:
                 where = settings.TRAINYARD_START_QUEUE or None
                 for batch in start_batches(attempts):
                     start_attempts.apply_async((batch,), producer=producer, queue=where)
