@@ -103,7 +103,6 @@ HAVING sum(h.n) > t.max_jobs_per_user
 """
 
 
-# The admitted jobs still waiting, locked; then the number of each one's last attempt (a retry's next is one more).
 # The slices a write just made that sit on a card or a node placement may not use now (a card marked unhealthy or
 # quarantined, a node cordoned or lost after the pass read the pool): asked only when the pool's structure number
 # moved since that read.
@@ -112,8 +111,8 @@ SELECT g.uuid, n.name, g.health, g.quarantined, n.state
 FROM cluster_logicaldevice d JOIN cluster_gpu g ON g.id = d.gpu_id JOIN cluster_node n ON n.id = g.node_id
 WHERE d.attempt_id = ANY(%s) AND (g.health <> 'healthy' OR g.quarantined OR n.state <> 'ready')
 """
-# The jobs still waiting among a pass's admissions, locked, each with its last attempt's number (one index probe of
-# attempt_unique_number per job; 0 when it never ran).
+# The jobs still waiting among a pass's admissions, locked, each with its last attempt's number (a retry's next is
+# one more; one index probe of attempt_unique_number per job; 0 when it never ran).
 LOCK_WAITING_SQL = """
 SELECT j.id, coalesce((SELECT max(a.number) FROM jobs_attempt a WHERE a.job_id = j.id), 0)
 FROM jobs_job j WHERE j.id = ANY(%s::uuid[]) AND j.state = 'pending' ORDER BY j.id FOR UPDATE OF j
