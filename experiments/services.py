@@ -25,7 +25,7 @@ from experiments import search
 from experiments.models import Experiment, Trial
 from jobs import checkpoints, lifecycle
 from jobs import services as job_services
-from jobs.models import Job
+from jobs.models import Attempt, Job
 from jobs.services import InvalidTransition
 from jobs.states import TERMINAL, JobState
 from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
@@ -345,8 +345,6 @@ def _logs_unread(trials: list[Trial]) -> bool:
     """Whether an ended trial's log may still hold metric lines the scan has not stored: a job's last line comes
     just before it ends, and the scan reads an attempt's log until it is closed and read to its end (or 15
     minutes have passed), so completing the experiment before that would freeze its summary one step short."""
-    from jobs.models import Attempt
-
     recent = timezone.now() - timedelta(minutes=15)
     ended = [t.job_id for t in trials if t.ended_at is not None and t.ended_at >= recent]
     if not ended:

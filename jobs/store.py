@@ -559,10 +559,14 @@ class JobStore:
         self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
         return still
 
+    def _written_attempts(self, admitted: set) -> list[int]:
+        """The attempt ids the last write made for the jobs of `admitted`."""
+        return [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+
     def unusable(self, admitted: set) -> list[str]:
         """The cards and nodes that the admissions `admitted` (just written, not yet committed) were placed on and
         that placement may no longer use, read in this transaction; one sentence each, none when all still may."""
-        attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        attempts = self._written_attempts(admitted)
         if not attempts:
             return []
         with connection.cursor() as cursor:
@@ -625,7 +629,7 @@ class JobStore:
 
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
-        attempts = [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        attempts = self._written_attempts(admitted)
         self._attempts = {}
         if attempts:
             starts_soon(attempts)
