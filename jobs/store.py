@@ -27,6 +27,7 @@ from cluster.models import GPU, LogicalDevice, PoolRepair
 from cluster.services import gpu_mark_suspect
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import UNDECIDED, JobState
+from kernel import gctune
 from kernel.sentences import stored
 from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
@@ -790,6 +791,7 @@ def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> s
         from jobs.preemption import preemptions_request
 
         preemptions_request()
+    gctune.after_pass()  # what the pass left alive leaves the collector's reach (in a worker process)
     return report
 
 

@@ -7,11 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from celery import shared_task
-from celery.signals import worker_before_create_process, worker_process_shutdown, worker_ready
+from celery.signals import worker_before_create_process, worker_process_init, worker_process_shutdown, worker_ready
 from django.db import DatabaseError, transaction
 from kombu.exceptions import OperationalError as BrokerError
 
 from jobs import lifecycle
+from kernel import gctune
 
 log = structlog.get_logger(__name__)
 
@@ -221,6 +222,17 @@ def lend_idle_nodes() -> dict:
     from jobs import lending
 
     return lending.pools_lend()
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def _freeze_loaded(**_kwargs) -> None:
+    # The worker's process (the solo dispatcher's) and each prefork child: what start-up loaded, and later what
+    # each dispatch pass leaves alive, out of the collector's full collections (kernel/gctune.py).
+    from django.conf import settings
+
+    if settings.TRAINYARD_GC_FREEZE:
+        gctune.freeze_passes()
 
 
 @worker_ready.connect

@@ -531,7 +531,9 @@ CELERY_BEAT_SCHEDULE.update(
 # Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
 TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
 # Move what the web process loaded at start (and again after its first requests) out of the garbage collector's
-# reach: a full collection otherwise walks every module object and paused requests for 50-120 ms (kernel/gctune.py).
+# reach: a full collection otherwise walks every module object and paused requests for 50-120 ms. A worker process
+# freezes what it loaded, and what each dispatch pass leaves alive (the pool, the carried lines), collecting
+# everything every 5 minutes (kernel/gctune.py).
 TRAINYARD_GC_FREEZE = env.bool("TRAINYARD_GC_FREEZE", default=True)
 
 # Images (docs/images.md): the registry builds are pushed to and tags are resolved against. `make run` / `make test`
