@@ -91,7 +91,8 @@ def after_pass() -> None:
     found = gc.collect()
     gc.freeze()
     _Passes.full_at = now
-    log.info("gc_refrozen", collected=found, frozen=gc.get_freeze_count(), ms=round((time.perf_counter() - t0) * 1000, 1))
+    ms = round((time.perf_counter() - t0) * 1000, 1)
+    log.info("gc_refrozen", collected=found, frozen=gc.get_freeze_count(), ms=ms)
 
 
 def stop_freezing_passes() -> None:
