@@ -36,6 +36,7 @@ from scheduler import policy
 log = structlog.get_logger(__name__)
 START_BATCH = 20  # attempts per start message, at least
 START_MESSAGES = 32  # start messages per pass, at most: a pass of thousands sends larger batches, not hundreds
+KEEPS_STATE = 100  # a fast pass admitting this many is frozen after it as a full one is (kernel/gctune.py)
 SHAPE_FIELDS = (
     "replicas",
     "gpu_count",
@@ -791,7 +792,8 @@ def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> s
         from jobs.preemption import preemptions_request
 
         preemptions_request()
-    gctune.after_pass()  # what the pass left alive leaves the collector's reach (in a worker process)
+    # What the pass left alive leaves the collector's reach (in a worker process), when it kept new state.
+    gctune.after_pass(kept=not report.fast or report.allocator_built or report.admitted >= KEEPS_STATE)
     return report
 
 

@@ -54,6 +54,31 @@ def test_garbage_frozen_while_alive_is_collected_at_the_next_full_refreeze(freez
     assert gone() is None
 
 
+def test_a_pass_that_kept_nothing_new_freezes_nothing(freezing):
+    obj = Node()
+    gctune.after_pass(kept=False)
+    assert _tracked(obj)
+    gctune.after_pass(kept=True)
+    assert not _tracked(obj)
+
+
+@pytest.mark.django_db
+def test_a_fast_pass_admitting_a_newcomer_keeps_the_collector_as_it_is(freezing, monkeypatch):
+    from jobs import store
+
+    seen = []
+    monkeypatch.setattr(store.gctune, "after_pass", lambda *, kept: seen.append(kept))
+    monkeypatch.setattr(store.scheduler, "run_pass", lambda **_: store.scheduler.PassReport(fast=True, admitted=1))
+    store.dispatch()
+    monkeypatch.setattr(
+        store.scheduler, "run_pass", lambda **_: store.scheduler.PassReport(fast=True, admitted=store.KEEPS_STATE)
+    )
+    store.dispatch()
+    monkeypatch.setattr(store.scheduler, "run_pass", lambda **_: store.scheduler.PassReport(redecided=True))
+    store.dispatch()
+    assert seen == [False, True, True]
+
+
 def test_a_process_that_did_not_ask_freezes_nothing():
     gctune.stop_freezing_passes()
     obj = Node()
