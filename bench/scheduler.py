@@ -385,7 +385,19 @@ class Platform:
 
 def pass_row(row: dict) -> dict:
     """A dispatch pass as the dispatcher logged it."""
-    keys = ("total_ms", "read_ms", "decide_ms", "write_ms", "starts_ms", "waits_ms", "admitted", "waiting", "fast")
+    keys = (
+        "total_ms",
+        "read_ms",
+        "sync_ms",
+        "allocator_built",
+        "decide_ms",
+        "write_ms",
+        "starts_ms",
+        "waits_ms",
+        "admitted",
+        "waiting",
+        "fast",
+    )
     return {
         **{k: row.get(k) for k in keys},
         "lock_hold_ms": row.get("write_ms"),
