@@ -1,7 +1,63 @@
-"""Realtime notifications to browsers (Channels groups), sent after commit by the services."""
+"""Realtime notifications to browsers (Channels groups), sent after commit by the services.
 
-from asgiref.sync import async_to_sync
+Each process sends through one event loop of its own, run by a thread that lives as long as the process. The Redis
+channel layer keeps a connection pool per event loop, so `async_to_sync` (a new loop for every call) opened and
+closed a Redis connection for every notice: 2.6 ms of CPU per send in the sending process against 0.3 ms on the
+kept loop (measured in process against the embedded Redis), paid by every transition and by every dispatch pass
+that admitted a job. A forked child (a prefork worker) starts its own loop on its first send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from concurrent.futures import Future
+
+import structlog
 from channels.layers import get_channel_layer
+
+log = structlog.get_logger(__name__)
+
+SEND_TIMEOUT_S = 10.0  # a caller that waits gives up after this (the channel layer's Redis is down or stalled)
+
+
+class _Sender:
+    loop: asyncio.AbstractEventLoop | None = None
+    pid: int | None = None
+    lock = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    with _Sender.lock:
+        if _Sender.loop is None or _Sender.pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True, name="realtime-sender").start()
+            _Sender.loop, _Sender.pid = loop, os.getpid()
+        return _Sender.loop
+
+
+def send(messages: list[tuple[str, dict]], *, wait: bool = True) -> None:
+    """Send each (group, message) through the channel layer, in order, on this process's sender loop. `wait`: return
+    once sent (raising what the layer raised); otherwise return at once and log a failure."""
+    layer = get_channel_layer()
+    if layer is None or not messages:
+        return
+
+    async def send_all() -> None:
+        for group, message in messages:
+            await layer.group_send(group, message)
+
+    future = asyncio.run_coroutine_threadsafe(send_all(), _loop())
+    if wait:
+        future.result(SEND_TIMEOUT_S)
+    else:
+        future.add_done_callback(_log_failure)
+
+
+def _log_failure(future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("realtime_send_failed", error=str(future.exception()))
 
 
 def job_group(job_id: str) -> str:
@@ -9,15 +65,9 @@ def job_group(job_id: str) -> str:
 
 
 def job_changed(*, job_id: str, state: str) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    async_to_sync(layer.group_send)(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": state})
+    send([(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": state})])
 
 
 def job_metrics_changed(*, job_id: str) -> None:
     """New business metrics for the job: the log sockets of its page redraw the metrics charts."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    async_to_sync(layer.group_send)(job_group(job_id), {"type": "job.metrics", "job_id": job_id})
+    send([(job_group(job_id), {"type": "job.metrics", "job_id": job_id})])

@@ -17,7 +17,6 @@ from datetime import timedelta
 from queue import SimpleQueue
 
 import structlog
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, Count, Value, When
@@ -625,9 +624,7 @@ class JobStore:
         told = [(str(w.job.id), w.code) for w in changed if w.job.reason != w.code and w.job.id in updated]
         if told:
             # A new reason without a new state: the job's open page refreshes its header (jobs/consumers.py).
-            transaction.on_commit(
-                lambda: threading.Thread(target=_broadcast_waiting, args=(told,), daemon=True, name="waits").start()
-            )
+            transaction.on_commit(lambda: _broadcast_waiting(told))
 
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
@@ -636,10 +633,8 @@ class JobStore:
         if attempts:
             starts_soon(attempts)
         if admitted:
-            # Browsers learn of admissions a moment later, never at the cost of the next pass.
-            threading.Thread(
-                target=_broadcast_admitted, args=([str(j) for j in admitted],), daemon=True, name="admitted-broadcast"
-            ).start()
+            # Browsers learn of admissions a moment later, never at the cost of the next pass (not waited for).
+            _broadcast_admitted([str(j) for j in admitted])
 
 
 _starts: SimpleQueue = SimpleQueue()
@@ -744,43 +739,22 @@ def _update_rows(sql: str, head: list, rows: list[tuple], types: Sequence[str], 
 
 
 def _broadcast_admitted(job_ids: list[str]) -> None:
-    from channels.layers import get_channel_layer
-
-    from jobs.realtime import job_group
-
-    layer = get_channel_layer()
-    if layer is None:
-        return
-
-    async def send_all() -> None:
-        for job_id in job_ids:
-            await layer.group_send(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": "admitted"})
+    from jobs.realtime import job_group, send
 
     try:
-        async_to_sync(send_all)()
+        send([(job_group(j), {"type": "job.state", "job_id": j, "state": "admitted"}) for j in job_ids], wait=False)
     except Exception:  # noqa: BLE001 - a missing listener must never fail an admission
-        pass
+        log.warning("admitted_broadcast_not_sent", jobs=len(job_ids))
 
 
 def _broadcast_waiting(told: list[tuple[str, str]]) -> None:
-    from channels.layers import get_channel_layer
+    from jobs.realtime import job_group, send
 
-    from jobs.realtime import job_group
-
-    layer = get_channel_layer()
-    if layer is None:
-        return
-
-    async def send_all() -> None:
-        for job_id, reason in told:
-            await layer.group_send(
-                job_group(job_id), {"type": "job.state", "job_id": job_id, "state": "pending", "reason": reason}
-            )
-
+    messages = [(job_group(j), {"type": "job.state", "job_id": j, "state": "pending", "reason": r}) for j, r in told]
     try:
-        async_to_sync(send_all)()
+        send(messages, wait=False)
     except Exception:  # noqa: BLE001 - a missing listener must never fail a pass
-        pass
+        log.warning("waiting_broadcast_not_sent", jobs=len(told))
 
 
 def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> scheduler.PassReport:
