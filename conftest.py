@@ -68,18 +68,25 @@ def celery_worker_thread(transactional_db, _isolated_broker_queue):
     process, as the dispatcher of `make run` is)."""
     from celery.contrib.testing.worker import start_worker
 
+    from kernel import gctune
     from kernel.wake import dispatch_queue
     from trainyard.celery import app
 
-    with start_worker(
-        app,
-        pool="solo",
-        perform_ping_check=False,
-        loglevel="WARNING",
-        queues=[_isolated_broker_queue, dispatch_queue()],
-        shutdown_timeout=10,
-    ) as worker:
-        yield worker
+    try:
+        with start_worker(
+            app,
+            pool="solo",
+            perform_ping_check=False,
+            loglevel="WARNING",
+            queues=[_isolated_broker_queue, dispatch_queue()],
+            shutdown_timeout=10,
+        ) as worker:
+            yield worker
+    finally:
+        # The worker's start signal froze this process's objects for the garbage collector, as it does in a worker
+        # process; the test process must not stay frozen (a frozen cycle holding a dead thread's database
+        # connection would keep its session open for the rest of the run).
+        gctune.stop_freezing_passes()
 
 
 @pytest.fixture(scope="session")

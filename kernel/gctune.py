@@ -102,6 +102,7 @@ def after_pass(*, kept: bool = True) -> None:
 
 
 def stop_freezing_passes() -> None:
-    """Undo `freeze_passes` (tests): every frozen object is the collector's again."""
+    """Undo `freeze_passes` (tests): every frozen object is the collector's again, and what is garbage is freed now."""
     _Passes.enabled = False
     gc.unfreeze()
+    gc.collect()
