@@ -16,6 +16,11 @@ outlive it. A full collection then took 90-120 ms, and the passes that admit tho
 docs/scheduler.md). So such a process freezes after each pass that kept new state (`after_pass`: a collection of the
 young generations, then `gc.freeze()`, which moves lists), and every `FULL_EVERY_S` it unfreezes, collects
 everything and freezes again, so that a cycle frozen while alive and dropped later is freed within minutes.
+
+What a frozen cycle holds stays held until then. Django's connection objects refer to themselves, so a thread that
+opened a database connection and ended leaves a session open until the next full collection; the processes that
+freeze after passes run their tasks on threads that live as long as they do (the solo pool's, the starters), and a
+test that starts a worker in its own process undoes the freezing afterwards (conftest.py).
 """
 
 from __future__ import annotations
