@@ -300,7 +300,7 @@ class AttemptLimits:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     killed += 1
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):  # gone, or (EPERM) not ours to signal: tried again
                     pass
             time.sleep(0.05)
         return killed

@@ -521,6 +521,8 @@ class LocalBackend:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+            except PermissionError:  # not a supervisor of ours (they run as this user): the pid was reused
+                log.warning("local_cancel_pid_not_ours", ref=ref, pid=pid)
 
     def read_usage(self, ref: str, offset: int, *, limit_bytes: int = 4 << 20) -> tuple[list[dict], int, bool]:
         """Usage samples the supervisor appended since byte `offset`: (samples, next offset, attempt ended)."""

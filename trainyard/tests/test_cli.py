@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,15 +92,15 @@ def offline(monkeypatch, tmp_path, capsys):
 def beat(platform):  # noqa: F811 - the imported fixture
     """What the Celery beat does in production: observe live attempts and enforce timeouts, every 0.2 s."""
     stop = threading.Event()
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def loop() -> None:
         while not stop.is_set():
             try:
                 lifecycle.attempts_observe()
                 lifecycle.timeouts_enforce()
-            except Exception as exc:  # noqa: BLE001 - surfaced by the assertion after the test
-                errors.append(exc)
+            except Exception:  # noqa: BLE001 - surfaced by the assertion after the test, with where it was raised
+                errors.append(traceback.format_exc())
             finally:
                 connection.close()
             stop.wait(0.2)
@@ -109,7 +110,7 @@ def beat(platform):  # noqa: F811 - the imported fixture
     yield
     stop.set()
     thread.join(10)
-    assert not errors, errors
+    assert not errors, "\n".join(errors)
 
 
 def _free_port() -> int:
