@@ -64,8 +64,13 @@ def job_group(job_id: str) -> str:
     return f"job.{job_id}"
 
 
+def state_notice(job_id: str, state: str, **extra: str) -> tuple[str, dict]:
+    """The (group, message) that tells a job's open pages its state changed (`extra`: a waiting job's reason)."""
+    return job_group(job_id), {"type": "job.state", "job_id": job_id, "state": state, **extra}
+
+
 def job_changed(*, job_id: str, state: str) -> None:
-    send([(job_group(job_id), {"type": "job.state", "job_id": job_id, "state": state})])
+    send([state_notice(job_id, state)])
 
 
 def job_metrics_changed(*, job_id: str) -> None:

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from cluster.models import GPU, LogicalDevice, PoolRepair
 from cluster.services import gpu_mark_suspect
+from jobs import realtime
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import UNDECIDED, JobState
 from kernel import gctune
@@ -624,7 +625,8 @@ class JobStore:
         told = [(str(w.job.id), w.code) for w in changed if w.job.reason != w.code and w.job.id in updated]
         if told:
             # A new reason without a new state: the job's open page refreshes its header (jobs/consumers.py).
-            transaction.on_commit(lambda: _broadcast_waiting(told))
+            notices = [realtime.state_notice(j, "pending", reason=r) for j, r in told]
+            transaction.on_commit(lambda: _tell_browsers(notices))
 
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
@@ -634,7 +636,7 @@ class JobStore:
             starts_soon(attempts)
         if admitted:
             # Browsers learn of admissions a moment later, never at the cost of the next pass (not waited for).
-            _broadcast_admitted([str(j) for j in admitted])
+            _tell_browsers([realtime.state_notice(str(j), "admitted") for j in admitted])
 
 
 _starts: SimpleQueue = SimpleQueue()
@@ -738,23 +740,14 @@ def _update_rows(sql: str, head: list, rows: list[tuple], types: Sequence[str], 
         return [r[0] for r in cursor.fetchall()] if cursor.description else []
 
 
-def _broadcast_admitted(job_ids: list[str]) -> None:
-    from jobs.realtime import job_group, send
+def _tell_browsers(notices: list[tuple[str, dict]]) -> None:
+    """Hand a pass's notices to the process's sender without waiting (jobs/realtime.py)."""
+    from jobs.realtime import send
 
     try:
-        send([(job_group(j), {"type": "job.state", "job_id": j, "state": "admitted"}) for j in job_ids], wait=False)
-    except Exception:  # noqa: BLE001 - a missing listener must never fail an admission
-        log.warning("admitted_broadcast_not_sent", jobs=len(job_ids))
-
-
-def _broadcast_waiting(told: list[tuple[str, str]]) -> None:
-    from jobs.realtime import job_group, send
-
-    messages = [(job_group(j), {"type": "job.state", "job_id": j, "state": "pending", "reason": r}) for j, r in told]
-    try:
-        send(messages, wait=False)
-    except Exception:  # noqa: BLE001 - a missing listener must never fail a pass
-        log.warning("waiting_broadcast_not_sent", jobs=len(told))
+        send(notices, wait=False)
+    except Exception:  # noqa: BLE001 - a missing listener must never fail an admission or a pass
+        log.warning("dispatch_notices_not_sent", notices=len(notices))
 
 
 def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> scheduler.PassReport:
