@@ -357,6 +357,9 @@ def new_job_reason(job: Job) -> tuple[str, str] | None:
 class JobStore:
     """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
 
+    def __init__(self) -> None:
+        self._attempts: dict = {}  # job id -> the attempt the current write made for it (write, write_admissions)
+
     def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
         queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
         if queue_ids is not None:
@@ -452,18 +455,25 @@ class JobStore:
         return out
 
     def write(self, plan: scheduler.Plan) -> set:
-        now = timezone.now()
+        self._attempts = {}
+        self.write_marks(plan)
+        return self.write_admissions(plan.admissions, timezone.now())
+
+    def write_marks(self, plan: scheduler.Plan) -> None:
         for gpu_id, _uuid, why in plan.probe_failures:
             gpu_mark_suspect(gpu=GPU(pk=gpu_id, uuid=_uuid), reason=why)
-        return self._admit(plan.admissions, now)
 
-    def _admit(self, admissions: list[scheduler.Admission], now) -> set:
+    def write_admissions(self, admissions: list[scheduler.Admission], now, *, skip_locked: bool = False) -> set:
+        """Write these admissions (attempts, slices, the jobs' new state, their events) in the caller's transaction;
+        the ids of the jobs admitted: those still waiting. A batch written while the pass still decides
+        (`skip_locked`, scheduler.dispatch.WriteAhead) passes over a job another transaction holds instead of waiting
+        for it: its batches are not in id order, so waiting could deadlock with a writer that locks in id order."""
         if not admissions:
             return set()
         # The ids travel as one array parameter: an IN list of thousands of literals cost more to build and parse
         # than the lock itself. Rows are locked in id order, as every writer of several jobs locks them.
         with connection.cursor() as cursor:
-            cursor.execute(LOCK_WAITING_SQL, [[a.job.id for a in admissions]])
+            cursor.execute(LOCK_WAITING_SQL + (" SKIP LOCKED" if skip_locked else ""), [[a.job.id for a in admissions]])
             numbers = dict(cursor.fetchall())
         still = set(numbers)
         admissions = [a for a in admissions if a.job.id in still]
@@ -558,12 +568,12 @@ class JobStore:
                 for a, attempt_id, text, (_id, message) in zip(admissions, attempt_ids, placed, messages, strict=True)
             ],
         )
-        self._attempts = {a.job.id: attempt_id for a, attempt_id in zip(admissions, attempt_ids, strict=True)}
+        self._attempts.update((a.job.id, attempt_id) for a, attempt_id in zip(admissions, attempt_ids, strict=True))
         return still
 
     def _written_attempts(self, admitted: set) -> list[int]:
         """The attempt ids the last write made for the jobs of `admitted`."""
-        return [v for k, v in getattr(self, "_attempts", {}).items() if k in admitted]
+        return [v for k, v in self._attempts.items() if k in admitted]
 
     def unusable(self, admitted: set) -> list[str]:
         """The cards and nodes that the admissions `admitted` (just written, not yet committed) were placed on and

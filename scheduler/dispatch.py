@@ -3,8 +3,9 @@
 A pass (`run_pass`) reads what waits and what is used (the store: jobs/store.py, the only place that knows
 the job tables), brings the pool in memory up to date (`scheduler.pool`), decides every admission in memory
 (`plan`: hard quotas, FIFO or backfill, placement by the policy), and hands the decisions to the store: the
-admissions in one transaction with bulk writes, the only thing done under the pool lock; then, in a second
-transaction without it, the reasons that changed (places in a line are not stored). One pass runs at a time per
+admissions in one transaction with bulk writes, the only thing done under the pool lock (a big pass writes them on
+a second connection while it still decides: `WriteAhead`); then, in a second transaction without it, the reasons
+that changed (places in a line are not stored). One pass runs at a time per
 database (a session advisory lock); a pass asked for while one runs is queued once, never more
 (`kernel.wake`). Level-triggered: a lost wake-up costs one beat period (30 s), never a stranded job.
 
@@ -13,9 +14,12 @@ The module imports nothing from `jobs`: the store comes in as an argument.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from queue import SimpleQueue
 from typing import Protocol
 
 import structlog
@@ -232,6 +236,11 @@ class Store(Protocol):
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
     def write(self, plan: Plan) -> set: ...  # admissions, under the pool lock; ids of the jobs it admitted
+
+    # Part of a write (WriteAhead): these admissions, in the caller's transaction; the ids of the jobs admitted
+    def write_admissions(self, admissions: list[Admission], now, *, skip_locked: bool = False) -> set: ...
+
+    def write_marks(self, plan: Plan) -> None: ...  # the cards whose hand-out probes failed (part of a write)
 
     def over_quota(self, admitted: set) -> list[str]: ...  # quotas the written admissions exceed (same transaction)
 
@@ -512,24 +521,35 @@ def _why_not(job: Waiting, pool: Pool, models: frozenset[str] | None) -> tuple[s
     return code, message
 
 
-def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None) -> Plan:
+def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahead: WriteAhead | None = None) -> Plan:
     """Every decision of one pass, in memory; the pool in memory already holds the admissions it makes.
     `lines`: where each queue's line stood after the previous pass, when only jobs that join the lines' ends
     are given (the fast pass); the lines are not changed. Preemptible jobs (last in their lines) are decided
-    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work."""
+    after every queue's other jobs, so borrowed capacity never goes to them before quota-holding work.
+    `ahead`: given the admissions in batches as they are decided, to write them meanwhile (`WriteAhead`)."""
     out = Plan()
     state: dict[int, Line] = {}
     deferred: list[tuple[QueueRules, Waiting]] = []
+    batch = ahead.batch if ahead is not None else 0
+    handed = 0
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
         state[queue.id] = Line(start.blocked, start.tail)
         for job in backlog.waiting.get(queue.id, ()):
             if job.preemptible:
                 deferred.append((queue, job))
-            else:
-                _decide(job, queue, state[queue.id], backlog, pool, out)
+                continue
+            _decide(job, queue, state[queue.id], backlog, pool, out)
+            if batch and len(out.admissions) - handed >= batch:
+                ahead.hand(out.admissions[handed:])
+                handed = len(out.admissions)
     for queue, job in deferred:
         _decide(job, queue, state[queue.id], backlog, pool, out)
+        if batch and len(out.admissions) - handed >= batch:
+            ahead.hand(out.admissions[handed:])
+            handed = len(out.admissions)
+    if ahead is not None and ahead.started and handed < len(out.admissions):
+        ahead.hand(out.admissions[handed:])
     out.lines.update(state)
     return out
 
@@ -593,6 +613,8 @@ class PassReport:
     refused: int = 0  # writes the database refused as over-booked (a stale view); each pass re-read and retried
     sync_s: float = 0.0  # bringing the pool up to date (part of read_s): the ledger, the workload, a new allocator
     allocator_built: bool = False  # this pass built a new allocator (a new workload or pool structure)
+    written_ahead: bool = False  # its admissions were written while it decided (WriteAhead): write_s is the wait after
+    lock_s: float = 0.0  # how long the pool lock was held: write_s, or from the first batch written ahead to the commit
 
 
 _workload: tuple[float, tuple, policy.Workload] | None = None
@@ -825,6 +847,8 @@ def run_pass(
             allocator_built=report.allocator_built,
             decide_ms=round(report.decide_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
+            written_ahead=report.written_ahead,
+            lock_ms=round(report.lock_s * 1000, 1),
             starts_ms=round(report.starts_s * 1000, 1),
             waits_ms=round(report.waits_s * 1000, 1),
         )
@@ -841,14 +865,129 @@ class StaleView(Exception):
 
 
 WRITE_TRIES = 3  # a pass refused this often in a row raises: something other than a race is wrong
+SWITCH_INTERVAL_S = 0.0005  # the interpreter's switch interval while a pass writes ahead (default 0.005)
+
+
+class WriteAhead:
+    """Writes a big pass's admissions on a database connection of its own while the pass still decides.
+
+    The pass hands over each batch of TRAINYARD_DISPATCH_WRITE_AHEAD admissions as soon as it is decided; the
+    first batch starts a thread that opens the write's one transaction (the pool lock, the ledger's number held,
+    foreign keys checked as each batch is written rather than all at the commit), writes every batch it is given
+    and checks it against the ledger (`overbooked`: while the lock is held only this transaction adds slices, so a
+    batch checked when written stays checked), and, once the pass has decided everything (`finish`), marks the
+    cards whose probes failed, checks the quotas and the cards' and nodes' state for all it wrote, and commits. The
+    database does the write's work on its own core while this one decides, and nothing is committed unless all
+    of it holds: the pass's write is as all-or-nothing as the one-batch write, and a refusal (StaleView) leaves
+    nothing behind. A pass that decides fewer admissions than a batch never starts the thread."""
+
+    def __init__(self, store: Store, pool: Pool, batch: int):
+        self.store, self.pool, self.batch = store, pool, batch
+        self.started = False
+        self._inbox: SimpleQueue = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._result: tuple | None = None
+        self.held_s = 0.0  # the pool lock, from taking it to the commit
+        self._switch = 0.0
+
+    @classmethod
+    def for_pass(cls, store: Store, pool: Pool) -> WriteAhead | None:
+        """One for this pass, or None: turned off (0), or the pass runs inside a caller's transaction (tests, a
+        caller's atomic block), whose rows a second connection could not see."""
+        batch = settings.TRAINYARD_DISPATCH_WRITE_AHEAD
+        if batch <= 0 or connection.in_atomic_block:
+            return None
+        return cls(store, pool, batch)
+
+    def hand(self, admissions: list[Admission]) -> None:
+        if not self.started:
+            self.started = True
+            # The writer wakes from the database hundreds of times a pass and each time needs the interpreter back
+            # from the deciding thread: at the default 5 ms switch interval it waits most of the pass for it.
+            self._switch = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            self._thread = threading.Thread(target=self._run, daemon=True, name="dispatch-write-ahead")
+            self._thread.start()
+        self._inbox.put(admissions)
+
+    def _join(self) -> None:
+        assert self._thread is not None
+        self._thread.join()
+        sys.setswitchinterval(self._switch)
+
+    def finish(self, decided: Plan) -> tuple[set, tuple[int, int], tuple[int, int], int, int]:
+        """Wait for the write of everything handed over, checked and committed: (admitted, the pool's numbers
+        before and after, the lines' numbers before and after). Raises what the write raised (StaleView: nothing
+        was written)."""
+        self._inbox.put(decided)
+        self._join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def abandon(self) -> None:
+        """The pass failed while deciding: roll back what was written."""
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._join()
+
+    def _run(self) -> None:
+        from django.utils import timezone
+
+        try:
+            with transaction.atomic(durable=True):
+                with connection.cursor() as cursor:
+                    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                pool_lock()
+                locked = time.perf_counter()
+                before = self.pool.read_versions(hold_ledger=True)
+                lines_before = self.store.backlog_version()
+                now = timezone.now()
+                admitted: set = set()
+                while True:
+                    item = self._inbox.get()
+                    if item is None:
+                        raise _Abandoned()
+                    if isinstance(item, Plan):
+                        break
+                    written = self.store.write_admissions(item, now, skip_locked=True)
+                    admitted |= written
+                    problems = _overbooked_by(self.pool, [a for a in item if a.job.id in written])
+                    if problems:
+                        raise StaleView(problems)
+                decided = item
+                self.store.write_marks(decided)
+                after = self.pool.read_versions()
+                problems = self.store.over_quota(admitted)
+                if after[0] != self.pool.structure_version:
+                    problems += self.store.unusable(admitted)
+                if problems:
+                    raise StaleView(problems)
+                lines_after = self.store.backlog_version()
+            self.held_s = time.perf_counter() - locked
+            self._result = (admitted, before, after, lines_before, lines_after)
+        except BaseException as exc:  # noqa: BLE001 - handed to the pass, which raises it (finish)
+            self._error = exc
+        finally:
+            connection.close()
+
+
+class _Abandoned(Exception):
+    """The pass stopped deciding: the write-ahead's transaction rolls back."""
+
+
+def _overbooked_by(pool: Pool, written: list[Admission]) -> list[str]:
+    nodes = {s.node_id for a in written for s in a.slices}
+    host = {m.id for m in pool.meta if m.host_accounted and m.id in nodes}
+    return overbooked(node_ids=nodes, host_node_ids=host)
 
 
 def _recheck(store: Store, pool: Pool, decided: Plan, admitted: set) -> list[str]:
     """What the database, inside the write's transaction, says the written admissions over-book."""
     written = [a for a in decided.admissions if a.job.id in admitted]
-    nodes = {s.node_id for a in written for s in a.slices}
-    host = {m.id for m in pool.meta if m.host_accounted and m.id in nodes}
-    return overbooked(node_ids=nodes, host_node_ids=host) + store.over_quota(admitted)
+    return _overbooked_by(pool, written) + store.over_quota(admitted)
 
 
 def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, versions, report: PassReport, t0: float):
@@ -860,30 +999,40 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
     report.sync_s = t1 - synced
     report.allocator_built = pool.allocator is not built_before
     report.read_s = t1 - t0
-    decided = plan(backlog, pool, lines=carry.lines if carry is not None else None)
+    ahead = WriteAhead.for_pass(store, pool)
+    try:
+        decided = plan(backlog, pool, lines=carry.lines if carry is not None else None, ahead=ahead)
+    except BaseException:
+        if ahead is not None:
+            ahead.abandon()
+        raise
     t2 = time.perf_counter()
     report.decide_s = t2 - t1
     report.waiting = len(decided.waits)
     report.placement_calls = decided.placement_calls
     report.shape_hits = decided.shape_hits
+    report.written_ahead = ahead is not None and ahead.started
     dropped: list[Admission] = []
     lines_before = lines_after = versions[1]
     if decided.changes_pool():
         try:
-            with transaction.atomic(durable=True):
-                pool_lock()
-                before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
-                lines_before = store.backlog_version()
-                admitted = store.write(decided)
-                after = pool.read_versions()
-                problems = _recheck(store, pool, decided, admitted)
-                if after[0] != pool.structure_version:
-                    # A card or a node changed since the pool was read (a card marked unhealthy, a node cordoned):
-                    # the slices just written must still be on ones placement may use.
-                    problems += store.unusable(admitted)
-                if problems:
-                    raise StaleView(problems)
-                lines_after = store.backlog_version()
+            if ahead is not None and ahead.started:
+                admitted, before, after, lines_before, lines_after = ahead.finish(decided)
+            else:
+                with transaction.atomic(durable=True):
+                    pool_lock()
+                    before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
+                    lines_before = store.backlog_version()
+                    admitted = store.write(decided)
+                    after = pool.read_versions()
+                    problems = _recheck(store, pool, decided, admitted)
+                    if after[0] != pool.structure_version:
+                        # A card or a node changed since the pool was read (a card marked unhealthy, a node
+                        # cordoned): the slices just written must still be on ones placement may use.
+                        problems += store.unusable(admitted)
+                    if problems:
+                        raise StaleView(problems)
+                    lines_after = store.backlog_version()
         except StaleView:
             raise
         except Exception:
@@ -893,12 +1042,15 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         for a in dropped:
             for p, s in zip(a.placements, _by_placement(a), strict=True):
                 pool.give_back(p, s)
+        if dropped and report.written_ahead:
+            wake.dispatch_soon()  # some may only have been held by another transaction (skip_locked): decide again
         if dropped:
             pool.ledger_version = None
         else:
             pool.wrote(before, after)
         t3 = time.perf_counter()
         report.write_s = t3 - t2
+        report.lock_s = ahead.held_s if report.written_ahead else report.write_s
         store.after_write(decided, admitted)
         report.starts_s = time.perf_counter() - t3
         report.admitted = len(admitted)

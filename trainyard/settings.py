@@ -297,6 +297,9 @@ TRAINYARD_WORKLOAD_REFRESH_S = env.float("TRAINYARD_WORKLOAD_REFRESH_S", default
 # Beat's pass (every 30 s) reads every waiting line when the dispatcher last did so this long ago; in between it
 # decides only newcomers when the version numbers say nothing else changed (scheduler/dispatch.py, the carry).
 TRAINYARD_FULL_PASS_EVERY_S = env.float("TRAINYARD_FULL_PASS_EVERY_S", default=300.0)
+# A pass that has decided this many admissions starts writing them on a second database connection while it
+# decides the rest, in the same one transaction (scheduler.dispatch.WriteAhead); 0 writes every pass after deciding.
+TRAINYARD_DISPATCH_WRITE_AHEAD = env.int("TRAINYARD_DISPATCH_WRITE_AHEAD", default=500)
 # Celery queue for attempt starts (empty: the default queue), so start workers can be scaled apart from dispatch.
 TRAINYARD_START_QUEUE = env.str("TRAINYARD_START_QUEUE", default="")
 TRAINYARD_LOG_ROOT = Path(env.str("TRAINYARD_LOG_ROOT", default=str(VAR_DIR / "logs")))
