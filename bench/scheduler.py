@@ -400,7 +400,8 @@ def pass_row(row: dict) -> dict:
     )
     return {
         **{k: row.get(k) for k in keys},
-        "lock_hold_ms": row.get("write_ms"),
+        "written_ahead": row.get("written_ahead"),
+        "lock_hold_ms": row.get("lock_ms", row.get("write_ms")),
         "placement_calls": row.get("placement_calls"),
         "shape_cache_hits": row.get("shape_hits"),
     }
