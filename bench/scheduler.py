@@ -508,8 +508,10 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
     after = platform.passes(since=opened)
     admitted = sum(r.get("admitted", 0) for r in after)
     pass_s = sum(r.get("total_ms", 0.0) for r in after if r.get("admitted")) / 1000
-    last = Job.objects.filter(id__in=ids, admitted_at__isnull=False).order_by("-admitted_at").first()
-    wall_s = last.admitted_at.timestamp() - opened if last else None
+    # To the end of the last pass that admitted (its log line, written after its commit): a job's admitted_at is
+    # stamped when its pass starts writing, which a pass that writes while it decides does early in the pass.
+    ended = max((r["at"] for r in after if r.get("admitted")), default=None)
+    wall_s = ended - opened if ended else None
     reconciles = platform.reconciled_in(phase_began)
 
     state = dict(Job.objects.filter(id__in=ids).values_list("id", "state"))
@@ -557,7 +559,8 @@ def replay(platform: Platform, user, nodes, pods, seed: int, limit: int | None) 
         "pool_reconciles": reconciles,
         "note": "admissions_per_s: admitted / the dispatcher's own time in the passes that admitted (its "
         "dispatch_pass lines: read, decide, the write under the pool lock, reasons); admissions_per_wall_s: from the "
-        "open's commit to the last admitted_at (the wake-up's trip through Redis included); the in-memory "
+        "open's commit to the log line of the last pass that admitted (the wake-up's trip through Redis included); "
+        "the in-memory "
         "allocator runs in the benchmark's process on the same requests with the workload the dispatcher read",
     }
 

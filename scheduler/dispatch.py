@@ -944,7 +944,6 @@ class WriteAhead:
                 locked = time.perf_counter()
                 before = self.pool.read_versions(hold_ledger=True)
                 lines_before = self.store.backlog_version()
-                now = timezone.now()
                 admitted: set = set()
                 while True:
                     item = self._inbox.get()
@@ -952,7 +951,7 @@ class WriteAhead:
                         raise _Abandoned()
                     if isinstance(item, Plan):
                         break
-                    written = self.store.write_admissions(item, now, skip_locked=True)
+                    written = self.store.write_admissions(item, timezone.now(), skip_locked=True)
                     admitted |= written
                     problems = _overbooked_by(self.pool, [a for a in item if a.job.id in written])
                     if problems:
