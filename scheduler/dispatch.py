@@ -879,7 +879,9 @@ class WriteAhead:
     cards whose probes failed, checks the quotas and the cards' and nodes' state for all it wrote, and commits. The
     database does the write's work on its own core while this one decides, and nothing is committed unless all
     of it holds: the pass's write is as all-or-nothing as the one-batch write, and a refusal (StaleView) leaves
-    nothing behind. A pass that decides fewer admissions than a batch never starts the thread."""
+    nothing behind. A pass that decides fewer admissions than a batch never starts the thread. Deciding reads and
+    writes no row (placement is in memory; probes ask the cards and their exporters), so the deciding thread never
+    waits for a lock the writer holds; code added to the deciding must keep it so."""
 
     def __init__(self, store: Store, pool: Pool, batch: int):
         self.store, self.pool, self.batch = store, pool, batch
