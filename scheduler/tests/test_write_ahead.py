@@ -10,28 +10,16 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from cluster.models import LogicalDevice, Node
+from cluster.models import LogicalDevice
 from jobs.models import Attempt, Job, JobEvent
 from jobs.store import JobStore
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
 from scheduler import dispatch as scheduler
-from scheduler.pool import Pool, overbooked
+from scheduler.pool import Pool
 from scheduler.tests.test_dispatch import fresh_pool, node, open_up, placed_on, submit
+from scheduler.tests.test_several_dispatchers import A100, _forget_pool, ledger_problems  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
-A100 = "NVIDIA A100-SXM4-80GB"
-
-
-@pytest.fixture(autouse=True)
-def _forget_pool():
-    scheduler.reset()
-    yield
-    scheduler.reset()
-
-
-def ledger_problems() -> list[str]:
-    nodes = list(Node.objects.values_list("id", flat=True))
-    return overbooked(node_ids=nodes, host_node_ids=nodes)
 
 
 def outcome(jobs: list[Job]) -> list[tuple]:
