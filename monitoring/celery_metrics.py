@@ -2,19 +2,11 @@
 
 Workers are separate processes from the web server that answers /metrics, so the histograms live in Redis
 (cumulative bucket counters, a sum and a count per task) rather than in process memory. Recording never
-breaks a task: a Redis hiccup costs samples, nothing else.
-
-A process adds its observations up in memory and a thread of its own writes them to Redis once a second in one
-pipeline (`FLUSH_EVERY_S`), and at shutdown. Written per task, two pipelines of ~17 commands for every task were
-~15% of the dispatcher's CPU while submissions arrived at 50/s (each submission is a dispatch task); the counters
-are sums, so adding them up first changes nothing but when /metrics sees them (up to a second later). What a
-process held when it was killed is lost.
+breaks a task: a Redis hiccup costs a sample, nothing else.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from typing import Any
 
@@ -43,77 +35,20 @@ def redis_client():
     return _clients[url]
 
 
-FLUSH_EVERY_S = 1.0
-
-
-class _Pending:
-    """Observations not yet in Redis: (histogram key, task-set key, task) -> [cumulative bucket counts, count, sum]."""
-
-    lock = threading.Lock()
-    rows: dict[tuple[str, str, str], list] = {}
-    pid = 0  # the process whose flusher thread runs (a forked child starts its own and drops what it inherited)
-
-
-def _forked() -> None:
-    _Pending.lock = threading.Lock()
-    _Pending.rows = {}
-    _Pending.pid = 0
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
 def observe(kind: str, task: str, seconds: float) -> None:
-    """Add one observation to the `kind` (runtime | wait) histogram of `task` (written within FLUSH_EVERY_S)."""
-    base = prefix()
-    key = (f"{base}:{kind}:{task}", f"{base}:tasks", task)
-    with _Pending.lock:
-        row = _Pending.rows.get(key)
-        if row is None:
-            row = _Pending.rows[key] = [[0] * len(BUCKETS), 0, 0.0]
-        counts = row[0]
-        for i, bound in enumerate(BUCKETS):
-            if seconds <= bound:
-                counts[i] += 1
-        row[1] += 1
-        row[2] += seconds
-    if _Pending.pid != os.getpid():
-        _start_flusher()
-
-
-def flush() -> None:
-    """Write what this process has observed to Redis now, in one pipeline."""
-    with _Pending.lock:
-        rows, _Pending.rows = _Pending.rows, {}
-    if not rows:
-        return
+    """Add one observation to the `kind` (runtime | wait) histogram of `task`."""
+    key = f"{prefix()}:{kind}:{task}"
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for (key, tasks, task), (counts, count, total) in rows.items():
-            for bound, n in zip(BUCKETS, counts, strict=True):
-                if n:
-                    pipe.hincrby(key, f"le:{bound}", n)
-            pipe.hincrby(key, "count", count)
-            pipe.hincrbyfloat(key, "sum", total)
-            pipe.sadd(tasks, task)
+        for bound in BUCKETS:
+            if seconds <= bound:
+                pipe.hincrby(key, f"le:{bound}", 1)
+        pipe.hincrby(key, "count", 1)
+        pipe.hincrbyfloat(key, "sum", seconds)
+        pipe.sadd(f"{prefix()}:tasks", task)
         pipe.execute()
     except Exception:  # noqa: BLE001 - metrics must never fail a task
-        log.warning("task_metrics_not_recorded", histograms=len(rows), observations=sum(r[1] for r in rows.values()))
-
-
-def _start_flusher() -> None:
-    with _Pending.lock:
-        if _Pending.pid == os.getpid():
-            return
-        _Pending.pid = os.getpid()
-    threading.Thread(target=_flush_every, daemon=True, name="task-metrics").start()
-
-
-def _flush_every() -> None:
-    me = os.getpid()
-    while _Pending.pid == me:
-        time.sleep(FLUSH_EVERY_S)
-        flush()
+        log.warning("task_metric_not_recorded", task=task, kind=kind)
 
 
 def histograms(kind: str) -> dict[str, tuple[list[tuple[float, int]], int, float]]:
@@ -149,13 +84,7 @@ def _on_postrun(task_id=None, task=None, **_: Any) -> None:
         observe("runtime", task.name, time.perf_counter() - started)
 
 
-def _on_shutdown(**_: Any) -> None:
-    flush()
-
-
 def connect() -> None:
-    signals.worker_process_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="trainyard-task-metrics-child")
-    signals.worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="trainyard-task-metrics-worker")
     signals.before_task_publish.connect(_on_publish, weak=False, dispatch_uid="trainyard-task-sent-at")
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="trainyard-task-prerun")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="trainyard-task-postrun")

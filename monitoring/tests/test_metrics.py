@@ -1,7 +1,5 @@
 """/metrics in Prometheus' text format (parsed by prometheus_client's own parser), and the scheduling layer."""
 
-import os
-import time
 from datetime import timedelta
 
 import pytest
@@ -113,7 +111,6 @@ def test_celery_task_latency_is_exported(db_platform):
     celery_metrics.observe("runtime", "jobs.dispatch_queue", 0.02)
     celery_metrics.observe("runtime", "jobs.dispatch_queue", 3.0)
     celery_metrics.observe("wait", "jobs.dispatch_queue", 0.5)
-    celery_metrics.flush()  # a worker's thread does this every second
 
     m = scrape()
 
@@ -130,80 +127,3 @@ def test_metrics_can_require_a_token(db_platform, settings):
     assert Client().get("/metrics").status_code == 401
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert "trainyard_jobs" in scrape(HTTP_AUTHORIZATION="Bearer s3cret-token")
-
-
-def _runtime_count(task: str) -> int:
-    from monitoring import celery_metrics
-
-    data = celery_metrics.histograms("runtime").get(task)
-    return data[1] if data else 0
-
-
-def test_task_observations_are_added_up_in_process_and_written_in_one_pipeline(db_platform, monkeypatch):
-    from monitoring import celery_metrics
-
-    celery_metrics.flush()
-    pipelines = []
-    real = celery_metrics.redis_client().pipeline
-
-    def counting(*args, **kwargs):
-        pipelines.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(celery_metrics, "FLUSH_EVERY_S", 3600.0)
-    monkeypatch.setattr(celery_metrics._Pending, "pid", os.getpid())  # no flusher thread in this test
-    monkeypatch.setattr(celery_metrics.redis_client(), "pipeline", counting)
-    for i in range(200):
-        celery_metrics.observe("runtime", "jobs.batched", 0.001 * (i % 50))
-    assert _runtime_count("jobs.batched") == 0  # nothing written yet
-    celery_metrics.flush()
-    assert len(pipelines) == 1
-    buckets, count, total = celery_metrics.histograms("runtime")["jobs.batched"]
-    assert count == 200
-    assert total == pytest.approx(sum(0.001 * (i % 50) for i in range(200)))
-    assert dict(buckets)[0.005] == sum(1 for i in range(200) if 0.001 * (i % 50) <= 0.005)
-    assert dict(buckets)[0.05] == 200
-
-
-def test_a_process_writes_its_observations_within_a_second_without_being_asked(db_platform, monkeypatch):
-    from monitoring import celery_metrics
-
-    monkeypatch.setattr(celery_metrics._Pending, "pid", 0)  # as in a process that has observed nothing yet
-    celery_metrics.observe("runtime", "jobs.flushed_by_thread", 0.2)
-    deadline = time.monotonic() + 5 * celery_metrics.FLUSH_EVERY_S
-    while _runtime_count("jobs.flushed_by_thread") == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _runtime_count("jobs.flushed_by_thread") == 1
-
-
-def test_redis_down_costs_the_samples_not_the_task(db_platform, monkeypatch):
-    from monitoring import celery_metrics
-
-    monkeypatch.setattr(celery_metrics._Pending, "pid", os.getpid())
-
-    def broken(*args, **kwargs):
-        raise ConnectionError("redis is down")
-
-    monkeypatch.setattr(celery_metrics.redis_client(), "pipeline", broken)
-    celery_metrics.observe("runtime", "jobs.lost", 0.1)
-    celery_metrics.flush()  # logs, does not raise
-    monkeypatch.undo()
-    assert _runtime_count("jobs.lost") == 0
-
-
-def test_a_forked_child_drops_what_its_parent_had_not_written(db_platform, monkeypatch):
-    from monitoring import celery_metrics
-
-    monkeypatch.setattr(celery_metrics._Pending, "pid", os.getpid())
-    celery_metrics.observe("runtime", "jobs.parent_only", 0.1)
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child's outcome is its exit status
-        ok = not celery_metrics._Pending.rows
-        celery_metrics.observe("runtime", "jobs.child", 0.1)
-        celery_metrics.flush()
-        os._exit(0 if ok else 1)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    celery_metrics.flush()
-    assert _runtime_count("jobs.parent_only") == 1  # written once, by the parent
-    assert _runtime_count("jobs.child") == 1
