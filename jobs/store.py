@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from functools import lru_cache
 from queue import SimpleQueue
@@ -74,11 +74,14 @@ FROM jobs_job WHERE state = 'pending' {where}
 
 # Over-limit quotas touched by a set of newly admitted jobs, from the committed rows plus this transaction's. A
 # preemptible job holds no quota (docs/pools.md), so neither side counts it. `new` is the distinct (queue, team,
-# owner) of the admissions, a handful however many were admitted: with a row per admission, a pass of 2,000 spent
+# owner) of the admissions (given, as the write's rows returned them, or read by job id), a handful however many
+# were admitted: with a row per admission, a pass of 2,000 spent
 # 310 ms here when statistics that had not yet seen a burst of submissions made the planner loop over both sides.
 OVER_QUOTA_SQL = """
 WITH new AS MATERIALIZED (
     SELECT DISTINCT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible
+    UNION
+    SELECT * FROM unnest(%(queues)s::bigint[], %(teams)s::bigint[], %(owners)s::bigint[])
 ),
 held AS (SELECT queue_id, team_id, owner_id, sum(gpu_milli) g, sum(gpu_memory_mib) gm, sum(cpu_milli) c,
                 sum(memory_mib) m, sum(jobs) n FROM trainyard_quota_use GROUP BY queue_id, team_id, owner_id)
@@ -113,12 +116,6 @@ UNUSABLE_SQL = """
 SELECT g.uuid, n.name, g.health, g.quarantined, n.state
 FROM cluster_logicaldevice d JOIN cluster_gpu g ON g.id = d.gpu_id JOIN cluster_node n ON n.id = g.node_id
 WHERE d.attempt_id = ANY(%s) AND (g.health <> 'healthy' OR g.quarantined OR n.state <> 'ready')
-"""
-# The jobs still waiting among a pass's admissions, locked, each with its last attempt's number (a retry's next is
-# one more; one index probe of attempt_unique_number per job; 0 when it never ran).
-LOCK_WAITING_SQL = """
-SELECT j.id, coalesce((SELECT max(a.number) FROM jobs_attempt a WHERE a.job_id = j.id), 0)
-FROM jobs_job j WHERE j.id = ANY(%s::uuid[]) AND j.state = 'pending' ORDER BY j.id FOR UPDATE OF j
 """
 
 
@@ -360,6 +357,7 @@ class JobStore:
 
     def __init__(self) -> None:
         self._attempts: dict = {}  # job id -> the attempt the current write made for it (write, write_admissions)
+        self._holders: dict = {}  # job id -> (queue, team, owner) of what the current write made hold quota
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
         queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
@@ -456,7 +454,7 @@ class JobStore:
         return out
 
     def write(self, plan: scheduler.Plan) -> set:
-        self._attempts = {}
+        self._attempts, self._holders = {}, {}
         self.write_marks(plan)
         return self.write_admissions(plan.admissions, timezone.now())
 
@@ -471,22 +469,14 @@ class JobStore:
         for it: its batches are not in id order, so waiting could deadlock with a writer that locks in id order."""
         if not admissions:
             return set()
-        # The ids travel as one array parameter: an IN list of thousands of literals cost more to build and parse
-        # than the lock itself. Rows are locked in id order, as every writer of several jobs locks them.
-        with connection.cursor() as cursor:
-            cursor.execute(LOCK_WAITING_SQL + (" SKIP LOCKED" if skip_locked else ""), [[a.job.id for a in admissions]])
-            numbers = dict(cursor.fetchall())
-        still = set(numbers)
-        admissions = [a for a in admissions if a.job.id in still]
-        if not admissions:
-            return set()
         reclaim = defaultdict(list)
         for a in admissions:
             for s in a.slices:
                 if s.reclaim:
                     reclaim[s.gpu_id].extend(s.reclaim)
         if reclaim:
-            # Free what finished jobs left on a card before handing it out whole.
+            # Free what finished jobs left on a card before handing it out whole (right even for a job that turns
+            # out to be no longer waiting: those slices' attempts have ended).
             LogicalDevice.objects.filter(
                 pk__in=[d for ds in reclaim.values() for d in ds], released_at__isnull=True
             ).update(released_at=now, release_reason="reclaimed_for_exclusive")
@@ -500,31 +490,38 @@ class JobStore:
                     for gpu_id, ds in reclaim.items()
                 ]
             )
-        # The admissions go as a dozen flat arrays; the database makes the rows (ids, placements, messages, events)
-        # in one statement: a pass of thousands spends its Python time deciding, not formatting rows.
+        # The admissions go as a dozen flat arrays (each one text parameter: quoting thousands of values one by
+        # one cost more than the rest of the batch's Python); the database locks the jobs still waiting and makes
+        # the rows (ids, placements, messages, events) in one statement, so a pass of thousands spends its Python
+        # time deciding, not formatting rows.
         slices = [(n, s) for n, a in enumerate(admissions, 1) for s in a.slices]
         params = {
-            "jobs": [a.job.id for a in admissions],
-            "numbers": [numbers[a.job.id] + 1 for a in admissions],
-            "nodes": [a.node_id for a in admissions],
-            "of": [n for n, _s in slices],
-            "gpus": [s.gpu_id for _n, s in slices],
-            "compute": [s.compute_milli for _n, s in slices],
-            "memory": [s.memory_mib for _n, s in slices],
-            "exclusive": [s.exclusive for _n, s in slices],
-            "cpu": [s.cpu_milli for _n, s in slices],
-            "host_memory": [s.host_memory_mib for _n, s in slices],
+            "jobs": _array(a.job.id for a in admissions),
+            "nodes": _array(a.node_id for a in admissions),
+            "of": _array(n for n, _s in slices),
+            "gpus": _array(s.gpu_id for _n, s in slices),
+            "compute": _array(s.compute_milli for _n, s in slices),
+            "memory": _array(s.memory_mib for _n, s in slices),
+            "exclusive": _array("t" if s.exclusive else "f" for _n, s in slices),
+            "cpu": _array(s.cpu_milli for _n, s in slices),
+            "host_memory": _array(s.host_memory_mib for _n, s in slices),
             "now": now,
             "backend": settings.TRAINYARD_BACKEND,
             "message": stored("admitted; placed on %(where)s", where="%s"),
             "admitted": JobState.ADMITTED,
             "pending": JobState.PENDING,
         }
-        sql, defaults = _admissions_sql()
+        sql, defaults = _admissions_sql(skip_locked)
         with connection.cursor() as cursor:
             cursor.execute(sql, params | defaults)
-            written = cursor.fetchall()
-        self._attempts.update(written)
+            rows = cursor.fetchall()
+        still = set()
+        for n, attempt_id, queue_id, team_id, owner_id, preemptible in rows:
+            job_id = admissions[n - 1].job.id
+            still.add(job_id)
+            self._attempts[job_id] = attempt_id
+            if not preemptible:  # holds quota: what the quota check asks about (the row's own queue, team, owner)
+                self._holders[job_id] = (queue_id, team_id, owner_id)
         return still
 
     def _written_attempts(self, admitted: set) -> list[int]:
@@ -551,11 +548,21 @@ class JobStore:
     def over_quota(self, admitted: set) -> list[str]:
         """The queues, teams and users that the admissions `admitted` (just written, not yet committed) take past a
         limit, read from the rows in this transaction: what the pass decided from its own view is checked again
-        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold."""
+        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold. The
+        (queue, team, owner) of what this store's write made hold quota are those its rows said when written; other
+        jobs' are read from their rows (a pass of thousands sent thousands of ids where a handful of keys do)."""
         if not admitted:
             return []
+        keys = {self._holders[j] for j in admitted if j in self._holders}
+        unknown = [str(j) for j in admitted if j not in self._holders and j not in self._attempts]
+        if not keys and not unknown:
+            return []  # nothing written holds quota (preemptible jobs)
+        queues, teams, owners = (list(c) for c in zip(*keys, strict=True)) if keys else ([], [], [])
         with connection.cursor() as cursor:
-            cursor.execute(OVER_QUOTA_SQL, {"jobs": [str(j) for j in admitted]})
+            cursor.execute(
+                OVER_QUOTA_SQL,
+                {"jobs": unknown, "queues": queues, "teams": teams, "owners": owners},
+            )
             return [f"{kind} {name}: {detail}" for kind, name, detail in cursor.fetchall()]
 
     def record_waits(self, changed: list[scheduler.Wait]) -> None:
@@ -597,12 +604,13 @@ class JobStore:
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
         attempts = self._written_attempts(admitted)
-        self._attempts = {}
+        self._attempts, self._holders = {}, {}
         if attempts:
             starts_soon(attempts)
         if admitted:
             # Browsers learn of admissions a moment later, never at the cost of the next pass (not waited for).
-            _tell_browsers([realtime.state_notice(str(j), "admitted") for j in admitted])
+            # Made one by one by the sending thread: thousands of them cost the pass ~20 ms to build here.
+            _tell_browsers(realtime.state_notice(str(j), "admitted") for j in admitted)
 
 
 _starts: SimpleQueue = SimpleQueue()
@@ -662,14 +670,21 @@ def reason_at_once(job: Job, *, actor: str) -> None:
 
 
 # A pass's admissions made into rows by the database, from one array per column (jobs/store.py write_admissions):
+# the jobs still waiting locked in id order, as every writer of several jobs locks them (SKIP LOCKED for a batch
+# written while the pass decides: scheduler.dispatch.WriteAhead), each attempt numbered after the job's last; then
 # the attempts (their placement built from the cards' and nodes' rows, each slice with its id), the slices, the jobs'
 # new state and message (the nodes' names sorted by code point, as Python sorts them), and one event each. The
 # slices of admission n carry `of` = n. Ids come from the tables' own sequences.
 ADMISSIONS_SQL = """
-WITH adm AS MATERIALIZED (
-    SELECT a.job_id, a.number, a.node_id, a.n, nextval(pg_get_serial_sequence('jobs_attempt', 'id')) AS id
-    FROM unnest(%(jobs)s::uuid[], %(numbers)s::int[], %(nodes)s::bigint[])
-         WITH ORDINALITY AS a(job_id, number, node_id, n)
+WITH locked AS MATERIALIZED (
+    SELECT j.id, coalesce((SELECT max(t.number) FROM jobs_attempt t WHERE t.job_id = j.id), 0) AS number
+    FROM jobs_job j WHERE j.id = ANY(%(jobs)s::uuid[]) AND j.state = %(pending)s ORDER BY j.id FOR UPDATE OF j{skip}
+),
+adm AS MATERIALIZED (
+    SELECT a.job_id, locked.number + 1 AS number, a.node_id, a.n,
+           nextval(pg_get_serial_sequence('jobs_attempt', 'id')) AS id
+    FROM unnest(%(jobs)s::uuid[], %(nodes)s::bigint[]) WITH ORDINALITY AS a(job_id, node_id, n)
+    JOIN locked ON locked.id = a.job_id
 ),
 sl AS MATERIALIZED (
     SELECT s.*, adm.id AS attempt_id, nextval(pg_get_serial_sequence('cluster_logicaldevice', 'id')) AS id
@@ -706,6 +721,7 @@ devices AS (
 jobs AS (
     UPDATE jobs_job AS j SET state = %(admitted)s, admitted_at = %(now)s, reserved = true, message = placed.message
     FROM adm JOIN placed ON placed.attempt_id = adm.id WHERE j.id = adm.job_id
+    RETURNING adm.n, adm.id, j.queue_id, j.team_id, j.owner_id, j.preemptible
 ),
 events AS (
     INSERT INTO jobs_jobevent (job_id, attempt_id, kind, actor, from_state, to_state, message, data, at{event_columns})
@@ -713,12 +729,12 @@ events AS (
            %(now)s{event_values}
     FROM adm JOIN placed ON placed.attempt_id = adm.id
 )
-SELECT adm.job_id, adm.id FROM adm
+SELECT * FROM jobs
 """
 
 
-@lru_cache(maxsize=1)
-def _admissions_sql() -> tuple[str, dict]:
+@lru_cache(maxsize=2)
+def _admissions_sql(skip_locked: bool) -> tuple[str, dict]:
     """ADMISSIONS_SQL with every other column of the three tables set to its field's default (a parameter each), so a
     field added later cannot be silently left to the database; and those parameters."""
     parts, defaults = {}, {}
@@ -755,7 +771,12 @@ def _admissions_sql() -> tuple[str, dict]:
             values.append(f"%({key})s" + ("::jsonb" if f.get_internal_type() == "JSONField" else ""))
         parts[f"{name}_columns"] = "".join(f", {c}" for c in columns)
         parts[f"{name}_values"] = "".join(f", {v}" for v in values)
-    return ADMISSIONS_SQL.format(**parts), defaults
+    return ADMISSIONS_SQL.format(skip=" SKIP LOCKED" if skip_locked else "", **parts), defaults
+
+
+def _array(values) -> str:
+    """A PostgreSQL array literal of plain values (numbers, uuids, t/f), for a text parameter cast to an array."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def _default(f):
@@ -795,7 +816,7 @@ def _update_rows(sql: str, head: list, rows: list[tuple], types: Sequence[str], 
         return [r[0] for r in cursor.fetchall()] if cursor.description else []
 
 
-def _tell_browsers(notices: list[tuple[str, dict]]) -> None:
+def _tell_browsers(notices: Iterable[tuple[str, dict]]) -> None:
     """Hand a pass's notices to the process's sender without waiting (jobs/realtime.py)."""
     from jobs.realtime import send
 

@@ -198,6 +198,7 @@ class Plan:
     admissions: list[Admission] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
+    waits_recorded: bool = False  # the changed reasons were written with the admissions (WriteAhead)
     placement_calls: int = 0
     shape_hits: int = 0
     wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
@@ -606,7 +607,7 @@ class PassReport:
     decide_s: float = 0.0
     write_s: float = 0.0  # the pool lock is held for this long, no longer
     starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
-    waits_s: float = 0.0  # writing changed reasons, after the pool lock is released
+    waits_s: float = 0.0  # writing changed reasons, after the pool lock is released (in write_s when written ahead)
     total_s: float = 0.0
     placement_calls: int = 0
     shape_hits: int = 0
@@ -803,14 +804,15 @@ def run_pass(
                 backlog = store.backlog(queue_ids=queue_ids)
         changed = decided.changed_waits()
         if changed:
-            # Reasons need no pool lock (this pass's lock keeps other passes out) and do not move the
-            # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
-            t3 = time.perf_counter()
-            with transaction.atomic(durable=True):
-                store.record_waits(changed)
+            if not decided.waits_recorded:
+                # Reasons need no pool lock (this pass's lock keeps other passes out) and do not move the
+                # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
+                t3 = time.perf_counter()
+                with transaction.atomic(durable=True):
+                    store.record_waits(changed)
+                report.waits_s = time.perf_counter() - t3
             for w in changed:  # what the rows now say, for a later pass that decides these jobs again
                 w.job.reason = w.code
-            report.waits_s = time.perf_counter() - t3
         if queue_ids is None and not dropped:
             # A ledger left unknown (someone released a slice while we wrote: pool.wrote) keys the carry with None:
             # the next pass then decides the carried lines again on a re-read ledger; they themselves still hold.
@@ -960,6 +962,12 @@ class WriteAhead:
                         raise StaleView(problems)
                 decided = item
                 self.store.write_marks(decided)
+                # The changed reasons too, while the pass waits for this write anyway: written after the commit,
+                # they ran beside the start messages and the browsers' notices of thousands of admissions.
+                changed = decided.changed_waits()
+                if changed:
+                    self.store.record_waits(changed)
+                decided.waits_recorded = True
                 after = self.pool.read_versions()
                 problems = self.store.over_quota(admitted)
                 if after[0] != self.pool.structure_version:

@@ -14,6 +14,7 @@ from cluster.models import LogicalDevice
 from jobs.models import Attempt, Job, JobEvent
 from jobs.store import JobStore
 from jobs.tests.conftest import platform  # noqa: F401 - the seeded platform fixture
+from quotas.models import Team
 from scheduler import dispatch as scheduler
 from scheduler.pool import Pool
 from scheduler.tests.test_dispatch import fresh_pool, node, open_up, placed_on, submit
@@ -23,11 +24,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def outcome(jobs: list[Job]) -> list[tuple]:
-    """Each job's state and the cards it was placed on."""
+    """Each job's state, reason and message, the cards it was placed on, and what its attempt and its events say of
+    the placement (slice ids aside: they come from a sequence)."""
     out = []
     for job in jobs:
         row = Job.objects.get(pk=job.pk)
-        out.append((row.state, placed_on(job) if row.state == "admitted" else []))
+        placement = []
+        if row.state == "admitted":
+            attempt = row.attempts.get()
+            placement = [{k: v for k, v in d.items() if k != "slice_id"} for d in attempt.placement["devices"]]
+            event = JobEvent.objects.get(job=row, kind="state", to_state="admitted")
+            assert event.data == attempt.placement and event.message == row.message and event.attempt_id == attempt.id
+            slices = {d.id for d in LogicalDevice.objects.filter(attempt=attempt)}
+            assert {d["slice_id"] for d in attempt.placement["devices"]} == slices
+        waits = list(JobEvent.objects.filter(job=row, kind="waiting").values_list("message", "data"))
+        out.append((row.state, row.reason, row.message, placed_on(job) if placement else [], placement, waits))
     return out
 
 
@@ -35,21 +46,25 @@ def test_a_pass_written_ahead_makes_the_rows_the_one_batch_write_makes(platform,
     settings.TRAINYARD_DISPATCH_WRITE_AHEAD = 0
     fresh_pool(node("n1", 4, A100), node("n2", 4, A100))
     open_up()
-    jobs = [submit(platform, spec=spec) for spec in ["guaranteed", "shared", "performance"] * 4]
+    specs = ["guaranteed", "shared", "performance"] * 4 + ["guaranteed"] * 2  # the last two find no room
+    jobs = [submit(platform, spec=spec) for spec in specs]
     one_batch = scheduler.run_pass(store=JobStore(), full=True)
     assert not one_batch.written_ahead
     expected = outcome(jobs)
-    assert sum(1 for state, _ in expected if state == "admitted") == one_batch.admitted == 12
+    assert sum(1 for state, *_ in expected if state == "admitted") == one_batch.admitted == 12
+    assert [reason for _, reason, *_ in expected[-2:]] == ["no_capacity"] * 2
+    assert all(len(waits) == 1 for *_, waits in expected[-2:])
 
     # The same submissions on a fresh ledger, written three at a time while the pass decides.
     Job.objects.all().delete()
     fresh_pool(node("n1", 4, A100), node("n2", 4, A100))
     scheduler.reset()
     settings.TRAINYARD_DISPATCH_WRITE_AHEAD = 3
-    jobs = [submit(platform, spec=spec) for spec in ["guaranteed", "shared", "performance"] * 4]
+    jobs = [submit(platform, spec=spec) for spec in specs]
     switch = sys.getswitchinterval()
     report = scheduler.run_pass(store=JobStore(), full=True)
     assert report.written_ahead and report.admitted == 12
+    assert report.waits_s == 0  # the reasons were written in the write's own transaction
     assert report.lock_s > 0
     assert sys.getswitchinterval() == switch
     assert outcome(jobs) == expected
@@ -182,4 +197,25 @@ def test_a_refusal_after_batches_were_written_rolls_back_every_batch(platform, s
     assert Attempt.objects.count() == 3
     assert JobEvent.objects.filter(kind="state", to_state="admitted").count() == 3
     assert {Job.objects.get(pk=j.pk).state for j in jobs} == {"admitted"}
+    assert ledger_problems() == []
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_the_write_refuses_admissions_a_stale_view_of_the_quota_allowed(platform, settings, monkeypatch, ahead):  # noqa: F811
+    # The pass believes every quota has room (as a pass that read the use before another process admitted would);
+    # the write checks the queues, teams and users its rows hold against the database and refuses every try.
+    settings.TRAINYARD_DISPATCH_WRITE_AHEAD = ahead
+    fresh_pool(node("n1", 4, A100))
+    open_up()
+    Team.objects.filter(slug="demo").update(max_running_jobs=2)
+    jobs = [submit(platform) for _ in range(3)]
+    monkeypatch.setattr(scheduler, "quota_check", lambda *args, **kwargs: None)
+    with pytest.raises(scheduler.StaleView, match="team demo: .*3/2 jobs"):
+        scheduler.run_pass(store=JobStore(), full=True)
+    assert {Job.objects.get(pk=j.pk).state for j in jobs} == {"pending"}
+    assert Attempt.objects.count() == 0 and LogicalDevice.objects.count() == 0
+    monkeypatch.undo()
+    settings.TRAINYARD_DISPATCH_WRITE_AHEAD = ahead
+    scheduler.reset()
+    assert scheduler.run_pass(store=JobStore(), full=True).admitted == 2
     assert ledger_problems() == []
