@@ -77,11 +77,12 @@ FROM jobs_job WHERE state = 'pending' {where}
 # owner) of the admissions (given, as the write's rows returned them, or read by job id), a handful however many
 # were admitted: with a row per admission, a pass of 2,000 spent
 # 310 ms here when statistics that had not yet seen a burst of submissions made the planner loop over both sides.
+OVER_QUOTA_BY_ID = """
+    UNION
+    SELECT DISTINCT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible"""
 OVER_QUOTA_SQL = """
 WITH new AS MATERIALIZED (
-    SELECT DISTINCT queue_id, team_id, owner_id FROM jobs_job WHERE id = ANY(%(jobs)s::uuid[]) AND NOT preemptible
-    UNION
-    SELECT * FROM unnest(%(queues)s::bigint[], %(teams)s::bigint[], %(owners)s::bigint[])
+    SELECT * FROM unnest(%(queues)s::bigint[], %(teams)s::bigint[], %(owners)s::bigint[]){by_id}
 ),
 held AS (SELECT queue_id, team_id, owner_id, sum(gpu_milli) g, sum(gpu_memory_mib) gm, sum(cpu_milli) c,
                 sum(memory_mib) m, sum(jobs) n FROM trainyard_quota_use GROUP BY queue_id, team_id, owner_id)
@@ -357,7 +358,7 @@ class JobStore:
 
     def __init__(self) -> None:
         self._attempts: dict = {}  # job id -> the attempt the current write made for it (write, write_admissions)
-        self._holders: dict = {}  # job id -> (queue, team, owner) of what the current write made hold quota
+        self._holders: set = set()  # the (queue, team, owner) that what the current write made holds quota in
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
         queues = Queue.objects.order_by(CLASS_ORDER, "-priority", "id")
@@ -454,7 +455,7 @@ class JobStore:
         return out
 
     def write(self, plan: scheduler.Plan) -> set:
-        self._attempts, self._holders = {}, {}
+        self._attempts, self._holders = {}, set()
         self.write_marks(plan)
         return self.write_admissions(plan.admissions, timezone.now())
 
@@ -521,7 +522,7 @@ class JobStore:
             still.add(job_id)
             self._attempts[job_id] = attempt_id
             if not preemptible:  # holds quota: what the quota check asks about (the row's own queue, team, owner)
-                self._holders[job_id] = (queue_id, team_id, owner_id)
+                self._holders.add((queue_id, team_id, owner_id))
         return still
 
     def _written_attempts(self, admitted: set) -> list[int]:
@@ -548,21 +549,19 @@ class JobStore:
     def over_quota(self, admitted: set) -> list[str]:
         """The queues, teams and users that the admissions `admitted` (just written, not yet committed) take past a
         limit, read from the rows in this transaction: what the pass decided from its own view is checked again
-        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold. The
-        (queue, team, owner) of what this store's write made hold quota are those its rows said when written; other
-        jobs' are read from their rows (a pass of thousands sent thousands of ids where a handful of keys do)."""
+        by the database, so a stale view cannot over-admit a quota. One sentence each; none when all hold. For what
+        this store's write made, the (queue, team, owner) its rows said when written are asked about (all of them:
+        a key more only asks about a quota the transaction holds anyway); other jobs' are read from their rows (a
+        pass of thousands sent thousands of ids where a handful of keys do)."""
         if not admitted:
             return []
-        keys = {self._holders[j] for j in admitted if j in self._holders}
-        unknown = [str(j) for j in admitted if j not in self._holders and j not in self._attempts]
-        if not keys and not unknown:
+        unknown = [str(j) for j in admitted if j not in self._attempts]
+        if not self._holders and not unknown:
             return []  # nothing written holds quota (preemptible jobs)
-        queues, teams, owners = (list(c) for c in zip(*keys, strict=True)) if keys else ([], [], [])
+        queues, teams, owners = (list(c) for c in zip(*self._holders, strict=True)) if self._holders else ([], [], [])
+        sql = OVER_QUOTA_SQL.format(by_id=OVER_QUOTA_BY_ID if unknown else "")
         with connection.cursor() as cursor:
-            cursor.execute(
-                OVER_QUOTA_SQL,
-                {"jobs": unknown, "queues": queues, "teams": teams, "owners": owners},
-            )
+            cursor.execute(sql, {"jobs": unknown, "queues": queues, "teams": teams, "owners": owners})
             return [f"{kind} {name}: {detail}" for kind, name, detail in cursor.fetchall()]
 
     def record_waits(self, changed: list[scheduler.Wait]) -> None:
@@ -604,7 +603,7 @@ class JobStore:
     def after_write(self, plan: scheduler.Plan, admitted: set) -> None:
         """After commit: start the admitted attempts and tell the browsers."""
         attempts = self._written_attempts(admitted)
-        self._attempts, self._holders = {}, {}
+        self._attempts, self._holders = {}, set()
         if attempts:
             starts_soon(attempts)
         if admitted:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from queue import SimpleQueue
 from typing import Protocol
@@ -198,7 +199,8 @@ class Plan:
     admissions: list[Admission] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
-    waits_recorded: bool = False  # the changed reasons were written with the admissions (WriteAhead)
+    dedicated: tuple[str, ...] | None = None  # TRAINYARD_DEDICATED_POOLS, read once a pass
+    waits_recorded: bool = False  # the changed reasons were handed to the write with the admissions (WriteAhead)
     placement_calls: int = 0
     shape_hits: int = 0
     wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
@@ -429,7 +431,9 @@ def _place(
                 "the image needs driver >= %(driver)s; no healthy node has it", driver=job.min_driver
             )
     masked_nodes += [pool.by_name[n] for n in job.excluded_nodes if n in pool.by_name]
-    dedicated = tuple(sorted(settings.TRAINYARD_DEDICATED_POOLS))
+    if plan.dedicated is None:
+        plan.dedicated = tuple(sorted(settings.TRAINYARD_DEDICATED_POOLS))
+    dedicated = plan.dedicated
     if pools or dedicated:
         outside = pool.outside(pools, borrowing=job.preemptible, dedicated=dedicated)
         if len(outside) == len(pool.meta):
@@ -444,7 +448,7 @@ def _place(
         masked_gpus += pool.mig_masked(job.mig_profile)
     request = request_of(job, models)
     done: list[tuple[policy.Placement, list[Slice]]] = []
-    with pool.masked(nodes=masked_nodes, gpus=masked_gpus):
+    with pool.masked(nodes=masked_nodes, gpus=masked_gpus) if masked_nodes or masked_gpus else nullcontext():
         assert pool.allocator is not None
         rack: str | None = None
         for _replica in range(job.replicas):
@@ -466,7 +470,8 @@ def _place(
                     return code, message
                 if job.exclusive:
                     indices = _nvlink_indices(pool, placement.node_index, placement, job.gpu_count)
-                    placement = replace(placement, gpu_indices=indices)
+                    if indices != placement.gpu_indices:
+                        placement = replace(placement, gpu_indices=indices)
                 failed = _first_failed_probe(pool, placement, plan)
                 if failed is None:
                     break
@@ -532,7 +537,7 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahe
     state: dict[int, Line] = {}
     deferred: list[tuple[QueueRules, Waiting]] = []
     batch = ahead.batch if ahead is not None else 0
-    handed = 0
+    handed = waited = 0
     for queue in backlog.queues:
         start = (lines or {}).get(queue.id) or Line()
         state[queue.id] = Line(start.blocked, start.tail)
@@ -542,15 +547,16 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahe
                 continue
             _decide(job, queue, state[queue.id], backlog, pool, out)
             if batch and len(out.admissions) - handed >= batch:
-                ahead.hand(out.admissions[handed:])
-                handed = len(out.admissions)
+                ahead.hand(out.admissions[handed:], out.waits[waited:])
+                handed, waited = len(out.admissions), len(out.waits)
     for queue, job in deferred:
         _decide(job, queue, state[queue.id], backlog, pool, out)
         if batch and len(out.admissions) - handed >= batch:
-            ahead.hand(out.admissions[handed:])
-            handed = len(out.admissions)
-    if ahead is not None and ahead.started and handed < len(out.admissions):
-        ahead.hand(out.admissions[handed:])
+            ahead.hand(out.admissions[handed:], out.waits[waited:])
+            handed, waited = len(out.admissions), len(out.waits)
+    if ahead is not None and ahead.started:
+        ahead.hand(out.admissions[handed:], out.waits[waited:])
+        out.waits_recorded = True
     out.lines.update(state)
     return out
 
@@ -877,7 +883,8 @@ class WriteAhead:
     first batch starts a thread that opens the write's one transaction (the pool lock, the ledger's number held,
     foreign keys checked as each batch is written rather than all at the commit), writes every batch it is given
     and checks it against the ledger (`overbooked`: while the lock is held only this transaction adds slices, so a
-    batch checked when written stays checked), and, once the pass has decided everything (`finish`), marks the
+    batch checked when written stays checked), with the changed reasons of the jobs decided to wait since the batch
+    before, and, once the pass has decided everything (`finish`), marks the
     cards whose probes failed, checks the quotas and the cards' and nodes' state for all it wrote, and commits. The
     database does the write's work on its own core while this one decides, and nothing is committed unless all
     of it holds: the pass's write is as all-or-nothing as the one-batch write, and a refusal (StaleView) leaves
@@ -904,7 +911,8 @@ class WriteAhead:
             return None
         return cls(store, pool, batch)
 
-    def hand(self, admissions: list[Admission]) -> None:
+    def hand(self, admissions: list[Admission], waits: list[Wait]) -> None:
+        """Write these admissions, and the reasons of these waiting jobs that changed, in the write's transaction."""
         if not self.started:
             self.started = True
             # The writer wakes from the database hundreds of times a pass and each time needs the interpreter back
@@ -913,7 +921,7 @@ class WriteAhead:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             self._thread = threading.Thread(target=self._run, daemon=True, name="dispatch-write-ahead")
             self._thread.start()
-        self._inbox.put(admissions)
+        self._inbox.put((admissions, waits))
 
     def _join(self) -> None:
         assert self._thread is not None
@@ -955,19 +963,19 @@ class WriteAhead:
                         raise _Abandoned()
                     if isinstance(item, Plan):
                         break
-                    written = self.store.write_admissions(item, timezone.now(), skip_locked=True)
+                    batch, waits = item
+                    written = self.store.write_admissions(batch, timezone.now(), skip_locked=True)
                     admitted |= written
-                    problems = _overbooked_by(self.pool, [a for a in item if a.job.id in written])
+                    problems = _overbooked_by(self.pool, [a for a in batch if a.job.id in written]) if written else []
                     if problems:
                         raise StaleView(problems)
+                    # The changed reasons too, in the same transaction: written after the commit, they ran beside
+                    # the start messages and the browsers' notices of thousands of admissions.
+                    changed = [w for w in waits if w.job.reason != w.code]
+                    if changed:
+                        self.store.record_waits(changed)
                 decided = item
                 self.store.write_marks(decided)
-                # The changed reasons too, while the pass waits for this write anyway: written after the commit,
-                # they ran beside the start messages and the browsers' notices of thousands of admissions.
-                changed = decided.changed_waits()
-                if changed:
-                    self.store.record_waits(changed)
-                decided.waits_recorded = True
                 after = self.pool.read_versions()
                 problems = self.store.over_quota(admitted)
                 if after[0] != self.pool.structure_version:
