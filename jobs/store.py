@@ -1,10 +1,10 @@
 """The job side of a dispatch pass: what the scheduler reads of the job tables, and how its decisions are written.
 
 `JobStore.backlog` reads every waiting line and the quota in use with a handful of aggregate queries (no model
-objects). `JobStore.write` records a pass's decisions in the caller's transaction with bulk statements: the
-admitted jobs (pending -> admitted, the same fields and event a single transition writes), their attempts and
-slices, and the reason and position of every waiting job whose reason or place changed. Nothing is written for a
-job that does not fit and whose reason stays the same.
+objects). `JobStore.write_admissions` records a pass's admissions in the caller's transaction with one statement:
+the admitted jobs (pending -> admitted, the same fields and event a single transition writes), their attempts and
+slices; `record_waits` the reason of every waiting job whose reason changed. Nothing is written for a job that does
+not fit and whose reason stays the same.
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ class JobStore:
     """The scheduler's view of the job tables (scheduler.dispatch.Store)."""
 
     def __init__(self) -> None:
-        self._attempts: dict = {}  # job id -> the attempt the current write made for it (write, write_admissions)
+        self._attempts: dict = {}  # job id -> the attempt the current write made for it (write_admissions)
         self._holders: set = set()  # the (queue, team, owner) that what the current write made holds quota in
 
     def backlog(self, *, queue_ids: Sequence[int] | None) -> scheduler.Backlog:
@@ -454,10 +454,8 @@ class JobStore:
             out.append((shape, float(r["n"] * r["replicas"])))
         return out
 
-    def write(self, plan: scheduler.Plan) -> set:
+    def begin_write(self) -> None:
         self._attempts, self._holders = {}, set()
-        self.write_marks(plan)
-        return self.write_admissions(plan.admissions, timezone.now())
 
     def write_marks(self, plan: scheduler.Plan) -> None:
         for gpu_id, _uuid, why in plan.probe_failures:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from queue import SimpleQueue
@@ -238,7 +238,7 @@ class Store(Protocol):
 
     def shapes(self) -> list[tuple[Waiting, float]]: ...
 
-    def write(self, plan: Plan) -> set: ...  # admissions, under the pool lock; ids of the jobs it admitted
+    def begin_write(self) -> None: ...  # a write starts: forget what an earlier (refused) one wrote
 
     # Part of a write (WriteAhead): these admissions, in the caller's transaction; the ids of the jobs admitted
     def write_admissions(self, admissions: list[Admission], now, *, skip_locked: bool = False) -> set: ...
@@ -879,18 +879,15 @@ SWITCH_INTERVAL_S = 0.0005  # the interpreter's switch interval while a pass wri
 class WriteAhead:
     """Writes a big pass's admissions on a database connection of its own while the pass still decides.
 
-    The pass hands over each batch of TRAINYARD_DISPATCH_WRITE_AHEAD admissions as soon as it is decided; the
-    first batch starts a thread that opens the write's one transaction (the pool lock, the ledger's number held,
-    foreign keys checked as each batch is written rather than all at the commit), writes every batch it is given
-    and checks it against the ledger (`overbooked`: while the lock is held only this transaction adds slices, so a
-    batch checked when written stays checked), with the changed reasons of the jobs decided to wait since the batch
-    before, and, once the pass has decided everything (`finish`), marks the
-    cards whose probes failed, checks the quotas and the cards' and nodes' state for all it wrote, and commits. The
-    database does the write's work on its own core while this one decides, and nothing is committed unless all
-    of it holds: the pass's write is as all-or-nothing as the one-batch write, and a refusal (StaleView) leaves
-    nothing behind. A pass that decides fewer admissions than a batch never starts the thread. Deciding reads and
-    writes no row (placement is in memory; probes ask the cards and their exporters), so the deciding thread never
-    waits for a lock the writer holds; code added to the deciding must keep it so."""
+    The pass hands over each batch of TRAINYARD_DISPATCH_WRITE_AHEAD admissions as soon as it is decided, with the
+    jobs it decided to leave waiting since the batch before; the first batch starts a thread that runs the pass's
+    write (`_write`, the same one transaction a smaller pass writes in one batch) on those batches as they come,
+    and, once the pass has decided everything (`finish`), its closing checks and the commit. The database does the
+    write's work on its own core while this one decides, and nothing is committed unless all of it holds: a
+    refusal (StaleView) or a failure while deciding (`abandon`) leaves nothing behind. A pass that decides fewer
+    admissions than a batch never starts the thread. Deciding reads and writes no row (placement is in memory;
+    probes ask the cards and their exporters), so the deciding thread never waits for a lock the writer holds;
+    code added to the deciding must keep it so."""
 
     def __init__(self, store: Store, pool: Pool, batch: int):
         self.store, self.pool, self.batch = store, pool, batch
@@ -899,7 +896,6 @@ class WriteAhead:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._result: tuple | None = None
-        self.held_s = 0.0  # the pool lock, from taking it to the commit
         self._switch = 0.0
 
     @classmethod
@@ -928,10 +924,9 @@ class WriteAhead:
         self._thread.join()
         sys.setswitchinterval(self._switch)
 
-    def finish(self, decided: Plan) -> tuple[set, tuple[int, int], tuple[int, int], int, int]:
-        """Wait for the write of everything handed over, checked and committed: (admitted, the pool's numbers
-        before and after, the lines' numbers before and after). Raises what the write raised (StaleView: nothing
-        was written)."""
+    def finish(self, decided: Plan) -> tuple:
+        """Wait for the write of everything handed over, checked and committed: what `_write` returns. Raises what
+        the write raised (StaleView: nothing was written)."""
         self._inbox.put(decided)
         self._join()
         if self._error is not None:
@@ -945,46 +940,19 @@ class WriteAhead:
             self._inbox.put(None)
             self._join()
 
-    def _run(self) -> None:
-        from django.utils import timezone
+    def _items(self) -> Iterator[tuple[list[Admission], list[Wait]] | Plan]:
+        """What the pass hands over, as it comes: batches, then the plan (None: the pass failed while deciding)."""
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                raise _Abandoned()
+            yield item
+            if isinstance(item, Plan):
+                return
 
+    def _run(self) -> None:
         try:
-            with transaction.atomic(durable=True):
-                with connection.cursor() as cursor:
-                    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-                pool_lock()
-                locked = time.perf_counter()
-                before = self.pool.read_versions(hold_ledger=True)
-                lines_before = self.store.backlog_version()
-                admitted: set = set()
-                while True:
-                    item = self._inbox.get()
-                    if item is None:
-                        raise _Abandoned()
-                    if isinstance(item, Plan):
-                        break
-                    batch, waits = item
-                    written = self.store.write_admissions(batch, timezone.now(), skip_locked=True)
-                    admitted |= written
-                    problems = _overbooked_by(self.pool, [a for a in batch if a.job.id in written]) if written else []
-                    if problems:
-                        raise StaleView(problems)
-                    # The changed reasons too, in the same transaction: written after the commit, they ran beside
-                    # the start messages and the browsers' notices of thousands of admissions.
-                    changed = [w for w in waits if w.job.reason != w.code]
-                    if changed:
-                        self.store.record_waits(changed)
-                decided = item
-                self.store.write_marks(decided)
-                after = self.pool.read_versions()
-                problems = self.store.over_quota(admitted)
-                if after[0] != self.pool.structure_version:
-                    problems += self.store.unusable(admitted)
-                if problems:
-                    raise StaleView(problems)
-                lines_after = self.store.backlog_version()
-            self.held_s = time.perf_counter() - locked
-            self._result = (admitted, before, after, lines_before, lines_after)
+            self._result = _write(self.store, self.pool, self._items(), ahead=True)
         except BaseException as exc:  # noqa: BLE001 - handed to the pass, which raises it (finish)
             self._error = exc
         finally:
@@ -1001,10 +969,55 @@ def _overbooked_by(pool: Pool, written: list[Admission]) -> list[str]:
     return overbooked(node_ids=nodes, host_node_ids=host)
 
 
-def _recheck(store: Store, pool: Pool, decided: Plan, admitted: set) -> list[str]:
-    """What the database, inside the write's transaction, says the written admissions over-book."""
-    written = [a for a in decided.admissions if a.job.id in admitted]
-    return _overbooked_by(pool, written) + store.over_quota(admitted)
+def _write(store: Store, pool: Pool, items: Iterable, *, ahead: bool) -> tuple:
+    """A pass's write, in one transaction under the pool lock: each (admissions, waits) batch of `items`, checked
+    against the ledger as it is written (while the lock is held only this transaction adds slices, so a batch that
+    passed stays passed), with the changed reasons among its waits; then, at the plan that ends `items`, the cards
+    whose probes failed, and the quotas and the cards' and nodes' state checked for all it wrote (StaleView when a
+    check fails: nothing is written). `ahead`: written while the pass still decides (WriteAhead): foreign keys
+    checked per statement rather than all at the commit, and a job row another transaction holds passed over (its
+    batches are not in id order, so waiting could deadlock with a writer that locks in id order). Returns (admitted,
+    the pool's numbers before and after, the lines' numbers before and after, how long the pool lock was held)."""
+    from django.utils import timezone
+
+    with transaction.atomic(durable=True):
+        if ahead:
+            with connection.cursor() as cursor:
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        pool_lock()
+        locked = time.perf_counter()
+        before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
+        lines_before = store.backlog_version()
+        store.begin_write()
+        admitted: set = set()
+        decided = None
+        for item in items:
+            if isinstance(item, Plan):
+                decided = item
+                break
+            batch, waits = item
+            written = store.write_admissions(batch, timezone.now(), skip_locked=ahead)
+            admitted |= written
+            problems = _overbooked_by(pool, [a for a in batch if a.job.id in written]) if written else []
+            if problems:
+                raise StaleView(problems)
+            changed = [w for w in waits if w.job.reason != w.code]
+            if changed:
+                # Written with the admissions while the pass waits for them anyway: written after the commit, they
+                # ran beside the start messages and the browsers' notices of thousands of admissions.
+                store.record_waits(changed)
+        assert decided is not None
+        store.write_marks(decided)
+        after = pool.read_versions()
+        problems = store.over_quota(admitted)
+        if after[0] != pool.structure_version:
+            # A card or a node changed since the pool was read (a card marked unhealthy, a node cordoned): the
+            # slices just written must still be on ones placement may use.
+            problems += store.unusable(admitted)
+        if problems:
+            raise StaleView(problems)
+        lines_after = store.backlog_version()
+    return admitted, before, after, lines_before, lines_after, time.perf_counter() - locked
 
 
 def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, versions, report: PassReport, t0: float):
@@ -1034,22 +1047,11 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
     if decided.changes_pool():
         try:
             if ahead is not None and ahead.started:
-                admitted, before, after, lines_before, lines_after = ahead.finish(decided)
+                admitted, before, after, lines_before, lines_after, held = ahead.finish(decided)
             else:
-                with transaction.atomic(durable=True):
-                    pool_lock()
-                    before = pool.read_versions(hold_ledger=True)  # held to the commit: `after` is ours alone
-                    lines_before = store.backlog_version()
-                    admitted = store.write(decided)
-                    after = pool.read_versions()
-                    problems = _recheck(store, pool, decided, admitted)
-                    if after[0] != pool.structure_version:
-                        # A card or a node changed since the pool was read (a card marked unhealthy, a node
-                        # cordoned): the slices just written must still be on ones placement may use.
-                        problems += store.unusable(admitted)
-                    if problems:
-                        raise StaleView(problems)
-                    lines_after = store.backlog_version()
+                admitted, before, after, lines_before, lines_after, held = _write(
+                    store, pool, [(decided.admissions, []), decided], ahead=False
+                )
         except StaleView:
             raise
         except Exception:
@@ -1067,7 +1069,7 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
             pool.wrote(before, after)
         t3 = time.perf_counter()
         report.write_s = t3 - t2
-        report.lock_s = ahead.held_s if report.written_ahead else report.write_s
+        report.lock_s = held
         store.after_write(decided, admitted)
         report.starts_s = time.perf_counter() - t3
         report.admitted = len(admitted)

@@ -408,10 +408,10 @@ def test_a_release_committing_during_a_passs_write_is_seen_by_the_next_pass(plat
     assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
     freed = set(LogicalDevice.objects.filter(attempt__job=running).values_list("gpu_id", flat=True))
     newcomer = submit(platform)
-    real_write = JobStore.write
+    real_write = JobStore.write_admissions
     done = threading.Event()
 
-    def write_beside_a_release(self, plan):
+    def write_beside_a_release(self, admissions, now, **kwargs):
         def cancel():
             lifecycle.job_cancel(job_id=running.id, actor="test")
             connection.close()
@@ -419,12 +419,12 @@ def test_a_release_committing_during_a_passs_write_is_seen_by_the_next_pass(plat
 
         threading.Thread(target=cancel, daemon=True).start()
         done.wait(1.0)  # held: the release waits for this write's commit (without the hold it commits now)
-        return real_write(self, plan)
+        return real_write(self, admissions, now, **kwargs)
 
-    monkeypatch.setattr(JobStore, "write", write_beside_a_release)
+    monkeypatch.setattr(JobStore, "write_admissions", write_beside_a_release)
     assert scheduler.run_pass(store=JobStore(), pool=pool, full=True).admitted == 1
     assert done.wait(30)
-    monkeypatch.setattr(JobStore, "write", real_write)
+    monkeypatch.setattr(JobStore, "write_admissions", real_write)
     pool.sync(lambda p: scheduler.workload(JobStore(), p))
     assert Job.objects.get(pk=running.pk).state == "cancelled" and Job.objects.get(pk=newcomer.pk).state == "admitted"
     assert not any(pool.usage.get(g) and pool.usage[g].milli for g in freed), "the freed card still looks taken"
@@ -446,12 +446,12 @@ def test_a_card_that_fails_while_a_pass_decides_is_not_written_and_the_pass_plac
     pool = Pool()
     pool.sync(lambda p: scheduler.workload(JobStore(), p))
     job = submit(platform)
-    real_write = JobStore.write
+    real_write = JobStore.write_admissions
     failed: list[str] = []
 
-    def write_after_a_card_fails(self, plan):
+    def write_after_a_card_fails(self, admissions, now, **kwargs):
         if not failed:
-            chosen = plan.admissions[0].slices[0].gpu_id
+            chosen = admissions[0].slices[0].gpu_id
 
             def fail():
                 card = GPU.objects.get(pk=chosen)
@@ -465,9 +465,9 @@ def test_a_card_that_fails_while_a_pass_decides_is_not_written_and_the_pass_plac
             thread = threading.Thread(target=fail, daemon=True)
             thread.start()
             thread.join(30)
-        return real_write(self, plan)
+        return real_write(self, admissions, now, **kwargs)
 
-    monkeypatch.setattr(JobStore, "write", write_after_a_card_fails)
+    monkeypatch.setattr(JobStore, "write_admissions", write_after_a_card_fails)
     report = scheduler.run_pass(store=JobStore(), pool=pool, full=True)
     assert failed and report.refused == 1 and report.admitted == 1, report
     used = list(LogicalDevice.objects.filter(attempt__job=job).values_list("gpu__uuid", flat=True))
