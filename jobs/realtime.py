@@ -21,6 +21,7 @@ from channels.layers import get_channel_layer
 
 log = structlog.get_logger(__name__)
 
+LISTENERS_ASKED_FROM = 20  # a call with this many notices or more first asks which groups have members
 SEND_TIMEOUT_S = 10.0  # a caller that waits gives up after this (the channel layer's Redis is down or stalled)
 
 
@@ -49,6 +50,9 @@ async def _drain(inbox: asyncio.Queue) -> None:
     while True:
         layer, messages, done = await inbox.get()
         try:
+            messages = list(messages)
+            if len(messages) >= LISTENERS_ASKED_FROM:
+                messages = await _listened(layer, messages)
             for group, message in messages:
                 await layer.group_send(group, message)
         except Exception as exc:  # noqa: BLE001 - handed to the sender (raised when it waits, logged when not)
@@ -57,6 +61,25 @@ async def _drain(inbox: asyncio.Queue) -> None:
         else:
             if not done.done():
                 done.set_result(None)
+
+
+async def _listened(layer, messages: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The messages whose group has a member, asked of Redis in one pipeline per host: a group send costs two round
+    trips even to a group nobody is in (~0.3 ms of CPU), and a pass that admits thousands of jobs sent a notice to
+    each job's page, nearly all of them closed (seconds of the dispatcher's CPU). A page that opens meanwhile reads
+    the job's state when it loads. Layers other than Redis's are sent everything."""
+    if not (hasattr(layer, "_group_key") and hasattr(layer, "consistent_hash") and hasattr(layer, "connection")):
+        return messages
+    by_host: dict[int, list[int]] = {}
+    for k, (group, _message) in enumerate(messages):
+        by_host.setdefault(layer.consistent_hash(group), []).append(k)
+    keep: set[int] = set()
+    for index, positions in by_host.items():
+        pipe = layer.connection(index).pipeline(transaction=False)
+        for k in positions:
+            pipe.exists(layer._group_key(messages[k][0]))
+        keep.update(k for k, found in zip(positions, await pipe.execute(), strict=True) if found)
+    return [m for k, m in enumerate(messages) if k in keep]
 
 
 def send(messages: Iterable[tuple[str, dict]], *, wait: bool = True) -> None:

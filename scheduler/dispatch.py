@@ -546,12 +546,12 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahe
                 deferred.append((queue, job))
                 continue
             _decide(job, queue, state[queue.id], backlog, pool, out)
-            if batch and len(out.admissions) - handed >= batch:
+            if batch and _batch_due(ahead, out, handed, waited):
                 ahead.hand(out.admissions[handed:], out.waits[waited:])
                 handed, waited = len(out.admissions), len(out.waits)
     for queue, job in deferred:
         _decide(job, queue, state[queue.id], backlog, pool, out)
-        if batch and len(out.admissions) - handed >= batch:
+        if batch and _batch_due(ahead, out, handed, waited):
             ahead.hand(out.admissions[handed:], out.waits[waited:])
             handed, waited = len(out.admissions), len(out.waits)
     if ahead is not None and ahead.started:
@@ -559,6 +559,13 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahe
         out.waits_recorded = True
     out.lines.update(state)
     return out
+
+
+def _batch_due(ahead: WriteAhead, out: Plan, handed: int, waited: int) -> bool:
+    """A batch of admissions is decided, or, once the writer runs, a batch of jobs left waiting (their reasons are
+    written beside; a full cluster's last thousand decisions are mostly waits, which otherwise all fell to the
+    write's tail)."""
+    return len(out.admissions) - handed >= ahead.batch or (ahead.started and len(out.waits) - waited >= ahead.batch)
 
 
 def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool: Pool, out: Plan) -> None:

@@ -64,3 +64,26 @@ def test_a_forked_child_sends_on_a_loop_of_its_own():
     child.start()
     child.join(30)
     assert child.exitcode == 0
+
+
+def test_many_notices_go_only_to_pages_someone_has_open(monkeypatch):
+    """A pass that admits thousands notifies each job's page; only the groups with a member get a group send, and
+    the open page still receives its notice, in order with the others sent to it."""
+    layer = get_channel_layer()
+    watched = str(uuid.uuid4())
+    channel = _listen(watched)
+    sent: list[str] = []
+    real = type(layer).group_send
+
+    async def counting(self, group, message):
+        sent.append(group)
+        await real(self, group, message)
+
+    monkeypatch.setattr(type(layer), "group_send", counting)
+    others = [str(uuid.uuid4()) for _ in range(60)]
+    notices = (realtime.state_notice(j, "admitted") for j in others[:30] + [watched] + others[30:])
+    realtime.send(notices, wait=True)
+    realtime.send([realtime.state_notice(watched, "running")], wait=True)  # one notice: sent without asking
+    realtime.send([realtime.state_notice(others[0], "running")], wait=True)
+    assert sent == [realtime.job_group(watched), realtime.job_group(watched), realtime.job_group(others[0])]
+    assert [m["state"] for m in _received(channel, 2)] == ["admitted", "running"]
