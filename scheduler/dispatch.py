@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from queue import SimpleQueue
@@ -959,7 +959,7 @@ class WriteAhead:
 
     def _run(self) -> None:
         try:
-            self._result = _write(self.store, self.pool, self._items(), ahead=True)
+            self._result = _write(self.store, self.pool, self._items(), ahead=True, caught_up=self._inbox.empty)
         except BaseException as exc:  # noqa: BLE001 - handed to the pass, which raises it (finish)
             self._error = exc
         finally:
@@ -976,10 +976,14 @@ def _overbooked_by(pool: Pool, written: list[Admission]) -> list[str]:
     return overbooked(node_ids=nodes, host_node_ids=host)
 
 
-def _write(store: Store, pool: Pool, items: Iterable, *, ahead: bool) -> tuple:
-    """A pass's write, in one transaction under the pool lock: each (admissions, waits) batch of `items`, checked
-    against the ledger as it is written (while the lock is held only this transaction adds slices, so a batch that
-    passed stays passed), with the changed reasons among its waits; then, at the plan that ends `items`, the cards
+def _write(
+    store: Store, pool: Pool, items: Iterable, *, ahead: bool, caught_up: Callable[[], bool] = lambda: True
+) -> tuple:
+    """A pass's write, in one transaction under the pool lock: each (admissions, waits) batch of `items`, with the
+    changed reasons among its waits; what was written is checked against the ledger whenever the write has caught
+    up with `items` (`caught_up()`: nothing else queued) and at the end (while the pool lock is held only this
+    transaction adds slices, so what passed stays passed; a writer behind the pass checks several batches in one
+    query instead of spending one on each); then, at the plan that ends `items`, the cards
     whose probes failed, and the quotas and the cards' and nodes' state checked for all it wrote (StaleView when a
     check fails: nothing is written). `ahead`: written while the pass still decides (WriteAhead): foreign keys
     checked per statement rather than all at the commit, and a job row another transaction holds passed over (its
@@ -998,6 +1002,7 @@ def _write(store: Store, pool: Pool, items: Iterable, *, ahead: bool) -> tuple:
         store.begin_write()
         admitted: set = set()
         decided = None
+        unchecked: list[Admission] = []
         for item in items:
             if isinstance(item, Plan):
                 decided = item
@@ -1005,9 +1010,11 @@ def _write(store: Store, pool: Pool, items: Iterable, *, ahead: bool) -> tuple:
             batch, waits = item
             written = store.write_admissions(batch, timezone.now(), skip_locked=ahead)
             admitted |= written
-            problems = _overbooked_by(pool, [a for a in batch if a.job.id in written]) if written else []
-            if problems:
-                raise StaleView(problems)
+            unchecked += [a for a in batch if a.job.id in written] if written else []
+            if unchecked and caught_up():
+                problems, unchecked = _overbooked_by(pool, unchecked), []
+                if problems:
+                    raise StaleView(problems)
             changed = [w for w in waits if w.job.reason != w.code]
             if changed:
                 # Written with the admissions while the pass waits for them anyway: written after the commit, they
@@ -1016,7 +1023,7 @@ def _write(store: Store, pool: Pool, items: Iterable, *, ahead: bool) -> tuple:
         assert decided is not None
         store.write_marks(decided)
         after = pool.read_versions()
-        problems = store.over_quota(admitted)
+        problems = (_overbooked_by(pool, unchecked) if unchecked else []) + store.over_quota(admitted)
         if after[0] != pool.structure_version:
             # A card or a node changed since the pool was read (a card marked unhealthy, a node cordoned): the
             # slices just written must still be on ones placement may use.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
@@ -174,28 +175,53 @@ def test_no_write_ahead_inside_a_callers_transaction(platform, settings):  # noq
 
 
 def test_a_refusal_after_batches_were_written_rolls_back_every_batch(platform, settings, monkeypatch):  # noqa: F811
-    # The database's check refuses the second batch (as it would a card booked by another process meanwhile): the
-    # first batch, written and checked, is rolled back with it, and the retry writes all three once.
+    # The database's check refuses once it sees two batches written (as it would a card booked by another process
+    # meanwhile): the batches written are rolled back with it, and the retry writes all three once.
     settings.TRAINYARD_DISPATCH_WRITE_AHEAD = 1
     fresh_pool(node("n1", 4, A100))
     open_up()
     jobs = [submit(platform) for _ in range(3)]
-    real, checks, seen = scheduler.overbooked, [], []
+    real, seen = scheduler.overbooked, []
 
-    def refusing_second(**kwargs):
-        checks.append(1)
+    def refusing_once_two_are_written(**kwargs):
         seen.append(Attempt.objects.count())  # run on the writer's connection: its own uncommitted rows count
-        if len(checks) == 2:
+        if seen[-1] >= 2 and len([n for n in seen if n >= 2]) == 1:
             return ["card GPU-n1-0: refused for the test"]
         return real(**kwargs)
 
-    monkeypatch.setattr(scheduler, "overbooked", refusing_second)
+    monkeypatch.setattr(scheduler, "overbooked", refusing_once_two_are_written)
     report = scheduler.run_pass(store=JobStore(), full=True)
     assert report.refused == 1 and report.admitted == 3
-    assert len(checks) == 2 + 3  # two batches of the refused write, three of the retry
-    assert seen[:2] == [1, 2]  # the refused write had written its batches when the check refused the second
     assert Attempt.objects.count() == 3
     assert JobEvent.objects.filter(kind="state", to_state="admitted").count() == 3
+    assert {Job.objects.get(pk=j.pk).state for j in jobs} == {"admitted"}
+    assert ledger_problems() == []
+
+
+def test_a_writer_behind_the_pass_checks_its_batches_in_one_query(platform, settings, monkeypatch):  # noqa: F811
+    # The writer is slow with its first batch, so the pass hands over the other three and its plan meanwhile: the
+    # ledger is then asked once, about every node the four batches used, instead of once per batch.
+    settings.TRAINYARD_DISPATCH_WRITE_AHEAD = 1
+    fresh_pool(*(node(f"n{i}", 1, A100) for i in range(4)))
+    open_up()
+    jobs = [submit(platform) for _ in range(4)]
+    real_write, real_check, asked = JobStore.write_admissions, scheduler.overbooked, []
+
+    def slow_first(self, admissions, now, **kwargs):
+        if not asked and not getattr(self, "_slowed", False):
+            self._slowed = True
+            time.sleep(0.5)
+        return real_write(self, admissions, now, **kwargs)
+
+    def checking(**kwargs):
+        asked.append(sorted(kwargs["node_ids"]))
+        return real_check(**kwargs)
+
+    monkeypatch.setattr(JobStore, "write_admissions", slow_first)
+    monkeypatch.setattr(scheduler, "overbooked", checking)
+    report = scheduler.run_pass(store=JobStore(), full=True)
+    assert report.written_ahead and report.admitted == 4
+    assert len(asked) == 1 and len(asked[0]) == 4, asked
     assert {Job.objects.get(pk=j.pk).state for j in jobs} == {"admitted"}
     assert ledger_problems() == []
 
