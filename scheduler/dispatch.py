@@ -983,12 +983,12 @@ def _write(
     changed reasons among its waits; what was written is checked against the ledger whenever the write has caught
     up with `items` (`caught_up()`: nothing else queued) and at the end (while the pool lock is held only this
     transaction adds slices, so what passed stays passed; a writer behind the pass checks several batches in one
-    query instead of spending one on each); then, at the plan that ends `items`, the cards
-    whose probes failed, and the quotas and the cards' and nodes' state checked for all it wrote (StaleView when a
-    check fails: nothing is written). `ahead`: written while the pass still decides (WriteAhead): foreign keys
-    checked per statement rather than all at the commit, and a job row another transaction holds passed over (its
-    batches are not in id order, so waiting could deadlock with a writer that locks in id order). Returns (admitted,
-    the pool's numbers before and after, the lines' numbers before and after, how long the pool lock was held)."""
+    query instead of spending one on each); then, at the plan that ends `items`, the cards whose probes failed,
+    and the quotas and the cards' and nodes' state checked for all it wrote (StaleView when a check fails: nothing
+    is written). `ahead`: written while the pass still decides (WriteAhead): foreign keys checked per statement
+    rather than all at the commit, and a job row another transaction holds passed over (its batches are not in id
+    order, so waiting could deadlock with a writer that locks in id order). Returns (admitted, the pool's numbers
+    before and after, the lines' numbers before and after, how long the pool lock was held)."""
     from django.utils import timezone
 
     with transaction.atomic(durable=True):
