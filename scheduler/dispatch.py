@@ -151,17 +151,6 @@ class Slice:
     host_memory_mib: int
     reclaim: tuple[int, ...] = ()  # slices of finished attempts to free before an exclusive hand-out
 
-    def as_dict(self) -> dict:
-        return {
-            "gpu_uuid": self.gpu_uuid,
-            "gpu_index": self.gpu_index,
-            "node": self.node,
-            "model": self.model,
-            "compute_milli": self.compute_milli,
-            "memory_mib": self.memory_mib,
-            "exclusive": self.exclusive,
-        }
-
 
 @dataclass
 class Admission:
@@ -172,10 +161,6 @@ class Admission:
     @property
     def node_id(self) -> int:
         return self.slices[0].node_id
-
-    @property
-    def node_names(self) -> list[str]:
-        return sorted({s.node for s in self.slices})
 
 
 @dataclass
@@ -200,7 +185,6 @@ class Plan:
     waits: list[Wait] = field(default_factory=list)
     probe_failures: list[tuple[int, str, str]] = field(default_factory=list)  # (GPU id, uuid, why)
     dedicated: tuple[str, ...] | None = None  # TRAINYARD_DEDICATED_POOLS, read once a pass
-    waits_recorded: bool = False  # the changed reasons were handed to the write with the admissions (WriteAhead)
     placement_calls: int = 0
     shape_hits: int = 0
     wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
@@ -556,7 +540,6 @@ def plan(backlog: Backlog, pool: Pool, lines: dict[int, Line] | None = None, ahe
             handed, waited = len(out.admissions), len(out.waits)
     if ahead is not None and ahead.started:
         ahead.hand(out.admissions[handed:], out.waits[waited:])
-        out.waits_recorded = True
     out.lines.update(state)
     return out
 
@@ -817,7 +800,7 @@ def run_pass(
                 backlog = store.backlog(queue_ids=queue_ids)
         changed = decided.changed_waits()
         if changed:
-            if not decided.waits_recorded:
+            if not report.written_ahead:  # written ahead: the reasons went with the batches, in the write
                 # Reasons need no pool lock (this pass's lock keeps other passes out) and do not move the
                 # lines' version (jobs/0008): a job that left its line meanwhile is simply not written.
                 t3 = time.perf_counter()
