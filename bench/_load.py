@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-
 @dataclass
 class Sample:
     """One request: when it was due (s from phase start), its latency from then, how long sending lagged."""

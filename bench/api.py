@@ -3,7 +3,8 @@
 What runs: a dedicated database (``<name>_bench_api`` on the server of ``$DATABASE_URL``, dropped and created
 afresh, migrated, seeded), the real web server (``ops.processes`` "web": uvicorn with its worker processes, as
 ``make run`` starts it) on a free loopback port, and a load generator in a second process (``bench._load``,
-its own small HTTP/1.1 client on uvloop) that sends requests at a fixed open-loop rate with an API token, at most 32 in flight.
+its own small HTTP/1.1 client on uvloop) that sends requests at a fixed open-loop rate with an API token, at most
+32 in flight.
 
 - Submit: ``POST /api/v1/jobs/`` (token auth, throttle, validation, Job + JobEvent rows, enqueue of the
   dispatch task to Redis after commit) at 100/s for 20 s; a step test (25/50/100/200/s) for the knee; and
@@ -1069,7 +1070,9 @@ def main(argv: list[str] | None = None) -> int:
             "server_log": "INFO, console format, to a file",
             "server_env_extra": server_extra,
             "rate_limits": BENCH_RATE + " for submit/read/write (raised for the benchmark)",
-            "load_generator": f"separate process, its own HTTP/1.1 keep-alive client on uvloop, at most {MAX_IN_FLIGHT} requests in flight",
+            "load_generator": (
+                f"separate process, its own HTTP/1.1 keep-alive client on uvloop, at most {MAX_IN_FLIGHT} in flight"
+            ),
             "database": urlparse(db_url).path.lstrip("/"),
             "celery_queue": queue_name,
             "celery_worker": False,
