@@ -128,6 +128,19 @@ def test_submit_errors_have_stable_codes(world, overrides, status, code, field):
     assert not Job.objects.exists()
 
 
+def test_one_submissions_errors_never_reach_the_next(world):
+    """The input check's serializer is made once per thread and reused: each submission is judged on its own."""
+    demo = client_for("demo")
+    bad = demo.post("/api/v1/jobs/", body(replicas=0, labels="x"), format="json").json()
+    assert set(bad["fields"]) == {"replicas", "labels"}, bad
+    assert demo.post("/api/v1/jobs/", body(name="first"), format="json").status_code == 201
+    other = demo.post("/api/v1/jobs/", body(name="x" * 121), format="json").json()
+    assert set(other["fields"]) == {"name"}, other
+    good = demo.post("/api/v1/jobs/", body(name="second", priority=3), format="json")
+    assert good.status_code == 201 and good.json()["name"] == "second" and good.json()["priority"] == 3
+    assert sorted(Job.objects.values_list("name", flat=True)) == ["first", "second"]
+
+
 def test_request_over_the_team_quota_is_rejected(world):
     from quotas.models import Team
 
