@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -731,41 +732,54 @@ def job_submit(
 
 @functools.cache
 def _insert_statement() -> tuple[str, list, list]:
-    """One statement that inserts a job and its first events: the job row from a VALUES list, the events from one
-    array per column (their foreign key to the job is checked at the commit, as Django makes every foreign key).
+    """One statement that inserts a job and its first events: the job's row as one JSON document, the events as a
+    JSON array (`jsonb_populate_record(set)` makes typed rows of them), so the statement has two parameters
+    whatever the number of columns. Their foreign key to the job is checked at the commit, as Django makes every
+    foreign key.
 
     Through the ORM (`save(force_insert=True)`, then `bulk_create`) the two statements cost ~1 ms of the web
-    process's CPU per submission to compile, a tenth of the submission's (bench/submit.py); the column lists are
-    read from the models once, so a field added later is written as the ORM would write it."""
+    process's CPU per submission to compile; with one parameter per column, psycopg parsed the statement anew
+    each time (it keeps statements of at most 50 parameters). The column lists are read from the models once, so
+    a field added later is written as the ORM would write it."""
     qn = connection.ops.quote_name
     job_fields = written_fields(Job)  # a column with a database default (`joined_xid`) is the database's to fill
     event_fields = [f for f in written_fields(JobEvent) if not f.primary_key]
-    arrays = ", ".join(
-        "%s::text[]::jsonb[]" if f.get_internal_type() == "JSONField" else f"%s::{f.db_type(connection)}[]"
-        for f in event_fields
-    )
+    job_columns = ", ".join(qn(f.column) for f in job_fields)
+    event_columns = ", ".join(qn(f.column) for f in event_fields)
+    job_table, event_table = qn(Job._meta.db_table), qn(JobEvent._meta.db_table)
     sql = (
-        f"WITH job AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(qn(f.column) for f in job_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(job_fields))})) "
-        f"INSERT INTO {qn(JobEvent._meta.db_table)} ({', '.join(qn(f.column) for f in event_fields)}) "
-        f"SELECT * FROM unnest({arrays})"
+        f"WITH job AS (INSERT INTO {job_table} ({job_columns}) "
+        f"SELECT {job_columns} FROM jsonb_populate_record(NULL::{job_table}, %s::jsonb)) "
+        f"INSERT INTO {event_table} ({event_columns}) "
+        f"SELECT {event_columns} FROM jsonb_populate_recordset(NULL::{event_table}, %s::jsonb)"
     )
     return sql, job_fields, event_fields
+
+
+def _as_json(value):
+    """A field's prepared value as the JSON that `jsonb_populate_record` reads back into its column's type."""
+    if hasattr(value, "obj"):  # psycopg's Json/Jsonb wrapper of a JSON field's value
+        return value.obj
+    if isinstance(value, datetime | date | uuid.UUID):
+        return str(value) if isinstance(value, uuid.UUID) else value.isoformat()
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds()} seconds"
+    if value is None or isinstance(value, str | int | float | bool | list | dict):
+        return value
+    raise TypeError(f"no JSON form for a {type(value).__name__} column value")
 
 
 def _insert_with_events(job: Job, events: list[JobEvent]) -> None:
     """Insert `job` and `events` (at least one) as `job.save(force_insert=True)` and `bulk_create` would: each
     field's pre-save step (defaults, auto_now_add) and database preparation; no signal is sent for either model."""
     sql, job_fields, event_fields = _insert_statement()
-    row = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in job_fields]
-    columns = []
-    for f in event_fields:
-        values = [f.get_db_prep_save(f.pre_save(event, True), connection) for event in events]
-        if f.get_internal_type() == "JSONField":
-            values = [(getattr(v, "dumps", None) or json.dumps)(getattr(v, "obj", v)) for v in values]
-        columns.append(values)
+    row = {f.column: _as_json(f.get_db_prep_save(f.pre_save(job, True), connection)) for f in job_fields}
+    rows = [
+        {f.column: _as_json(f.get_db_prep_save(f.pre_save(event, True), connection)) for f in event_fields}
+        for event in events
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*row, *columns])
+        cursor.execute(sql, [json.dumps(row), json.dumps(rows)])
     for made in (job, *events):
         made._state.adding, made._state.db = False, connection.alias
 

@@ -141,6 +141,44 @@ def test_one_submissions_errors_never_reach_the_next(world):
     assert sorted(Job.objects.values_list("name", flat=True)) == ["first", "second"]
 
 
+def test_a_submission_writes_each_column_as_the_orm_would(world):
+    """The job and its first events go in as one statement of JSON documents: every column read back equals what
+    the job object held (strings, numbers, JSON of each shape, arrays, times, foreign keys), and the events are the
+    ORM's rows too."""
+    from django.contrib.auth import get_user_model
+
+    from jobs.models import JobEvent, written_fields
+    from jobs.services import job_submit
+
+    data = body(
+        name="every-type",
+        command="python train.py --lr 0.1",
+        args=["--seed", "7"],
+        env={"EPOCHS": "3", "NOTE": 'quotes " and \\ and é'},
+        labels={"exp": "a", "nested": "x"},
+        priority=7,
+        timeout_s=3600,
+        ci={"commit": "abc", "depth": {"n": [1, 2.5, None, True]}},
+        tensorboard=True,
+    )
+    user = get_user_model().objects.get(username="demo")
+    job, created = job_submit(user=user, data=data, idempotency_key="key-1")
+    stored = Job.objects.get(pk=job.pk)
+    for f in written_fields(Job):
+        assert getattr(stored, f.attname) == getattr(job, f.attname), f.name
+    assert stored.joined_xid is not None  # the database's own default still fills it
+    events = list(JobEvent.objects.filter(job=job).order_by("id").values("kind", "to_state", "actor", "data", "level"))
+    assert events[0] == {
+        "kind": "submitted",
+        "to_state": "pending",
+        "actor": "demo",
+        "data": {"idempotency_key": "key-1"},
+        "level": "info",
+    }
+    again, created_again = job_submit(user=user, data=data, idempotency_key="key-1")
+    assert created and not created_again and again.pk == job.pk  # the unique key still finds the first
+
+
 def test_request_over_the_team_quota_is_rejected(world):
     from quotas.models import Team
 
