@@ -47,7 +47,7 @@ def _end_backend_after_commit():
 
     def wrapper(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql.startswith('INSERT INTO "jobs_job" '):
+        if 'INSERT INTO "jobs_job" ' in sql:  # the job's row (with its events in the same statement)
             transaction.on_commit(end)  # runs first: before the dispatch wake-up and the answer's reads
         return result
 
