@@ -127,7 +127,10 @@ def test_signals_go_on_to_the_command(ty_exec, name):
         "import signal, sys, time\n"
         f"signal.signal({number}, lambda *a: (sys.stderr.write('got {number}\\n'), sys.exit(7)))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(30)\n"
+        # Short sleeps, not one of 30 s: a signal that lands after Python's last check and before the sleep's
+        # system call runs its handler only when that sleep ends (seen under load: 1 in ~200 runs waited 30 s).
+        "for _ in range(600):\n"
+        "    time.sleep(0.05)\n"
     )
     proc = subprocess.Popen([str(ty_exec), "--", *py(code)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline() == b"ready\n"
