@@ -109,22 +109,18 @@ def _lookup():
     from django.contrib.auth import get_user_model
     from django.db import connection
 
+    qn = connection.ops.quote_name
     user_model = get_user_model()
-    parts = []
-    for model in (ApiToken, user_model):
+    parts, columns = [], []
+    for alias, model in (("t", ApiToken), ("u", user_model)):
         fields = model._meta.concrete_fields
-        converters = [
-            (i, f.get_db_converters(connection)) for i, f in enumerate(fields) if f.get_db_converters(connection)
-        ]
+        converters = [(i, found) for i, f in enumerate(fields) if (found := f.get_db_converters(connection))]
         parts.append((model, [f.attname for f in fields], converters))
-    columns = ", ".join(
-        f'{alias}."{f.column}"'
-        for alias, model in (("t", ApiToken), ("u", user_model))
-        for f in model._meta.concrete_fields
-    )
+        columns += [f"{alias}.{qn(f.column)}" for f in fields]
     sql = (
-        f'SELECT {columns} FROM "{ApiToken._meta.db_table}" t JOIN "{user_model._meta.db_table}" u '
-        f'ON u."{user_model._meta.pk.column}" = t."{ApiToken._meta.get_field("user").column}" WHERE t."digest" = %s'
+        f"SELECT {', '.join(columns)} FROM {qn(ApiToken._meta.db_table)} t "
+        f"JOIN {qn(user_model._meta.db_table)} u ON u.{qn(user_model._meta.pk.column)} = "
+        f"t.{qn(ApiToken._meta.get_field('user').column)} WHERE t.{qn('digest')} = %s"
     )
     return sql, parts
 

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from typing import Any
 
 from django.conf import settings
@@ -760,10 +760,10 @@ def _as_json(value):
     """A field's prepared value as the JSON that `jsonb_populate_record` reads back into its column's type."""
     if hasattr(value, "obj"):  # psycopg's Json/Jsonb wrapper of a JSON field's value
         return value.obj
-    if isinstance(value, datetime | date | uuid.UUID):
-        return str(value) if isinstance(value, uuid.UUID) else value.isoformat()
-    if isinstance(value, timedelta):
-        return f"{value.total_seconds()} seconds"
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
     if value is None or isinstance(value, str | int | float | bool | list | dict):
         return value
     raise TypeError(f"no JSON form for a {type(value).__name__} column value")
