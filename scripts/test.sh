@@ -3,23 +3,24 @@
 # databases), then the fault suite and the browser tests on their own: they time real processes, real outages
 # and a real browser, and two of them at once on a small machine would measure each other; then the real-cluster
 # tests in a pytest process of their own.
-# Arguments go to both runs (`make test PYTEST_ARGS=path`); a run that selects nothing (exit 5) is not a failure.
+# -rsfE: the skip reasons, then every failure and error, listed last so the end of a long log names them.
+# Arguments go to every run (`make test PYTEST_ARGS=path`); a run that selects nothing (exit 5) is not a failure.
 set -uo pipefail
 cd "${0%/*}/.."
 py=.venv/bin/python
 workers="${TRAINYARD_TEST_WORKERS:-2}"
-"$py" -m pytest -rs -n "$workers" --dist loadfile -m "not faults and not browser and not k8s" "$@"
+"$py" -m pytest -rsfE -n "$workers" --dist loadfile -m "not faults and not browser and not k8s" "$@"
 bulk=$?
 # The real control plane's binaries are built (cold: tens of minutes on 2 cores; cached by version) before the run
 # whose per-test timeout would otherwise cut the build off inside the cluster fixture.
 if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q k8s; then
   "$py" scripts/cluster/cluster.py build || { [ "${CI:-}" = true ] && exit 1; }
 fi
-"$py" -m pytest -rs -m "faults or browser" "$@"
+"$py" -m pytest -rsfE -m "faults or browser" "$@"
 alone=$?
 # The real-cluster tests in a process of their own: the fault suite stops and swaps brokers and databases under the
 # test process, and what a fault test leaves behind in it must not decide whether a cluster test's job is woken.
-"$py" -m pytest -rs -m k8s "$@"
+"$py" -m pytest -rsfE -m k8s "$@"
 cluster=$?
 [ "$bulk" -eq 5 ] && bulk=0
 [ "$alone" -eq 5 ] && alone=0
