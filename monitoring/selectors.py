@@ -484,7 +484,17 @@ class PastRun:
     labels: Any
     gpu_count: int
     gpu_memory_mib: int
+    # The GPU numbers of the run's last attempt that has them (peak MiB, p95 MiB, utilisation p95 %), read by the
+    # same statement; None without a final profile. `_runs_of` reads no profile again for a PastRun.
+    profile: tuple | None = None
 
+
+# A run's usage evidence, beside each row the lookup finds (what `_runs_of` reads for Job rows in one more query).
+_PROFILE_SQL = (
+    "LEFT JOIN LATERAL (SELECT p.gpu_memory_peak_mib, p.gpu_memory_p95_mib, p.gpu_util_p95_pct "
+    "FROM monitoring_usageprofile p JOIN jobs_attempt a ON a.id = p.attempt_id "
+    "WHERE p.job_id = s.id AND p.final AND p.gpu_memory_peak_mib IS NOT NULL ORDER BY a.number DESC LIMIT 1) pr ON true"
+)
 
 _JSON_FIELDS = {"command", "args", "labels"}  # jsonb comes back as text: the JSON fields decode their own
 
@@ -513,14 +523,20 @@ def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[PastRun]:
         values += [*params, *key, limit]
     found: dict[Any, PastRun] = {}
     with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), values)
+        cursor.execute(
+            f"SELECT s.*, pr.* FROM ({' UNION ALL '.join(parts)}) s {_PROFILE_SQL}",
+            values,
+        )
         rows = cursor.fetchall()
+    width = len(SIMILAR_FIELDS)
     for row in rows:
+        profile = row[width:]
         j = PastRun(
             *(
                 json.loads(v) if name in _JSON_FIELDS and isinstance(v, str) else v
-                for name, v in zip(SIMILAR_FIELDS, row, strict=True)
-            )
+                for name, v in zip(SIMILAR_FIELDS, row[:width], strict=True)
+            ),
+            profile=None if profile[0] is None else tuple(profile),
         )
         same = (j.command == job.command and j.args == job.args) or (bool(job.labels) and j.labels == job.labels)
         if same:
@@ -529,21 +545,24 @@ def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[PastRun]:
 
 
 def _runs_of(jobs: list) -> list[rightsizing.Run]:
-    """The usage evidence of `jobs` (Job rows or PastRun records: `pk`, `gpu_count`, `gpu_memory_mib` are read)."""
+    """The usage evidence of `jobs` (Job rows or PastRun records: `pk`, `gpu_count`, `gpu_memory_mib` are read;
+    a PastRun's profile came with it)."""
     if not jobs:
         return []
-    profiles: dict[Any, tuple] = {}
-    with connection.cursor() as cursor:
-        # Each job's last attempt with GPU numbers.
-        cursor.execute(
-            "SELECT DISTINCT ON (p.job_id) p.job_id, p.gpu_memory_peak_mib, p.gpu_memory_p95_mib, p.gpu_util_p95_pct "
-            "FROM monitoring_usageprofile p JOIN jobs_attempt a ON a.id = p.attempt_id "
-            "WHERE p.job_id = ANY(%s) AND p.final AND p.gpu_memory_peak_mib IS NOT NULL "
-            "ORDER BY p.job_id, a.number DESC",
-            [[j.pk for j in jobs]],
-        )
-        for row in cursor.fetchall():
-            profiles[row[0]] = row[1:]
+    profiles: dict[Any, tuple] = {j.pk: j.profile for j in jobs if isinstance(j, PastRun) and j.profile is not None}
+    unread = [j.pk for j in jobs if not isinstance(j, PastRun)]
+    if unread:
+        with connection.cursor() as cursor:
+            # Each job's last attempt with GPU numbers.
+            cursor.execute(
+                "SELECT DISTINCT ON (p.job_id) p.job_id, p.gpu_memory_peak_mib, p.gpu_memory_p95_mib, "
+                "p.gpu_util_p95_pct FROM monitoring_usageprofile p JOIN jobs_attempt a ON a.id = p.attempt_id "
+                "WHERE p.job_id = ANY(%s) AND p.final AND p.gpu_memory_peak_mib IS NOT NULL "
+                "ORDER BY p.job_id, a.number DESC",
+                [unread],
+            )
+            for row in cursor.fetchall():
+                profiles[row[0]] = row[1:]
     batches: dict[Any, float] = {}
     if profiles:
         for job_id, values in (

@@ -666,63 +666,60 @@ def job_submit(
     fingerprint = request_fingerprint(data)
     resolved = job_validate(user=user, data=data)
     team = resolved.fields["team"]
-    # A key seen before is found by the insert itself (the unique key per team): no lookup on the way of every
-    # new submission. Only then does the insert need a savepoint to recover from (two statements fewer without).
-    try:
-        with transaction.atomic(savepoint=idempotency_key is not None):
-            job = Job(
-                **({"id": job_id} if job_id else {}),
-                owner=user,
-                idempotency_key=idempotency_key or None,
-                request_fingerprint=fingerprint,
-                reproduced_from=reproduced_from,
-                state=JobState.PENDING,
-                reason=PendingReason.QUEUED,
-                **resolved.fields,
+    # A key seen before is found by the insert itself (`ON CONFLICT` on the unique key per team): no lookup on the
+    # way of every new submission, and no savepoint to recover from a unique violation (two statements fewer).
+    with transaction.atomic(savepoint=False):
+        job = Job(
+            **({"id": job_id} if job_id else {}),
+            owner=user,
+            idempotency_key=idempotency_key or None,
+            request_fingerprint=fingerprint,
+            reproduced_from=reproduced_from,
+            state=JobState.PENDING,
+            reason=PendingReason.QUEUED,
+            **resolved.fields,
+        )
+        # The dispatcher's own rules give the first reason, written with the row (its page and its queue's
+        # page say the same from the first second, not "waiting for the dispatcher" until the next pass).
+        why = new_job_reason(job)
+        if why is not None:
+            job.reason, job.message = why
+        events = [
+            JobEvent(
+                job=job,
+                kind="submitted",
+                to_state=JobState.PENDING,
+                actor=user.username,
+                message=stored("submitted to queue %(queue)s", queue=job.queue.name),
+                data={"idempotency_key": idempotency_key} if idempotency_key else {},
             )
-            # The dispatcher's own rules give the first reason, written with the row (its page and its queue's
-            # page say the same from the first second, not "waiting for the dispatcher" until the next pass).
-            why = new_job_reason(job)
-            if why is not None:
-                job.reason, job.message = why
-            events = [
+        ]
+        if job.priority > job.queue.max_member_priority:
+            events.append(
                 JobEvent(
                     job=job,
-                    kind="submitted",
-                    to_state=JobState.PENDING,
+                    kind="priority_elevated",
                     actor=user.username,
-                    message=stored("submitted to queue %(queue)s", queue=job.queue.name),
-                    data={"idempotency_key": idempotency_key} if idempotency_key else {},
+                    message=stored(
+                        "priority %(priority)s, over queue %(queue)s's maximum of %(most)s for members",
+                        priority=job.priority,
+                        queue=job.queue.name,
+                        most=job.queue.max_member_priority,
+                    ),
+                    data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
                 )
-            ]
-            if job.priority > job.queue.max_member_priority:
-                events.append(
-                    JobEvent(
-                        job=job,
-                        kind="priority_elevated",
-                        actor=user.username,
-                        message=stored(
-                            "priority %(priority)s, over queue %(queue)s's maximum of %(most)s for members",
-                            priority=job.priority,
-                            queue=job.queue.name,
-                            most=job.queue.max_member_priority,
-                        ),
-                        data={"priority": job.priority, "queue_maximum": job.queue.max_member_priority},
-                    )
-                )
-            if why is not None:
-                events.append(
-                    JobEvent(
-                        job=job, kind="waiting", actor="dispatcher", message=job.message, data={"reason": job.reason}
-                    )
-                )
-            _insert_with_events(job, events)
-    except IntegrityError:
-        if not idempotency_key:
-            raise  # no key to find an earlier job by: not a repeated request
+            )
+        if why is not None:
+            events.append(
+                JobEvent(job=job, kind="waiting", actor="dispatcher", message=job.message, data={"reason": job.reason})
+            )
+        inserted = _insert_with_events(job, events)
+    if not inserted:
+        # The team already has a job under this key (committed: a concurrent first insert is waited for, and this
+        # statement sees it once it commits).
         existing = Job.objects.filter(team=team, idempotency_key=idempotency_key).first()
-        if existing is None:
-            raise
+        if existing is None:  # deleted since the insert found it
+            raise IntegrityError(f"job with Idempotency-Key {idempotency_key!r} found by the insert, then gone")
         return _same_request_or_conflict(existing, fingerprint), False
     # The row is the promise: a broker that is down only delays the wake-up (the dispatcher's beat finds the job).
     transaction.on_commit(dispatch_soon, robust=True)
@@ -747,11 +744,16 @@ def _insert_statement() -> tuple[str, list, list]:
     job_columns = ", ".join(qn(f.column) for f in job_fields)
     event_columns = ", ".join(qn(f.column) for f in event_fields)
     job_table, event_table = qn(Job._meta.db_table), qn(JobEvent._meta.db_table)
+    # The arbiter is the partial unique index of (team, idempotency_key): a repeated key inserts nothing, and then
+    # neither do the events. Any other unique violation still raises.
     sql = (
         f"WITH job AS (INSERT INTO {job_table} ({job_columns}) "
-        f"SELECT {job_columns} FROM jsonb_populate_record(NULL::{job_table}, %s::jsonb)) "
+        f"SELECT {job_columns} FROM jsonb_populate_record(NULL::{job_table}, %s::jsonb) "
+        f"ON CONFLICT ({qn('team_id')}, {qn('idempotency_key')}) WHERE {qn('idempotency_key')} IS NOT NULL "
+        "DO NOTHING RETURNING 1) "
         f"INSERT INTO {event_table} ({event_columns}) "
-        f"SELECT {event_columns} FROM jsonb_populate_recordset(NULL::{event_table}, %s::jsonb)"
+        f"SELECT {event_columns} FROM jsonb_populate_recordset(NULL::{event_table}, %s::jsonb) "
+        "WHERE EXISTS (SELECT FROM job)"
     )
     return sql, job_fields, event_fields
 
@@ -769,9 +771,10 @@ def _as_json(value):
     raise TypeError(f"no JSON form for a {type(value).__name__} column value")
 
 
-def _insert_with_events(job: Job, events: list[JobEvent]) -> None:
+def _insert_with_events(job: Job, events: list[JobEvent]) -> bool:
     """Insert `job` and `events` (at least one) as `job.save(force_insert=True)` and `bulk_create` would: each
-    field's pre-save step (defaults, auto_now_add) and database preparation; no signal is sent for either model."""
+    field's pre-save step (defaults, auto_now_add) and database preparation; no signal is sent for either model.
+    False, and nothing written, when the job's team already has a job with its idempotency key."""
     sql, job_fields, event_fields = _insert_statement()
     row = {f.column: _as_json(f.get_db_prep_save(f.pre_save(job, True), connection)) for f in job_fields}
     rows = [
@@ -780,8 +783,11 @@ def _insert_with_events(job: Job, events: list[JobEvent]) -> None:
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, [json.dumps(row), json.dumps(rows)])
+        if cursor.rowcount == 0:
+            return False
     for made in (job, *events):
         made._state.adding, made._state.db = False, connection.alias
+    return True
 
 
 def _same_request_or_conflict(existing: Job, fingerprint: str) -> Job:

@@ -228,6 +228,74 @@ def test_an_insert_that_fails_without_a_key_is_an_error_not_an_earlier_job(world
         services.job_submit(user=demo, data=body(command=["other"]), job_id=earlier.id)
 
 
+def test_a_key_taken_with_an_id_already_used_is_still_an_error(world):
+    """The insert finds a repeated key by the team's unique key only: another unique violation with a key raises."""
+    from django.contrib.auth import get_user_model
+    from django.db import IntegrityError
+
+    from jobs import services
+
+    demo = get_user_model().objects.get(username="demo")
+    earlier, _ = services.job_submit(user=demo, data=body(), idempotency_key="first")
+    # The same key in another team is that team's own.
+    MembershipFactory(team=world["other"], user=demo)
+    theirs, created = services.job_submit(user=demo, data=body(team="other"), idempotency_key="first")
+    assert created and theirs.id != earlier.id
+    with pytest.raises(IntegrityError):
+        services.job_submit(user=demo, data=body(), idempotency_key="second", job_id=earlier.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_submissions_with_one_key_at_once_make_one_job(world):
+    """A second request with the key while the first is still uncommitted waits for it, then answers its job."""
+    import threading
+    import time
+
+    from django.contrib.auth import get_user_model
+    from django.db import connections, transaction
+
+    from jobs import services
+
+    demo = get_user_model().objects.get(username="demo")
+    inserted, release, results = threading.Event(), threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                results["first"] = services.job_submit(user=demo, data=body(), idempotency_key="at-once")
+                inserted.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def second():
+        try:
+            results["second"] = services.job_submit(user=demo, data=body(), idempotency_key="at-once")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert inserted.wait(30)
+    threads.append(threading.Thread(target=second))
+    threads[1].start()
+    deadline, waiting = time.monotonic() + 30, 0
+    with connection.cursor() as cursor:  # the second insert waits on the first's uncommitted key
+        while not waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            waiting = cursor.fetchone()[0]
+    assert waiting and "second" not in results
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    (job, created), (again, created_again) = results["first"], results["second"]
+    assert created and not created_again and again.id == job.id
+    assert Job.objects.filter(idempotency_key="at-once").count() == 1
+
+
 def test_isolation_between_teams(world):
     mine = client_for("demo").post("/api/v1/jobs/", body(), format="json").json()
     theirs = client_for("outsider").post("/api/v1/jobs/", body(team="other"), format="json").json()

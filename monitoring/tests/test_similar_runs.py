@@ -224,3 +224,45 @@ def settings_history():
     from django.conf import settings
 
     return settings.TRAINYARD_RIGHTSIZE_HISTORY
+
+
+def test_each_run_comes_with_the_profile_of_its_last_profiled_attempt(db_platform):
+    """The lookup reads each run's usage evidence in the same statement: the final profile of its highest-numbered
+    attempt that has GPU numbers, none for a run without one; right-sizing then reads no profile again."""
+    from jobs.models import Attempt
+    from monitoring import selectors
+    from monitoring.models import UsageProfile
+
+    rng = random.Random(5)
+    template = submitted(db_platform)
+    same = {"command": ["python3", "profiled.py"], "args": [], "labels": {}}
+    history(template, [db_platform], 3, rng, **same)
+    profiled, bare, no_gpu = Job.objects.filter(command=same["command"]).order_by("-finished_at")
+
+    def profile(job, number, peak, final=True):
+        attempt = Attempt.objects.create(
+            job=job, number=number, backend="local", state="succeeded", ended_at=timezone.now()
+        )
+        UsageProfile.objects.create(
+            attempt=attempt,
+            job=job,
+            final=final,
+            samples=10,
+            gpu_samples=10 if peak else 0,
+            gpu_memory_peak_mib=peak,
+            gpu_memory_p95_mib=peak and peak - 100,
+            gpu_util_p95_pct=peak and 50.0,
+        )
+
+    profile(profiled, 1, 4000)
+    profile(profiled, 2, 6000)
+    profile(profiled, 3, 9000, final=False)  # not final: not evidence
+    profile(no_gpu, 1, None)  # no GPU numbers
+    probe = submitted(db_platform, **same)
+    found = {j.pk: j for j in similar_runs(probe, owner_only=False, limit=10)}
+    assert found[profiled.pk].profile == (6000, 5900, 50.0)
+    assert found[bare.pk].profile is None and found[no_gpu.pk].profile is None
+    with CaptureQueriesContext(connection) as captured:
+        runs = selectors._runs_of(list(found.values()))
+    assert [r.gpu_memory_peak_mib for r in runs] == [6000]
+    assert not [q for q in captured if "monitoring_usageprofile" in q["sql"]]
