@@ -15,7 +15,7 @@ from datetime import date, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 
 from cluster import selectors as cluster_selectors
 from images import registry as image_registry
@@ -755,7 +755,48 @@ def _insert_statement() -> tuple[str, list, list]:
         f"SELECT {event_columns} FROM jsonb_populate_recordset(NULL::{event_table}, %s::jsonb) "
         "WHERE EXISTS (SELECT FROM job)"
     )
-    return sql, job_fields, event_fields
+    return sql, _column_plan(job_fields), _column_plan(event_fields)
+
+
+# Fields whose database value is their attribute when it already has this exact type (their preparation would give
+# it back unchanged, and their pre-save step only reads the attribute); anything else goes the ORM's whole way.
+_PLAIN_TYPES: dict[type, type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.SlugField: str,
+    models.IntegerField: int,
+    models.SmallIntegerField: int,
+    models.BigIntegerField: int,
+    models.PositiveIntegerField: int,
+    models.PositiveSmallIntegerField: int,
+    models.PositiveBigIntegerField: int,
+    models.BooleanField: bool,
+    models.FloatField: float,
+}
+
+
+def _column_plan(fields) -> list[tuple]:
+    """(column, field, attribute name, the type taken as it is or None) for each field, worked out once."""
+    plan = []
+    for f in fields:
+        plain = _PLAIN_TYPES.get(type(f))
+        if isinstance(f, models.ForeignKey) and type(f.target_field) in (models.AutoField, models.BigAutoField):
+            plain = int
+        plan.append((f.column, f, f.attname, plain))
+    return plan
+
+
+def _row(obj, plan) -> dict[str, Any]:
+    """`obj`'s columns as JSON values: what `save()` would write (pre-save step, then database preparation)."""
+    row = {}
+    for column, field, attname, plain in plan:
+        if plain is not None:
+            value = getattr(obj, attname)
+            if value is None or type(value) is plain:
+                row[column] = value
+                continue
+        row[column] = _as_json(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    return row
 
 
 def _as_json(value):
@@ -775,12 +816,8 @@ def _insert_with_events(job: Job, events: list[JobEvent]) -> bool:
     """Insert `job` and `events` (at least one) as `job.save(force_insert=True)` and `bulk_create` would: each
     field's pre-save step (defaults, auto_now_add) and database preparation; no signal is sent for either model.
     False, and nothing written, when the job's team already has a job with its idempotency key."""
-    sql, job_fields, event_fields = _insert_statement()
-    row = {f.column: _as_json(f.get_db_prep_save(f.pre_save(job, True), connection)) for f in job_fields}
-    rows = [
-        {f.column: _as_json(f.get_db_prep_save(f.pre_save(event, True), connection)) for f in event_fields}
-        for event in events
-    ]
+    sql, job_plan, event_plan = _insert_statement()
+    row, rows = _row(job, job_plan), [_row(event, event_plan) for event in events]
     with connection.cursor() as cursor:
         cursor.execute(sql, [json.dumps(row), json.dumps(rows)])
         if cursor.rowcount == 0:
