@@ -21,6 +21,7 @@ from django.db import connection
 
 from cluster.models import GPU, Node
 from images.models import BaseImage, ProjectImage, Registry, ScanPolicy
+from kernel.prepared import prepared_cursor
 from quotas.models import Membership, Queue, ResourceSpec, Team
 
 
@@ -94,7 +95,7 @@ def current() -> Snapshot:
 
 def current_and_facts(default_card_mib: int) -> tuple[Snapshot, ClusterFacts]:
     """`current()` and `cluster_facts()` with both numbers read in one statement (a submission needs both)."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT n FROM trainyard_reference_version WHERE id = 1),"
             " (SELECT n FROM trainyard_pool_version WHERE id = 1)"

@@ -29,6 +29,7 @@ from jobs import realtime
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import UNDECIDED, JobState
 from kernel import gctune
+from kernel.prepared import prepared_cursor
 from kernel.sentences import stored
 from quotas.models import Queue, Team
 from scheduler import dispatch as scheduler
@@ -249,7 +250,7 @@ def quota_use(*, queue_id: int | None = None, team_id: int | None = None) -> lis
     where, params = "", []
     if queue_id is not None or team_id is not None:
         where, params = "WHERE queue_id = %s OR team_id = %s", [queue_id, team_id]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(QUOTA_USE_SQL.format(where=where), params)
         rows = cursor.fetchall()
     return [

@@ -21,6 +21,7 @@ from cluster.models import GPU, LogicalDevice, Node
 from jobs.models import Job, SucceededRun
 from jobs.states import ATTEMPT_FINISHED
 from kernel.errors import ValidationFailed
+from kernel.prepared import prepared_cursor
 from kernel.sentences import stored
 from monitoring import rightsizing
 from monitoring.models import (
@@ -522,7 +523,7 @@ def similar_runs(job: Job, *, owner_only: bool, limit: int) -> list[PastRun]:
         parts.append(f"({head} AND {_SIMILAR_SQL[kind]} ORDER BY r.finished_at DESC LIMIT %s)")
         values += [*params, *key, limit]
     found: dict[Any, PastRun] = {}
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"SELECT s.*, pr.* FROM ({' UNION ALL '.join(parts)}) s {_PROFILE_SQL}",
             values,

@@ -128,8 +128,10 @@ def _lookup():
 def _token_with_user(digest: str) -> ApiToken | None:
     from django.db import connection
 
+    from kernel.prepared import prepared_cursor
+
     sql, parts = _lookup()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [digest])
         row = cursor.fetchone()
     if row is None:

@@ -139,6 +139,10 @@ if env.bool("TRAINYARD_DB_POOL", default=False):
         "max_size": env.int("TRAINYARD_DB_POOL_SIZE", default=20),
         "timeout": 10,
     }
+# The few statements every request runs go as server-side prepared statements (kernel/prepared.py); off behind a
+# proxy that pools connections per transaction (PgBouncer's transaction mode), where a statement prepared on one
+# server connection is not there on the next.
+TRAINYARD_DB_PREPARE = env.bool("TRAINYARD_DB_PREPARE", default=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")

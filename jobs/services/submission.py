@@ -26,6 +26,7 @@ from jobs.services.common import ENV_NAME, RESERVED_ENV_PREFIXES, log
 from jobs.states import JobState, PendingReason
 from jobs.store import new_job_reason
 from kernel.errors import Conflict, NotFound, ValidationErrors, ValidationFailed
+from kernel.prepared import prepared_cursor
 from kernel.sentences import stored
 from kernel.units import human_duration, human_resource, parse_duration
 from kernel.wake import dispatch_soon
@@ -818,7 +819,7 @@ def _insert_with_events(job: Job, events: list[JobEvent]) -> bool:
     False, and nothing written, when the job's team already has a job with its idempotency key."""
     sql, job_plan, event_plan = _insert_statement()
     row, rows = _row(job, job_plan), [_row(event, event_plan) for event in events]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [json.dumps(row), json.dumps(rows)])
         if cursor.rowcount == 0:
             return False

@@ -5,6 +5,7 @@ for it, so that the rows PostgreSQL visits do not grow with the team's history."
 import json
 import random
 import uuid
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -133,13 +134,27 @@ def test_the_runs_found_are_those_of_the_plain_query(db_platform, teammate):
         assert found and teams == {probes[0].team_id}
 
 
-def plans_of(captured):
+@contextmanager
+def statements():
+    """Each (sql, params) sent while the block runs (the lookup's statement is prepared, so Django's captured text
+    holds placeholders, not values)."""
+    sent = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        yield sent
+
+
+def plans_of(sent):
     """EXPLAIN (ANALYZE) of each SELECT the lookup sent, as PostgreSQL's JSON plans."""
     plans = []
     with connection.cursor() as cursor:
-        for query in captured:
-            if query["sql"].lstrip("(").startswith("SELECT"):
-                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query["sql"])
+        for sql, params in sent:
+            if sql.lstrip("(").startswith("SELECT"):
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
                 raw = cursor.fetchone()[0]
                 plans.append((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
     return plans
@@ -167,11 +182,11 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
         cursor.execute("ANALYZE jobs_job")
         cursor.execute("ANALYZE jobs_succeededrun")
     probe = submitted(db_platform, command=rare, labels={"project": "rare"})
-    with CaptureQueriesContext(connection) as captured:
+    with statements() as sent:
         found = similar_runs(probe, owner_only=owner_only, limit=10)
     assert len(found) == (3 if owner_only else 10) and all(j.command == rare for j in found)
     assert not owner_only or all(j.owner_id == db_platform.pk for j in found)
-    plans = plans_of(captured)
+    plans = plans_of(sent)
     assert len(plans) == 1  # one statement: the two likenesses (the command, the labels) side by side
     used = set()
     for plan in plans:

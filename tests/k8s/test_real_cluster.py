@@ -697,7 +697,13 @@ def cache_volume(admin, claim: str):
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        admin["core"].delete_persistent_volume(volume)
+        try:
+            admin["core"].delete_persistent_volume(volume)
+        except ApiException as exc:
+            # Its reclaim policy is Delete: the controller manager may have removed it once the claim went (seen
+            # with Kubernetes v1.29's).
+            if exc.status != 404:
+                raise
 
 
 def held_by_dataset_waiter(pod: dict) -> bool:
