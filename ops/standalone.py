@@ -115,6 +115,30 @@ def _missing_tools() -> list[tuple[str, str]]:
     return missing_tools()
 
 
+def _probe(url: str, why: str) -> tuple[bool, str]:
+    """(ready, why not): one GET of /readyz; `why` is kept when the answer says nothing new."""
+    try:
+        with urllib.request.urlopen(url + "readyz", timeout=3) as resp:
+            if resp.status == 200:
+                return True, ""
+    except urllib.error.HTTPError as exc:  # 503: say which checks fail if it stays so
+        try:
+            why = "failing: " + ", ".join(json.loads(exc.read()).get("failed", []))
+        except ValueError:
+            pass
+    except Exception:  # noqa: BLE001 - not up yet
+        pass
+    return False, why
+
+
+def _announce(url: str, *, embedded_services: bool) -> None:
+    say("setup", f"Trainyard is ready at {url}  (API {url}api/docs/, admin {url}admin/)")
+    say("setup", "login: admin (staff) and demo (demo team); passwords were printed when first created,")
+    say("setup", "       or set TRAINYARD_ADMIN_PASSWORD / TRAINYARD_DEMO_PASSWORD")
+    say("setup", f"data lives in {VAR_DIR} ({'embedded' if embedded_services else 'configured'} services)")
+    say("setup", "press Ctrl-C to stop")
+
+
 def main() -> int:
     port = processes.PORT
     host = processes.HOST
@@ -165,32 +189,26 @@ def main() -> int:
         deadline = time.monotonic() + 60
         ready, why = False, "no answer from /readyz"
         while not stop_signals and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "readyz", timeout=3) as resp:
-                    if resp.status == 200:
-                        ready = True
-                        break
-            except urllib.error.HTTPError as exc:  # 503: say which checks fail if it stays so
-                try:
-                    why = "failing: " + ", ".join(json.loads(exc.read()).get("failed", []))
-                except ValueError:
-                    pass
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
+            ready, why = _probe(url, why)
+            if ready:
+                break
             for child in children:
                 child.tend()
             time.sleep(0.5)
         if not stop_signals and not ready:
             say("setup", f"Trainyard is NOT ready after 60 s ({why}); see {url}readyz — still starting up")
+            say("setup", "it says so here once /readyz answers")
         if not stop_signals and ready:
-            say("setup", f"Trainyard is ready at {url}  (API {url}api/docs/, admin {url}admin/)")
-            say("setup", "login: admin (staff) and demo (demo team); passwords were printed when first created,")
-            say("setup", "       or set TRAINYARD_ADMIN_PASSWORD / TRAINYARD_DEMO_PASSWORD")
-            say("setup", f"data lives in {VAR_DIR} ({'embedded' if services.procs else 'configured'} services)")
-            say("setup", "press Ctrl-C to stop")
+            _announce(url, embedded_services=bool(services.procs))
+        next_probe = time.monotonic() + 2
         while not stop_signals:
             for child in children:
                 child.tend()
+            if not ready and time.monotonic() >= next_probe:  # a slow start (a busy machine) is announced when done
+                ready, why = _probe(url, why)
+                next_probe = time.monotonic() + 2
+                if ready:
+                    _announce(url, embedded_services=bool(services.procs))
             time.sleep(0.2)
     except embedded.ServiceError as exc:
         print(f"trainyard: {exc}", file=sys.stderr)

@@ -176,7 +176,11 @@ class Launcher:
                 break
             time.sleep(0.2)
         tail = "\n".join(self.lines[-40:])
-        raise AssertionError(f"no line with {text!r} within {seconds:g} s; last lines:\n{tail}")
+        # The launcher's own lines (the readiness it saw and why not) and errors, which the last lines often miss.
+        said = "\n".join(line for line in self.lines[:-40] if "setup |" in line or "Error" in line)[-4000:]
+        raise AssertionError(
+            f"no line with {text!r} within {seconds:g} s; the launcher said:\n{said}\nlast lines:\n{tail}"
+        )
 
     def child(self, name: str) -> int:
         """The pid of the launcher's child running `name` (web, worker, dispatcher, beat)."""
