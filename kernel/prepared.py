@@ -15,6 +15,7 @@ transaction-pooling proxy such as PgBouncer in transaction mode, leave it off wi
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from django.db import connection
 from psycopg.pq import TransactionStatus
 
 
+@functools.cache
 def _classes():
     from django.db.backends.postgresql.base import CursorDebugWrapper, ServerBindingCursor
 
@@ -47,7 +49,6 @@ def _classes():
     return PreparingCursor, PreparedDebugWrapper
 
 
-_made = None
 # What psycopg's connection-wide count of runs before preparing is set to where Django left it off (None: never,
 # not even when asked): a statement is then prepared only when asked, as this module's cursors do. Django's own
 # cursors bind on the client, and psycopg never prepares for those, whatever the count.
@@ -63,12 +64,9 @@ _generic = weakref.WeakSet()
 def prepared_cursor():
     """A cursor of the default connection (a context manager, as `connection.cursor()`) that prepares what it runs;
     a plain cursor where preparing is turned off or the database is not PostgreSQL."""
-    global _made
     if connection.vendor != "postgresql" or not settings.TRAINYARD_DB_PREPARE:
         return connection.cursor()
-    if _made is None:
-        _made = _classes()
-    cursor_class, debug_wrapper = _made
+    cursor_class, debug_wrapper = _classes()
     # As BaseDatabaseWrapper._cursor does for its own cursors.
     connection.close_if_health_check_failed()
     connection.ensure_connection()
