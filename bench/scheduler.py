@@ -474,18 +474,21 @@ IN_MEMORY_RUNS = 3
 
 def timed_in_memory(decide) -> tuple:
     """(what `decide()` returns, wall s, CPU s), run as the dispatcher runs its passes: with what this process
-    holds frozen for the garbage collector (kernel/gctune.py), so that full collections over the benchmark's own
-    objects (thousands of submitted jobs) are not charged to the allocator. Without it the same decisions took
-    9,400-13,500/s from run to run."""
+    holds frozen for the garbage collector and no automatic collection while it decides (kernel/gctune.py), so
+    that full collections over the benchmark's own objects (thousands of submitted jobs) are not charged to the
+    allocator. Without the freezing the same decisions took 9,400-13,500/s from run to run; the pause itself
+    changes nothing measurable here (547-599 ms with and without it), the allocator making few tracked objects."""
     import gc
 
     gc.collect()
     gc.freeze()
+    gc.disable()
     try:
         c0, t0 = time.process_time(), time.perf_counter()
         out = decide()
         return out, time.perf_counter() - t0, time.process_time() - c0
     finally:
+        gc.enable()
         gc.unfreeze()
 
 

@@ -74,11 +74,21 @@ def _planted(kind: str) -> ProbeOutcome:
     return ProbeOutcome(False, fault, f"emulated fault planted: {fault.replace('_', ' ')}")
 
 
+def probes_planted(*, emulated: bool, backend: str = "local") -> bool:
+    """Whether `probe_card` answers for such a card from the planted faults (`planted_faults`) instead of NVML."""
+    return emulated or (backend == "local" and not settings.TRAINYARD_NVML_PROBE)
+
+
+def planted_outcome(uuid: str, faults: dict[str, str]) -> ProbeOutcome:
+    """What the probe of an emulated card says, given the planted faults read once (`planted_faults`)."""
+    kind = faults.get(uuid)
+    return PASSED if kind is None else _planted(kind)
+
+
 def probe_card(*, uuid: str, emulated: bool, backend: str = "local", nvml=None) -> ProbeOutcome | None:
     """Probe one card; None when this process cannot reach it (a Kubernetes node's)."""
-    if emulated or (backend == "local" and not settings.TRAINYARD_NVML_PROBE):
-        kind = planted_faults().get(uuid)
-        return PASSED if kind is None else _planted(kind)
+    if probes_planted(emulated=emulated, backend=backend):
+        return planted_outcome(uuid, planted_faults())
     if backend != "local":
         return None
     nvml = nvml or load_nvml()

@@ -828,7 +828,8 @@ def dispatch(*, queue_ids: Sequence[int] | None = None, full: bool = False) -> s
     """One dispatch pass over the given queues (all when None); `full` reads every waiting line even when only
     new jobs arrived since the last pass. A pass that leaves jobs waiting then asks preemptible attempts to yield
     the cards quota-holding jobs wait for (jobs/preemption.py); their release wakes the next pass."""
-    report = scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
+    with gctune.pass_collection_paused():
+        report = scheduler.run_pass(store=JobStore(), queue_ids=queue_ids, full=full)
     if report.waiting and not report.skipped:
         from jobs.preemption import preemptions_request
 

@@ -25,9 +25,11 @@ test that starts a worker in its own process undoes the freezing afterwards (con
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
+from collections.abc import Iterator
 
 import structlog
 
@@ -80,6 +82,26 @@ def freeze_passes() -> None:
     gc.freeze()
     _Passes.enabled = True
     _Passes.full_at = time.monotonic()
+
+
+@contextlib.contextmanager
+def pass_collection_paused() -> Iterator[None]:
+    """Around a dispatch pass in a process that freezes after its passes: no automatic collection while it runs.
+
+    A pass that admits thousands makes hundreds of thousands of objects (placements, slices, admissions, rows), and
+    the collections they set off walked them again and again while the pass was deciding: 50-60 ms of a 1-second
+    pass (docs/scheduler.md). What the pass drops is reference-counted away as usual; the cycles it leaves are
+    collected right after it (`after_pass`, or the next automatic collection, which the counts built up during the
+    pass bring at once). A pass is bounded (a few seconds at the most), so what it holds meanwhile is too. Does
+    nothing unless enabled, or when the collector is already off."""
+    if not _Passes.enabled or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def after_pass(*, kept: bool = True) -> None:

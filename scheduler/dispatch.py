@@ -27,7 +27,7 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 
-from cluster.probes import probe_card, remote_health
+from cluster.probes import planted_faults, planted_outcome, probe_card, probes_planted, remote_health
 from cluster.services import pool_lock
 from kernel import wake
 from kernel.sentences import stored
@@ -104,8 +104,12 @@ class Waiting:
     not_before: float = 0.0  # epoch seconds: a retry waiting out an outage is not admitted before (0: any time)
 
     def shape(self) -> tuple:
-        """What placement depends on: jobs with the same shape fit or fail together within a pass."""
-        return (
+        """What placement depends on: jobs with the same shape fit or fail together within a pass. Kept once made
+        (a waiting job's fields do not change; the lines carry the same objects from pass to pass)."""
+        made = self.__dict__.get("_shape")
+        if made is not None:
+            return made
+        made = self.__dict__["_shape"] = (
             self.replicas,
             self.gpu_count,
             self.gpu_milli,
@@ -120,6 +124,7 @@ class Waiting:
             self.gpu_models,
             self.mig_profile,
         )
+        return made
 
 
 @dataclass
@@ -190,6 +195,8 @@ class Plan:
     wake_at: float = 0.0  # the earliest not-before among the jobs held back (0: none): a full pass is due then
     health_asks: int = 0  # hand-out checks of cluster cards asked card by card in this pass
     fleet_health: dict | None = None  # every cluster card's, read once when a pass hands out more (REMOTE_ASKS)
+    planted: dict[str, str] | None = None  # emulated cards' planted faults (cluster.probes), read once a pass
+    requests: dict[tuple, policy.Request] = field(default_factory=dict)  # (shape, models) -> one replica's request
 
     def changes_pool(self) -> bool:
         """Whether writing this plan takes or marks GPUs: only that is written under the pool lock."""
@@ -299,8 +306,12 @@ def quota_check(
 def _charge(job: Waiting, queue: QueueRules, backlog: Backlog) -> None:
     if job.preemptible:
         return
-    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
-    tused = backlog.team_used.setdefault(job.team_id, {**dict.fromkeys(VECTOR, 0), "jobs": 0})
+    used = backlog.queue_used.get(queue.id)
+    if used is None:
+        used = backlog.queue_used[queue.id] = dict.fromkeys(VECTOR, 0)
+    tused = backlog.team_used.get(job.team_id)
+    if tused is None:
+        tused = backlog.team_used[job.team_id] = {**dict.fromkeys(VECTOR, 0), "jobs": 0}
     for name in VECTOR:
         used[name] += job.total[name]
         tused[name] += job.total[name]
@@ -354,6 +365,8 @@ def _slices(pool: Pool, job: Waiting, placement: policy.Placement) -> list[Slice
     return out
 
 
+_UNMASKED = nullcontext()  # reusable: a job with nothing to mask places on the pool as it is
+
 REMOTE_ASKS = 8  # hand-out checks a pass asks card by card; after these, one read of every card for the rest
 
 
@@ -381,9 +394,16 @@ def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> 
                 plan.probe_failures.append((meta.cards[index].id, uuid, outcome.reason))
                 return index
         return None
+    planted = probes_planted(emulated=meta.emulated, backend=meta.backend)
+    if planted and plan.planted is None:
+        plan.planted = planted_faults()  # read once a pass: thousands of hand-outs had read the file each
     for index in placement.gpu_indices:
         card = meta.cards[index]
-        result = probe_card(uuid=card.uuid, emulated=meta.emulated, backend=meta.backend)
+        if planted:
+            assert plan.planted is not None
+            result = planted_outcome(card.uuid, plan.planted)
+        else:
+            result = probe_card(uuid=card.uuid, emulated=meta.emulated, backend=meta.backend)
         if result is not None and not result.ok:
             plan.probe_failures.append((card.id, card.uuid, result.reason))
             return index
@@ -430,9 +450,12 @@ def _place(
         return NO_CAPACITY, stored("no card in MIG mode offers a %(profile)s instance", profile=job.mig_profile)
     if pool.mig:
         masked_gpus += pool.mig_masked(job.mig_profile)
-    request = request_of(job, models)
+    key = (job.shape(), models)
+    request = plan.requests.get(key)
+    if request is None:
+        request = plan.requests[key] = request_of(job, models)
     done: list[tuple[policy.Placement, list[Slice]]] = []
-    with pool.masked(nodes=masked_nodes, gpus=masked_gpus) if masked_nodes or masked_gpus else nullcontext():
+    with pool.masked(nodes=masked_nodes, gpus=masked_gpus) if masked_nodes or masked_gpus else _UNMASKED:
         assert pool.allocator is not None
         rack: str | None = None
         for _replica in range(job.replicas):
@@ -559,7 +582,9 @@ def _decide(job: Waiting, queue: QueueRules, line: Line, backlog: Backlog, pool:
         out.waits.append(Wait(job, STORE_UNAVAILABLE, stored("waiting for the object store")))
         out.wake_at = min(out.wake_at or job.not_before, job.not_before)
         return
-    used = backlog.queue_used.setdefault(queue.id, dict.fromkeys(VECTOR, 0))
+    used = backlog.queue_used.get(queue.id)
+    if used is None:
+        used = backlog.queue_used[queue.id] = dict.fromkeys(VECTOR, 0)
     team = backlog.teams[job.team_id]
     why = quota_check(job, queue, team, backlog, used)
     if why is None and line.blocked and queue.fifo:

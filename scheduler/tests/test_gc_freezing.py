@@ -100,3 +100,48 @@ def test_the_worker_start_signal_freezes_only_when_the_setting_allows(settings):
         assert gc.get_freeze_count() > 0
     finally:
         gctune.stop_freezing_passes()
+
+
+@pytest.mark.django_db
+def test_no_automatic_collection_runs_during_a_pass_of_a_freezing_process(freezing, monkeypatch):
+    from jobs import store
+
+    during = []
+
+    def run_pass(**_):
+        during.append(gc.isenabled())
+        return store.scheduler.PassReport(fast=True, admitted=1)
+
+    monkeypatch.setattr(store.scheduler, "run_pass", run_pass)
+    store.dispatch()
+    assert during == [False]
+    assert gc.isenabled()
+
+
+@pytest.mark.django_db
+def test_a_failing_pass_turns_the_collector_back_on(freezing, monkeypatch):
+    from jobs import store
+
+    def run_pass(**_):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(store.scheduler, "run_pass", run_pass)
+    with pytest.raises(RuntimeError):
+        store.dispatch()
+    assert gc.isenabled()
+
+
+@pytest.mark.django_db
+def test_a_process_that_does_not_freeze_collects_during_its_passes(monkeypatch):
+    from jobs import store
+
+    gctune.stop_freezing_passes()
+    during = []
+
+    def run_pass(**_):
+        during.append(gc.isenabled())
+        return store.scheduler.PassReport(fast=True, admitted=1)
+
+    monkeypatch.setattr(store.scheduler, "run_pass", run_pass)
+    store.dispatch()
+    assert during == [True]
