@@ -672,7 +672,9 @@ def reason_at_once(job: Job, *, actor: str) -> None:
 # written while the pass decides: scheduler.dispatch.WriteAhead), each attempt numbered after the job's last; then
 # the attempts (their placement built from the cards' and nodes' rows, each slice with its id), the slices, the jobs'
 # new state and message (the nodes' names sorted by code point, as Python sorts them), and one event each. The
-# slices of admission n carry `of` = n. Ids come from the tables' own sequences.
+# slices of admission n carry `of` = n. Ids come from the tables' own sequences, in the order the pass decided (a
+# volatile output is computed after the ORDER BY sort): preemption takes the youngest attempts first, by time then
+# id, and every attempt of one write has the same time; whatever the join, the ids must follow the line.
 ADMISSIONS_SQL = """
 WITH locked AS MATERIALIZED (
     SELECT j.id, coalesce((SELECT max(t.number) FROM jobs_attempt t WHERE t.job_id = j.id), 0) AS number
@@ -683,6 +685,7 @@ adm AS MATERIALIZED (
            nextval(pg_get_serial_sequence('jobs_attempt', 'id')) AS id
     FROM unnest(%(jobs)s::uuid[], %(nodes)s::bigint[]) WITH ORDINALITY AS a(job_id, node_id, n)
     JOIN locked ON locked.id = a.job_id
+    ORDER BY a.n
 ),
 sl AS MATERIALIZED (
     SELECT s.*, adm.id AS attempt_id, nextval(pg_get_serial_sequence('cluster_logicaldevice', 'id')) AS id
@@ -690,6 +693,7 @@ sl AS MATERIALIZED (
                 %(cpu)s::int[], %(host_memory)s::bigint[])
          WITH ORDINALITY AS s(n, gpu_id, compute_milli, memory_mib, exclusive, cpu_milli, host_memory_mib, k)
     JOIN adm ON adm.n = s.n
+    ORDER BY s.k
 ),
 placed AS MATERIALIZED (
     SELECT x.attempt_id,

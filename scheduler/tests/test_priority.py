@@ -95,3 +95,25 @@ def test_preemptible_is_refused_where_the_queue_does_not_take_it(platform):  # n
     made = client.post("/api/v1/jobs/", {**body, "preemptible": True}, format="json")
     assert made.status_code == 201 and made.json()["preemptible"] is True
     assert client.post("/api/v1/jobs/", {**body, "preemptible": "maybe"}, format="json").status_code == 400
+
+
+def test_the_attempts_of_one_pass_are_numbered_in_the_order_it_admitted_them(platform):  # noqa: F811
+    """Preemption takes the youngest attempts first (created at, then id): within one pass's write, where every
+    attempt has the same time, the ids must follow the line, whatever join order the planner picks (the jobs are
+    locked in id order, and uuids sort in no particular order)."""
+    from django.db import connection
+
+    fresh_pool(node("n0", 8, A100))
+    open_up("train")
+    jobs = [submit(platform) for _ in range(8)]
+    with connection.cursor() as cursor:  # a merge join: its output follows the jobs' uuids
+        cursor.execute("SET enable_nestloop = off")
+        cursor.execute("SET enable_hashjoin = off")
+    try:
+        assert dispatch() == 8
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET enable_nestloop")
+            cursor.execute("RESET enable_hashjoin")
+    attempts = [Job.objects.get(pk=job.pk).attempts.get().id for job in jobs]
+    assert attempts == sorted(attempts)
