@@ -102,17 +102,25 @@ def test_the_worker_start_signal_freezes_only_when_the_setting_allows(settings):
         gctune.stop_freezing_passes()
 
 
-@pytest.mark.django_db
-def test_no_automatic_collection_runs_during_a_pass_of_a_freezing_process(freezing, monkeypatch):
+def _collector_during_passes(monkeypatch) -> list[bool]:
+    """Whether automatic collection was on during each pass `jobs.store.dispatch` runs from now on."""
     from jobs import store
 
-    during = []
+    during: list[bool] = []
 
     def run_pass(**_):
         during.append(gc.isenabled())
         return store.scheduler.PassReport(fast=True, admitted=1)
 
     monkeypatch.setattr(store.scheduler, "run_pass", run_pass)
+    return during
+
+
+@pytest.mark.django_db
+def test_no_automatic_collection_runs_during_a_pass_of_a_freezing_process(freezing, monkeypatch):
+    from jobs import store
+
+    during = _collector_during_passes(monkeypatch)
     store.dispatch()
     assert during == [False]
     assert gc.isenabled()
@@ -136,12 +144,6 @@ def test_a_process_that_does_not_freeze_collects_during_its_passes(monkeypatch):
     from jobs import store
 
     gctune.stop_freezing_passes()
-    during = []
-
-    def run_pass(**_):
-        during.append(gc.isenabled())
-        return store.scheduler.PassReport(fast=True, admitted=1)
-
-    monkeypatch.setattr(store.scheduler, "run_pass", run_pass)
+    during = _collector_during_passes(monkeypatch)
     store.dispatch()
     assert during == [True]
