@@ -115,6 +115,9 @@ def _missing_tools() -> list[tuple[str, str]]:
     return missing_tools()
 
 
+READY_WAIT_S = 60  # after this long without /readyz, say so (and keep probing, less often)
+
+
 def _probe(url: str, why: str) -> tuple[bool, str]:
     """(ready, why not): one GET of /readyz; `why` is kept when the answer says nothing new."""
     try:
@@ -186,29 +189,21 @@ def main() -> int:
             child.start()
             children.append(child)
         url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/"
-        deadline = time.monotonic() + 60
-        ready, why = False, "no answer from /readyz"
-        while not stop_signals and time.monotonic() < deadline:
-            ready, why = _probe(url, why)
-            if ready:
-                break
-            for child in children:
-                child.tend()
-            time.sleep(0.5)
-        if not stop_signals and not ready:
-            say("setup", f"Trainyard is NOT ready after 60 s ({why}); see {url}readyz — still starting up")
-            say("setup", "it says so here once /readyz answers")
-        if not stop_signals and ready:
-            _announce(url, embedded_services=bool(services.procs))
-        next_probe = time.monotonic() + 2
+        started = time.monotonic()
+        ready, warned, why, next_probe = False, False, "no answer from /readyz", started
         while not stop_signals:
             for child in children:
                 child.tend()
-            if not ready and time.monotonic() >= next_probe:  # a slow start (a busy machine) is announced when done
+            now = time.monotonic()
+            if not ready and now >= next_probe:  # every 0.5 s for a minute, then every 2 s (a slow, busy start)
                 ready, why = _probe(url, why)
-                next_probe = time.monotonic() + 2
                 if ready:
                     _announce(url, embedded_services=bool(services.procs))
+                elif not warned and now - started >= READY_WAIT_S:
+                    warned = True
+                    say("setup", f"Trainyard is NOT ready after 60 s ({why}); see {url}readyz — still starting up")
+                    say("setup", "it says so here once /readyz answers")
+                next_probe = now + (0.5 if now - started < READY_WAIT_S else 2)
             time.sleep(0.2)
     except embedded.ServiceError as exc:
         print(f"trainyard: {exc}", file=sys.stderr)

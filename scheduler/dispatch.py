@@ -394,14 +394,15 @@ def _first_failed_probe(pool: Pool, placement: policy.Placement, plan: Plan) -> 
                 plan.probe_failures.append((meta.cards[index].id, uuid, outcome.reason))
                 return index
         return None
-    planted = probes_planted(emulated=meta.emulated, backend=meta.backend)
-    if planted and plan.planted is None:
-        plan.planted = planted_faults()  # read once a pass: thousands of hand-outs had read the file each
+    faults = None
+    if probes_planted(emulated=meta.emulated, backend=meta.backend):
+        if plan.planted is None:
+            plan.planted = planted_faults()  # read once a pass: thousands of hand-outs had read the file each
+        faults = plan.planted
     for index in placement.gpu_indices:
         card = meta.cards[index]
-        if planted:
-            assert plan.planted is not None
-            result = planted_outcome(card.uuid, plan.planted)
+        if faults is not None:
+            result = planted_outcome(card.uuid, faults)
         else:
             result = probe_card(uuid=card.uuid, emulated=meta.emulated, backend=meta.backend)
         if result is not None and not result.ok:
