@@ -36,13 +36,15 @@ def redis_client():
 
 
 def observe(kind: str, task: str, seconds: float) -> None:
-    """Add one observation to the `kind` (runtime | wait) histogram of `task`."""
+    """Add one observation to the `kind` (runtime | wait) histogram of `task`: one counter, the bucket it falls in
+    (`histograms` adds them up into Prometheus's cumulative ones), besides the count and the sum. A cumulative
+    counter per bound cost up to fifteen commands a task; the dispatcher runs hundreds of passes a minute."""
     key = f"{prefix()}:{kind}:{task}"
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for bound in BUCKETS:
-            if seconds <= bound:
-                pipe.hincrby(key, f"le:{bound}", 1)
+        bucket = next((bound for bound in BUCKETS if seconds <= bound), None)
+        if bucket is not None:
+            pipe.hincrby(key, f"in:{bucket}", 1)
         pipe.hincrby(key, "count", 1)
         pipe.hincrbyfloat(key, "sum", seconds)
         pipe.sadd(f"{prefix()}:tasks", task)
@@ -52,7 +54,8 @@ def observe(kind: str, task: str, seconds: float) -> None:
 
 
 def histograms(kind: str) -> dict[str, tuple[list[tuple[float, int]], int, float]]:
-    """Per task: ([(bucket bound, cumulative count)], count, sum)."""
+    """Per task: ([(bucket bound, cumulative count)], count, sum). Counts kept cumulatively by an earlier version
+    (`le:` fields) still add in."""
     out = {}
     client = redis_client()
     for raw in sorted(client.smembers(f"{prefix()}:tasks")):
@@ -60,7 +63,10 @@ def histograms(kind: str) -> dict[str, tuple[list[tuple[float, int]], int, float
         data = {k.decode(): v.decode() for k, v in client.hgetall(f"{prefix()}:{kind}:{task}").items()}
         if not data:
             continue
-        buckets = [(bound, int(data.get(f"le:{bound}", 0))) for bound in BUCKETS]
+        buckets, below = [], 0
+        for bound in BUCKETS:
+            below += int(data.get(f"in:{bound}", 0))
+            buckets.append((bound, below + int(data.get(f"le:{bound}", 0))))
         out[task] = (buckets, int(data.get("count", 0)), float(data.get("sum", 0.0)))
     return out
 

@@ -2,7 +2,7 @@
 
 Django's own ASGI handler starts a fresh thread for every request, so each request pays for new database
 and Redis connections and several sync/async hops; the platform's views are all synchronous, so HTTP runs
-them on long-lived worker threads instead, each keeping its connections (CONN_MAX_AGE).
+them on long-lived worker threads instead (kernel/wsgibridge.py), each keeping its connections (CONN_MAX_AGE).
 """
 
 import os
@@ -13,7 +13,6 @@ from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 django_wsgi = get_wsgi_application()
 
-from a2wsgi import WSGIMiddleware  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
@@ -21,6 +20,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
 from kernel.login_guard import LoginSlowdown  # noqa: E402
+from kernel.wsgibridge import ThreadedWSGI  # noqa: E402
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -53,7 +53,7 @@ trusted_proxies_check()  # a placeholder or a typo there trusts no proxy: say so
 
 application = ProtocolTypeRouter(
     {
-        "http": LoginSlowdown(WSGIMiddleware(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),
+        "http": LoginSlowdown(ThreadedWSGI(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -122,6 +122,45 @@ def test_celery_task_latency_is_exported(db_platform):
     assert m["trainyard_celery_task_queue_wait_seconds_count"][key] == 1
 
 
+def test_celery_task_buckets_are_cumulative_from_one_counter_per_observation(db_platform):
+    """Each observation increments the one bucket it falls in; the export adds them up, over every bound, with the
+    counts an earlier version kept cumulatively (`le:` fields) and an observation past the last bound in the count
+    only. One observation is four commands, not one per bound."""
+    from monitoring import celery_metrics
+
+    task = "jobs.test_cumulative"
+    key = f"{celery_metrics.prefix()}:runtime:{task}"
+    client = celery_metrics.redis_client()
+    old = {f"le:{bound}": 1 for bound in celery_metrics.BUCKETS if bound >= 0.01}  # 0.008 s, kept cumulatively
+    client.hset(key, mapping={**old, "count": 1, "sum": 0.008})
+    sent = []
+    real = client.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = real(*args, **kwargs)
+        execute = pipe.execute
+        pipe.execute = lambda: (sent.append(len(pipe.command_stack)), execute())[1]
+        return pipe
+
+    client.pipeline = counting_pipeline
+    try:
+        for seconds in (0.004, 0.02, 0.02, 7.0, 400.0):
+            celery_metrics.observe("runtime", task, seconds)
+    finally:
+        del client.pipeline
+    assert sent == [4, 4, 4, 4, 3]
+    buckets, count, total = celery_metrics.histograms("runtime")[task]
+    cumulative = dict(buckets)
+    assert cumulative[0.005] == 1  # 0.004
+    assert cumulative[0.01] == 2  # + the old 0.008
+    assert cumulative[0.025] == 4  # + 0.02 twice
+    assert cumulative[5.0] == 4
+    assert cumulative[10.0] == 5  # + 7.0
+    assert cumulative[300.0] == 5  # 400 s is past every bound: in the count alone
+    assert count == 6 and total == pytest.approx(0.008 + 0.004 + 0.04 + 7.0 + 400.0)
+    client.delete(key)
+
+
 def test_metrics_can_require_a_token(db_platform, settings):
     settings.TRAINYARD_METRICS_TOKEN = "s3cret-token"
     assert Client().get("/metrics").status_code == 401

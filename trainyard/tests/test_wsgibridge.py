@@ -1,0 +1,161 @@
+"""kernel/wsgibridge.py: HTTP from the ASGI server to the WSGI app on worker threads, one hand-over each way for an
+ordinary request; long bodies and streaming responses still flow piece by piece."""
+
+import asyncio
+import threading
+
+import pytest
+from django.http import HttpResponse, StreamingHttpResponse
+
+from kernel import wsgibridge
+from kernel.wsgibridge import ThreadedWSGI
+
+
+def _scope(method="POST", headers=()):
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": "/echo",
+        "raw_path": b"/echo",
+        "query_string": b"a=1",
+        "root_path": "",
+        "headers": list(headers),
+        "client": ("10.1.2.3", 5000),
+        "server": ("testserver", 80),
+    }
+
+
+def _exchange(app, messages, *, scope=None):
+    """Call the ASGI app with these request messages; returns what it sent and the receive calls it made."""
+    sent, received = [], []
+    pending = list(messages)
+
+    async def receive():
+        received.append(threading.current_thread().name)
+        if pending:
+            return pending.pop(0)
+        await asyncio.sleep(3600)  # a real server blocks until the client sends more
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope or _scope(), receive, send))
+    return sent, received
+
+
+def _body(messages):
+    return b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+
+
+def _echo(environ, start_response):
+    body = environ["wsgi.input"].read()
+    seen = f"{environ['REQUEST_METHOD']} {environ['PATH_INFO']}?{environ['QUERY_STRING']} {environ['REMOTE_ADDR']}"
+    start_response("201 Created", [("Content-Type", "text/plain"), ("X-Thread", threading.current_thread().name)])
+    return [seen.encode() + b" " + body]
+
+
+def test_an_ordinary_request_is_answered_in_one_start_and_one_body():
+    app = ThreadedWSGI(_echo, workers=2)
+    sent, _ = _exchange(app, [{"type": "http.request", "body": b"hello", "more_body": False}])
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 201
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"] == b"text/plain"
+    assert headers[b"x-thread"].startswith(b"http")  # the app ran on one of the bridge's threads
+    assert sent[1] == {"type": "http.response.body", "body": b"POST /echo?a=1 10.1.2.3 hello", "more_body": False}
+
+
+def test_a_body_in_several_messages_is_read_whole_before_the_app_runs():
+    app = ThreadedWSGI(_echo, workers=1)
+    parts = [{"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.request", "body": b"cd"}]
+    sent, received = _exchange(app, parts)
+    assert _body(sent).endswith(b" abcd")
+    assert all(not name.startswith("http") for name in received)  # every part read on the event loop
+
+
+def test_a_body_longer_than_the_buffer_is_read_from_the_thread_as_it_comes(monkeypatch):
+    monkeypatch.setattr(wsgibridge, "BUFFERED_BODY_BYTES", 4)
+    app = ThreadedWSGI(_echo, workers=1)
+    chunks = [b"0123", b"4567", b"89", b"abc", b""]
+    parts = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent, received = _exchange(app, parts)
+    assert _body(sent).endswith(b" 0123456789abc")
+    # The loop read until it held more than the buffer (two parts); the rest was received for the app's reads.
+    assert len(received) == len(chunks)
+
+
+def test_a_streaming_response_goes_out_chunk_by_chunk_and_is_closed():
+    closed = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+
+        def chunks():
+            try:
+                yield b"one "
+                yield b""
+                yield b"two"
+            finally:
+                closed.append(True)
+
+        return chunks()
+
+    sent, _ = _exchange(ThreadedWSGI(app, workers=1), [{"type": "http.request", "body": b""}])
+    assert [m.get("body") for m in sent] == [None, b"one ", b"two", b""]
+    assert sent[-1]["more_body"] is False
+    assert closed == [True]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_django_responses_stream_only_when_they_say_so(streaming):
+    def app(environ, start_response):
+        if streaming:
+            response = StreamingHttpResponse(iter([b"a", b"b"]), content_type="text/plain")
+        else:
+            response = HttpResponse(b"ab", content_type="text/plain")
+        start_response(f"{response.status_code} OK", list(response.items()))
+        return response
+
+    sent, _ = _exchange(ThreadedWSGI(app, workers=1), [{"type": "http.request", "body": b""}], scope=_scope("GET"))
+    assert _body(sent) == b"ab"
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert len(bodies) == (3 if streaming else 1)
+
+
+def test_the_legacy_write_callable_comes_before_the_body():
+    def app(environ, start_response):
+        write = start_response("200 OK", [])
+        write(b"written ")
+        return [b"returned"]
+
+    sent, _ = _exchange(ThreadedWSGI(app, workers=1), [{"type": "http.request", "body": b""}])
+    assert _body(sent) == b"written returned"
+
+
+def test_a_client_gone_before_its_body_arrived_gets_nothing_and_the_app_never_runs():
+    ran = []
+
+    def app(environ, start_response):
+        ran.append(True)
+        start_response("200 OK", [])
+        return [b""]
+
+    messages = [{"type": "http.request", "body": b"par", "more_body": True}, {"type": "http.disconnect"}]
+    sent, _ = _exchange(ThreadedWSGI(app, workers=1), messages)
+    assert sent == [] and ran == []
+
+
+def test_an_app_that_raises_sends_nothing_and_the_server_sees_the_error():
+    def app(environ, start_response):
+        raise RuntimeError("broken view")
+
+    with pytest.raises(RuntimeError, match="broken view"):
+        _exchange(ThreadedWSGI(app, workers=1), [{"type": "http.request", "body": b""}])
+
+
+def test_only_http_is_served():
+    with pytest.raises(ValueError, match="http only"):
+        _exchange(ThreadedWSGI(_echo, workers=1), [], scope={"type": "websocket"})
