@@ -405,15 +405,15 @@ class JobStore:
             cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
             return cursor.fetchone()[0]
 
-    def joined(self, *, known: set[str], since: int) -> list[scheduler.Waiting]:
-        """The waiting jobs whose ids (as text) are not `known`, given that every waiting job inserted by a
+    def joined(self, *, known: set, since: int) -> list[scheduler.Waiting]:
+        """The waiting jobs whose ids are not `known`, given that every waiting job inserted by a
         transaction older than `since` (a `horizon()` read before the last pass read the lines) is known or left
         its line (which moves the lines' version). Reads the waiting jobs of the transactions from `since` on
         (the `job_joined_waiting` index): the newcomers and the few known ones that committed during the last
         read, whatever the length of the lines. A submission that commits late is found like any other; one long
         transaction elsewhere only widens the read."""
         rows = _pending_rows("AND joined_xid >= %s", [since])
-        return [_row_waiting(row) for row in rows if str(row[0]) not in known]
+        return [_row_waiting(row) for row in rows if row[0] not in known]
 
     def with_use(
         self,

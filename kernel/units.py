@@ -7,6 +7,7 @@ Durations: a whole number of seconds, or numbers with units `d`, `h`, `m`, `s` (
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from kernel.errors import ValidationFailed
@@ -64,8 +65,10 @@ def _number(value: float) -> str:
     return f"{value:g}" if value == int(value) else f"{value:.2f}".rstrip("0").rstrip(".")
 
 
+@lru_cache(maxsize=4096)
 def human_resource(name: str, amount: int) -> str:
-    """One entry of a resource vector in a person's units: `8 GPUs`, `48 GiB of GPU memory`, `16 CPU cores`."""
+    """One entry of a resource vector in a person's units: `8 GPUs`, `48 GiB of GPU memory`, `16 CPU cores`.
+    Remembered: a pass that holds back thousands of jobs says the same few amounts for each."""
     if name == "gpu_milli":
         cards = amount / 1000
         return stored("%(n)s GPU" if cards == 1 else "%(n)s GPUs", n=_number(cards))

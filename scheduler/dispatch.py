@@ -222,7 +222,7 @@ class Store(Protocol):
 
     def horizon(self) -> int: ...  # a mark read before the lines: what joined after it is found from it
 
-    def joined(self, *, known: set[str], since: int) -> list[Waiting]: ...  # waiting jobs not known, from `since`
+    def joined(self, *, known: set, since: int) -> list[Waiting]: ...  # waiting jobs not known, from `since`
 
     # These lines, with these queues and teams, and the quota in use read now (a pass that re-decides carried lines)
     def with_use(self, queues: list[QueueRules], teams: dict[int, TeamRules], waiting: dict) -> Backlog: ...
@@ -699,7 +699,7 @@ class Carry:
     key: tuple  # (pool structure, pool ledger, reference rows, waiting lines) version numbers
     backlog: Backlog  # queues, teams and the quota in use after the pass
     lines: dict[int, Line]
-    known: set[str]  # ids (as text) of the jobs left waiting
+    known: set  # ids of the jobs left waiting (as the store gives them: hashing a UUID is cheaper than its text)
     since: int  # the store's horizon read before the lines: every job that joined before it is known
     wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
     waiting: dict[int, list[Waiting]] = field(default_factory=dict)  # the jobs left waiting, per queue, in order
@@ -838,7 +838,7 @@ def run_pass(
         if queue_ids is None and not dropped:
             # A ledger left unknown (someone released a slice while we wrote: pool.wrote) keys the carry with None:
             # the next pass then decides the carried lines again on a re-read ledger; they themselves still hold.
-            known = {str(w.job.id) for w in decided.waits}
+            known = {w.job.id for w in decided.waits}
             if carry is not None:
                 known |= carry.known
             lines_version = versions[1]
