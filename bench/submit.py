@@ -4,7 +4,8 @@ What runs: a database of its own (``<db>_bench_submit`` on the server of ``$DATA
 filled to 100,000 jobs (``bench.api.fill_jobs``: ten teams, a mix of states over 90 days) of which 5,000 wait in
 the ``train`` queue and 6,900 running ones hold quota (``--holders``: about the trace's cluster full; 0 gives the
 earlier runs' table, where none did); ``--keep-db`` leaves it in place and the next run reuses it (migrated again,
-not refilled).
+not refilled). Before the phases the job table is vacuumed and a checkpoint taken: no work the set-up left runs
+during them.
 The real web server (``ops.processes`` "web", as ``make run`` starts it) on a loopback port, and the Celery worker
 and the dispatcher as ``make run`` starts them (a prefork worker with ``TRAINYARD_WORKER_CONCURRENCY`` children,
 one solo-pool dispatcher) on this run's own queues: the dispatcher admits what fits on the seeded inventory; nobody
@@ -106,7 +107,6 @@ def prepare(reuse: bool, holders: int = 0) -> dict[str, Any]:
     not; one API token for the demo user."""
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from django.db import connection
     from django.utils import timezone
 
     from bench.api import fill_jobs
@@ -126,8 +126,7 @@ def prepare(reuse: bool, holders: int = 0) -> dict[str, Any]:
     running = list(Job.objects.filter(state="running").order_by("id").values_list("id", flat=True))
     Job.objects.filter(id__in=running[:holders]).update(reserved=True)
     Job.objects.filter(id__in=running[holders:]).update(reserved=False)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs_job")
+    table["settled"] = settle_database()
     _, token = token_create(user=demo, name=f"bench-submit-{secrets.token_hex(3)}")
     table.update(
         jobs=Job.objects.count(),
@@ -135,6 +134,23 @@ def prepare(reuse: bool, holders: int = 0) -> dict[str, Any]:
         holding=Job.objects.filter(reserved=True).count(),
     )
     return {"demo": demo, "token": token, "table": table}
+
+
+def settle_database() -> dict[str, Any]:
+    """Leave no work from this set-up for the measured phases: the job table vacuumed and analysed after the
+    updates above (else autovacuum runs through them, on the same two cores as the phases), and a checkpoint, so
+    that writing out the fill's pages is not left to one during a phase. A role that may not checkpoint says so."""
+    from django.db import DatabaseError, connection
+
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM (ANALYZE) jobs_job")
+        try:
+            cursor.execute("CHECKPOINT")
+            checkpoint = True
+        except DatabaseError as exc:
+            checkpoint = f"not run: {exc}".strip()
+    return {"vacuum_analyze": True, "checkpoint": checkpoint, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def group_rss_mib(leader: subprocess.Popen) -> dict[str, Any]:
