@@ -624,6 +624,7 @@ class PassReport:
     waiting: int = 0
     skipped: bool = False  # another pass held the lock; one more was queued
     fast: bool = False  # only jobs that joined the ends of the lines were decided
+    resumed: int = 0  # in a fast pass, carried jobs decided again behind a newcomer that went ahead of them
     redecided: bool = False  # every carried line decided again (after a release or a jump): no line was read
     read_s: float = 0.0
     decide_s: float = 0.0
@@ -703,6 +704,7 @@ class Carry:
     since: int  # the store's horizon read before the lines: every job that joined before it is known
     wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
     waiting: dict[int, list[Waiting]] = field(default_factory=dict)  # the jobs left waiting, per queue, in order
+    redo: dict[int, list[Waiting]] = field(default_factory=dict)  # carried jobs a newcomer went ahead of (_resumed)
 
 
 _carry: Carry | None = None
@@ -723,14 +725,17 @@ def _reference_version() -> int:
     return row[0] if row else 0
 
 
-def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, bool] | None:
-    """A backlog built on the last pass's carry instead of reading every line, and whether every line must be
-    decided again. While nothing but newcomers at the ends of the lines changed, only they are given (the waiting
-    jobs would be told exactly what they were told). When the ledger moved (a slice released, a card marked), a
-    job held back may go, or a newcomer goes ahead of a waiting job, the carried lines are given whole, with the
-    newcomers in their places and the quota in use read again: the waiting rows themselves did not change (the
-    lines' version did not move), so reading them again would read what the carry holds. None when anything else
-    changed (a job left its line, an edit, a new structure): then every line is read."""
+def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, bool, Carry] | None:
+    """A backlog built on the last pass's carry instead of reading every line, whether every line must be decided
+    again, and the carry to decide it on. While nothing but newcomers changed, only they are given (the waiting jobs
+    ahead of them would be told exactly what they were told). A newcomer that goes ahead of a waiting job (two
+    submissions that committed in the other order than they were stamped) is given with the carried jobs behind
+    it in its line, to be decided again from where the line stood before them (`_resumed`): what those behind it
+    are told may change, nothing ahead of it can. When the ledger moved (a slice released, a card marked) a job
+    held back may go: the carried lines are given whole, with the newcomers in their places and the quota in use
+    read again; the waiting rows themselves did not change (the lines' version did not move), so reading them
+    again would read what the carry holds. None when anything else changed (a job left its line, an edit, a new
+    structure): then every line is read."""
     carry = _carry
     if carry is None:
         return None
@@ -740,27 +745,50 @@ def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, 
     again = ledger != carry.key[1] or bool(carry.wake_at and time.time() >= carry.wake_at)
     joined = store.joined(known=carry.known, since=carry.since)
     queues = {q.id for q in carry.backlog.queues}
+    jumps: dict[int, tuple] = {}  # queue -> the order of the first newcomer that goes ahead of a waiting job
     for job in joined:
         if job.queue_id not in queues or job.team_id not in carry.backlog.teams:
             return None
         line = carry.lines.get(job.queue_id)
         if line is not None and line.tail and job.order <= line.tail:
-            again = True  # it goes ahead of a waiting job: what those behind it are told may change
+            first = jumps.get(job.queue_id)
+            jumps[job.queue_id] = job.order if first is None or job.order < first else first
     b = carry.backlog
-    base = carry.waiting if again else {}
-    waiting = {q: list(jobs) for q, jobs in base.items()}
+    if again:
+        waiting = {q: list(jobs) for q, jobs in carry.waiting.items()}
+    else:
+        carry = _resumed(carry, jumps) if jumps else carry
+        waiting = {q: list(carry.redo.get(q, ())) for q in jumps}
     for job in joined:
         waiting.setdefault(job.queue_id, []).append(job)
     for queue_id in {job.queue_id for job in joined}:
         waiting[queue_id].sort(key=lambda j: j.order)
     if again:
-        return store.with_use(b.queues, b.teams, waiting), True
-    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs), False
+        return store.with_use(b.queues, b.teams, waiting), True, carry
+    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs), False, carry
+
+
+def _resumed(carry: Carry, jumps: dict[int, tuple]) -> Carry:
+    """The carry with each jumped line cut where its first newcomer goes: the carried jobs behind that point are
+    set aside to be decided again (`redo`), and the line starts from where it stood before them. A strict FIFO
+    line stood blocked there when a job ahead waited for anything but its closed queue or its not-before (what
+    `_decide` blocks on); its tail is the last job ahead. Jobs left waiting do not charge quota or hold capacity,
+    so the quota in use and the pool are what the jobs ahead left either way."""
+    lines, kept, redo = dict(carry.lines), dict(carry.waiting), {}
+    for queue_id, first in jumps.items():
+        line = carry.waiting.get(queue_id, [])
+        cut = next((i for i, job in enumerate(line) if job.order >= first), len(line))
+        ahead = line[:cut]
+        kept[queue_id], redo[queue_id] = ahead, line[cut:]
+        blocked = any(job.reason not in (QUEUE_CLOSED, STORE_UNAVAILABLE) for job in ahead)
+        lines[queue_id] = Line(blocked, ahead[-1].order if ahead else ())
+    return replace(carry, lines=lines, waiting=kept, redo=redo)
 
 
 def _left_waiting(waits: list[Wait], carry: Carry | None) -> dict[int, list[Waiting]]:
     """The jobs a pass left waiting, per queue in line order: its waits, after the carried ones for a fast pass
-    (whose newcomers all joined the ends of the lines)."""
+    (whose newcomers joined the ends of the lines, or were decided with the carried jobs behind them: `_resumed`
+    kept only the jobs ahead)."""
     out = {q: list(jobs) for q, jobs in carry.waiting.items()} if carry is not None else {}
     for w in waits:
         out.setdefault(w.job.queue_id, []).append(w.job)
@@ -787,12 +815,14 @@ def run_pass(
         # Read before the lines, so that a change made while this pass runs is seen by the next one.
         versions = (_reference_version(), store.backlog_version())
         horizon = store.horizon()
-        backlog = None
+        backlog = resumed = None
         if queue_ids is None and not full and (carried := _carried_backlog(store, versions)) is not None:
-            backlog, report.redecided = carried
+            backlog, report.redecided, resumed = carried
             report.fast = not report.redecided
         # Taken, not shared: a pass that fails leaves none (its charges in the carried quota were not written).
-        carry, _carry = (_carry if report.fast else None), None
+        carry, _carry = (resumed if report.fast else None), None
+        if carry is not None:
+            report.resumed = sum(len(jobs) for jobs in carry.redo.values())
         if backlog is None:
             backlog = store.backlog(queue_ids=queue_ids)
             if queue_ids is None:
@@ -863,6 +893,7 @@ def run_pass(
             waiting=report.waiting,
             fast=report.fast,
             redecided=report.redecided,
+            resumed=report.resumed,
             placement_calls=report.placement_calls,
             shape_hits=report.shape_hits,
             total_ms=round(report.total_s * 1000, 1),

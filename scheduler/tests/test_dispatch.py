@@ -332,7 +332,8 @@ def test_a_pass_after_new_arrivals_only_decides_for_them_and_falls_back_when_any
     assert [Job.objects.get(pk=j.pk).queue_position for j in [*waiting[1:], late]] == [1, 2, 3]
 
     urgent = submit(platform, gpus=2, priority=50)  # jumps the line: everyone's place changes
-    assert not dispatch().fast
+    jumped = dispatch()
+    assert jumped.fast and jumped.resumed == 3  # decided with the three it went ahead of, no line read
     assert Job.objects.get(pk=urgent.pk).queue_position == 1
 
     lifecycle.job_cancel(job_id=first.id, actor="test")  # a release: capacity comes back
@@ -470,9 +471,10 @@ def _told() -> dict:
 
 
 def test_a_release_or_a_jump_decides_the_carried_lines_again_without_reading_them(platform, monkeypatch):  # noqa: F811
-    """After a release (capacity and quota come back) or a newcomer that goes ahead of waiting jobs, the pass
-    decides every carried line again, with the quota in use read anew, and reads no line: a full read afterwards
-    finds nothing to change. A job that leaves its line still makes the next pass read every line."""
+    """After a release (capacity and quota come back) the pass decides every carried line again, with the quota in
+    use read anew, and reads no line; after a newcomer that goes ahead of waiting jobs, it decides the jobs behind
+    it again. Either way a full read afterwards finds nothing to change. A job that leaves its line still makes the
+    next pass read every line."""
     from jobs.store import dispatch
 
     fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"), node("n1", 2, "NVIDIA A100-SXM4-80GB"))
@@ -498,7 +500,7 @@ def test_a_release_or_a_jump_decides_the_carried_lines_again_without_reading_the
 
     urgent = submit(platform, gpus=2, priority=50)  # goes ahead of every waiting job
     jumped = dispatch()
-    assert jumped.redecided and len(reads) == 2
+    assert jumped.fast and jumped.resumed == 3 and len(reads) == 2  # the three behind it are decided again
     assert [_told()[j.pk][2] for j in [urgent, *line[1:], newcomer]] == [1, 2, 3, 4]
     before = _told()
     assert not dispatch(full=True).admitted and _told() == before
@@ -514,6 +516,52 @@ def test_a_release_or_a_jump_decides_the_carried_lines_again_without_reading_the
     left = dispatch()
     assert not left.redecided and not left.fast and len(reads) == 4
     assert [_told()[j.pk][2] for j in [line[2], newcomer, also]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("ordering", ["fifo", "backfill"])
+def test_a_newcomer_that_goes_ahead_of_waiting_jobs_decides_only_those_behind_it_again(platform, monkeypatch, ordering):  # noqa: F811
+    """Submissions stamped in one order often commit in the other, so a newcomer goes ahead of a job already waiting.
+    The pass decides it with the carried jobs behind it, from where the line stood before them (a strict FIFO line
+    blocked by the waiting job ahead), and reads no line; a full read afterwards finds nothing to change."""
+    from jobs.store import dispatch
+
+    fresh_pool(node("n0", 2, "NVIDIA A100-SXM4-80GB"))
+    open_up(ordering=ordering)
+    reads = []
+    real = JobStore.backlog
+    monkeypatch.setattr(JobStore, "backlog", lambda self, **kw: reads.append(kw) or real(self, **kw))
+    running = submit(platform, gpus=2)
+    assert dispatch().admitted == 1 and len(reads) == 1
+    head, tail = submit(platform, gpus=1, priority=20), submit(platform, gpus=1)
+    both = dispatch()
+    assert both.fast and both.resumed == 0 and both.waiting == 2  # they joined an empty line
+    behind = "behind_earlier_job" if ordering == "fifo" else "no_capacity"
+    assert [_told()[j.pk] for j in (head, tail)] == [("pending", "no_capacity", 1), ("pending", behind, 2)]
+
+    middle = submit(platform, gpus=1, priority=10)  # between the two
+    between = dispatch()
+    assert between.fast and between.resumed == 1 and between.waiting == 2 and len(reads) == 1  # itself and tail
+    assert [_told()[j.pk] for j in (head, middle, tail)] == [
+        ("pending", "no_capacity", 1),
+        ("pending", behind, 2),
+        ("pending", behind, 3),
+    ]
+    before = _told()
+    assert not dispatch(full=True).admitted and _told() == before and len(reads) == 2
+
+    first = submit(platform, gpus=1, priority=50)  # ahead of every waiting job: the line starts unblocked
+    ahead = dispatch()
+    assert ahead.fast and ahead.resumed == 3 and len(reads) == 2
+    assert _told()[first.pk] == ("pending", "no_capacity", 1)
+    assert [_told()[j.pk][1] for j in (head, middle, tail)] == [behind, behind, behind]
+    before = _told()
+    assert not dispatch(full=True).admitted and _told() == before
+
+    lifecycle.job_cancel(job_id=running.id, actor="test")  # two cards free: the first two in line go
+    assert dispatch().admitted == 2
+    assert [Job.objects.get(pk=j.pk).state for j in (first, head, middle, tail)] == ["admitted"] * 2 + ["pending"] * 2
+    before = _told()
+    assert not dispatch(full=True).admitted and _told() == before
 
 
 def test_beats_pass_keeps_the_quota_use_log_short_when_it_reads_no_line(platform, settings):  # noqa: F811
