@@ -885,8 +885,9 @@ def run_pass(
         _pass_unlock()
     report.total_s = time.perf_counter() - t0
     # A pass that read or re-decided every line is logged too (after a release, an edit, beat's full read): what a
-    # backlog costs shows there. The fast passes that admit nothing (a newcomer that must wait) are too many to log.
-    if report.admitted or not report.fast or report.total_s > 1.0:
+    # backlog costs shows there, and so does one that decided jobs behind a newcomer again. The fast passes that
+    # admit nothing (a newcomer that must wait) are too many to log.
+    if report.admitted or not report.fast or report.resumed or report.total_s > 1.0:
         log.info(
             "dispatch_pass",
             admitted=report.admitted,
