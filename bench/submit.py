@@ -4,7 +4,7 @@ What runs: a database of its own (``<db>_bench_submit`` on the server of ``$DATA
 filled to 100,000 jobs (``bench.api.fill_jobs``: ten teams, a mix of states over 90 days) of which 5,000 wait in
 the ``train`` queue and 6,900 running ones hold quota (``--holders``: about the trace's cluster full; 0 gives the
 earlier runs' table, where none did); ``--keep-db`` leaves it in place and the next run reuses it (migrated again,
-not refilled). Before the phases the job table is vacuumed and a checkpoint taken: no work the set-up left runs
+not refilled). Before the phases the database is vacuumed and a checkpoint taken: no work the set-up left runs
 during them.
 The real web server (``ops.processes`` "web", as ``make run`` starts it) on a loopback port, and the Celery worker
 and the dispatcher as ``make run`` starts them (a prefork worker with ``TRAINYARD_WORKER_CONCURRENCY`` children,
@@ -137,14 +137,15 @@ def prepare(reuse: bool, holders: int = 0) -> dict[str, Any]:
 
 
 def settle_database() -> dict[str, Any]:
-    """Leave no work from this set-up for the measured phases: the job table vacuumed and analysed after the
-    updates above (else autovacuum runs through them, on the same two cores as the phases), and a checkpoint, so
-    that writing out the fill's pages is not left to one during a phase. A role that may not checkpoint says so."""
+    """Leave no work from this set-up for the measured phases: every table vacuumed and analysed after the fill and
+    the updates above (the fill writes events, attempts and succeeded runs besides jobs; else autovacuum works through
+    them on the same two cores as the phases), and a checkpoint, so that writing out the fill's pages is not left to
+    one during a phase. A role that may not checkpoint says so."""
     from django.db import DatabaseError, connection
 
     started = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("VACUUM (ANALYZE) jobs_job")
+        cursor.execute("VACUUM (ANALYZE)")
         try:
             cursor.execute("CHECKPOINT")
             checkpoint = True
