@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -704,7 +705,6 @@ class Carry:
     since: int  # the store's horizon read before the lines: every job that joined before it is known
     wake_at: float = 0.0  # when a job held back by its not-before may go: the carry is stale from then on
     waiting: dict[int, list[Waiting]] = field(default_factory=dict)  # the jobs left waiting, per queue, in order
-    redo: dict[int, list[Waiting]] = field(default_factory=dict)  # carried jobs a newcomer went ahead of (_resumed)
 
 
 _carry: Carry | None = None
@@ -725,17 +725,17 @@ def _reference_version() -> int:
     return row[0] if row else 0
 
 
-def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, bool, Carry] | None:
+def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, bool, Carry, int] | None:
     """A backlog built on the last pass's carry instead of reading every line, whether every line must be decided
-    again, and the carry to decide it on. While nothing but newcomers changed, only they are given (the waiting jobs
-    ahead of them would be told exactly what they were told). A newcomer that goes ahead of a waiting job (two
-    submissions that committed in the other order than they were stamped) is given with the carried jobs behind
-    it in its line, to be decided again from where the line stood before them (`_resumed`): what those behind it
-    are told may change, nothing ahead of it can. When the ledger moved (a slice released, a card marked) a job
-    held back may go: the carried lines are given whole, with the newcomers in their places and the quota in use
-    read again; the waiting rows themselves did not change (the lines' version did not move), so reading them
-    again would read what the carry holds. None when anything else changed (a job left its line, an edit, a new
-    structure): then every line is read."""
+    again, the carry to decide it on, and how many carried jobs it gives again behind a newcomer. While nothing but
+    newcomers changed, only they are given (the waiting jobs ahead of them would be told exactly what they were
+    told). A newcomer that goes ahead of a waiting job (two submissions that committed in the other order than they
+    were stamped) is given with the carried jobs behind it in its line, to be decided again from where the line
+    stood before them (`_resumed`): what those behind it are told may change, nothing ahead of it can. When the
+    ledger moved (a slice released, a card marked) a job held back may go: the carried lines are given whole, with
+    the newcomers in their places and the quota in use read again; the waiting rows themselves did not change (the
+    lines' version did not move), so reading them again would read what the carry holds. None when anything else
+    changed (a job left its line, an edit, a new structure): then every line is read."""
     carry = _carry
     if carry is None:
         return None
@@ -751,38 +751,41 @@ def _carried_backlog(store: Store, versions: tuple[int, int]) -> tuple[Backlog, 
             return None
         line = carry.lines.get(job.queue_id)
         if line is not None and line.tail and job.order <= line.tail:
-            first = jumps.get(job.queue_id)
-            jumps[job.queue_id] = job.order if first is None or job.order < first else first
+            jumps[job.queue_id] = min(jumps.get(job.queue_id, job.order), job.order)
     b = carry.backlog
     if again:
         waiting = {q: list(jobs) for q, jobs in carry.waiting.items()}
     else:
-        carry = _resumed(carry, jumps) if jumps else carry
-        waiting = {q: list(carry.redo.get(q, ())) for q in jumps}
+        carry, waiting = _resumed(carry, jumps) if jumps else (carry, {})
+    resumed = 0 if again else sum(len(jobs) for jobs in waiting.values())
     for job in joined:
         waiting.setdefault(job.queue_id, []).append(job)
     for queue_id in {job.queue_id for job in joined}:
-        waiting[queue_id].sort(key=lambda j: j.order)
+        waiting[queue_id].sort(key=_line_order)
     if again:
-        return store.with_use(b.queues, b.teams, waiting), True, carry
-    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs), False, carry
+        return store.with_use(b.queues, b.teams, waiting), True, carry, resumed
+    return Backlog(b.queues, b.teams, waiting, b.queue_used, b.team_used, b.user_jobs), False, carry, resumed
 
 
-def _resumed(carry: Carry, jumps: dict[int, tuple]) -> Carry:
-    """The carry with each jumped line cut where its first newcomer goes: the carried jobs behind that point are
-    set aside to be decided again (`redo`), and the line starts from where it stood before them. A strict FIFO
+def _resumed(carry: Carry, jumps: dict[int, tuple]) -> tuple[Carry, dict[int, list[Waiting]]]:
+    """The carry with each jumped line cut where its first newcomer goes, and the carried jobs behind that point,
+    per queue, to be decided again; the line starts from where it stood before them. A strict FIFO
     line stood blocked there when a job ahead waited for anything but its closed queue or its not-before (what
     `_decide` blocks on); its tail is the last job ahead. Jobs left waiting do not charge quota or hold capacity,
     so the quota in use and the pool are what the jobs ahead left either way."""
     lines, kept, redo = dict(carry.lines), dict(carry.waiting), {}
     for queue_id, first in jumps.items():
         line = carry.waiting.get(queue_id, [])
-        cut = next((i for i, job in enumerate(line) if job.order >= first), len(line))
+        cut = bisect_left(line, first, key=_line_order)
         ahead = line[:cut]
         kept[queue_id], redo[queue_id] = ahead, line[cut:]
         blocked = any(job.reason not in (QUEUE_CLOSED, STORE_UNAVAILABLE) for job in ahead)
         lines[queue_id] = Line(blocked, ahead[-1].order if ahead else ())
-    return replace(carry, lines=lines, waiting=kept, redo=redo)
+    return replace(carry, lines=lines, waiting=kept), redo
+
+
+def _line_order(job: Waiting) -> tuple:
+    return job.order
 
 
 def _left_waiting(waits: list[Wait], carry: Carry | None) -> dict[int, list[Waiting]]:
@@ -817,12 +820,10 @@ def run_pass(
         horizon = store.horizon()
         backlog = resumed = None
         if queue_ids is None and not full and (carried := _carried_backlog(store, versions)) is not None:
-            backlog, report.redecided, resumed = carried
+            backlog, report.redecided, resumed, report.resumed = carried
             report.fast = not report.redecided
         # Taken, not shared: a pass that fails leaves none (its charges in the carried quota were not written).
         carry, _carry = (resumed if report.fast else None), None
-        if carry is not None:
-            report.resumed = sum(len(jobs) for jobs in carry.redo.values())
         if backlog is None:
             backlog = store.backlog(queue_ids=queue_ids)
             if queue_ids is None:
