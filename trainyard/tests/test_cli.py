@@ -89,8 +89,12 @@ def offline(monkeypatch, tmp_path, capsys):
 
 
 @pytest.fixture
-def beat(platform):  # noqa: F811 - the imported fixture
-    """What the Celery beat does in production: observe live attempts and enforce timeouts, every 0.2 s."""
+def beat(platform, celery_worker_thread):  # noqa: F811 - the imported fixture
+    """What the Celery beat does in production: observe live attempts and enforce timeouts, every 0.2 s.
+
+    It asks for the worker so that it starts after it and stops before it: the in-thread worker's shutdown closes its
+    broker sockets and event loop while this thread may still be waiting on a database socket, and in one CI run the
+    beat's wait failed with EBADF there (a descriptor number closed under it)."""
     stop = threading.Event()
     errors: list[str] = []
 
