@@ -146,7 +146,9 @@ def test_a_command_killed_by_a_forwarded_signal_is_mirrored(ty_exec, name):
     same end: killed by that signal, exit code 128+n)."""
     number = int(getattr(signal, name))
     proc = subprocess.Popen(
-        [str(ty_exec), "--", *py("import time; print('ready', flush=True); time.sleep(30)")],
+        # Short sleeps: Python's own SIGINT handler runs between bytecodes, so a SIGINT that lands just before a long
+        # sleep's system call would wait for that sleep to end (CI saw this once, as a 30 s timeout).
+        [str(ty_exec), "--", *py("import time\nprint('ready', flush=True)\nfor _ in range(600): time.sleep(0.05)")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
