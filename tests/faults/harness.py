@@ -178,8 +178,16 @@ class Launcher:
         tail = "\n".join(self.lines[-40:])
         # The launcher's own lines (the readiness it saw and why not) and errors, which the last lines often miss.
         said = "\n".join(line for line in self.lines[:-40] if "setup |" in line or "Error" in line)[-4000:]
+        # Each child's own last lines since `after`: a busy beat fills the common tail, and the child that did not do
+        # what was awaited is the one to read (a worker that never exited after SIGTERM said nothing there).
+        since = self.lines[after:-40]
+        children = "".join(
+            f"\n{name}'s last lines since the wait began:\n" + "\n".join(mine[-15:])
+            for name in ("worker", "dispatcher", "web")
+            if (mine := [line for line in since if line.lstrip().startswith(f"{name} |")])
+        )
         raise AssertionError(
-            f"no line with {text!r} within {seconds:g} s; the launcher said:\n{said}\nlast lines:\n{tail}"
+            f"no line with {text!r} within {seconds:g} s; the launcher said:\n{said}{children}\nlast lines:\n{tail}"
         )
 
     def child(self, name: str) -> int:
