@@ -212,7 +212,11 @@ def main() -> int:
         say("setup", "stopping")
         for child in children:
             if child.alive():
-                os.killpg(child.proc.pid, signal.SIGTERM)
+                # The child's main process only, as Kubernetes signals a container's first process: it stops its own
+                # workers (uvicorn's, Celery's pool) after they finish what they run. SIGTERM to the whole group also
+                # hit Celery's pool processes mid-task, and a prefork worker whose pool died under its shutdown could
+                # hang there (seen once in the fault suite: no exit within 60 s).
+                os.kill(child.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
         for child in children:
             if child.proc is None:

@@ -130,7 +130,7 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
         time.sleep(3)
         redis.start()
 
-        # Two more jobs, and the worker's process group gets SIGTERM (what a stop sends) while they start.
+        # Two more jobs, and the worker gets SIGTERM (what a stop sends its main process) while they start.
         for i in (3, 4):
             status, _, body = http(
                 f"{base}/api/v1/jobs/", method="POST", token=token, body=job_body(tmp_path / f"marks-{i}"),
@@ -139,7 +139,7 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
             assert status == 201, body
             jobs[body["id"]] = tmp_path / f"marks-{i}"
         mark = len(launcher.lines)
-        os.killpg(launcher.child("worker"), signal.SIGTERM)
+        os.kill(launcher.child("worker"), signal.SIGTERM)
         launcher.wait_for("restarting worker", seconds=60, after=mark)
 
         deadline = time.monotonic() + 180
