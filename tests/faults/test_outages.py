@@ -182,6 +182,9 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
         assert not embedded.port_open("127.0.0.1", port, 0.5)
     finally:
         if launcher.proc.poll() is None:
+            # Its children run in sessions of their own: a failure before the test collected them must not leave one
+            # behind (a worker hung in its shutdown outlived a failed run, its parent-death SIGTERM already spent).
+            descendants |= proctree.descendants(launcher.proc.pid)
             os.killpg(launcher.proc.pid, signal.SIGKILL)
         proctree.signal_all(alive(descendants), signal.SIGKILL)
 
@@ -203,6 +206,9 @@ def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
         assert not alive(descendants)
     finally:
         if launcher.proc.poll() is None:
+            # Its children run in sessions of their own: a failure before the test collected them must not leave one
+            # behind (a worker hung in its shutdown outlived a failed run, its parent-death SIGTERM already spent).
+            descendants |= proctree.descendants(launcher.proc.pid)
             os.killpg(launcher.proc.pid, signal.SIGKILL)
         proctree.signal_all(alive(descendants), signal.SIGKILL)
 
