@@ -470,8 +470,23 @@ def provenance() -> dict[str, object]:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "loadavg_1m": _loadavg(),
         "cpu_count": os.cpu_count(),
+        "python_loop_ms": python_loop_ms(),
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def python_loop_ms() -> float:
+    """How fast this machine runs plain Python as the result is written: the best of three timings of one fixed loop
+    (a million additions), in ms. The same commit's results moved 2-4x between days on the same kind of machine;
+    this says which day's machine a result came from (a larger number: a slower machine)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 1)
 
 
 # The allocator benchmarks replay placement alone: the live dispatcher's policy code, with no dispatcher, database
