@@ -691,3 +691,18 @@ def test_a_place_in_the_line_is_its_rank_when_read_and_a_release_rewrites_no_wai
     places = sorted(row["queue_position"] for row in page)
     assert places == list(range(1, 12))
     assert client.get(f"/api/v1/jobs/{spare.id}/").json()["queue_position"] == 11  # the six went ahead of it
+
+
+def test_jobs_of_one_kind_are_held_by_the_quota_their_earlier_twins_used_in_the_same_pass(platform):  # noqa: F811
+    """Four identical whole-card jobs against a team quota of two cards: the pass admits two and leaves the other two
+    waiting for the team's quota, charged as it goes (a pass that reused what the rules said of the first twin would
+    be refused by the write's check in the database, three times, and raise)."""
+    fresh_pool(node("n1", 8, "A100"))
+    open_up()
+    Team.objects.filter(slug="demo").update(gpu_milli=2000)
+    jobs = [submit(platform) for _ in range(4)]
+    report = scheduler.run_pass(store=JobStore())
+    assert report.admitted == 2 and report.refused == 0
+    states = {j.pk: (j.state, j.reason) for j in Job.objects.filter(pk__in=[j.pk for j in jobs])}
+    assert sorted(s for s, _ in states.values()) == ["admitted", "admitted", "pending", "pending"]
+    assert [r for s, r in states.values() if s == "pending"] == [scheduler.TEAM_QUOTA] * 2
