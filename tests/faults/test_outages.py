@@ -90,6 +90,16 @@ def alive(pids) -> set[int]:
     return {pid for pid in pids if (st := proctree._stat(pid)) is not None and st[1] != "Z"}
 
 
+def kill_everything(launcher: Launcher, descendants: set[int]) -> None:
+    """After a test: the launcher and every process below it. Its children run in sessions of their own, so a failure
+    before the test collected them must not leave one behind (a worker hung in its shutdown outlived a failed run,
+    its parent-death SIGTERM already spent)."""
+    if launcher.proc.poll() is None:
+        descendants = descendants | proctree.descendants(launcher.proc.pid)
+        os.killpg(launcher.proc.pid, signal.SIGKILL)
+    proctree.signal_all(alive(descendants), signal.SIGKILL)
+
+
 def test_outages_and_kills_strand_nothing(servers, tmp_path):
     pg, redis = servers
     port = embedded.free_port()
@@ -181,12 +191,7 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
         assert not alive(descendants), "children outlived the launcher"
         assert not embedded.port_open("127.0.0.1", port, 0.5)
     finally:
-        if launcher.proc.poll() is None:
-            # Its children run in sessions of their own: a failure before the test collected them must not leave one
-            # behind (a worker hung in its shutdown outlived a failed run, its parent-death SIGTERM already spent).
-            descendants |= proctree.descendants(launcher.proc.pid)
-            os.killpg(launcher.proc.pid, signal.SIGKILL)
-        proctree.signal_all(alive(descendants), signal.SIGKILL)
+        kill_everything(launcher, descendants)
 
 
 def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
@@ -205,12 +210,7 @@ def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
             time.sleep(0.2)
         assert not alive(descendants)
     finally:
-        if launcher.proc.poll() is None:
-            # Its children run in sessions of their own: a failure before the test collected them must not leave one
-            # behind (a worker hung in its shutdown outlived a failed run, its parent-death SIGTERM already spent).
-            descendants |= proctree.descendants(launcher.proc.pid)
-            os.killpg(launcher.proc.pid, signal.SIGKILL)
-        proctree.signal_all(alive(descendants), signal.SIGKILL)
+        kill_everything(launcher, descendants)
 
 
 def test_a_running_job_outlives_a_stop_and_is_adopted_by_the_next_start(servers, tmp_path):
