@@ -185,6 +185,7 @@ class WebServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=processes.lower_priority("web", self.env),
         )
         _children.append(self.proc)
         deadline = time.monotonic() + 60

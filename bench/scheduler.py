@@ -256,6 +256,7 @@ class Platform:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=processes.lower_priority(name, env),
         )
         log.close()
 
@@ -701,7 +702,7 @@ def _passes_summary(rows: list[dict]) -> dict:
         "total_ms_max": round(max(totals), 1) if totals else None,
         **{
             f"{phase}_ms_p50": round(percentile([r.get(f"{phase}_ms", 0.0) for r in rows], 50), 1)
-            for phase in ("read", "decide", "write", "waits")
+            for phase in ("read", "decide", "decide_cpu", "write", "waits", "cpu")
         },
         # The slowest passes whole (every timing their dispatch_pass line gives): what sets a phase's tail.
         "slowest": sorted(rows, key=lambda r: r.get("total_ms", 0.0), reverse=True)[:3],
@@ -908,7 +909,10 @@ def _submitter(user_id, request, start: float, rate: float, ks: range, results) 
     from django.db import connection
 
     from jobs.services import job_submit
+    from ops.processes import niceness
 
+    # They stand in for the web processes, which run below the dispatcher as `make run` starts them.
+    os.nice(niceness("web"))
     user = get_user_model().objects.get(pk=user_id)
     connection.close()  # the main thread's: each submitting thread opens its own, closed when the process ends
     lag: list[float] = []

@@ -231,6 +231,7 @@ def start_workers(env: dict[str, str], log_path: Path) -> list[subprocess.Popen]
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=processes.lower_priority(name, env),
         )
         _children.append(proc)
         procs.append(proc)

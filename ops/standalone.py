@@ -44,6 +44,7 @@ class Child:
 
     def __init__(self, name: str, argv: list[str], env: dict):
         self.name, self.argv, self.env = name, argv, env
+        self.lower = processes.lower_priority(name, env)
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.failures = 0
@@ -57,11 +58,17 @@ class Child:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=BASE_DIR,
-            preexec_fn=_die_with_launcher,
+            preexec_fn=self._prepare,
         )
         self.started_at = time.monotonic()
         self.restart_at = None
         threading.Thread(target=_pump, args=(self.name, self.proc), daemon=True).start()
+
+    def _prepare(self) -> None:
+        """In the child before it runs: die with the launcher, and run below the dispatcher (ops/processes.py)."""
+        _die_with_launcher()
+        if self.lower is not None:
+            self.lower()
 
     def tend(self) -> None:
         """Start the child again when it died and its backoff is over."""

@@ -629,10 +629,12 @@ class PassReport:
     redecided: bool = False  # every carried line decided again (after a release or a jump): no line was read
     read_s: float = 0.0
     decide_s: float = 0.0
+    decide_cpu_s: float = 0.0  # the deciding thread's CPU time: well under decide_s when it waited for a core
     write_s: float = 0.0  # the pool lock is held for this long, no longer
     starts_s: float = 0.0  # after commit: publishing the admitted attempts' starts
     waits_s: float = 0.0  # writing changed reasons, after the pool lock is released (in write_s when written ahead)
     total_s: float = 0.0
+    cpu_s: float = 0.0  # the process's CPU time over the pass (every thread: the writer ahead, the starts)
     placement_calls: int = 0
     shape_hits: int = 0
     refused: int = 0  # writes the database refused as over-booked (a stale view); each pass re-read and retried
@@ -808,7 +810,7 @@ def run_pass(
     (`redecided`); the beat's pass (`full`) and any pass after an edit or a waiting job leaving read every line."""
     global _carry, _last_full
     report = PassReport()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if not _try_pass_lock():
         report.skipped = True
         wake.dispatch_soon()
@@ -885,6 +887,7 @@ def run_pass(
     finally:
         _pass_unlock()
     report.total_s = time.perf_counter() - t0
+    report.cpu_s = time.process_time() - c0
     # A pass that read or re-decided every line is logged too (after a release, an edit, beat's full read): what a
     # backlog costs shows there, and so does one that decided jobs behind a newcomer again. The fast passes that
     # admit nothing (a newcomer that must wait) are too many to log.
@@ -899,10 +902,12 @@ def run_pass(
             placement_calls=report.placement_calls,
             shape_hits=report.shape_hits,
             total_ms=round(report.total_s * 1000, 1),
+            cpu_ms=round(report.cpu_s * 1000, 1),
             read_ms=round(report.read_s * 1000, 1),
             sync_ms=round(report.sync_s * 1000, 1),
             allocator_built=report.allocator_built,
             decide_ms=round(report.decide_s * 1000, 1),
+            decide_cpu_ms=round(report.decide_cpu_s * 1000, 1),
             write_ms=round(report.write_s * 1000, 1),
             written_ahead=report.written_ahead,
             lock_ms=round(report.lock_s * 1000, 1),
@@ -1086,6 +1091,7 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
     report.allocator_built = pool.allocator is not built_before
     report.read_s = t1 - t0
     ahead = WriteAhead.for_pass(store, pool)
+    c1 = time.thread_time()
     try:
         decided = plan(backlog, pool, lines=carry.lines if carry is not None else None, ahead=ahead)
     except BaseException:
@@ -1094,6 +1100,7 @@ def _decide_and_write(store: Store, pool: Pool, backlog: Backlog, carry, version
         raise
     t2 = time.perf_counter()
     report.decide_s = t2 - t1
+    report.decide_cpu_s = time.thread_time() - c1
     report.waiting = len(decided.waits)
     report.placement_calls = decided.placement_calls
     report.shape_hits = decided.shape_hits

@@ -186,6 +186,39 @@ def test_compose_matches_the_process_table():
     assert "ops.processes $@" in makefile and "web worker dispatcher beat:" in makefile
 
 
+def _niceness_of_child(preexec) -> int:
+    probe = [sys.executable, "-c", "import os; print(os.nice(0))"]
+    out = subprocess.run(probe, preexec_fn=preexec, capture_output=True, text=True, check=True, timeout=30)
+    return int(out.stdout)
+
+
+def test_every_process_but_the_dispatcher_runs_below_it():
+    here = os.nice(0)
+    assert processes.lower_priority("dispatcher", {}) is None
+    for name in ("web", "worker", "beat"):
+        assert _niceness_of_child(processes.lower_priority(name, {})) == min(19, here + processes.DEFAULT_NICENESS)
+    assert _niceness_of_child(processes.lower_priority("web", {"TRAINYARD_NICENESS": "2"})) == min(19, here + 2)
+    assert processes.lower_priority("worker", {"TRAINYARD_NICENESS": "0"}) is None
+
+
+@pytest.mark.parametrize("value", ["high", "-3", "20", "1.5"])
+def test_a_niceness_out_of_range_stops_the_start_naming_the_variable(value):
+    with pytest.raises(SystemExit, match="TRAINYARD_NICENESS must be a whole number from 0 to 19"):
+        processes.niceness("web", {"TRAINYARD_NICENESS": value})
+
+
+def test_make_run_starts_its_children_below_the_launcher():
+    from ops import standalone
+
+    probe = [sys.executable, "-c", "import os, sys; sys.stdout.write(str(os.nice(0)))"]
+    niceness = {}
+    for name in ("web", "dispatcher"):
+        child = standalone.Child(name, probe, {**os.environ, "TRAINYARD_NICENESS": "3"})
+        child.proc = subprocess.Popen(probe, stdout=subprocess.PIPE, preexec_fn=child._prepare)
+        niceness[name] = int(child.proc.communicate(timeout=30)[0])
+    assert niceness == {"web": min(19, os.nice(0) + 3), "dispatcher": os.nice(0)}
+
+
 def test_env_example_lists_every_variable_the_settings_read():
     import re
 
