@@ -111,7 +111,7 @@ def niceness(name: str, environ=os.environ) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise SystemExit(f"TRAINYARD_NICENESS must be a whole number from 0 to 19, not {raw!r}")
+        value = -1
     if not 0 <= value <= 19:
         raise SystemExit(f"TRAINYARD_NICENESS must be a whole number from 0 to 19, not {raw!r}")
     return value

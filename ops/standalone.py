@@ -157,6 +157,9 @@ def main() -> int:
             f"trainyard: port {port} is in use: stop what uses it or set TRAINYARD_PORT to a free port", file=sys.stderr
         )
         return 1
+    for name in processes.NAMES:  # a process variable that does not parse stops the start now, not after the set-up
+        processes.environment(name)
+        processes.niceness(name)
     missing = _missing_tools()
     if missing:
         packages = " ".join(sorted({p for _, p in missing}))

@@ -207,15 +207,17 @@ def test_a_niceness_out_of_range_stops_the_start_naming_the_variable(value):
         processes.niceness("web", {"TRAINYARD_NICENESS": value})
 
 
-def test_make_run_starts_its_children_below_the_launcher():
+def test_make_run_starts_its_children_below_the_launcher(tmp_path):
     from ops import standalone
 
-    probe = [sys.executable, "-c", "import os, sys; sys.stdout.write(str(os.nice(0)))"]
     niceness = {}
     for name in ("web", "dispatcher"):
+        out = tmp_path / name
+        probe = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(str(os.nice(0)))"]
         child = standalone.Child(name, probe, {**os.environ, "TRAINYARD_NICENESS": "3"})
-        child.proc = subprocess.Popen(probe, stdout=subprocess.PIPE, preexec_fn=child._prepare)
-        niceness[name] = int(child.proc.communicate(timeout=30)[0])
+        child.start()
+        assert child.proc.wait(timeout=30) == 0
+        niceness[name] = int(out.read_text())
     assert niceness == {"web": min(19, os.nice(0) + 3), "dispatcher": os.nice(0)}
 
 
