@@ -53,7 +53,16 @@ def wake_key() -> str:
 
 
 def dispatch_soon() -> None:
-    """Ask for a dispatch pass over every queue soon."""
+    """Ask for a dispatch pass over every queue soon. In a request served by the web server's bridge the message goes
+    once the answer has been sent (a millisecond later): the pass it starts then no longer competes for a core with
+    the request that asked for it (docs/scheduler.md, "The dispatcher runs first")."""
+    from kernel.wsgibridge import after_answer
+
+    if not after_answer(_send_wake):
+        _send_wake()
+
+
+def _send_wake() -> None:
     from django.core.cache import cache
 
     try:

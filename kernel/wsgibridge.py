@@ -8,6 +8,10 @@ response, so this bridge reads a body of up to `BUFFERED_BODY_BYTES` in the loop
 and the thread hands back status, headers and the whole body at once. A longer body is read from the thread as it
 comes (the first part from memory); a streaming response (a file, a log download) goes out chunk by chunk as it is
 produced. docs/benchmarks.md gives what it saved.
+
+Work that may wait until the answer has gone out (`after_answer`) runs on a worker thread once the loop has sent the
+response: a submission's wake-up of the dispatcher, whose pass would otherwise take a core while the submitting
+request still serialises its answer.
 """
 
 from __future__ import annotations
@@ -19,9 +23,36 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import structlog
 from a2wsgi.wsgi import build_environ
 
+log = structlog.get_logger(__name__)
+
 BUFFERED_BODY_BYTES = 1 << 20
+
+# The calls to make once this request's answer has been sent: a list inside a bridged request, None elsewhere.
+_after_answer: contextvars.ContextVar[list | None] = contextvars.ContextVar("after_answer", default=None)
+
+
+def after_answer(call) -> bool:
+    """Run `call()` once the current request's answer has been sent, on one of the bridge's threads. True when it
+    was put off; False outside a request served by ThreadedWSGI (a test client, a worker, a shell): the caller then
+    makes the call itself. A call put off twice in one request runs once."""
+    later = _after_answer.get()
+    if later is None:
+        return False
+    if call not in later:
+        later.append(call)
+    return True
+
+
+def _run_later(later: list) -> None:
+    _after_answer.set(None)  # the answer is out: a call made from here on is made at once
+    for call in later:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - the answer is out; one failed call must not stop the next
+            log.exception("after_answer_failed", call=getattr(call, "__qualname__", repr(call)))
 
 
 class _StreamedBody(io.RawIOBase):
@@ -126,14 +157,21 @@ class ThreadedWSGI:
         environ["wsgi.errors"] = sys.stderr
         exchange = _Exchange(loop, send)
         run = contextvars.copy_context().run
-        answer = await loop.run_in_executor(self.executor, run, self._respond, environ, exchange)
-        if answer is not None:
-            await send({"type": "http.response.start", "status": exchange.status, "headers": exchange.headers})
-            await send({"type": "http.response.body", "body": answer, "more_body": False})
+        later: list = []
+        try:
+            answer = await loop.run_in_executor(self.executor, run, self._respond, environ, exchange, later)
+            if answer is not None:
+                await send({"type": "http.response.start", "status": exchange.status, "headers": exchange.headers})
+                await send({"type": "http.response.body", "body": answer, "more_body": False})
+        finally:
+            if later:  # also when the app or the send failed: what was committed still wants its wake-up
+                await loop.run_in_executor(self.executor, run, _run_later, later)
 
-    def _respond(self, environ: dict[str, Any], exchange: _Exchange) -> bytes | None:
+    def _respond(self, environ: dict[str, Any], exchange: _Exchange, later: list) -> bytes | None:
         """Run the app in this worker thread: the whole body of an ordinary response (the loop sends it), or None
-        once a streaming response has been sent from here."""
+        once a streaming response has been sent from here. What the app puts off with `after_answer` goes into
+        `later`."""
+        _after_answer.set(later)
         iterable = self.app(environ, exchange.start_response)
         try:
             streaming = getattr(iterable, "streaming", None)  # a Django response says; a plain list never streams

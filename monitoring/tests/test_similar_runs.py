@@ -95,6 +95,30 @@ def test_a_job_is_found_once_it_succeeds_whichever_way_its_row_got_there(db_plat
     assert SucceededRun.objects.count() == 1 and len(similar_runs(template, owner_only=False, limit=10)) == 1
 
 
+def test_a_run_whose_key_matches_but_whose_values_differ_is_not_found(db_platform):
+    """The keys are md5s: two commands (or label sets) could share one. A run whose stored key is the probe's but
+    whose own values differ is not evidence for it."""
+    from jobs.models import SucceededRun
+
+    template = submitted(db_platform, command=["python3", "fit.py"], labels={"project": "fit"})
+    history(template, [db_platform], 2, random.Random(3), command=["python3", "other.py"], args=[], labels={"x": "y"})
+    probe = submitted(db_platform, command=["python3", "fit.py"], labels={"project": "fit"})
+    assert similar_runs(probe, owner_only=False, limit=10) == []
+    with connection.cursor() as cursor:  # a collision in both keys, made by hand
+        cursor.execute(
+            "UPDATE jobs_succeededrun SET command_key = md5((%s::jsonb)::text || (%s::jsonb)::text), "
+            "labels_key = md5((%s::jsonb)::text)",
+            [json.dumps(probe.command), json.dumps(probe.args), json.dumps(probe.labels)],
+        )
+        cursor.execute(
+            "SELECT count(*) FROM jobs_succeededrun WHERE command_key = md5((%s::jsonb)::text || (%s::jsonb)::text)",
+            [json.dumps(probe.command), json.dumps(probe.args)],
+        )
+        assert cursor.fetchone()[0] == SucceededRun.objects.count() == 2
+    assert similar_runs(probe, owner_only=False, limit=10) == []
+    assert similar_runs(probe, owner_only=True, limit=10) == []
+
+
 def test_the_runs_found_are_those_of_the_plain_query(db_platform, teammate):
     rng = random.Random(5)
     template = submitted(db_platform)
@@ -184,7 +208,9 @@ def test_the_lookup_visits_a_few_rows_of_a_long_history(db_platform, teammate, o
     probe = submitted(db_platform, command=rare, labels={"project": "rare"})
     with statements() as sent:
         found = similar_runs(probe, owner_only=owner_only, limit=10)
-    assert len(found) == (3 if owner_only else 10) and all(j.command == rare for j in found)
+    assert len(found) == (3 if owner_only else 10)
+    commands = Job.objects.filter(pk__in=[j.pk for j in found]).values_list("command", flat=True)
+    assert list(commands) == [rare] * len(found)
     assert not owner_only or all(j.owner_id == db_platform.pk for j in found)
     plans = plans_of(sent)
     assert len(plans) == 1  # one statement: the two likenesses (the command, the labels) side by side

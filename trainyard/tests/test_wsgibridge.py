@@ -159,3 +159,86 @@ def test_an_app_that_raises_sends_nothing_and_the_server_sees_the_error():
 def test_only_http_is_served():
     with pytest.raises(ValueError, match="http only"):
         _exchange(ThreadedWSGI(_echo, workers=1), [], scope={"type": "websocket"})
+
+
+def _deferring(order, *calls):
+    """A WSGI app that puts `calls` off until its answer has gone out, recording in `order` what ran when."""
+
+    def app(environ, start_response):
+        for call in calls:
+            assert wsgibridge.after_answer(call) is True
+        order.append("app returned")
+        start_response("200 OK", [])
+        return [b"answer"]
+
+    return app
+
+
+def test_a_call_put_off_runs_once_the_answer_has_been_sent_and_only_once():
+    order: list[str] = []
+
+    def wake():
+        order.append(f"wake on {threading.current_thread().name}")
+
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+        order.append(f"sent {message['type']}")
+
+    asyncio.run(ThreadedWSGI(_deferring(order, wake, wake), workers=1)(_scope(), receive, send))
+    assert order[:3] == ["app returned", "sent http.response.start", "sent http.response.body"]
+    assert len(order) == 4 and order[3].startswith("wake on http")
+    assert _body(sent) == b"answer"
+
+
+def test_put_off_calls_run_even_when_sending_fails_and_one_failure_does_not_stop_the_next():
+    ran: list[str] = []
+
+    def broken():
+        raise RuntimeError("broker down")
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        raise OSError("client gone")
+
+    app = ThreadedWSGI(_deferring([], broken, lambda: ran.append("second")), workers=1)
+    with pytest.raises(OSError, match="client gone"):
+        asyncio.run(app(_scope(), receive, send))
+    assert ran == ["second"]
+
+
+def test_outside_the_bridge_nothing_is_put_off():
+    assert wsgibridge.after_answer(lambda: None) is False
+
+
+def test_a_submission_through_the_bridge_wakes_the_dispatcher_after_its_answer(monkeypatch):
+    """kernel.wake.dispatch_soon called inside a bridged request sends its message after the answer; outside one
+    (a worker, the test client) at once, as before."""
+    from kernel import wake
+
+    order: list[str] = []
+    monkeypatch.setattr(wake, "_send_wake", lambda: order.append("wake sent"))
+    wake.dispatch_soon()
+    assert order == ["wake sent"]
+    order.clear()
+
+    def app(environ, start_response):
+        wake.dispatch_soon()
+        order.append("app returned")
+        start_response("201 Created", [])
+        return [b"{}"]
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        order.append(f"sent {message['type']}")
+
+    asyncio.run(ThreadedWSGI(app, workers=2)(_scope(), receive, send))
+    assert order == ["app returned", "sent http.response.start", "sent http.response.body", "wake sent"]
