@@ -350,6 +350,8 @@ async def run_plan(plan: dict[str, Any]) -> list[PhaseResult]:
                     generator_cpu_s=_cpu_s() - cpu0,
                 )
             )
+            # Nothing sent for a while after the phase: what its requests set going in the server settles first.
+            await asyncio.sleep(float(phase.get("pause_after_s", 0.0)))
     finally:
         client.close()
     return results

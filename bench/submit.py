@@ -16,9 +16,12 @@ of its own, open loop (latency from when each request was due), with an API toke
 2. ``POST /api/v1/jobs/`` at 50/s: validation, quota and image checks, the Job and event rows, the dispatch
    request after commit, and the right-sizing lookup of earlier runs (``monitoring.selectors.similar_runs``). The
    submitted command never ran in this history, but its labels did (the filled jobs carry the same ones): the
-   lookup finds the team's ten newest runs by label, none with a usage profile, so no advice comes back. Target:
-   submit p99 <= 2x the GET's p99.
-3. Submit steps (50, 100, 150, 200/s by default): the knee is the highest rate kept up with (95% achieved, no
+   lookup finds the team's ten newest runs by label, none with a usage profile, so no advice comes back.
+3. The two again, in alternating windows (``--rounds`` pairs of ``--window`` s, a pause after each window): target
+   submit p99 <= 2x the GET's p99, each pooled over its windows (``paired``). The ratio of phases 1 and 2 is kept
+   as ``ratio_p99_sequential``: minutes apart, on a machine whose speed moves by half from one minute to the next,
+   it compares two machines.
+4. Submit steps (50, 100, 150, 200/s by default): the knee is the highest rate kept up with (95% achieved, no
    errors) with p99 within the same target, and within 100 ms (bench/api.py's submission target).
 
 RSS of the web and worker processes (each process of its group, summed) is read before the first phase and after
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from bench._load import PhaseResult, summarize_phase
 from bench.allocator import write_json
 from bench.api import (
     SUBMIT_BODY,
@@ -57,6 +61,7 @@ from bench.api import (
     open_phase,
     recreate_database,
     redis_cleanup,
+    run_load,
     setup_django,
 )
 from ops.processes import web_processes
@@ -72,6 +77,7 @@ BENCH_RATE = "100000/s"  # no 429s: the throttle still runs on every request
 # A command no job of the filled history ran: the right-sizing lookup has nothing to find.
 BODY = {**SUBMIT_BODY, "name": "bench-submit", "command": ["python", "train.py", "--epochs", "5"]}
 GET_URL = "/api/v1/specs/shared/"
+PAIR_PAUSE_S = 0.5
 HOLDERS = 6900  # about the jobs holding quota with the trace's cluster full (bench-scheduler's replay: 6,839)
 PROCESS_MODEL = (
     "the web server (ops.processes 'web': uvicorn, one process per core), the prefork Celery worker and the "
@@ -250,6 +256,45 @@ def wait_for_workers(worker: subprocess.Popen, children: int, limit_s: float = 1
     return round(time.monotonic() - t0, 1)
 
 
+def paired(server: WebServer, workdir: Path, get: dict, post: dict, *, rounds: int, window_s: float) -> dict:
+    """The GET and the submission at 50/s in alternating windows of `window_s` (GET first in even rounds, the
+    submission first in odd ones), `PAIR_PAUSE_S` of quiet after each so that what one window set going (a dispatch
+    pass) is over before the next begins; each kind's samples pooled over its windows.
+
+    Two phases run one after the other compare two machines when the machine's speed moves from minute to minute
+    (this machine's `python_loop_ms` went 41 -> 71 -> 44 in three readings 5 s apart): windows a few seconds apart
+    see the same one. The per-round ratios show how much one window pair can say on its own."""
+    phases = [
+        open_phase("warm-get", rate=BASE_RATE, duration_s=1.0, drain_s=2.0, **get),
+        open_phase("warm-submit", rate=BASE_RATE, duration_s=1.0, drain_s=2.0, **post),
+    ]
+    for i in range(rounds):
+        pair = [("get", get), ("submit", post)]
+        for kind, request in pair if i % 2 == 0 else pair[::-1]:
+            phase = open_phase(f"{kind}-{i}", rate=BASE_RATE, duration_s=window_s, drain_s=2.0, **request)
+            phases.append({**phase, "pause_after_s": PAIR_PAUSE_S})
+    results, _info = run_load(server, phases, workdir)
+    measured_windows = results[2:]
+    out: dict[str, Any] = {"rounds": rounds, "window_s": window_s, "pause_s": PAIR_PAUSE_S}
+    for kind, status in (("get", 200), ("submit", 201)):
+        windows = [r for r in measured_windows if r.name.startswith(f"{kind}-")]
+        pooled = PhaseResult(
+            name=kind,
+            mode="open",
+            samples=[sample for r in windows for sample in r.samples],
+            wall_s=sum(r.wall_s for r in windows),
+        )
+        out[kind] = summarize_phase(pooled, expect_status=status)
+        out[f"{kind}_p99_by_round"] = [summarize_phase(r, expect_status=status)["p99_ms"] for r in windows]
+    get_p99 = out["get"]["p99_ms"]
+    out["ratio_p99"] = round(out["submit"]["p99_ms"] / get_p99, 2) if get_p99 else None
+    out["ratio_p99_by_round"] = [
+        round(sub / g, 2) if g else None
+        for g, sub in zip(out["get_p99_by_round"], out["submit_p99_by_round"], strict=True)
+    ]
+    return out
+
+
 def knee(steps: list[dict[str, Any]], p99_ms: float) -> float | None:
     """The highest offered rate kept up with (95% achieved, no errors) with p99 within `p99_ms`."""
     kept = [
@@ -319,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of the GET and the submit phase at 50/s")
     p.add_argument("--steps", default="50,100,150,200", help="submit step rates, comma-separated")
     p.add_argument("--step-duration", type=float, default=6.0)
+    p.add_argument("--rounds", type=int, default=5, help="window pairs of the paired GET/submission measurement")
+    p.add_argument("--window", type=float, default=2.0, help="seconds of each window of the paired measurement")
     p.add_argument("--keep-db", action="store_true", help="leave the database for the next run to reuse")
     p.add_argument(
         "--holders",
@@ -377,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                 warmup_s=1.0,
                 expect_status=201,
             )
+            print(f"GET and POST in {args.rounds} alternating pairs of {args.window:g} s windows ...", flush=True)
+            results["paired"] = paired(server, workdir, get, post, rounds=args.rounds, window_s=args.window)
             results["steps"] = []
             for rate in steps:
                 print(f"submit step {rate:g}/s for {args.step_duration:g} s ...", flush=True)
@@ -410,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         results["redis_cleanup"] = clean_up(env, queue, db_url, keep_db=args.keep_db)
     get_p99, sub_p99 = results["get"]["p99_ms"], results["submit"]["p99_ms"]
     limit = RATIO_TARGET * get_p99
-    results["ratio_p99"] = round(sub_p99 / get_p99, 2) if get_p99 else None
+    results["ratio_p99_sequential"] = round(sub_p99 / get_p99, 2) if get_p99 else None
+    results["ratio_p99"] = results["paired"]["ratio_p99"]
     results["knee_rps"] = knee(results["steps"], limit)
     results["knee_rps_100ms"] = knee(results["steps"], SUBMIT_TARGET_P99_MS)
     results["targets"] = {
@@ -450,8 +500,14 @@ def print_table(r: dict[str, Any]) -> None:
     for name, row in rows:
         groups = "  ".join(f"{k} {v}" for k, v in row.get("cpu_ms_per_request", {}).items())
         print(f"  {name:<14} web {row['server_cpu_ms_per_request']}  {groups}")
+    pair = r["paired"]
+    print(f"paired, {pair['rounds']} rounds of {pair['window_s']:g} s windows each way, pooled:")
+    print(line(f"  GET @{BASE_RATE:g}/s", pair["get"]))
+    print(line(f"  POST @{BASE_RATE:g}/s", pair["submit"]))
+    print(f"  p99 ratio by round: {pair['ratio_p99_by_round']}")
     verdict = "met" if r["targets"]["ratio_p99_met"] else "NOT met"
-    print(f"submit p99 / GET p99: {r['ratio_p99']} (target <= {RATIO_TARGET:g}: {verdict})")
+    print(f"submit p99 / GET p99, paired: {r['ratio_p99']} (target <= {RATIO_TARGET:g}: {verdict}); ", end="")
+    print(f"the two phases above, one after the other: {r['ratio_p99_sequential']}")
     verdict = "met" if r["targets"]["knee_rps_met"] else "NOT met"
     print(f"knee (p99 <= 2x GET p99): {r['knee_rps']}/s (target >= {KNEE_TARGET_RPS:g}/s: {verdict}); ", end="")
     print(f"within {SUBMIT_TARGET_P99_MS:g} ms: {r['knee_rps_100ms']}/s")

@@ -186,3 +186,18 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused():
         return first, second
 
     assert _run(go()) == ((200, ""), (200, ""))
+
+
+def test_a_pause_after_a_phase_sends_nothing_until_it_is_over(base_url):
+    """bench.submit's paired windows: `pause_after_s` keeps the next phase's first request back by that long."""
+    window = {"mode": "open", "rate": 100, "duration_s": 0.1, "drain_s": 5, "method": "GET", "urls": ["/ok"]}
+    plan = {
+        "base_url": base_url,
+        "max_connections": 2,
+        "phases": [{**window, "name": "first", "pause_after_s": 0.6}, {**window, "name": "second"}],
+    }
+    t0 = time.perf_counter()
+    first, second = _run(run_plan(plan))
+    took = time.perf_counter() - t0
+    assert [s.status for s in first.samples + second.samples] == [200] * 20
+    assert took >= 0.6 + first.wall_s + second.wall_s - 0.01
