@@ -8,12 +8,12 @@ from rest_framework.response import Response
 from cluster import services
 from cluster.inventory import node_pool
 from cluster.models import GPU, LogicalDevice, Node
-from kernel.api import RejectUnknownFieldsMixin
+from kernel.api import ModelSerializer, RejectUnknownFieldsMixin
 from quotas.selectors import visible_teams
 from quotas.tokens import ScopedActionsMixin
 
 
-class SliceSerializer(serializers.ModelSerializer):
+class SliceSerializer(ModelSerializer):
     job = serializers.SerializerMethodField()
 
     class Meta:
@@ -27,7 +27,7 @@ class SliceSerializer(serializers.ModelSerializer):
         return str(attempt.job_id) if attempt.job.team_id in self.context.get("teams", set()) else "(another team)"
 
 
-class GPUSerializer(serializers.ModelSerializer):
+class GPUSerializer(ModelSerializer):
     node = serializers.CharField(source="node.name")
     emulated = serializers.BooleanField(source="node.emulated")
     slices = serializers.SerializerMethodField()
@@ -59,7 +59,7 @@ class GPUSerializer(serializers.ModelSerializer):
         return 1000 - sum(d.compute_milli for d in self._live(gpu))
 
 
-class NodeSerializer(serializers.ModelSerializer):
+class NodeSerializer(ModelSerializer):
     gpus = serializers.IntegerField(source="gpus.count")
     pool = serializers.SerializerMethodField()
 

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from experiments import selectors, services
 from experiments.models import Experiment, Trial
 from jobs.api import JobDetailSerializer
-from kernel.api import RejectUnknownFieldsMixin
+from kernel.api import ModelSerializer, RejectUnknownFieldsMixin
 from kernel.errors import ValidationFailed
 from quotas.tokens import ScopedActionsMixin
 
@@ -46,7 +46,7 @@ class ExperimentCreateSerializer(RejectUnknownFieldsMixin, serializers.Serialize
     rightsize = serializers.ChoiceField(choices=[("advise", "advise"), ("apply", "apply")], required=False)
 
 
-class ExperimentSerializer(serializers.ModelSerializer):
+class ExperimentSerializer(ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
     summary = serializers.SerializerMethodField()

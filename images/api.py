@@ -11,20 +11,20 @@ from cluster.models import Node
 from cluster.selectors import driver_satisfies
 from images import selectors, services
 from images.models import BaseImage, Finding, ImageBuild, ProjectImage, ScanException, ScanPolicy
-from kernel.api import RejectUnknownFieldsMixin
+from kernel.api import ModelSerializer, RejectUnknownFieldsMixin
 from kernel.errors import Forbidden, ValidationFailed
 from quotas.selectors import is_member
 from quotas.tokens import ScopedActionsMixin
 
 
-class FindingSerializer(serializers.ModelSerializer):
+class FindingSerializer(ModelSerializer):
     class Meta:
         model = Finding
         fields = ["vuln_id", "severity", "ecosystem", "package", "version", "fixed_version", "source"]
         read_only_fields = fields
 
 
-class BuildSummarySerializer(serializers.ModelSerializer):
+class BuildSummarySerializer(ModelSerializer):
     image = serializers.SerializerMethodField()
     findings = serializers.SerializerMethodField()
 
@@ -116,7 +116,7 @@ class CompatibilityMixin(serializers.Serializer):
         return services.scan_status_now(image, selectors.last_build(image))
 
 
-class BaseImageSerializer(CompatibilityMixin, serializers.ModelSerializer):
+class BaseImageSerializer(CompatibilityMixin, ModelSerializer):
     name = serializers.CharField(read_only=True)  # names carry versions (python-3.11): not a slug
     built_by_platform = serializers.SerializerMethodField()
 
@@ -145,7 +145,7 @@ class BaseImageSerializer(CompatibilityMixin, serializers.ModelSerializer):
         return bool(image.containerfile)
 
 
-class ProjectImageSerializer(CompatibilityMixin, serializers.ModelSerializer):
+class ProjectImageSerializer(CompatibilityMixin, ModelSerializer):
     team = serializers.CharField(source="team.slug", read_only=True)
     base = serializers.CharField(source="base.name", read_only=True)
 
@@ -287,7 +287,7 @@ class FeedViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
         return Response({"loaded": loaded}, status=status.HTTP_201_CREATED)
 
 
-class ScanExceptionSerializer(serializers.ModelSerializer):
+class ScanExceptionSerializer(ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
 
     class Meta:
@@ -296,7 +296,7 @@ class ScanExceptionSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_by", "created_at"]
 
 
-class ScanPolicySerializer(serializers.ModelSerializer):
+class ScanPolicySerializer(ModelSerializer):
     queue = serializers.CharField(source="queue.name", read_only=True)
     exceptions = ScanExceptionSerializer(many=True, read_only=True)
 

@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 from jobs import lifecycle, logstore, selectors, services, signals
 from jobs.models import Attempt, Checkpoint, Dataset, Job, JobEvent, JobTemplate
 from jobs.states import JobState
-from kernel.api import NewestFirstCursor, RejectUnknownFieldsMixin, int_param
+from kernel.api import ModelSerializer, NewestFirstCursor, RejectUnknownFieldsMixin, int_param
 from kernel.errors import (
     OUTAGE_RETRY_AFTER_S,
     NotFound,
@@ -181,7 +181,7 @@ def submission_check(*, user, data: dict) -> None:
     raise ValidationErrors(problems) if len(problems) > 1 else problems[0]
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     team = serializers.CharField(source="team.slug")
     queue = serializers.CharField(source="queue.name")
@@ -382,7 +382,7 @@ class JobSubmittedSerializer(JobDetailSerializer):
         return getattr(job, "recommendation", None)
 
 
-class AttemptSerializer(serializers.ModelSerializer):
+class AttemptSerializer(ModelSerializer):
     node = serializers.CharField(source="node.name", default=None)
 
     class Meta:
@@ -406,7 +406,7 @@ class AttemptSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(ModelSerializer):
     attempt = serializers.IntegerField(source="attempt.number", default=None, allow_null=True)
 
     class Meta:
@@ -432,7 +432,7 @@ def _resume_flag(request, *, default: bool) -> bool:
     return payload.validated_data.get("resume", default)
 
 
-class CheckpointSerializer(serializers.ModelSerializer):
+class CheckpointSerializer(ModelSerializer):
     attempt = serializers.IntegerField(source="attempt.number")
     download_url = serializers.SerializerMethodField()
 
@@ -821,7 +821,7 @@ class JobViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 # ------------------------------------------------------------------------------------------- templates
 
 
-class JobTemplateSerializer(serializers.ModelSerializer):
+class JobTemplateSerializer(ModelSerializer):
     team = serializers.CharField(source="team.slug")
     created_by = serializers.CharField(source="created_by.username", default=None)
     job = serializers.JSONField(source="body")
@@ -1015,7 +1015,7 @@ def _first_code(errors) -> str:
     return getattr(errors, "code", "invalid")
 
 
-class DatasetSerializer(serializers.ModelSerializer):
+class DatasetSerializer(ModelSerializer):
     team = serializers.CharField(source="team.slug")
     kind = serializers.CharField(read_only=True)
     shared_with = serializers.SerializerMethodField()

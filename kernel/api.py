@@ -1,5 +1,8 @@
-"""Shared API pieces: unknown fields refused, cursor pagination, integer query parameters. The throttle and token
-scopes per action are `quotas.tokens.ScopedActionsMixin` (tokens live in quotas)."""
+"""Shared API pieces: model serializers that build their fields once, unknown fields refused, cursor pagination,
+integer query parameters. The throttle and token scopes per action are `quotas.tokens.ScopedActionsMixin` (tokens
+live in quotas)."""
+
+import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
@@ -8,6 +11,26 @@ from rest_framework.pagination import CursorPagination
 
 from kernel.errors import ValidationFailed
 from kernel.sentences import stored
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    """DRF's ModelSerializer, with the fields it works out from the model built once per class.
+
+    DRF builds them again for every serializer made: each model field looked up, its keyword arguments worked out
+    from the column (length, choices, validators, nullability) and a serializer field made from them. That was
+    0.3 ms of a one-row answer's ~4 ms of CPU (a spec) and 0.8 ms of a submission's (its answer's 30 fields), on
+    every request. Here the first instance's fields are kept as unbound templates, and each instance gets copies of
+    them, the way DRF itself gives each instance its declared fields (a field's copy is a new field made with the
+    same arguments; validators are shared). A subclass whose fields depend on the request or the instance must not
+    use this class."""
+
+    def get_fields(self):
+        cls = type(self)
+        built = cls.__dict__.get("_fields_built")
+        if built is None:
+            built = super().get_fields()  # fresh fields, never bound: only their copies are
+            cls._fields_built = built
+        return {name: copy.deepcopy(field) for name, field in built.items()}
 
 
 class RejectUnknownFieldsMixin:

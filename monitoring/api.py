@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from cluster.models import GPU
 from jobs.selectors import job_parameters, jobs_to_compare, jobs_visible_to, parameter_rows
-from kernel.api import RejectUnknownFieldsMixin, int_param
+from kernel.api import ModelSerializer, RejectUnknownFieldsMixin, int_param
 from kernel.errors import ValidationFailed
 from monitoring import selectors, services
 from monitoring.models import (
@@ -63,7 +63,7 @@ SCHEDULING_SAMPLE_LIST = inline_serializer(
 )
 
 
-class AlertSerializer(serializers.ModelSerializer):
+class AlertSerializer(ModelSerializer):
     rule = serializers.CharField(source="rule_name")
     gpu = serializers.CharField(source="gpu.uuid", default=None, allow_null=True)
     node = serializers.CharField(source="gpu.node.name", default=None, allow_null=True)
@@ -176,7 +176,7 @@ class AlertViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMod
 # ---------------------------------------------------------------------------------------------- rules
 
 
-class AlertRuleSerializer(serializers.ModelSerializer):
+class AlertRuleSerializer(ModelSerializer):
     faults = serializers.ListField(child=serializers.CharField(max_length=20), required=False)
     webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
 
@@ -223,7 +223,7 @@ class AlertRuleViewSet(
 # ----------------------------------------------------------------------------------------------- GPUs
 
 
-class SampleSerializer(serializers.ModelSerializer):
+class SampleSerializer(ModelSerializer):
     memory_pct = serializers.FloatField(read_only=True)
 
     class Meta:
@@ -243,7 +243,7 @@ class SampleSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class HealthEventSerializer(serializers.ModelSerializer):
+class HealthEventSerializer(ModelSerializer):
     class Meta:
         model = GpuHealthEvent
         fields = ["at", "from_health", "to_health", "quarantined", "fault", "reason", "actor"]
@@ -377,7 +377,7 @@ class MonitoredGpuViewSet(ScopedActionsMixin, viewsets.GenericViewSet):
 # ----------------------------------------------------------------------------------------------- jobs
 
 
-class BusinessMetricSerializer(serializers.ModelSerializer):
+class BusinessMetricSerializer(ModelSerializer):
     class Meta:
         model = BusinessMetric
         fields = ["at", "attempt_number", "step", "values", "source", "line"]
@@ -638,7 +638,7 @@ class UsageView(ScopedActionsMixin, APIView):
 # ------------------------------------------------------------------------------------- notifications
 
 
-class NotificationSerializer(serializers.ModelSerializer):
+class NotificationSerializer(ModelSerializer):
     level = serializers.CharField(source="alert.level")
     alert_state = serializers.CharField(source="alert.state")
 

@@ -6,7 +6,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from kernel.api import RejectUnknownFieldsMixin, int_param
+from kernel.api import ModelSerializer, RejectUnknownFieldsMixin, int_param
 from kernel.errors import Forbidden, NotFound, ValidationFailed
 from quotas import selectors, services, tokens, usage
 from quotas.models import TOKEN_SCOPES, ApiToken, Membership, Queue, ResourceSpec, Team
@@ -15,7 +15,7 @@ from quotas.tokens import ScopedActionsMixin
 VECTOR = ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"]
 
 
-class SpecSerializer(serializers.ModelSerializer):
+class SpecSerializer(ModelSerializer):
     class Meta:
         model = ResourceSpec
         fields = [
@@ -40,7 +40,7 @@ class SpecViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMode
     lookup_field = "name"
 
 
-class MemberSerializer(serializers.ModelSerializer):
+class MemberSerializer(ModelSerializer):
     username = serializers.CharField(source="user.username")
 
     class Meta:
@@ -48,7 +48,7 @@ class MemberSerializer(serializers.ModelSerializer):
         fields = ["username", "role"]
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(ModelSerializer):
     quota = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
     storage = serializers.SerializerMethodField()
@@ -209,7 +209,7 @@ class WaitingJobSerializer(serializers.Serializer):
     estimated_start = EstimatedStartSerializer(allow_null=True)
 
 
-class QueueSerializer(serializers.ModelSerializer):
+class QueueSerializer(ModelSerializer):
     capability = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
     specs = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -306,7 +306,7 @@ class QueueViewSet(ScopedActionsMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return QueueSerializer if self.action == "list" else QueueDetailSerializer
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class TokenSerializer(ModelSerializer):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "prefix", "scopes", "created_at", "expires_at", "revoked_at", "last_used_at"]
