@@ -174,22 +174,29 @@ def _deferring(order, *calls):
     return app
 
 
+async def _empty_request():
+    return {"type": "http.request", "body": b""}
+
+
+def _serve_recording(app, order, *, workers=1):
+    """Serve one empty request; each message sent is recorded in `order` as it goes. Returns the messages."""
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+        order.append(f"sent {message['type']}")
+
+    asyncio.run(ThreadedWSGI(app, workers=workers)(_scope(), _empty_request, send))
+    return sent
+
+
 def test_a_call_put_off_runs_once_the_answer_has_been_sent_and_only_once():
     order: list[str] = []
 
     def wake():
         order.append(f"wake on {threading.current_thread().name}")
 
-    sent: list[dict] = []
-
-    async def receive():
-        return {"type": "http.request", "body": b""}
-
-    async def send(message):
-        sent.append(message)
-        order.append(f"sent {message['type']}")
-
-    asyncio.run(ThreadedWSGI(_deferring(order, wake, wake), workers=1)(_scope(), receive, send))
+    sent = _serve_recording(_deferring(order, wake, wake), order)
     assert order[:3] == ["app returned", "sent http.response.start", "sent http.response.body"]
     assert len(order) == 4 and order[3].startswith("wake on http")
     assert _body(sent) == b"answer"
@@ -201,15 +208,12 @@ def test_put_off_calls_run_even_when_sending_fails_and_one_failure_does_not_stop
     def broken():
         raise RuntimeError("broker down")
 
-    async def receive():
-        return {"type": "http.request", "body": b""}
-
     async def send(message):
         raise OSError("client gone")
 
     app = ThreadedWSGI(_deferring([], broken, lambda: ran.append("second")), workers=1)
     with pytest.raises(OSError, match="client gone"):
-        asyncio.run(app(_scope(), receive, send))
+        asyncio.run(app(_scope(), _empty_request, send))
     assert ran == ["second"]
 
 
@@ -234,11 +238,5 @@ def test_a_submission_through_the_bridge_wakes_the_dispatcher_after_its_answer(m
         start_response("201 Created", [])
         return [b"{}"]
 
-    async def receive():
-        return {"type": "http.request", "body": b""}
-
-    async def send(message):
-        order.append(f"sent {message['type']}")
-
-    asyncio.run(ThreadedWSGI(app, workers=2)(_scope(), receive, send))
+    _serve_recording(app, order, workers=2)
     assert order == ["app returned", "sent http.response.start", "sent http.response.body", "wake sent"]
