@@ -273,9 +273,10 @@ def paired(server: WebServer, workdir: Path, get: dict, post: dict, *, rounds: i
         for kind, request in pair if i % 2 == 0 else pair[::-1]:
             phase = open_phase(f"{kind}-{i}", rate=BASE_RATE, duration_s=window_s, drain_s=2.0, **request)
             phases.append({**phase, "pause_after_s": PAIR_PAUSE_S})
-    results, _info = run_load(server, phases, workdir)
+    results, info = run_load(server, phases, workdir)
     measured_windows = results[2:]
     out: dict[str, Any] = {"rounds": rounds, "window_s": window_s, "pause_s": PAIR_PAUSE_S}
+    load = {"loadavg_before": info["loadavg_before"], "loadavg_after": info["loadavg_after"]}  # of all the windows
     for kind, status in (("get", 200), ("submit", 201)):
         windows = [r for r in measured_windows if r.name.startswith(f"{kind}-")]
         pooled = PhaseResult(
@@ -284,7 +285,7 @@ def paired(server: WebServer, workdir: Path, get: dict, post: dict, *, rounds: i
             samples=[sample for r in windows for sample in r.samples],
             wall_s=sum(r.wall_s for r in windows),
         )
-        out[kind] = summarize_phase(pooled, expect_status=status)
+        out[kind] = {**summarize_phase(pooled, expect_status=status), **load}
         out[f"{kind}_p99_by_round"] = [summarize_phase(r, expect_status=status)["p99_ms"] for r in windows]
     get_p99 = out["get"]["p99_ms"]
     out["ratio_p99"] = round(out["submit"]["p99_ms"] / get_p99, 2) if get_p99 else None
