@@ -18,6 +18,15 @@ def _isolated_broker_queue():
     yield name
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_http_warm_up():
+    """The ASGI app served in this process (httpx's ASGITransport) opens no connections on threads of its own: the
+    test database is pytest-django's. Web servers the tests start as processes keep the default (kernel/warmup.py)."""
+    from django.conf import settings
+
+    settings.TRAINYARD_HTTP_WARM = False
+
+
 @pytest.fixture(autouse=True)
 def _no_queued_dispatch_mark(_isolated_broker_queue):
     """A pass requested by an earlier test (with no worker to run it) must not hold back this test's requests, and

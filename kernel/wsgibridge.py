@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import io
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +30,8 @@ from a2wsgi.wsgi import build_environ
 log = structlog.get_logger(__name__)
 
 BUFFERED_BODY_BYTES = 1 << 20
+# How long the threads warming up wait for each other (each must be a thread of its own) before going on alone.
+WARM_GATHER_S = 5.0
 
 # The calls to make once this request's answer has been sent: a list inside a bridged request, None elsewhere.
 _after_answer: contextvars.ContextVar[list | None] = contextvars.ContextVar("after_answer", default=None)
@@ -133,9 +136,11 @@ class _Exchange:
 class ThreadedWSGI:
     """ASGI HTTP in front of a WSGI app run on `workers` long-lived threads (each keeps its database connection)."""
 
-    def __init__(self, app, *, workers: int) -> None:
+    def __init__(self, app, *, workers: int, warm=None) -> None:
         self.app = app
+        self.workers = workers
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http")
+        self._warm = warm  # run once on every thread after the first answer (kernel/warmup.py), then dropped
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -166,6 +171,28 @@ class ThreadedWSGI:
         finally:
             if later:  # also when the app or the send failed: what was committed still wants its wake-up
                 await loop.run_in_executor(self.executor, run, _run_later, later)
+            if self._warm is not None:
+                self._warm_every_thread()
+
+    def _warm_every_thread(self) -> None:
+        """Start every worker thread now and run `warm` once on each, instead of starting them one by one as
+        requests overlap, each paying for its first connections inside a request (kernel/warmup.py). The calls
+        wait for each other so that no thread takes two; requests that come meanwhile queue behind them."""
+        warm, self._warm = self._warm, None
+        gathered = threading.Barrier(self.workers)
+
+        def on_its_own_thread() -> None:
+            try:
+                gathered.wait(timeout=WARM_GATHER_S)
+            except threading.BrokenBarrierError:  # a thread was busy with a long answer: warm the others anyway
+                pass
+            try:
+                warm()
+            except Exception:  # noqa: BLE001 - a warm-up is an optimisation; the first request does it anyway
+                log.exception("http_thread_warmup_failed")
+
+        for _ in range(self.workers):
+            self.executor.submit(on_its_own_thread)
 
     def _respond(self, environ: dict[str, Any], exchange: _Exchange, later: list) -> bytes | None:
         """Run the app in this worker thread: the whole body of an ordinary response (the loop sends it), or None

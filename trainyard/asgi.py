@@ -20,6 +20,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
 from kernel.login_guard import LoginSlowdown  # noqa: E402
+from kernel.warmup import http_thread  # noqa: E402
 from kernel.wsgibridge import ThreadedWSGI  # noqa: E402
 from trainyard.routing import websocket_urlpatterns  # noqa: E402
 
@@ -53,7 +54,13 @@ trusted_proxies_check()  # a placeholder or a typo there trusts no proxy: say so
 
 application = ProtocolTypeRouter(
     {
-        "http": LoginSlowdown(ThreadedWSGI(django_wsgi, workers=settings.TRAINYARD_HTTP_THREADS)),
+        "http": LoginSlowdown(
+            ThreadedWSGI(
+                django_wsgi,
+                workers=settings.TRAINYARD_HTTP_THREADS,
+                warm=http_thread if settings.TRAINYARD_HTTP_WARM else None,
+            )
+        ),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -128,7 +128,10 @@ ASGI_APPLICATION = "trainyard.asgi.application"
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/trainyard")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 5
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("TRAINYARD_DB_CONN_MAX_AGE", default=60)
+# Each renewal costs the thread's next request 30-40 ms (a new server process, the password exchange, catalogs
+# read anew; kernel/warmup.py): every 10 minutes, not every minute. A broken connection is replaced at once either
+# way (CONN_HEALTH_CHECKS).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("TRAINYARD_DB_CONN_MAX_AGE", default=600)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Under ASGI every request runs in a thread of its own, so a per-thread persistent connection is never reused, only
 # left open until garbage collection; the web process (trainyard/asgi.py) shares a pool of connections instead.
@@ -537,6 +540,9 @@ CELERY_BEAT_SCHEDULE.update(
 )
 # Worker threads serving HTTP in the ASGI process (each keeps its own database and Redis connections).
 TRAINYARD_HTTP_THREADS = env.int("TRAINYARD_HTTP_THREADS", default=8)
+# Once a web process has answered its first request, start all of those threads and open their connections
+# (kernel/warmup.py), rather than one thread at a time inside the requests that find the others busy.
+TRAINYARD_HTTP_WARM = env.bool("TRAINYARD_HTTP_WARM", default=True)
 # Move what the web process loaded at start (and again after its first requests) out of the garbage collector's
 # reach: a full collection otherwise walks every module object and paused requests for 50-120 ms. A worker process
 # freezes what it loaded, and what each dispatch pass leaves alive (the pool, the carried lines), collecting

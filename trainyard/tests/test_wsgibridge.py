@@ -240,3 +240,49 @@ def test_a_submission_through_the_bridge_wakes_the_dispatcher_after_its_answer(m
 
     _serve_recording(app, order, workers=2)
     assert order == ["app returned", "sent http.response.start", "sent http.response.body", "wake sent"]
+
+
+def test_after_the_first_answer_every_thread_warms_up_once_and_later_requests_warm_nothing():
+    """kernel/warmup.py's call runs once on each of the bridge's threads, each a thread of its own, after the first
+    request's answer has gone out; the second request starts no more."""
+    order: list[str] = []
+    warmed: list[str] = []
+    lock = threading.Lock()
+
+    def warm():
+        with lock:
+            warmed.append(threading.current_thread().name)
+
+    def app(environ, start_response):
+        order.append("app returned")
+        start_response("200 OK", [])
+        return [b"answer"]
+
+    async def send(message):
+        order.append(f"sent {message['type']}")
+        if len(order) <= 3:  # the first request's answer
+            with lock:
+                assert warmed == [], "a thread warmed up before the answer was sent"
+
+    bridge = ThreadedWSGI(app, workers=4, warm=warm)
+
+    async def two_requests():
+        await bridge(_scope(), _empty_request, send)
+        # The warm-up calls are queued before the second request's: it is served once they have all run.
+        await bridge(_scope(), _empty_request, send)
+
+    asyncio.run(two_requests())
+    bridge.executor.shutdown(wait=True)
+    assert order == ["app returned", "sent http.response.start", "sent http.response.body"] * 2
+    assert len(warmed) == 4 and len(set(warmed)) == 4 and all(name.startswith("http") for name in warmed)
+
+
+def test_a_failing_warm_up_leaves_the_requests_served():
+    def warm():
+        raise RuntimeError("database down")
+
+    bridge = ThreadedWSGI(_echo, workers=2, warm=warm)
+    first = _exchange(bridge, [{"type": "http.request", "body": b"one"}])[0]
+    second = _exchange(bridge, [{"type": "http.request", "body": b"two"}])[0]
+    bridge.executor.shutdown(wait=True)
+    assert _body(first).endswith(b"one") and _body(second).endswith(b"two")
