@@ -23,6 +23,8 @@ of its own, open loop (latency from when each request was due), with an API toke
    it compares two machines.
 4. Submit steps (50, 100, 150, 200/s by default): the knee is the highest rate kept up with (95% achieved, no
    errors) with p99 within the same target, and within 100 ms (bench/api.py's submission target).
+5. GET steps (100, 150, 200, 250/s by default), judged by the same limit: how far the floor itself holds on this
+   machine (``get_knee_rps``), next to which the submission's knee can be read.
 
 RSS of the web and worker processes (each process of its group, summed) is read before the first phase and after
 the last. Results: ``bench/results/submit.json`` with the commit and the load average before and after each phase.
@@ -364,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_PATH)
     p.add_argument("--duration", type=float, default=10.0, help="seconds of the GET and the submit phase at 50/s")
     p.add_argument("--steps", default="50,100,150,200", help="submit step rates, comma-separated")
+    p.add_argument(
+        "--get-steps", default="100,150,200,250", help="GET step rates after the submit steps (the floor's own knee)"
+    )
     p.add_argument("--step-duration", type=float, default=6.0)
     p.add_argument("--rounds", type=int, default=5, help="window pairs of the paired GET/submission measurement")
     p.add_argument("--window", type=float, default=2.0, help="seconds of each window of the paired measurement")
@@ -376,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     steps = [float(r) for r in args.steps.split(",") if r.strip()]
+    get_steps = [float(r) for r in args.get_steps.split(",") if r.strip()]
     signal.signal(signal.SIGTERM, _exit_on_signal)
     db_url, queue, env = run_environment("bench-submit")
     reuse = database_ready(db_url)
@@ -427,26 +433,30 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"GET and POST in {args.rounds} alternating pairs of {args.window:g} s windows ...", flush=True)
             results["paired"] = paired(server, workdir, get, post, rounds=args.rounds, window_s=args.window)
-            results["steps"] = []
-            for rate in steps:
-                print(f"submit step {rate:g}/s for {args.step_duration:g} s ...", flush=True)
-                row = measured(
-                    leaders,
-                    measure_api,
-                    server,
-                    workdir,
-                    open_phase(
-                        f"step-{rate:g}",
-                        rate=rate,
-                        duration_s=args.step_duration,
-                        drain_s=max(2.0, args.step_duration / 2),
-                        **post,
-                    ),
-                    warmup_s=0.5,
-                    expect_status=201,
-                )
-                row["offered_rps"] = rate
-                results["steps"].append(row)
+            for key, kind, rates, request, status in (
+                ("steps", "submit", steps, post, 201),
+                ("get_steps", "GET", get_steps, get, 200),
+            ):
+                results[key] = []
+                for rate in rates:
+                    print(f"{kind} step {rate:g}/s for {args.step_duration:g} s ...", flush=True)
+                    row = measured(
+                        leaders,
+                        measure_api,
+                        server,
+                        workdir,
+                        open_phase(
+                            f"{key}-{rate:g}",
+                            rate=rate,
+                            duration_s=args.step_duration,
+                            drain_s=max(2.0, args.step_duration / 2),
+                            **request,
+                        ),
+                        warmup_s=0.5,
+                        expect_status=status,
+                    )
+                    row["offered_rps"] = rate
+                    results[key].append(row)
             rss["end"] = {
                 "web": group_rss_mib(server.proc),
                 "worker": group_rss_mib(workers[0]),
@@ -464,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     results["ratio_p99"] = results["paired"]["ratio_p99"]
     results["knee_rps"] = knee(results["steps"], limit)
     results["knee_rps_100ms"] = knee(results["steps"], SUBMIT_TARGET_P99_MS)
+    results["get_knee_rps"] = knee(results["get_steps"], limit)
     results["targets"] = {
         "ratio_p99": RATIO_TARGET,
         "ratio_p99_met": results["ratio_p99"] is not None and results["ratio_p99"] <= RATIO_TARGET,
@@ -496,8 +507,11 @@ def print_table(r: dict[str, Any]) -> None:
     print(line(f"POST /api/v1/jobs/ @{BASE_RATE:g}/s", r["submit"]))
     for s in r["steps"]:
         print(line(f"  submit step {s['offered_rps']:g}/s", s))
+    for s in r.get("get_steps", []):
+        print(line(f"  GET step {s['offered_rps']:g}/s", s))
     print("CPU ms per request (web server; worker, dispatcher, PostgreSQL, Redis: every process of each):")
     rows = [("GET", r["get"]), ("POST", r["submit"])] + [(f"step {s['offered_rps']:g}/s", s) for s in r["steps"]]
+    rows += [(f"GET step {s['offered_rps']:g}/s", s) for s in r.get("get_steps", [])]
     for name, row in rows:
         groups = "  ".join(f"{k} {v}" for k, v in row.get("cpu_ms_per_request", {}).items())
         print(f"  {name:<14} web {row['server_cpu_ms_per_request']}  {groups}")
@@ -512,6 +526,8 @@ def print_table(r: dict[str, Any]) -> None:
     verdict = "met" if r["targets"]["knee_rps_met"] else "NOT met"
     print(f"knee (p99 <= 2x GET p99): {r['knee_rps']}/s (target >= {KNEE_TARGET_RPS:g}/s: {verdict}); ", end="")
     print(f"within {SUBMIT_TARGET_P99_MS:g} ms: {r['knee_rps_100ms']}/s")
+    if r.get("get_steps"):
+        print(f"the GET's own knee by the same limit (2x its p99 at {BASE_RATE:g}/s): {r['get_knee_rps']}/s")
     for when in ("start", "end"):
         parts = ", ".join(f"{k} {v['total_mib']} MiB ({v['processes']} processes)" for k, v in r["rss"][when].items())
         print(f"RSS at {when}: {parts}")
