@@ -3,10 +3,12 @@ connections, and has PostgreSQL read the catalog entries of the platform's table
 its first request (kernel/wsgibridge.py, `ThreadedWSGI(warm=...)`).
 
 A thread's first request otherwise paid for all of it: 8-12 ms to connect (the password exchange costs both sides
-CPU), then 20-28 ms for a submission that takes 8 ms on a connection that has served a few, because a new server
-process reads each table's and index's description from the catalogs on first use (measured in one process on a
-100,000-job database). A web process starts its threads only as requests overlap, so when the load rose, several
-threads did this at once and the first second at the new rate had a p99 of 100-200 ms (bench/submit.py's steps).
+CPU), then 21-28 ms for a submission that takes 8-11 ms on a connection that has served a few, partly because a new
+server process reads each table's and index's description from the catalogs on first use (measured in one process on
+bench-submit's 100,000-job database). A web process starts its threads only as requests overlap, so when the load
+rose, several threads paid this inside requests at once. Planning a statement on every table moves the log-in and
+the catalog reads out of the requests, not the preparing of the statements themselves: the first submission on a
+warmed connection still took 23-26 ms against 11-14 for the next (docs/operations.md, "Warm connections").
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ ASGI_APPLICATION = "trainyard.asgi.application"
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/trainyard")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = 5
-# Each renewal costs the thread's next request 30-40 ms (a new server process, the password exchange, catalogs
+# Each renewal costs the thread's next request 20-30 ms more (a new server process, the password exchange, catalogs
 # read anew; kernel/warmup.py): every 10 minutes, not every minute. A broken connection is replaced at once either
 # way (CONN_HEALTH_CHECKS).
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("TRAINYARD_DB_CONN_MAX_AGE", default=600)
