@@ -268,7 +268,7 @@ def test_after_the_first_answer_every_thread_warms_up_once_and_later_requests_wa
 
     async def two_requests():
         await bridge(_scope(), _empty_request, send)
-        # The warm-up calls are queued before the second request's: it is served once they have all run.
+        # The warm-up calls were queued before this request's: it waits behind them, then is served as usual.
         await bridge(_scope(), _empty_request, send)
 
     asyncio.run(two_requests())
