@@ -16,6 +16,8 @@ from kernel.paths import BASE_DIR
 from tests.test_k8s_manifests import RBAC_GROUP, granted
 
 HERE = Path(__file__).resolve().parent
+# Where `scripts/cluster/cluster.py` keeps the running cluster (a second pair run beside the first has its own).
+CLUSTER_DIR = Path(os.environ.get("TRAINYARD_CLUSTER_DIR") or BASE_DIR / "var" / "cluster")
 COLLECTED = pytest.StashKey[set[str]]()
 PLATFORM_USER = "system:serviceaccount:trainyard:"
 # No metrics-server runs in `make cluster`: its API's grant is used on the fake API server only
@@ -54,7 +56,7 @@ def real_cluster(request):
             if os.environ.get("CI") == "true":
                 pytest.fail(said)
             pytest.skip(said)
-    state = json.loads((BASE_DIR / "var" / "cluster" / "state.json").read_text())
+    state = json.loads((CLUSTER_DIR / "state.json").read_text())
     audit = Path(state["dir"]) / "audit" / "audit.log"
     begun = audit.stat().st_size if audit.exists() else 0
     yield state

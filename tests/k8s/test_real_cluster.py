@@ -25,6 +25,7 @@ from images.tests.conftest import images_env, upstream  # noqa: F401 - fixtures 
 from jobs import lifecycle
 from jobs.tests.test_volcano_backend import reload, submit  # the same submission as the fake cluster's tests
 from kernel.paths import BASE_DIR
+from tests.k8s.conftest import CLUSTER_DIR
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -823,7 +824,7 @@ def test_stderr_tagged_by_the_wrapper_is_kept_apart_and_pushed_when_the_job_fail
     from monitoring.models import Notification
     from monitoring.services import push
 
-    stand_in = BASE_DIR / "var" / "cluster" / "kwok-container.log"
+    stand_in = CLUSTER_DIR / "kwok-container.log"
     kept = stand_in.read_bytes()
     stdout = ["epoch 1 step 1", "epoch 1 step 2"]
     stderr = ["Traceback (most recent call last):", "ValueError: learning rate must be positive"]
