@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import services as jobs
-from jobs.models import Job
+from jobs.models import Job, written_fields
 from monitoring.selectors import similar_runs
 from quotas.models import Membership, Team
 
@@ -36,22 +36,51 @@ def submitted(user, **extra):
 
 def history(template, owners, n, rng, images=(), **fixed):
     """`n` succeeded copies of `template` over the last 30 days, each with a command, arguments, labels, image
-    reference (of `images`, else the template's) and owner drawn from the lists above (or `fixed`)."""
-    names = [f.name for f in Job._meta.concrete_fields if f.name not in {"id", "submitted_at"}]
+    reference (of `images`, else the template's) and owner drawn from the lists above (or `fixed`).
+
+    The drawn values are made here; the rows are made in the database by one INSERT … SELECT from the template's
+    row (building 14,000 objects for bulk_create took most of the long-history test's minute)."""
     now = timezone.now()
-    rows = []
+    drawn = []
     for _ in range(n):
-        job = Job(**{f: getattr(template, f) for f in names})
-        job.id, job.idempotency_key = uuid.uuid4(), None
-        job.state, job.reserved, job.reason = "succeeded", False, ""
-        job.command, job.args, job.labels = rng.choice(COMMANDS), rng.choice(ARGS), rng.choice(LABELS)
-        job.image_reference = rng.choice(images) if images else template.image_reference
-        job.owner = rng.choice(owners)
-        job.finished_at = now - timedelta(seconds=rng.uniform(60, 30 * 86400))
-        for key, value in fixed.items():
-            setattr(job, key, value)
-        rows.append(job)
-    Job.objects.bulk_create(rows, batch_size=2000)
+        row = {"id": uuid.uuid4(), "idempotency_key": None, "state": "succeeded", "reserved": False, "reason": ""}
+        row["command"], row["args"], row["labels"] = rng.choice(COMMANDS), rng.choice(ARGS), rng.choice(LABELS)
+        row["image_reference"] = rng.choice(images) if images else template.image_reference
+        row["owner"] = rng.choice(owners)
+        row["finished_at"] = now - timedelta(seconds=rng.uniform(60, 30 * 86400))
+        row.update(fixed)
+        drawn.append(row)
+    if not drawn:
+        return
+    quote = connection.ops.quote_name
+    varying = [Job._meta.get_field(name) for name in drawn[0]]
+    arrays = [[_as_text(field, row[field.name]) for row in drawn] for field in varying]
+    kept = [f for f in written_fields(Job) if f not in varying and f.name != "submitted_at"]
+    chosen = ", ".join(f"v.c{i}::{field.db_type(connection)}" for i, field in enumerate(varying))
+    names = ", ".join(quote(f.column) for f in [*varying, *kept])
+    copied = ", ".join(quote(f.column) for f in kept)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO jobs_job (submitted_at, {names}) SELECT now(), {chosen}, {copied} "
+            f"FROM jobs_job, unnest({', '.join(['%s::text[]'] * len(arrays))}) "
+            f"AS v({', '.join(f'c{i}' for i in range(len(arrays)))}) WHERE jobs_job.id = %s",
+            [*arrays, template.pk],
+        )
+
+
+def _as_text(field, value):
+    """A drawn value as PostgreSQL's text for the field's column (cast back in the INSERT)."""
+    if value is None:
+        return None
+    if field.is_relation:
+        return str(getattr(value, "pk", value))
+    if field.get_internal_type() == "JSONField":
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
 
 
 def the_plain_query(job, *, owner_only, limit):

