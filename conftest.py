@@ -123,10 +123,12 @@ def object_store(tmp_path_factory):
 @pytest.fixture(scope="session")
 def registry_url(tmp_path_factory):
     """A real image registry for the session: the one TRAINYARD_REGISTRY_URL names, else Debian's docker-registry
-    started here on a free loopback port (skipped when it is not installed, failed under CI=true)."""
+    started here on a free loopback port (skipped when it is not installed, failed under CI=true). A run in a lane
+    of its own (TRAINYARD_TEST_LANE, ops/pytest_workers.py) always starts its own: two runs pushing the same build's
+    repository and tag to one registry would each read back the other's digest."""
     from ops import embedded
 
-    if os.environ.get("TRAINYARD_REGISTRY_URL"):
+    if os.environ.get("TRAINYARD_REGISTRY_URL") and not os.environ.get("TRAINYARD_TEST_LANE"):
         yield os.environ["TRAINYARD_REGISTRY_URL"]
         return
     if embedded.registry_binary() is None:

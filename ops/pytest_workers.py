@@ -8,7 +8,8 @@ wake-up marks and channel groups of one worker never meet the other's.
 A whole pytest run beside another on the same servers (`scripts/test.sh` runs the real-cluster tests on a second
 Kubernetes/Volcano pair at the same time as on the first) names a lane, `TRAINYARD_TEST_LANE=<n>` (1-4): its Redis
 database is the configured one plus 4 + n, its PostgreSQL database name gets `_lane<n>` (so pytest-django's test
-database does too) and its bucket `-lane<n>`, so neither run reads, clears or drops what the other wrote.
+database does too) and its bucket `-lane<n>`, and the `registry_url` fixture (conftest.py) starts a registry of its
+own, so neither run reads, clears, drops or overwrites what the other wrote.
 
 It runs when pytest loads plugins, before pytest-django reads the Django settings, and only changes the environment
 of the process it runs in.
