@@ -103,16 +103,39 @@ def _pump(name: str, proc: subprocess.Popen) -> None:
 
 
 def _manage(*args: str, env: dict) -> None:
-    result = subprocess.run(
+    """`manage.py <args>` in a process of its own, its output shown line by line as it comes (a first start's
+    migrations and image build take minutes: the terminal says what is going on meanwhile)."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "django", *args],
         env={"DJANGO_SETTINGS_MODULE": "trainyard.settings", **env},
-        capture_output=True,
-        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
-    for line in (result.stdout + result.stderr).splitlines():
-        say("setup", line)
-    if result.returncode != 0:
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        say("setup", raw.decode("utf-8", "replace"))
+    if proc.wait() != 0:
         raise embedded.ServiceError(f"'manage.py {' '.join(args)}' failed (output above)")
+
+
+# Whether a local TensorBoard may still run: an active local route. Read with one connection instead of a Django
+# process (2-3 s of start-up on every stop, nearly always to find none).
+ACTIVE_LOCAL_TENSORBOARD_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM jobs_tensorboardroute WHERE state = 'active' AND backend = 'local')"
+)
+
+
+def _tensorboards_may_run(database_url: str) -> bool:
+    """False only when the database answers that no local TensorBoard route is active; any doubt (no answer, a
+    schema that differs) is True, and the caller runs the full clean-up."""
+    import psycopg
+
+    try:
+        url = database_url.replace("postgres://", "postgresql://", 1)
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            return bool(conn.execute(ACTIVE_LOCAL_TENSORBOARD_SQL).fetchone()[0])
+    except (psycopg.Error, ValueError):
+        return True
 
 
 def _missing_tools() -> list[tuple[str, str]]:
@@ -186,10 +209,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     code = 0
     try:
-        _manage("migrate", "--noinput", env=env)
-        _manage("collectstatic", "--noinput", "-v", "0", env=env)
-        say("setup", "seeding; then the offline base image python-local: found by its inputs, or built (first start)")
-        _manage("seed", "--offline-base", env=env)
+        _manage("prepare", env=env)  # migrate, collectstatic, seed (with the offline base) in one process
         for name in processes.NAMES if not stop_signals else ():
             child = Child(
                 name,
@@ -236,7 +256,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
-        if children:
+        if children and _tensorboards_may_run(env.get("DATABASE_URL", "")):
             try:  # the jobs' TensorBoards run in sessions of their own: stop them before the database goes
                 _manage("tensorboard_stop", env=env)
             except embedded.ServiceError as exc:

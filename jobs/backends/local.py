@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -229,8 +230,12 @@ class LocalBackend:
             pinning = cpu_pinning.Pinning(why=stored("not pinned: CPU pinning is off (TRAINYARD_LOCAL_CPU_PINNING)"))
         (folder / "pinning.json").write_text(json.dumps(pinning.as_dict()))
         spec["cpus"] = list(pinning.cpus)
-        # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
-        tmp = folder / "spec.json.tmp"
+        # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole. Two
+        # starts of one attempt can run here at once (a start claimed by a worker that was stopped mid-way is
+        # claimed again, `lifecycle._attempt_claim`): each writes a file of its own name, or the second one's
+        # rename found the first one's file gone and failed the attempt, which was retried while the first start's
+        # command ran (the command ran twice). The supervisor's lock then lets one of them run it.
+        tmp = folder / f"spec.json.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(spec))

@@ -84,6 +84,50 @@ def test_concurrent_starts_of_one_attempt_run_it_once(platform, fast_lifecycle, 
     assert runs(marks) == ["1"]
 
 
+def test_two_submits_of_one_attempt_at_the_same_instant_run_it_once(platform, fast_lifecycle, tmp_path, monkeypatch):
+    """A start claimed by a worker that was stopped mid-way is claimed again while the first is still in the
+    backend's submit (seen in the fault suite: the worker got SIGTERM while it started jobs). Both write the
+    attempt's spec at the same instant: neither may fail (a failed submit retries the attempt while the other
+    start's command runs, so the command ran twice), and the supervisor's lock lets one of them run it."""
+    import jobs.backends.local as local
+
+    marks = tmp_path / "marks"
+    job = submit(platform, script="sleep 1", marks=marks)
+    attempt = admitted_attempt(job)
+    desc = lifecycle.describe_attempt(lifecycle._attempt_claim(attempt_id=attempt.id))
+    starts = 4
+    # Every start has written its spec before any renames it into place: the interleaving that failed.
+    together = threading.Barrier(starts)
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        if str(dst).endswith("spec.json"):
+            together.wait(timeout=30)
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(local.os, "replace", replace)
+    refs, errors = [], []
+
+    def start() -> None:
+        try:
+            refs.append(get_backend().submit(desc))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(starts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert errors == [] and len(set(refs)) == 1 and len(refs) == starts
+    lifecycle.attempt_start(attempt_id=attempt.id)  # the hand-over, as the surviving start records it
+    drive_until(lambda: settled(job))
+    assert_settled(job, marks, state="succeeded")
+    assert runs(marks) == ["1"]
+    assert Attempt.objects.filter(job=job).count() == 1
+
+
 def test_a_killed_supervisor_is_fenced_before_the_retry(platform, fast_lifecycle, tmp_path):
     """SIGKILL to the supervisor only: its escaped grandchild must be dead before attempt 2 starts."""
     marks = tmp_path / "marks"

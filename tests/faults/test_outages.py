@@ -194,13 +194,18 @@ def test_outages_and_kills_strand_nothing(servers, tmp_path):
         kill_everything(launcher, descendants)
 
 
-def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
-    pg, redis = servers
+def test_sigterm_stops_the_launcher_and_every_child(tmp_path):
+    """On an empty database (the other launcher tests start from a migrated copy): `make run`'s first start on a new
+    machine, its migrations and seed included, comes up, and SIGTERM then stops it and every child."""
+    pg, redis = PrivatePostgres(tmp_path / "pg", empty=True), PrivateRedis(tmp_path / "redis")
+    pg.start()
+    redis.start()
     port = embedded.free_port()
     launcher = Launcher(platform_env(tmp_path, pg, redis, port))
     descendants: set[int] = set()
     try:
         launcher.wait_for("Trainyard is ready", seconds=300)
+        assert launcher.wait_for("Applying jobs.0001_initial", seconds=1) >= 0  # the migrations ran here
         descendants = proctree.descendants(launcher.proc.pid)
         launcher.proc.send_signal(signal.SIGTERM)
         assert launcher.proc.wait(timeout=40) == 0
@@ -211,6 +216,8 @@ def test_sigterm_stops_the_launcher_and_every_child(servers, tmp_path):
         assert not alive(descendants)
     finally:
         kill_everything(launcher, descendants)
+        redis.stop()
+        pg.stop()
 
 
 def test_a_running_job_outlives_a_stop_and_is_adopted_by_the_next_start(servers, tmp_path):

@@ -409,3 +409,37 @@ def test_composes_object_store_listens_beyond_its_container_only_with_the_s3_gat
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_launcher_runs_the_tensorboard_clean_up_only_when_a_local_route_is_active():
+    """`make run`'s stop asks the database (one connection, no Django process) whether any local TensorBoard may
+    still run; the same filter as `routes_stop_all`. Any doubt runs the clean-up."""
+    from django.db import connection
+
+    from jobs import services
+    from jobs.models import TensorBoardRoute
+    from ops import standalone
+    from ops.seed import seed
+
+    db = connection.settings_dict
+    url = f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    assert not standalone._tensorboards_may_run(url)
+    seed(admin_password="admin-pass-123", demo_password="demo-pass-123")
+    from django.contrib.auth import get_user_model
+
+    demo = get_user_model().objects.get(username="demo")
+    base = {"team": "demo", "queue": "train", "spec": "shared", "image": "python-3.11", "command": ["true"]}
+    job = services.job_submit(user=demo, data=base)[0]
+    route = TensorBoardRoute.objects.create(job=job, backend="kubernetes", logdir="x", host="tb.example")
+    assert not standalone._tensorboards_may_run(url)  # a Kubernetes route is no local process
+    TensorBoardRoute.objects.create(job=job, backend="local", logdir="x", port=1, state="revoked")
+    assert not standalone._tensorboards_may_run(url)
+    route.delete()
+    local = TensorBoardRoute.objects.create(job=job, backend="local", logdir="x", port=2)
+    assert standalone._tensorboards_may_run(url)
+    local.state = "revoked"
+    local.save()
+    assert not standalone._tensorboards_may_run(url)
+    assert standalone._tensorboards_may_run(url.rsplit("/", 1)[0] + "/no_such_database")
+    assert standalone._tensorboards_may_run("")
