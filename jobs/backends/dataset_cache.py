@@ -45,16 +45,32 @@ COMMON_PART_MIB = (5, 8, 16, 32, 64, 100, 128, 256, 512)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+# The exit status of a `fill` that no retry of its Job can make succeed (the dataset in the store is no longer the
+# version registered, or it does not fit in its volume): the fill Job's pod failure policy fails the Job on it at
+# once, where a failure that may pass (a store that blinked) gets the Job's own retries.
+FILL_CANNOT_SUCCEED_EXIT = 3
+
+
 class DatasetError(RuntimeError):
-    """The dataset could not be fetched (store down, changed, checksum mismatch); the message says which."""
+    """The dataset could not be fetched (store down, changed, checksum mismatch); the message says which.
+    `permanent`: fetching it again, now or in a minute, would fail the same way."""
 
     reason = "DatasetFetchError"
+    permanent = False
+
+
+class DatasetChanged(DatasetError):
+    """The objects under the dataset's prefix are not the version that was registered (other files, other sizes,
+    or none at all), or one of them cannot be a path in the copy."""
+
+    permanent = True
 
 
 class CacheFull(DatasetError):
     """The dataset does not fit in the cache, even after evicting every copy no job uses."""
 
     reason = "DatasetCacheFull"
+    permanent = True
 
 
 @dataclass
@@ -217,7 +233,7 @@ class DatasetCache:
         size = sum(o["size"] for o in objects)
         expected = (spec.get("size_bytes"), spec.get("file_count"))
         if expected[0] is not None and (size, len(objects)) != (int(expected[0]), int(expected[1])):
-            raise DatasetError(
+            raise DatasetChanged(
                 f"dataset {spec['name']} v{spec['version']} changed in the store since it was registered: "
                 f"{len(objects)} files, {size} bytes now; {expected[1]} files, {expected[0]} bytes registered"
             )
@@ -237,7 +253,7 @@ class DatasetCache:
                 rel = obj["key"][len(spec["prefix"]) :].lstrip("/")
                 dest = partial / rel
                 if not rel or not dest.resolve().is_relative_to(partial.resolve()):
-                    raise DatasetError(f"object {obj['key']} is not a usable path in the dataset")
+                    raise DatasetChanged(f"object {obj['key']} is not a usable path in the dataset")
                 download_verified(s3, store.bucket, obj, dest)
             for root, dirs, files in os.walk(partial):
                 for f in files:
@@ -395,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     `fill`: the one Job that copies it into its shared cache volume (`fill`), the marker written last.
     `wait`: the init container of a pod reading a shared cache volume (mounted read-only): it ends once the
     marker is there, or fails after `--timeout-s` with a DatasetFetchError. A failure exits 1 with
-    `<reason>: <message>` in `--termination-log`."""
+    `<reason>: <message>` in `--termination-log`; a `fill` that no retry can make succeed exits
+    FILL_CANNOT_SUCCEED_EXIT (3)."""
     parser = argparse.ArgumentParser(prog="dataset_cache")
     parser.add_argument("action", choices=["fetch", "fill", "wait"])
     parser.add_argument("--cache", required=True)
@@ -426,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             marker, fetched = fill(Path(args.cache), spec, store)
         except DatasetError as exc:
             _report(args.termination_log, exc.reason, str(exc))  # the observer says which dataset, and where
-            return 1
+            return FILL_CANNOT_SUCCEED_EXIT if exc.permanent else 1
         print(f"[trainyard] {what} {'filled into' if fetched else 'already in'} its shared cache volume "
               f"({marker.get('file_count')} files, {marker.get('size')} bytes)", flush=True)  # fmt: skip
         return 0

@@ -36,6 +36,7 @@ from kubernetes.utils import parse_quantity
 
 from cluster.inventory import POOL_LABEL
 from jobs.backends.base import AttemptDescription, Device
+from jobs.backends.dataset_cache import FILL_CANNOT_SUCCEED_EXIT
 
 JSON = dict[str, Any]
 
@@ -916,6 +917,20 @@ def render_dataset_fill(spec: Mapping[str, Any], namespace: str, options: Render
         },
         "spec": {
             "backoffLimit": DATASET_FILL_BACKOFF,
+            # A fill that cannot succeed (the store's copy is not the registered version) fails the Job at once:
+            # its own retries waited out the pod back-off (10 s, then 20 s) before the waiting attempts heard why.
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "fill",
+                            "operator": "In",
+                            "values": [FILL_CANNOT_SUCCEED_EXIT],
+                        },
+                    }
+                ]
+            },
             "activeDeadlineSeconds": int(options.dataset_fill_timeout_s),
             "ttlSecondsAfterFinished": DATASET_FILL_TTL_S,
             "template": _with_apparmor({"metadata": {"labels": labels}, "spec": pod}, options),

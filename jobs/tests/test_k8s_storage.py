@@ -14,7 +14,7 @@ import time
 import kubernetes_validate
 import pytest
 
-from jobs.backends import checkpoint_sync
+from jobs.backends import checkpoint_sync, dataset_cache
 from jobs.backends import volcano_render as render
 from jobs.backends.dataset_cache import entry_name
 from jobs.tests.test_volcano_render import (  # noqa: F401 - fixture
@@ -376,6 +376,10 @@ def test_the_dataset_claim_and_fill_job_are_valid_restricted_and_sized_with_head
     assert {"name": "cache", "mountPath": "/trainyard/datasets"} in container["volumeMounts"]
     assert pod["volumes"][0] == {"name": "cache", "persistentVolumeClaim": {"claimName": "ty-dataset-7-v3"}}
     assert fill["spec"]["activeDeadlineSeconds"] == 6 * 3600 and fill["spec"]["backoffLimit"] == 2
+    # A fill that no retry can make succeed (its process exits 3) fails the Job at once.
+    assert fill["spec"]["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob", "onExitCodes": {"containerName": "fill", "operator": "In", "values": [3]}}
+    ]
     labels = fill["metadata"]["labels"]
     assert labels["app.kubernetes.io/component"] == "dataset-fill" and labels["trainyard.io/dataset-id"] == "7"
     # Without the setting: today's emptyDir fetcher per pod, and no fill to wait for.
@@ -397,9 +401,9 @@ def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_p
     volume = tmp_path / "claim"
     volume.mkdir()
 
-    def run(action, *extra, dataset=spec):
+    def run(action, *extra, dataset=spec, store_url=object_store.url):
         env = {**os.environ, "PYTHONPATH": str(BASE_DIR), "TRAINYARD_DATASET": json.dumps(dataset),
-               "TRAINYARD_S3_URL": object_store.url, "TRAINYARD_S3_BUCKET": object_store.bucket,
+               "TRAINYARD_S3_URL": store_url, "TRAINYARD_S3_BUCKET": object_store.bucket,
                "TRAINYARD_S3_ACCESS_KEY_ID": object_store.access_key_id,
                "TRAINYARD_S3_SECRET_ACCESS_KEY": object_store.secret_access_key}  # fmt: skip
         log = tmp_path / f"termination-{time.time_ns()}"  # each container run gets a file of its own
@@ -415,8 +419,15 @@ def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_p
     assert said.startswith("DatasetFetchError: dataset tiny v2 was not in its shared cache volume after 0.5 s")
     changed = {**spec, "file_count": 4}
     failed, said = run("fill", dataset=changed)
-    assert failed.returncode == 1
+    # No retry of the fill Job can mend this: exit 3, on which its pod failure policy fails the Job at once.
+    assert failed.returncode == dataset_cache.FILL_CANNOT_SUCCEED_EXIT == 3
     assert said.startswith("DatasetFetchError: dataset tiny v2 changed in the store since it was registered")
+    assert not (volume / "filled.json").exists()
+    # A store that does not answer may answer the Job's next pod: exit 1, the Job's own retries.
+    from ops.embedded import free_port
+
+    blinked, said = run("fill", store_url=f"http://127.0.0.1:{free_port()}")
+    assert blinked.returncode == 1 and said.startswith("DatasetFetchError: cannot list the dataset in the store")
     assert not (volume / "filled.json").exists()
 
     filled, said = run("fill")

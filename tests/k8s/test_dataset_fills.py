@@ -101,14 +101,14 @@ class _FailFills(threading.Thread):
     """Fails every pod of the fill Job `claim` as it starts (kwok's `fail` outcome, patched on before kwok would
     complete it) with the fill process's own termination message."""
 
-    def __init__(self, admin, claim: str, message: str):
+    def __init__(self, admin, claim: str, message: str, exit_code: int):
         super().__init__(daemon=True)
-        self.admin, self.claim, self.message = admin, claim, message
+        self.admin, self.claim, self.message, self.exit_code = admin, claim, message, exit_code
         self.failed: set[str] = set()
         self.stop = threading.Event()
 
     def run(self) -> None:
-        annotations = {"kwok.trainyard.io/outcome": "fail", "kwok.trainyard.io/exit-code": "1",
+        annotations = {"kwok.trainyard.io/outcome": "fail", "kwok.trainyard.io/exit-code": str(self.exit_code),
                        "kwok.trainyard.io/outcome-after": "0s", "kwok.trainyard.io/message": self.message}  # fmt: skip
         while not self.stop.is_set():
             pods = self.admin["core"].list_namespaced_pod(TEAM_NS, label_selector=f"job-name={self.claim}").items
@@ -129,9 +129,10 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
     platform, admin, real_cluster, settings, object_store, celery_worker_thread, tmp_path
 ):
     """The fill process, run here on the fill Job's dataset spec against the real store (where that dataset's files
-    are not), fails with `DatasetFetchError: …`; every fill pod fails so (the Job's own retries too) and the Job
-    fails. Both waiting attempts fail with that reason and the fill's message; the fill Job is removed, and the job
-    with a retry left makes a new one for its second attempt, which fails the same way."""
+    are not), fails with `DatasetFetchError: …` and exit status 3 (no retry can mend it); the fill pod fails so and
+    the Job's pod failure policy fails the Job at once, without its own retries. Both waiting attempts fail with
+    that reason and the fill's message; the fill Job is removed, and the job with a retry left makes a new one for
+    its second attempt, which fails the same way."""
     from jobs.models import JobEvent
 
     since = datetime.now(UTC).replace(microsecond=0)
@@ -152,11 +153,11 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
         env=run_env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     said = termination.read_text() if termination.exists() else ""
-    assert done.returncode == 1 and said.startswith("DatasetFetchError: "), (done.returncode, said, done.stderr)
+    assert done.returncode == 3 and said.startswith("DatasetFetchError: "), (done.returncode, said, done.stderr)
     reason, _, message = said.strip().partition(": ")
     batch = k8s.BatchV1Api(admin["api"])
     with cache_volume(admin, claim):
-        failing = _FailFills(admin, claim, said)
+        failing = _FailFills(admin, claim, said, done.returncode)
         failing.start()  # before the fill Job exists: each of its pods fails before kwok would complete it
         try:
             retried = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
@@ -181,5 +182,7 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
         assert _creates(real_cluster, "persistentvolumeclaims", TEAM_NS, claim, since).count(201) == 1  # one claim
         # the fill Job removed, and made again by the retry
         assert _creates(real_cluster, "jobs", TEAM_NS, claim, since).count(201) == 2
-        assert len(failing.failed) <= 2 * 3  # the Job's own retries (backoffLimit 2), no more
+        # One pod per fill Job: the pod failure policy failed each Job on its first pod's exit status, where the
+        # Job's own retries (backoffLimit 2) made three pods and waited out 30 s of back-off.
+        assert len(failing.failed) == 2, failing.failed
         _drive_plain(lambda: not batch.list_namespaced_job(TEAM_NS).items, timeout=30)  # the failed one removed
