@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -165,6 +164,23 @@ class LocalBackend:
             top.mkdir(parents=True, exist_ok=True)
             top.chmod(0o700)  # jobs' folders are nobody else's business (the sandbox hides them anyway)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Two starts of one attempt can get here at once: the reconciler starts again an attempt claimed more than
+        # TRAINYARD_START_OVERDUE_S ago and not handed over, while the first start may still be at work (a loaded
+        # machine, a big code snapshot). One at a time: the second waits for the first, then finds its supervisor.
+        # Both used to write the same spec file (the second's rename failed, the attempt was retried while the
+        # first one's command ran) and could unpack the job's code again under the command already running. A
+        # start that dies lets go of the lock with its process.
+        held = os.open(folder / "submit.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            if (folder / "runner.pid").exists():
+                return ref  # submitted by the start that held the lock
+            return self._submit_held(desc, ref, folder)
+        finally:
+            os.close(held)
+
+    def _submit_held(self, desc: AttemptDescription, ref: str, folder: Path) -> str:
+        """Prepare the attempt's folders and spec and start its supervisor; the caller holds the submit lock."""
         _reserve(folder / "reserve")
         job_root = self.root / desc.job_id
         workdir = job_path(job_root, desc.working_dir, default="work")
@@ -230,12 +246,8 @@ class LocalBackend:
             pinning = cpu_pinning.Pinning(why=stored("not pinned: CPU pinning is off (TRAINYARD_LOCAL_CPU_PINNING)"))
         (folder / "pinning.json").write_text(json.dumps(pinning.as_dict()))
         spec["cpus"] = list(pinning.cpus)
-        # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole. Two
-        # starts of one attempt can run here at once (a start claimed by a worker that was stopped mid-way is
-        # claimed again, `lifecycle._attempt_claim`): each writes a file of its own name, or the second one's
-        # rename found the first one's file gone and failed the attempt, which was retried while the first start's
-        # command ran (the command ran twice). The supervisor's lock then lets one of them run it.
-        tmp = folder / f"spec.json.{os.getpid()}.{threading.get_ident()}.tmp"
+        # The spec holds the job's env (its secrets): readable by the platform's user alone, written whole.
+        tmp = folder / "spec.json.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(spec))
