@@ -5,11 +5,14 @@ launcher pointed at them.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -98,10 +101,6 @@ def _migrated_cluster() -> Path:
     empty database stays tested: `PrivatePostgres(empty=True)` (the SIGTERM test of test_outages.py)."""
     if _template:
         return _template[0]
-    import atexit
-    import shutil
-    import tempfile
-
     folder = Path(tempfile.mkdtemp(prefix="trainyard-pg-template-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     running = embedded.Embedded()
@@ -137,8 +136,6 @@ class PrivatePostgres:
 
     def start(self) -> None:
         if not self.url:
-            import shutil
-
             self.folder.mkdir(parents=True, exist_ok=True)
             if not self.empty:
                 template = _migrated_cluster()
