@@ -134,6 +134,16 @@ DEFAULT_RULES = [
         "try again when they end, or ask an admin to raise TRAINYARD_DATASET_CACHE_BYTES.",
     ),
     dict(
+        name="dataset-changed",
+        order=57,
+        reason_pattern=r"^DatasetChanged$",
+        failure_class="user",
+        reaction="no_retry",
+        suggestion="The files under the dataset's prefix in the object store are no longer the version that was "
+        "registered (files added, removed or resized since): register them as a new version of the dataset and "
+        "submit again naming it. Not retried: a retry would find the same files.",
+    ),
+    dict(
         name="dataset-fetch-failed",
         order=59,
         reason_pattern=r"^DatasetFetchError$",

@@ -48,7 +48,13 @@ LIVE = (AttemptState.STARTING, AttemptState.RUNNING)
 PREEMPTED_REASON = "Preempted"  # what a preempted attempt's observation reports
 # Failures before the command started, whose message names what failed (the checkpoint to resume from, a dataset).
 STARTUP_FAILURE_REASONS = frozenset(
-    {checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN, "DatasetFetchError", "DatasetCacheFull"}
+    {
+        checkpoint_sync.RESTORE_FAILED,
+        checkpoint_sync.RESTORE_STORE_DOWN,
+        "DatasetFetchError",
+        "DatasetChanged",
+        "DatasetCacheFull",
+    }
 )
 
 

@@ -61,8 +61,10 @@ class DatasetError(RuntimeError):
 
 class DatasetChanged(DatasetError):
     """The objects under the dataset's prefix are not the version that was registered (other files, other sizes,
-    or none at all), or one of them cannot be a path in the copy."""
+    or none at all), or one of them cannot be a path in the copy. A retry would find the same files: the job fails
+    with this reason and is not retried (classifier rule `dataset-changed`)."""
 
+    reason = "DatasetChanged"
     permanent = True
 
 

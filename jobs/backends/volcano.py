@@ -108,7 +108,7 @@ REFUSALS = (
 NOTES_KEY = ".notes"  # in an attempt's log-copy state: the platform's own lines already written to its log
 RESTORE_REASONS = frozenset({checkpoint_sync.RESTORE_FAILED, checkpoint_sync.RESTORE_STORE_DOWN})
 # dataset_cache.DatasetError's reasons, and code_fetch's: an init container of the platform's that says why it failed
-DATASET_REASONS = frozenset({"DatasetFetchError", "DatasetCacheFull", "CodeFetchError"})
+DATASET_REASONS = frozenset({"DatasetFetchError", "DatasetChanged", "DatasetCacheFull", "CodeFetchError"})
 QUEUE_SCALE_MESSAGES = ("queue resource quota insufficient", "resource in cluster is overused")
 
 

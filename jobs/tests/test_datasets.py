@@ -72,8 +72,9 @@ def test_a_wrong_checksum_or_a_changed_dataset_is_refused_and_leaves_nothing(obj
         cache.acquire(spec, object_store)
     assert cache.entries() == [] and not list((tmp_path / "cache" / "data").iterdir())
     spec.update(size_bytes=5, file_count=1)  # the registration said one file: the store now has two
-    with pytest.raises(DatasetError, match="changed in the store since it was registered"):
+    with pytest.raises(DatasetError, match="changed in the store since it was registered") as changed:
         cache.acquire(spec, object_store)
+    assert changed.value.reason == "DatasetChanged" and changed.value.permanent
 
 
 def test_lru_eviction_never_evicts_a_copy_in_use_and_a_full_cache_is_a_clear_error(object_store, tmp_path):
@@ -349,6 +350,25 @@ def test_a_full_cache_fails_the_attempt_with_a_clear_reason(demo, checkpoint_sto
     attempt = job.attempts.get()
     assert attempt.reason == "DatasetCacheFull" and attempt.rule == "dataset-cache-full"
     assert "TRAINYARD_DATASET_CACHE_BYTES" in log_text(job)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_dataset_changed_in_the_store_fails_the_job_once_and_is_not_retried(
+    demo, checkpoint_store, celery_worker_thread, settings, tmp_path
+):
+    settings.TRAINYARD_DATASET_CACHE_DIR = tmp_path / "datasets"
+    dataset = _register(demo, checkpoint_store, "moved", {"a.txt": b"alpha"})
+    # Someone adds a file under the registered prefix: the store no longer holds version 1 as registered.
+    _upload(checkpoint_store, dataset.s3_prefix, {"b.txt": b"beta"})
+    job = submit(demo, command=["true"], datasets=[{"name": "moved", "path": "/data"}], max_retries=2)
+    job = wait_for(lambda: finished(job), timeout=60)
+    assert job.state == JobState.FAILED
+    attempt = job.attempts.get()  # one attempt although two retries were allowed: a retry would find the same files
+    assert (attempt.reason, attempt.rule) == ("DatasetChanged", "dataset-changed")
+    failed = job.events.get(kind="attempt_failed").message
+    assert "(DatasetChanged): dataset moved v1 changed in the store since it was registered: 2 files" in failed
+    assert "DatasetChanged: dataset moved v1 changed in the store" in log_text(job)
 
 
 @pytest.mark.django_db(transaction=True)

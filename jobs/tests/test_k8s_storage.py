@@ -285,6 +285,9 @@ def test_a_failed_init_containers_reason_is_its_message_or_the_end_of_its_log(te
     [
         ("CheckpointRestoreError", ("platform", "no_retry", "checkpoint-restore-failed")),
         ("CheckpointStoreUnavailable", ("platform", "retry", "checkpoint-store-unavailable")),
+        ("DatasetFetchError", ("platform", "retry", "dataset-fetch-failed")),
+        ("DatasetChanged", ("user", "no_retry", "dataset-changed")),
+        ("DatasetCacheFull", ("resource", "no_retry", "dataset-cache-full")),
     ],
 )
 def test_default_rules_retry_a_store_outage_but_not_an_unusable_checkpoint(reason, expected):
@@ -421,7 +424,7 @@ def test_the_fill_and_wait_processes_share_one_verified_copy(object_store, tmp_p
     failed, said = run("fill", dataset=changed)
     # No retry of the fill Job can mend this: exit 3, on which its pod failure policy fails the Job at once.
     assert failed.returncode == dataset_cache.FILL_CANNOT_SUCCEED_EXIT == 3
-    assert said.startswith("DatasetFetchError: dataset tiny v2 changed in the store since it was registered")
+    assert said.startswith("DatasetChanged: dataset tiny v2 changed in the store since it was registered")
     assert not (volume / "filled.json").exists()
     # A store that does not answer may answer the Job's next pod: exit 1, the Job's own retries.
     from ops.embedded import free_port

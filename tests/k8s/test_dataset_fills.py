@@ -125,14 +125,14 @@ class _FailFills(threading.Thread):
             time.sleep(0.03)
 
 
-def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_retry_fills_again(
+def test_a_fill_that_cannot_succeed_fails_the_waiting_attempts_with_its_reason_and_nothing_is_retried(
     platform, admin, real_cluster, settings, object_store, celery_worker_thread, tmp_path
 ):
     """The fill process, run here on the fill Job's dataset spec against the real store (where that dataset's files
-    are not), fails with `DatasetFetchError: …` and exit status 3 (no retry can mend it); the fill pod fails so and
+    are not), fails with `DatasetChanged: …` and exit status 3 (no retry can mend it); the fill pod fails so and
     the Job's pod failure policy fails the Job at once, without its own retries. Both waiting attempts fail with
-    that reason and the fill's message; the fill Job is removed, and the job with a retry left makes a new one for
-    its second attempt, which fails the same way."""
+    that reason and the fill's message under the rule `dataset-changed`; the fill Job is removed, and the job with a
+    retry left is not retried, so no second fill Job is made for a copy that cannot succeed."""
     from jobs.models import JobEvent
 
     since = datetime.now(UTC).replace(microsecond=0)
@@ -153,36 +153,33 @@ def test_a_failed_fill_job_fails_the_waiting_attempts_with_its_reason_and_the_re
         env=run_env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     said = termination.read_text() if termination.exists() else ""
-    assert done.returncode == 3 and said.startswith("DatasetFetchError: "), (done.returncode, said, done.stderr)
+    assert done.returncode == 3 and said.startswith("DatasetChanged: "), (done.returncode, said, done.stderr)
     reason, _, message = said.strip().partition(": ")
     batch = k8s.BatchV1Api(admin["api"])
     with cache_volume(admin, claim):
         failing = _FailFills(admin, claim, said, done.returncode)
         failing.start()  # before the fill Job exists: each of its pods fails before kwok would complete it
         try:
-            retried = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
+            may_retry = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=1)
             once = submit(platform["user"], datasets=[{"name": "imagenet", "path": "/data"}], max_retries=0)
             _drive_plain(lambda: batch.list_namespaced_job(TEAM_NS).items, timeout=60)
             [fill] = batch.list_namespaced_job(TEAM_NS).items
             env = {e.name: e.value for e in fill.spec.template.spec.containers[0].env or [] if e.value is not None}
             assert json.loads(env["TRAINYARD_DATASET"]) == spec  # what the process above was given
             once = _drive(lambda: _state(once, "failed"), timeout=180)
-            retried = _drive(lambda: _state(retried, "failed"), timeout=240)
+            may_retry = _drive(lambda: _state(may_retry, "failed"), timeout=240)
         finally:
             failing.stop.set()
             failing.join(10)
         said_by_fill = f"{reason} — dataset imagenet v1 could not be filled into its shared cache volume (Job {claim})"
-        for job, count in ((once, 1), (retried, 2)):
+        for job in (once, may_retry):  # one attempt each: the job with a retry left is not retried
             attempts = list(job.attempts.order_by("number"))
-            assert [(a.reason, a.rule) for a in attempts] == [(reason, "dataset-fetch-failed")] * count
-            events = list(JobEvent.objects.filter(job=job, kind="attempt_failed"))
-            assert len(events) == count
-            for event in events:  # the fill pod's own words, behind the Job's name
-                assert f"{said_by_fill}: {message}" in event.message, event.message
+            assert [(a.reason, a.rule) for a in attempts] == [(reason, "dataset-changed")]
+            [event] = JobEvent.objects.filter(job=job, kind="attempt_failed")
+            assert f"{said_by_fill}: {message}" in event.message, event.message  # the fill pod's own words
         assert _creates(real_cluster, "persistentvolumeclaims", TEAM_NS, claim, since).count(201) == 1  # one claim
-        # the fill Job removed, and made again by the retry
-        assert _creates(real_cluster, "jobs", TEAM_NS, claim, since).count(201) == 2
-        # One pod per fill Job: the pod failure policy failed each Job on its first pod's exit status, where the
-        # Job's own retries (backoffLimit 2) made three pods and waited out 30 s of back-off.
-        assert len(failing.failed) == 2, failing.failed
+        assert _creates(real_cluster, "jobs", TEAM_NS, claim, since).count(201) == 1  # no retry made it again
+        # One pod: the pod failure policy failed the Job on its first pod's exit status, where the Job's own
+        # retries (backoffLimit 2) made three pods and waited out 30 s of back-off.
+        assert len(failing.failed) == 1, failing.failed
         _drive_plain(lambda: not batch.list_namespaced_job(TEAM_NS).items, timeout=30)  # the failed one removed
