@@ -124,11 +124,12 @@ def object_store(tmp_path_factory):
 def registry_url(tmp_path_factory):
     """A real image registry for the session: the one TRAINYARD_REGISTRY_URL names, else Debian's docker-registry
     started here on a free loopback port (skipped when it is not installed, failed under CI=true). A run in a lane
-    of its own (TRAINYARD_TEST_LANE, ops/pytest_workers.py) always starts its own: two runs pushing the same build's
-    repository and tag to one registry would each read back the other's digest."""
+    of its own (TRAINYARD_TEST_LANE, ops/pytest_workers.py) and each pytest-xdist worker always start their own: two
+    sessions pushing the same build's repository and tag to one registry would each read back the other's digest."""
     from ops import embedded
 
-    if os.environ.get("TRAINYARD_REGISTRY_URL") and not os.environ.get("TRAINYARD_TEST_LANE"):
+    shared = not (os.environ.get("TRAINYARD_TEST_LANE") or os.environ.get("PYTEST_XDIST_WORKER"))
+    if os.environ.get("TRAINYARD_REGISTRY_URL") and shared:
         yield os.environ["TRAINYARD_REGISTRY_URL"]
         return
     if embedded.registry_binary() is None:

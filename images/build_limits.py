@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from kernel import limits
+from kernel.host import platform_scope
 
 
 @dataclass
@@ -45,6 +46,7 @@ def _plan() -> dict | None:
         pids_max=settings.TRAINYARD_BUILD_PIDS_MAX,
         setting=setting,
         v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT,
+        scope=platform_scope(),
     )
     if plan is None or plan["mode"] == "rlimit":
         return None  # per-process rlimits would break podman itself (a Go program's address space), not bound it

@@ -39,6 +39,7 @@ from images.models import (
     TeamImageSettings,
 )
 from kernel.errors import DomainError, NotFound, ValidationFailed
+from kernel.host import platform_scope
 from kernel.sentences import stored
 
 log = structlog.get_logger(__name__)
@@ -548,11 +549,17 @@ def builds_reap(*, now: datetime | None = None) -> dict[str, int]:
     return {"reaped": reaped, "requeued": requeued}
 
 
+def build_tag(build_id: int) -> str:
+    """The build's local image name (`localhost/<this>`), also how its leftover processes are found: the platform's
+    scope in it, as another platform on this host has a build of the same number."""
+    return f"trainyard-build-{platform_scope()}-{build_id}"
+
+
 def _kill_build_processes(build_id: int) -> int:
     """Kill every process whose command line names this build's local tag (podman and what it started)."""
     import signal
 
-    tag = f"trainyard-build-{build_id}".encode()
+    tag = build_tag(build_id).encode()
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -604,7 +611,7 @@ def _build_run(*, build_id: int) -> ImageBuild:
     target = f"{host}/{repository}"
     if settings.TRAINYARD_IMAGE_BUILDER == "kubernetes":
         return _build_on_cluster(build, containerfile, files, base_digest, repository, target)
-    local = f"localhost/trainyard-build-{build.pk}"
+    local = f"localhost/{build_tag(build.pk)}"
     layout = None
     if isinstance(image, BaseImage) and image.rootfs == "host":
         try:

@@ -9,6 +9,20 @@ import subprocess
 from pathlib import Path
 
 
+def platform_scope() -> str:
+    """Eight hex digits naming this platform among others on the same machine: a digest of the database that hands
+    out its job and build ids. Two platforms on one host (a `make run` beside a test run, two test workers, two CI
+    lanes) count their ids from 1 each; the names they give host-wide things (control groups, process tags, a
+    build's local image tag) carry this scope, so neither can take, reuse or kill what the other made."""
+    import hashlib
+
+    from django.db import connections
+
+    db = connections["default"].settings_dict
+    key = f"{db.get('HOST') or ''}:{db.get('PORT') or ''}/{db.get('NAME') or ''}"
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
 class ServiceError(RuntimeError):
     """A problem with a one-line explanation and what to do about it."""
 

@@ -145,7 +145,8 @@ class AttemptLimits:
 
     def __init__(self, plan: dict, *, name: str):
         self.plan = plan
-        self.name = name
+        # The platform's scope first: another platform on this host has an attempt or a build of the same number.
+        self.name = f"{plan['scope']}-{name}" if plan.get("scope") else name
         self.mode = plan.get("mode", "rlimit")
         self.memory = int(plan.get("memory_bytes") or 0)
         self.pids = int(plan.get("pids_max") or 0)
@@ -364,8 +365,9 @@ def remove_folders(folders: list[str]) -> None:
 
 
 def plan(*, memory_mib: int, cpu_milli: int, pids_max: int, setting: str = "auto", v2_parent_setting: str = "",
-         own_uid: bool = False) -> dict | None:  # fmt: skip
-    """The limits of one attempt, JSON-able for the supervisor; None when limits are turned off."""
+         own_uid: bool = False, scope: str = "") -> dict | None:  # fmt: skip
+    """The limits of one attempt, JSON-able for the supervisor; None when limits are turned off. `scope`
+    (kernel.host.platform_scope) goes in front of the control group's name."""
     if setting == "off":
         return None
     return {
@@ -375,4 +377,5 @@ def plan(*, memory_mib: int, cpu_milli: int, pids_max: int, setting: str = "auto
         "pids_max": int(pids_max or 0),
         "v2_parent": v2_parent_setting,
         "own_uid": own_uid,
+        "scope": scope,
     }

@@ -66,9 +66,15 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def tagged(job_id: str, attempt: int) -> set[int]:
-    """Every live process whose environment carries this attempt's tag."""
+SCOPE_VARIABLE = b"TRAINYARD_PLATFORM_SCOPE="
+
+
+def tagged(job_id: str, attempt: int, scope: str = "") -> set[int]:
+    """Every live process whose environment carries this attempt's tag. With `scope` (kernel.host.platform_scope),
+    a process tagged with another platform's scope is not this attempt's, though its job and attempt numbers are;
+    one with no scope at all (started before scopes were tagged) still is."""
     marks = (f"TRAINYARD_JOB_ID={job_id}\0".encode(), f"TRAINYARD_ATTEMPT={attempt}\0".encode())
+    own_scope = b"\0" + SCOPE_VARIABLE + scope.encode() + b"\0"
     me = os.getpid()
     found = set()
     for pid in _pids():
@@ -79,7 +85,9 @@ def tagged(job_id: str, attempt: int) -> set[int]:
                 environ = b"\0" + f.read()
         except OSError:
             continue
-        if all(b"\0" + mark in environ for mark in marks):
+        if all(b"\0" + mark in environ for mark in marks) and (
+            not scope or own_scope in environ or b"\0" + SCOPE_VARIABLE not in environ
+        ):
             st = _stat(pid)
             if st is not None and st[1] != "Z":
                 found.add(pid)

@@ -3,33 +3,17 @@ the allowed mirror (a test host in a namespace of its own, not loopback) through
 reach a host off the list, the mirror itself without the proxy, and the platform's own registry and object store
 (on this machine's loopback), also by an allowed name that points there."""
 
-import io
 import os
 import shutil
-import tarfile
 from urllib.parse import urlparse
 
 import pytest
 
-from images import registry, services
-from images.tests.test_builds import _escape_upstream, built
+from images import services
+from images.tests.test_builds import _escape_upstream, built, image_files
 from quotas.tests.factories import TeamFactory
 
 pytestmark = pytest.mark.django_db
-
-
-def _image_files(registry_url: str, build, prefix: str) -> dict[str, str]:
-    """The text of the files under `prefix` in a pushed build's image, read from its layers in the registry."""
-    repository = registry.parse(build.reference).repository
-    files: dict[str, str] = {}
-    with registry.Client(registry_url) as client:
-        for layer in client.image_manifest(repository, build.digest)["layers"]:
-            with tarfile.open(fileobj=io.BytesIO(b"".join(client.blob(repository, layer["digest"])))) as tar:
-                for member in tar:
-                    name = member.name.lstrip("./")
-                    if member.isfile() and name.startswith(prefix):
-                        files[name] = tar.extractfile(member).read().decode().strip()
-    return files
 
 
 def test_allowlist_run_steps_reach_the_allowed_mirror_and_nothing_else(
@@ -55,8 +39,7 @@ def test_allowlist_run_steps_reach_the_allowed_mirror_and_nothing_else(
     team = TeamFactory(slug="alpha")
     url = f"http://{mirror['endpoint']}/pkg.txt"
     code = "-o /dev/null -w %{http_code}"
-    # Each probe's line goes to the log and to a file of the image: podman has been seen to drop a short RUN step's
-    # output now and then, so the answers are read back from the pushed image's layers, not from the log.
+    # Each probe's answer goes to a file of the image too, read back from the pushed layers (image_files).
     probes_of = [
         ("mirror", f"curl -sS -f -m 20 {url} -o /pkg.txt && cat /pkg.txt"),
         ("off-list", f"curl -sS -m 20 {code} http://evil.example/ 2>&1"),
@@ -74,7 +57,7 @@ def test_allowlist_run_steps_reach_the_allowed_mirror_and_nothing_else(
     build = built(image)
     log = build.log
     assert build.status == "succeeded", log
-    probes = _image_files(registry_url, build, "probe-")
+    probes = image_files(registry_url, build, "probe-")
     probes = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in probes.values() if line.startswith("PROBE ")}
     assert len(probes) == 7, (probes, log)
     assert f"(as trainyard-b{team.pk}, network allowlist)" in log

@@ -30,6 +30,25 @@ def built(image):
     return services.build_run(build_id=build.pk)
 
 
+def image_files(registry_url: str, build, prefix: str) -> dict[str, str]:
+    """The text of the files whose path starts with `prefix` in a pushed build's image, read from its layers in the
+    registry. A RUN step's answers are written to such files and read here: podman has been seen to leave a short
+    step's output out of the build log now and then (docs/images.md)."""
+    import io
+    import tarfile
+
+    repository = registry.parse(build.reference).repository
+    files: dict[str, str] = {}
+    with registry.Client(registry_url) as client:
+        for layer in client.image_manifest(repository, build.digest)["layers"]:
+            with tarfile.open(fileobj=io.BytesIO(b"".join(client.blob(repository, layer["digest"])))) as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./").lstrip("/")
+                    if member.isfile() and name.startswith(prefix):
+                        files[name] = tar.extractfile(member).read().decode(errors="replace").strip()
+    return files
+
+
 def base_built(upstream, name="tiny-base", extra=""):
     """A base image defined and built, for tests that build on it: a failed build stops here with its log, not
     later as a project build that finds no base."""
@@ -230,14 +249,17 @@ def test_a_requirements_file_alone_builds_as_a_pip_install_on_the_pinned_base(im
 ISOLATION_PROBE = (
     "FROM tiny-base\n"
     # Root in the build is a user namespace's root: host uid 0 is not mapped to it.
-    'RUN read inside host count < /proc/self/uid_map; echo "uid_map $inside $host $count"; [ "$host" != 0 ]\n'
+    'RUN read inside host count < /proc/self/uid_map; echo "uid_map $inside $host $count" > /probe-uid_map; '
+    '[ "$host" != 0 ]\n'
     # No network: the namespace has its loopback alone (two header lines and `lo` in /proc/net/dev).
-    'RUN n=0; while read line; do n=$((n+1)); done < /proc/net/dev; echo "net lines $n"; [ "$n" -le 3 ]\n'
+    'RUN n=0; while read line; do n=$((n+1)); done < /proc/net/dev; echo "net lines $n" > /probe-net; [ "$n" -le 3 ]\n'
 )
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="builds are isolated when the platform runs as root")
-def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_files(images_env, settings, tmp_path):
+def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_files(
+    images_env, settings, tmp_path, registry_url
+):
     import os
     import subprocess
 
@@ -250,7 +272,10 @@ def test_a_project_build_is_an_unprivileged_user_without_network_or_platform_fil
     build = built(image)
     assert build.status == "succeeded", build.log
     assert f"(as trainyard-b{alpha.pk}, network none)" in build.log
-    assert "uid_map 0 0 " not in build.log and "net lines 3" in build.log
+    said = image_files(registry_url, build, "probe-")
+    _, inside, host_uid, _count = said["probe-uid_map"].split()
+    assert inside == "0" and host_uid != "0", said  # root in the step is not the host's root
+    assert said["probe-net"] == "net lines 3", said
     # Each team builds as its own user; escaping the chroot leaves that user in the jail: the platform's files,
     # other jobs' folders and every other team's storage are covered, and root-only files stay unreadable.
     settings.TRAINYARD_STATE_ROOT = tmp_path / "state"
@@ -362,7 +387,7 @@ def test_a_build_whose_worker_died_is_reaped_and_a_rebuild_starts_anew(images_en
     dead = services.build_request(image=base)
     ImageBuild.objects.filter(pk=dead.pk).update(status="running", started_at=timezone.now())
     # What the dead worker left running: a process named after the build's local tag.
-    leftover = subprocess.Popen(["bash", "-c", f"exec -a trainyard-build-{dead.pk} sleep 300"])
+    leftover = subprocess.Popen(["bash", "-c", f"exec -a {services.build_tag(dead.pk)} sleep 300"])
     deadline = time.monotonic() + 5
     while b"trainyard-build-" not in Path(f"/proc/{leftover.pid}/cmdline").read_bytes():
         assert time.monotonic() < deadline
@@ -442,7 +467,7 @@ def test_a_build_step_past_its_memory_bound_fails_saying_so_and_a_normal_one_sti
     # The RUN step itself sits in the build's group, under its bounds (cgroup v1: the memory and cpu hierarchies).
     if "(cgroup1)" in ok.log:
         assert f"group memory {256 << 20}" in ok.log and "group cpu 400000 100000" in ok.log, ok.log
-    assert not list(Path("/sys/fs/cgroup").glob(f"**/build-{build.pk}")), "the build's group was not removed"
+    assert not list(Path("/sys/fs/cgroup").glob(f"**/*-build-{build.pk}")), "the build's group was not removed"
 
 
 def test_a_stuck_build_step_ends_failed_at_its_time_limit_with_every_process_killed(images_env, settings):
@@ -464,7 +489,7 @@ def test_a_stuck_build_step_ends_failed_at_its_time_limit_with_every_process_kil
     assert "the build ran past its time limit of 10 s (TRAINYARD_BUILD_TIMEOUT_S) and was stopped" in build.log
     assert "nothing was pushed" in build.log and took < 60, took
     # Nothing of it lingers: no process of the build's tree is left (the spinning RUN step included).
-    tag = f"trainyard-build-{build.pk}".encode()
+    tag = services.build_tag(build.pk).encode()
     left = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -559,25 +584,28 @@ def test_a_project_builds_run_steps_cannot_read_the_platforms_secrets_write_the_
     push_url = f"{registry_url.rstrip('/')}/v2/{repo}/blobs/uploads/"
     containerfile = (
         "FROM escape-base\n"
-        f"RUN perl -e '{' '.join(ESCAPE_PERL.split())}' {VAR_DIR} {host} {VAR_DIR / 'registry'} 2>&1; true\n"
-        f'RUN echo "PROBE push: $(curl -sS -m 5 -X POST -u trainyard:x {push_url} 2>&1 || true)"; true\n'
-        "RUN ls -A /proc/1/root/ 2>&1; echo PROBES DONE\n"
+        f"RUN perl -e '{' '.join(ESCAPE_PERL.split())}' {VAR_DIR} {host} {VAR_DIR / 'registry'} > /probe-perl 2>&1; "
+        "true\n"
+        f'RUN echo "PROBE push: $(curl -sS -m 5 -X POST -u trainyard:x {push_url} 2>&1 || true)" > /probe-push; true\n'
+        "RUN ls -A /proc/1/root/ > /probe-ls 2>&1; true\n"
     )
     image = services.project_image_define(team=alpha, name="escape", base="escape-base", containerfile=containerfile)
     build = built(image)
     log = build.log
     assert build.status == "succeeded", log
-    results = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in log.splitlines() if line.startswith("PROBE ")}
-    assert "PROBES DONE" in log and len(results) == 14, log  # every probe ran and said what it got
+    said = image_files(registry_url, build, "probe-")  # what the steps wrote, read from the pushed image
+    lines = (said["probe-perl"] + "\n" + said["probe-push"]).splitlines()
+    results = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in lines if line.startswith("PROBE ")}
+    assert len(results) == 14, said  # every probe ran and said what it got
     for name, value in secrets.items():
-        assert value not in log, f"the build read var/{name}"
+        assert value not in log and all(value not in text for text in said.values()), f"the build read var/{name}"
     # The chroot itself may be left (the step is root in its own user namespace), but that leaves the team's
     # unprivileged build user in the jail: every read, write and plant is refused all the same.
     assert results.pop("PROBE chroot") in ("escaped", "refused (Operation not permitted)"), log
     refused = {what: got for what, got in results.items() if what != "PROBE push"}
     assert not {what: got for what, got in refused.items() if not got.startswith("refused (")}, refused
     assert "Failed to connect" in results["PROBE push"] or "Could not resolve" in results["PROBE push"], log
-    assert "Permission denied" in log.split("STEP 4/4", 1)[1]  # ls /proc/1/root: the host's root is not listed
+    assert "Permission denied" in said["probe-ls"], said  # ls /proc/1/root: the host's root is not listed
     assert (
         not any(host.iterdir()) and not (VAR_DIR / "registry/docker/registry/v2/repositories/trainyard/beta").exists()
     )

@@ -31,6 +31,7 @@ from jobs import logstore
 from jobs.backends import cpu_pinning, sandbox
 from jobs.backends.base import DISK_FULL, UNOBSERVABLE, AttemptDescription, Observation, disk_full_message
 from kernel import limits, proctree
+from kernel.host import platform_scope
 from kernel.paths import BASE_DIR
 from kernel.sentences import stored
 
@@ -119,6 +120,7 @@ def limits_plan(desc: AttemptDescription, box: dict | None) -> dict | None:
         setting=str(settings.TRAINYARD_JOB_LIMITS),
         v2_parent_setting=settings.TRAINYARD_CGROUP_PARENT,
         own_uid=bool(box and box.get("drop_root")),  # root mode: the job's uid is its own, RLIMIT_NPROC counts it
+        scope=platform_scope(),
     )
 
 
@@ -210,6 +212,7 @@ class LocalBackend:
             **placement_env(desc),
             "TRAINYARD_JOB_ID": desc.job_id,
             "TRAINYARD_ATTEMPT": str(desc.attempt_number),
+            "TRAINYARD_PLATFORM_SCOPE": platform_scope(),  # the tag's third part: whose job 1, attempt 1 this is
             "TRAINYARD_TENSORBOARD_LOGDIR": tb_dir,
             "TRAINYARD_CHECKPOINT_DIR": str(ckpt_dir),
         }
@@ -337,7 +340,8 @@ class LocalBackend:
     def fence(self, ref: str) -> set[int]:
         """Kill every process of an attempt whose supervisor is gone; returns the pids still alive (none: fenced)."""
         _, job_id, number = ref.split(":")
-        return proctree.kill_until_gone(lambda: proctree.tagged(job_id, int(number)), timeout=10.0)
+        scope = platform_scope()
+        return proctree.kill_until_gone(lambda: proctree.tagged(job_id, int(number), scope), timeout=10.0)
 
     def _sandboxed(self, folder: Path) -> bool:
         try:

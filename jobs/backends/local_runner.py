@@ -224,6 +224,7 @@ class _Supervisor:
         self.spec = spec
         self.grace = float(spec.get("grace_s", 10))
         self.tag = (str(spec["env"].get("TRAINYARD_JOB_ID", "")), int(spec["env"].get("TRAINYARD_ATTEMPT", "0") or 0))
+        self.scope = str(spec["env"].get("TRAINYARD_PLATFORM_SCOPE", ""))
         self.stop_signals = 0  # set by the signal handler: a plain int, no lock (a handler must never block)
         self.stop_started: float | None = None
         self.main_pid = 0
@@ -237,7 +238,7 @@ class _Supervisor:
     def processes(self) -> set[int]:
         found = proctree.descendants(os.getpid())
         if self.tag[0]:
-            found |= proctree.tagged(*self.tag)
+            found |= proctree.tagged(*self.tag, self.scope)
         return found
 
     def _reaped(self, pid: int, status: int) -> None:

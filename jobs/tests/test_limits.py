@@ -16,6 +16,7 @@ from jobs.models import Job
 from jobs.states import JobState
 from jobs.tests.conftest import wait_for
 from kernel import limits
+from kernel.host import platform_scope
 from quotas.models import ResourceSpec
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -215,8 +216,46 @@ def test_a_killed_supervisors_cgroups_are_removed_once_its_attempt_is_fenced(sma
     folder = Path(settings.TRAINYARD_STATE_ROOT) / str(job.id) / "attempt-1"
     groups = [Path(p) for p in json.loads((folder / "limits.json").read_text())["folders"]]
     assert groups and all(g.is_dir() for g in groups)
+    # Named with this platform's scope: another platform on the host has a job of this number too.
+    assert all(g.name == f"{platform_scope()}-{job.id}-1" for g in groups), groups
     os.kill(int((folder / "runner.pid").read_text()), signal.SIGKILL)
     wait_for(lambda: Attempt.objects.get(job=job, number=1).state == "lost", timeout=60)
     assert not any(g.exists() for g in groups)
     lifecycle.job_cancel(job_id=job.id, actor="test")
     wait_for(lambda: _finished(job), timeout=60)
+
+
+def test_another_platforms_attempt_of_the_same_numbers_is_not_this_ones(monkeypatch):
+    """Two platforms on one host (a `make run` beside a test run, two CI lanes) both have job 1, attempt 1 and build
+    1: the scope in each tag and group name keeps one from finding, reusing or killing the other's processes."""
+    import subprocess
+    import time
+
+    from django.db import connections
+
+    from kernel import proctree
+
+    mine = platform_scope()
+    assert len(mine) == 8 and int(mine, 16) >= 0
+    tag = {**os.environ, "TRAINYARD_JOB_ID": "424242", "TRAINYARD_ATTEMPT": "1"}
+    other = subprocess.Popen(["sleep", "60"], env={**tag, "TRAINYARD_PLATFORM_SCOPE": "0badc0de"})
+    own = subprocess.Popen(["sleep", "60"], env={**tag, "TRAINYARD_PLATFORM_SCOPE": mine})
+    older = subprocess.Popen(["sleep", "60"], env=tag)  # started before attempts carried a scope
+    try:
+        deadline = time.monotonic() + 10
+        while len(proctree.tagged("424242", 1)) < 3:
+            assert time.monotonic() < deadline, "the three processes did not start"
+            time.sleep(0.02)
+        assert proctree.tagged("424242", 1, mine) == {own.pid, older.pid}
+        assert proctree.tagged("424242", 1, "0badc0de") == {other.pid, older.pid}
+        assert proctree.tagged("424242", 1) == {own.pid, older.pid, other.pid}
+    finally:
+        for proc in (other, own, older):
+            proc.kill()
+            proc.wait()
+    plan = limits.plan(memory_mib=64, cpu_milli=0, pids_max=0, scope=mine)
+    assert limits.AttemptLimits(plan, name="424242-1").name == f"{mine}-424242-1"
+    assert limits.AttemptLimits({**plan, "scope": ""}, name="424242-1").name == "424242-1"
+    # Another database (another platform's ids) is another scope.
+    monkeypatch.setitem(connections["default"].settings_dict, "NAME", "another_platform")
+    assert platform_scope() != mine
