@@ -133,6 +133,16 @@ def _worker_env(queue: str) -> dict[str, str]:
     return env
 
 
+def _purge(queue: str) -> None:
+    """Empty the session's queue before a real worker consumes it: earlier tests of this session left messages
+    nobody ran (an image build's `run_build` queued on commit, for a row their rolled-back database no longer has),
+    and the worker would run them and log their `DoesNotExist` tracebacks among its own."""
+    from trainyard.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(queue)
+
+
 def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platform, settings, _isolated_broker_queue):  # noqa: F811
     from jobs.tasks import dispatch_all
 
@@ -140,6 +150,7 @@ def test_a_real_prefork_worker_with_four_children_never_books_a_card_twice(platf
     # Small cards and scarce CPU: whole cards, shares and host CPU all run out, so any stale view over-books.
     fresh_pool(*(node(f"n{i}", 4, A100, cpu=24000) for i in range(4)))
     open_up()
+    _purge(_isolated_broker_queue)
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "trainyard", "worker", "--pool", "prefork", "--concurrency", "4"]
         + [
