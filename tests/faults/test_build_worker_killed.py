@@ -66,7 +66,7 @@ def _worker(queue: str) -> subprocess.Popen:
 
 
 def _build_processes(build_id: int) -> set[int]:
-    tag = f"trainyard-build-{build_id}".encode()
+    tag = services.build_tag(build_id).encode()
     found = set()
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
